@@ -1,0 +1,5 @@
+import sys
+
+from mcsd_runtime.cli import main
+
+sys.exit(main())
