@@ -1,0 +1,90 @@
+"""The one definition of the stopper features, imported by the decoder, collect and train.
+
+Node features describe one drafted node and the draft's distribution over its children; they
+depend only on the tree, so collected rows store them. Trajectory features describe the run so
+far (previous step's accepted length, a running mean); replay recomputes them along its own
+trajectory, so they are kept apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SCHEMA_VERSION = 1
+TOP_K_MASS = 4  # top-k mass of a node's child distribution uses this k
+
+NODE_FEATURES: tuple[str, ...] = (
+    "depth",  # 1-based depth of the node
+    "sibling_rank",  # rank among its siblings (0 = most likely under the draft)
+    "frontier_size",  # nodes at this depth
+    "draft_prob",  # q(x): the draft's probability of the node's token given its parent
+    "log_path_prob",  # sum of log q along the path from the root
+    "child_top1",  # top-1 probability of the draft's distribution after this node
+    "child_top2",
+    "child_margin",  # top1 - top2
+    "child_entropy",  # entropy (nats) of that distribution
+    "child_topk_mass",  # mass of its TOP_K_MASS most likely tokens
+)
+TRAJECTORY_FEATURES: tuple[str, ...] = (
+    "tokens_generated",  # new tokens committed before this step
+    "prev_accepted",  # accepted length of the previous step (0 at the first step)
+    "mean_accepted",  # running mean of accepted length over previous steps (0 at first)
+)
+FEATURE_NAMES: tuple[str, ...] = NODE_FEATURES + TRAJECTORY_FEATURES
+
+
+def node_features(depth: int, sibling_rank: torch.Tensor, draft_prob: torch.Tensor,
+                  log_path_prob: torch.Tensor, child_probs: torch.Tensor) -> torch.Tensor:
+    """Node features for the `n` nodes of one depth, as a float32 [n, len(NODE_FEATURES)] tensor.
+
+    `child_probs` [n, V] is the draft's (temperature-adjusted) distribution after each node.
+    """
+    n = child_probs.shape[0]
+    top = child_probs.topk(TOP_K_MASS, dim=-1).values.float()
+    entropy = -(child_probs * child_probs.clamp_min(1e-30).log()).sum(-1).float()
+    cols = [
+        torch.full((n,), float(depth), device=child_probs.device),
+        sibling_rank.float(),
+        torch.full((n,), float(n), device=child_probs.device),
+        draft_prob.float(),
+        log_path_prob.float(),
+        top[:, 0],
+        top[:, 1],
+        top[:, 0] - top[:, 1],
+        entropy,
+        top.sum(-1),
+    ]
+    return torch.stack(cols, dim=-1)
+
+
+@dataclass
+class Trajectory:
+    """Running state behind the trajectory features; updated once per step."""
+
+    tokens_generated: int = 0
+    prev_accepted: int = 0
+    steps: int = 0
+    accepted_sum: int = 0
+
+    def values(self) -> list[float]:
+        mean = self.accepted_sum / self.steps if self.steps else 0.0
+        return [float(self.tokens_generated), float(self.prev_accepted), mean]
+
+    def update(self, accepted: int, committed: int) -> None:
+        self.tokens_generated += committed
+        self.prev_accepted = accepted
+        self.steps += 1
+        self.accepted_sum += accepted
+
+
+def with_trajectory(node_feats: torch.Tensor, trajectory: Trajectory) -> torch.Tensor:
+    """Append the trajectory features to every row: the full [n, len(FEATURE_NAMES)] matrix."""
+    traj = torch.tensor(trajectory.values(), device=node_feats.device, dtype=node_feats.dtype)
+    return torch.cat([node_feats, traj.expand(node_feats.shape[0], -1)], dim=-1)
+
+
+def column(name: str) -> int:
+    """Column index of a feature in the full matrix."""
+    return FEATURE_NAMES.index(name)

@@ -1,0 +1,174 @@
+"""Loading a target/draft pair of Hugging Face causal LMs that share one vocabulary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from mcsd_runtime.errors import MCSDError
+
+
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """`auto` picks cuda, then mps, then cpu."""
+    if str(device) != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on a GPU that supports it, float16 on other accelerators, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device.type == "mps" else torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float64": torch.float64}
+    if dtype not in names:
+        raise MCSDError(f"unknown dtype {dtype!r}: use one of auto, {', '.join(names)}")
+    return names[dtype]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items())
+    specials = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id")}
+    return _sha(json.dumps([vocab, specials]))
+
+
+def config_hash(model: PreTrainedModel) -> str:
+    return _sha(model.config.to_json_string(use_diff=False))
+
+
+def check_same_vocab(target_tok, draft_tok, target_name: str = "target",
+                     draft_name: str = "draft") -> None:
+    """Raise MCSDError naming the first difference between two tokenizers' vocabularies."""
+    if len(target_tok) != len(draft_tok):
+        raise MCSDError(
+            f"vocabularies differ in size: {target_name} has {len(target_tok)} tokens, "
+            f"{draft_name} has {len(draft_tok)}; choose a draft trained with the target's tokenizer"
+        )
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        diff = sorted(set(tv.items()) ^ set(dv.items()))[:3]
+        raise MCSDError(
+            f"vocabularies differ in their token-to-id map (e.g. {diff}); "
+            f"choose a draft trained with the target's tokenizer"
+        )
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            raise MCSDError(
+                f"special tokens differ: {attr} is {a} for {target_name} and {b} for "
+                f"{draft_name}; set the same special tokens on both tokenizers"
+            )
+
+
+def check_model_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise MCSDError(
+            f"vocabularies differ in size: target model has {tv} output tokens, draft has {dv}; "
+            f"choose a draft with the target's vocabulary"
+        )
+
+
+@dataclass
+class Pair:
+    """A target and a draft model on one device, with their shared tokenizer (optional)."""
+
+    target: PreTrainedModel
+    draft: PreTrainedModel
+    tokenizer: object | None = None
+    target_name: str = "target"
+    draft_name: str = "draft"
+    fingerprint: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_model_vocab(self.target, self.draft)
+        self.target.eval()
+        self.draft.eval()
+        if not self.fingerprint:
+            self.fingerprint = {
+                "target": self.target_name,
+                "draft": self.draft_name,
+                "target_config": config_hash(self.target),
+                "draft_config": config_hash(self.draft),
+                "tokenizer": tokenizer_hash(self.tokenizer) if self.tokenizer else None,
+            }
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return min(
+            getattr(m.config, "max_position_embeddings", 1 << 30) for m in (self.target, self.draft)
+        )
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.target.generation_config.eos_token_id
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return []
+        return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def _load_tokenizer(name: str):
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as err:
+        raise MCSDError(
+            f"cannot load the tokenizer of {name!r}: {err}. Pass a local model folder or a hub "
+            f"name reachable from this machine"
+        ) from None
+
+
+def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=attn)
+    except OSError as err:
+        raise MCSDError(
+            f"cannot load model {name!r}: {err}. Pass a local model folder or a hub name "
+            f"reachable from this machine"
+        ) from None
+    return model.to(device)
+
+
+def load_pair(target: str | Path, draft: str | Path, device: str = "auto", dtype: str = "auto",
+              attn_implementation: str = "sdpa") -> Pair:
+    """Load a target/draft pair (hub names or local folders), refusing mismatched vocabularies
+    before any weights are loaded."""
+    target, draft = str(target), str(draft)
+    t_tok, d_tok = _load_tokenizer(target), _load_tokenizer(draft)
+    check_same_vocab(t_tok, d_tok, target, draft)
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    t_model = _load_model(target, dev, dt, attn_implementation)
+    d_model = _load_model(draft, dev, dt, attn_implementation)
+    return Pair(t_model, d_model, t_tok, target_name=target, draft_name=draft)

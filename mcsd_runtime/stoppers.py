@@ -1,0 +1,159 @@
+"""Early-stop policies. The decoder consults one after each draft depth and tells it each step's
+outcome; it never knows which kind it runs.
+
+A stopper implements three methods:
+- `reset()`: a new sequence starts;
+- `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth?
+  `frontier.features()` returns the [n, len(FEATURE_NAMES)] feature matrix of the frontier;
+  it is computed only when called, so stoppers that ignore features cost nothing;
+- `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import column
+
+
+class Frontier(Protocol):
+    depth: int  # depth just drafted (1-based)
+    max_depth: int  # deepest depth the decoder could still draft in this step
+
+    def features(self) -> torch.Tensor: ...
+
+
+class Stopper(Protocol):
+    def reset(self) -> None: ...
+
+    def should_continue(self, frontier: Frontier) -> bool: ...
+
+    def update(self, drafted: int, accepted: int) -> None: ...
+
+
+class _Stateless:
+    def reset(self) -> None:
+        pass
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class StaticStopper(_Stateless):
+    """Draft every depth of the k-config (or the first `depth` of them)."""
+
+    def __init__(self, depth: int | None = None) -> None:
+        self.depth = depth
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        return self.depth is None or frontier.depth < self.depth
+
+
+class ConfidenceStopper(_Stateless):
+    """HF/DISCO style: continue while some frontier node's next-token top-1 prob is >= T."""
+
+    def __init__(self, threshold: float = 0.4) -> None:
+        self.threshold = threshold
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        top1 = frontier.features()[:, column("child_top1")]
+        return bool((top1 >= self.threshold).any())
+
+
+class EntropyStopper(_Stateless):
+    """AdaEDL style: the acceptance lower bound 1 - sqrt(gamma * H) of the best frontier node
+    must stay >= lam to continue."""
+
+    def __init__(self, lam: float = 0.5, gamma: float = 0.5) -> None:
+        self.lam, self.gamma = lam, gamma
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        entropy = frontier.features()[:, column("child_entropy")]
+        bound = 1.0 - torch.sqrt(self.gamma * entropy.min())
+        return bool(bound >= self.lam)
+
+
+class CumprodStopper(_Stateless):
+    """SpecDec++ style: stop once the estimated probability that the best path has a rejection,
+    1 - prod(q) along it, exceeds T (the draft's own probabilities estimate acceptance)."""
+
+    def __init__(self, threshold: float = 0.7) -> None:
+        self.threshold = threshold
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        log_path = frontier.features()[:, column("log_path_prob")]
+        return bool(1.0 - log_path.max().exp() <= self.threshold)
+
+
+class HeuristicStopper:
+    """HF's assisted-generation schedule: a depth budget, +2 after a fully accepted step and
+    -1 (not below 1) otherwise. Starts at the tree's depth."""
+
+    def __init__(self, initial: int | None = None) -> None:
+        self.initial = initial
+        self.budget: float = initial or math.inf
+
+    def reset(self) -> None:
+        self.budget = self.initial or math.inf
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        self.budget = min(self.budget, frontier.max_depth)
+        return frontier.depth < self.budget
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.budget = self.budget + 2 if accepted == drafted else max(1, self.budget - 1)
+
+
+def _floats(args: list[str], spec: str, n_max: int) -> list[float]:
+    if len(args) > n_max:
+        raise MCSDError(f"stopper {spec!r} takes at most {n_max} parameter(s)")
+    try:
+        return [float(a) for a in args]
+    except ValueError:
+        raise MCSDError(f"stopper {spec!r}: parameters must be numbers, e.g. confidence:0.4") from None
+
+
+Builder = Callable[[list[str], str], Stopper]
+
+BUILTIN: dict[str, tuple[str, Builder]] = {
+    "static": ("static[:DEPTH] draft the whole k-config (or DEPTH depths)",
+               lambda a, s: StaticStopper(*(int(x) for x in _floats(a, s, 1)))),
+    "confidence": ("confidence[:T] continue while a frontier node's top-1 prob >= T (0.4)",
+                   lambda a, s: ConfidenceStopper(*_floats(a, s, 1))),
+    "entropy": ("entropy[:LAMBDA[:GAMMA]] continue while 1-sqrt(GAMMA*H) >= LAMBDA (0.5, 0.5)",
+                lambda a, s: EntropyStopper(*_floats(a, s, 2))),
+    "cumprod": ("cumprod[:T] stop once 1 - prod(q) along the best path > T (0.7)",
+                lambda a, s: CumprodStopper(*_floats(a, s, 1))),
+    "heuristic": ("heuristic HF's +2/-1 depth schedule",
+                  lambda a, s: HeuristicStopper(*(int(x) for x in _floats(a, s, 1)))),
+}
+
+def stopper_help() -> str:
+    return "; ".join(text for text, _ in BUILTIN.values())
+
+
+def make_stopper(spec: str | Stopper | None) -> Stopper:
+    """A stopper from a spec string such as `static`, `confidence:0.4`, `heuristic`, or a
+    learned stopper's artifact folder (`stopper:PATH` or a folder holding `stopper.json`)."""
+    if spec is None:
+        return StaticStopper()
+    if not isinstance(spec, str):
+        return spec
+    name, *args = spec.split(":")
+    if name in BUILTIN:
+        return BUILTIN[name][1](args, spec)
+    path = Path(spec.split(":", 1)[1] if name == "stopper" else spec)
+    if (path / "stopper.json").is_file():
+        from mcsd_runtime.learned import load_stopper
+
+        return load_stopper(path)
+    raise MCSDError(
+        f"unknown stopper {spec!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4) or "
+        f"stopper:PATH to a trained stopper folder"
+    )

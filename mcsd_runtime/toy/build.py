@@ -1,0 +1,294 @@
+"""Build, cache, verify and locate the toy target/draft pair.
+
+A pair lives in one folder: `target/` and `draft/` (each a `save_pretrained` model with the
+shared tokenizer) and `card.json`. The default folder is `models_dir()/toy-<preset>-<hash12>`,
+where the hash covers the recipe, the seed, the code version and the stdlib version. A build
+writes into a temporary sibling folder and renames it at the end, so an interrupted build never
+looks complete; the card records a SHA-256 of every file, so a damaged pair is detected.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.paths import models_dir
+from mcsd_runtime.toy.corpus import split_texts, stdlib_version
+from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, get_recipe
+
+CARD_NAME = "card.json"
+CARD_FORMAT = "mcsd-toy-pair"
+LATENCY_CONTEXT = 128
+
+
+def pair_dir(preset: str = "default", seed: int = 0) -> Path:
+    """Where `build_pair(preset, seed=seed)` caches its pair (whether or not it exists)."""
+    recipe = get_recipe(preset, seed)
+    return models_dir() / f"toy-{preset}-{recipe.hash12()}"
+
+
+def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 0,
+               force: bool = False, progress: bool = True,
+               recipe: Recipe | None = None) -> Path:
+    """The folder of the toy pair for `preset` and `seed`, building it if needed.
+
+    `out` overrides the cached location; `force` rebuilds even over a valid pair. A folder that
+    exists but does not verify raises MCSDError (unless `force`). `recipe` replaces the preset's
+    recipe entirely (experiments and tests).
+    """
+    recipe = (recipe or get_recipe(preset, seed)).resolved()
+    dest = Path(out) if out is not None else models_dir() / f"toy-{recipe.preset}-{recipe.hash12()}"
+    if dest.exists() and not force:
+        verify_pair(dest, recipe)
+        return dest
+    tmp = _make_tmp(dest)
+    try:
+        card = _build_into(tmp, recipe, progress)
+        _install(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        print(summary(dest, card), flush=True)
+    return dest
+
+
+def toy_pair_dirs(preset: str = "default", seed: int = 0) -> tuple[Path, Path]:
+    """(target dir, draft dir) of the toy pair, built if needed (quietly when cached)."""
+    root = build_pair(preset, seed=seed)
+    return root / "target", root / "draft"
+
+
+def resolve_toy(spec: str) -> tuple[str, str] | None:
+    """`toy`, `toy:default`, `toy:tiny` (optionally `toy:<preset>:<seed>`) -> (target dir,
+    draft dir) as strings, building if needed; None for any other string (a real model name)."""
+    if spec != "toy" and not spec.startswith("toy:"):
+        return None
+    parts = spec.split(":")
+    preset = parts[1] if len(parts) > 1 and parts[1] else "default"
+    seed = 0
+    if len(parts) > 2:
+        try:
+            seed = int(parts[2])
+        except ValueError:
+            raise MCSDError(f"bad toy model spec {spec!r}: the seed must be an integer, "
+                            "e.g. toy:default:0") from None
+    if len(parts) > 3:
+        raise MCSDError(f"bad toy model spec {spec!r}; use toy, toy:<preset> or toy:<preset>:<seed>")
+    target, draft = toy_pair_dirs(preset, seed)
+    return str(target), str(draft)
+
+
+def read_card(root: str | Path) -> dict:
+    """The pair's card (MCSDError if missing or unreadable)."""
+    path = Path(root) / CARD_NAME
+    try:
+        card = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MCSDError(_broken(root, f"{CARD_NAME} is missing")) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise MCSDError(_broken(root, f"{CARD_NAME} is unreadable ({err})")) from None
+    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
+        raise MCSDError(_broken(root, f"{CARD_NAME} is not a toy-pair card"))
+    return card
+
+
+def verify_pair(root: str | Path, recipe: Recipe | None = None) -> dict:
+    """Check a pair folder: card readable, of `recipe` if given, every listed file present with
+    its recorded SHA-256, and both configs and the tokenizer loadable. Returns the card."""
+    root = Path(root)
+    if not root.is_dir():
+        raise MCSDError(_broken(root, "it is not a folder"))
+    card = read_card(root)
+    if recipe is not None and card.get("recipe_hash") != recipe.hash12():
+        raise MCSDError(
+            f"{root} holds a toy pair of another recipe (hash {card.get('recipe_hash')}, wanted "
+            f"{recipe.hash12()}); pass --force to rebuild it there or choose another --out"
+        )
+    files = card.get("files")
+    if not isinstance(files, dict) or not files:
+        raise MCSDError(_broken(root, "the card lists no files"))
+    for rel, digest in sorted(files.items()):
+        path = root / rel
+        if not path.is_file():
+            raise MCSDError(_broken(root, f"{rel} is missing"))
+        if _sha256(path) != digest:
+            raise MCSDError(_broken(root, f"{rel} does not match its checksum"))
+    from transformers import AutoConfig, AutoTokenizer
+
+    for sub in ("target", "draft"):
+        try:
+            AutoConfig.from_pretrained(root / sub)
+        except Exception as err:  # noqa: BLE001 - any load failure means a broken pair
+            raise MCSDError(_broken(root, f"{sub}/ does not load ({err})")) from None
+    try:
+        AutoTokenizer.from_pretrained(root / "target")
+    except Exception as err:  # noqa: BLE001
+        raise MCSDError(_broken(root, f"the tokenizer does not load ({err})")) from None
+    return card
+
+
+def summary(root: Path, card: dict) -> str:
+    """A few lines describing a built pair."""
+    t, d = card["target"], card["draft"]
+    return "\n".join([
+        f"toy pair ({card['recipe']['preset']}, seed {card['recipe']['seed']}): {root}",
+        f"  held-out NLL/token  target {t['heldout_nll']:.3f}  draft {d['heldout_nll']:.3f}",
+        f"  greedy agreement    {card['agreement']:.1%}",
+        f"  decode step latency target {t['latency_ms']:.2f} ms  draft {d['latency_ms']:.2f} ms"
+        f"  (ratio {card['latency_ratio']:.1f}x)",
+        f"  build time          {card['build_seconds']:.0f} s",
+    ])
+
+
+# --- building -----------------------------------------------------------------------------
+
+
+def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from mcsd_runtime.toy.tokenizer import train_tokenizer
+    from mcsd_runtime.toy.train import eval_windows, heldout_metrics, token_stream, train_pair
+
+    start = time.perf_counter()
+    texts = split_texts("train")
+    if recipe.max_train_chars:
+        texts = _limit_chars(texts, recipe.max_train_chars)
+    if progress:
+        print(f"training the tokenizer ({recipe.vocab_size} tokens) on "
+              f"{sum(map(len, texts)) / 1e6:.1f} M characters of stdlib code", flush=True)
+    tokenizer = train_tokenizer(texts, recipe.vocab_size)
+    stream = token_stream(texts, tokenizer)
+    heldout = token_stream(split_texts("eval"), tokenizer)
+    target, draft = None, None
+    target, draft, seconds = train_pair(recipe, tokenizer, stream, progress)
+    for sub, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(folder / sub)
+        tokenizer.save_pretrained(folder / sub)
+    del target, draft
+    # Everything below uses the saved folders, loaded the way users load them.
+    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
+    windows = eval_windows(heldout, recipe.seq_len, recipe.eval_windows, tokenizer.bos_token_id)
+    metrics = heldout_metrics(target, draft, windows)
+    t_ms, d_ms = decode_latency_ms(target, draft, heldout[:LATENCY_CONTEXT])
+    import lightning
+    import transformers
+
+    card = {
+        "format": CARD_FORMAT,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": recipe.hash12(),
+        "code_version": TOY_CODE_VERSION,
+        "stdlib": stdlib_version(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "lightning": lightning.__version__},
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "corpus": {"train_tokens": int(stream.numel()), "heldout_tokens": int(heldout.numel()),
+                   "train_chars": sum(map(len, texts))},
+        "train_seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "build_seconds": round(time.perf_counter() - start, 1),
+        "heldout_eval_tokens": metrics["tokens"],
+        "target": {"params": _params(target), "heldout_nll": round(metrics["target_nll"], 4),
+                   "latency_ms": round(t_ms, 3)},
+        "draft": {"params": _params(draft), "heldout_nll": round(metrics["draft_nll"], 4),
+                  "latency_ms": round(d_ms, 3)},
+        "agreement": round(metrics["agreement"], 4),
+        "latency_ratio": round(t_ms / d_ms, 2),
+        "latency_note": (f"median ms of a one-token forward with a KV cache of {LATENCY_CONTEXT} "
+                         f"tokens, fp32, {torch.get_num_threads()} torch threads, build machine"),
+        "files": {p.relative_to(folder).as_posix(): _sha256(p)
+                  for p in sorted(folder.rglob("*")) if p.is_file()},
+    }
+    (folder / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
+    return card
+
+
+@torch.inference_mode()
+def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: torch.Tensor,
+                      reps: int = 200) -> tuple[float, float]:
+    """Median ms of one decode step (one new token, KV cache of len(context)) for each model,
+    the two measured in alternating blocks so background load affects both alike."""
+    times: dict[int, list[float]] = {0: [], 1: []}
+    models = (target, draft)
+    caches = [m(input_ids=context[None], use_cache=True).past_key_values for m in models]
+    token = context[-1:][None]
+    for block in range(reps // 20 + 2):
+        for k, model in enumerate(models):
+            for _ in range(20):
+                t0 = time.perf_counter()
+                model(input_ids=token, past_key_values=caches[k], use_cache=True)
+                elapsed = time.perf_counter() - t0
+                caches[k].crop(-1)
+                if block >= 2:  # the first blocks warm up
+                    times[k].append(elapsed)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+def _limit_chars(texts: list[str], limit: int) -> list[str]:
+    """The first texts (in path order) up to about `limit` characters in all."""
+    out, total = [], 0
+    for text in texts:
+        if total >= limit:
+            break
+        out.append(text)
+        total += len(text)
+    return out
+
+
+def _params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _broken(root: str | Path, what: str) -> str:
+    return (f"the toy pair at {root} is incomplete or damaged: {what}. Rebuild it with "
+            f"`mcsd toy build --force` (same preset/--out) or delete the folder")
+
+
+def _make_tmp(dest: Path) -> Path:
+    """A fresh temporary folder next to `dest` (MCSDError if that location is not writable)."""
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        probe = tmp / ".probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise MCSDError(f"cannot write the toy pair to {dest}: {err.strerror or err}; "
+                        "choose a writable folder with --out (or set MCSD_DATA)") from None
+    return tmp
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Move the finished build into place, replacing an old folder (if `force`) last."""
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        os.replace(dest, old)
+    try:
+        os.replace(tmp, dest)
+    except OSError as err:
+        if old is not None:
+            os.replace(old, dest)
+        raise MCSDError(f"cannot move the finished build to {dest}: {err}") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

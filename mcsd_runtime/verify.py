@@ -1,0 +1,71 @@
+"""Verification of a drafted tree against the target, all nodes at once on the device.
+
+Every function returns, for the tree's rows (row 0 = root, row j = node j), which child each
+row accepts and which token follows it if it accepts none. The decoder then takes the deepest
+node whose whole path was accepted: one walk, no per-node Python.
+
+Sampling verifiers (lossless, the MCSD baseline's):
+- `mcss`: candidates drawn from q without replacement; candidate i is accepted with probability
+  min(1, p(x)/q(x)); on rejection p <- norm(max(p - q, 0)) and x is removed from q.
+- `mcss-replacement`: candidates drawn i.i.d. from q; the same rule without removal.
+- `naive`: draw y ~ p; accept the child equal to y, else y is the next token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VERIFIERS = ("mcss", "mcss-replacement", "naive")
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of `probs` [..., V], without a host sync (exponential race)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(-1)
+
+
+def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator,
+                               ) -> torch.Tensor:
+    """`k` distinct tokens per row, in the order sequential sampling would draw them."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).topk(k, dim=-1).indices
+
+
+def sample_with_replacement(probs: torch.Tensor, k: int, generator: torch.Generator,
+                            ) -> torch.Tensor:
+    noise = torch.empty(*probs.shape[:-1], k, probs.shape[-1], device=probs.device,
+                        dtype=probs.dtype).exponential_(generator=generator)
+    return (probs.unsqueeze(-2) / noise).argmax(-1)
+
+
+def _normalize(x: torch.Tensor) -> torch.Tensor:
+    return x / x.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def verify_children(p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor, mode: str,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify the `k` candidates of each of `n` parents.
+
+    p, q: [n, V] target and draft distributions at the parents; cands: [n, k] candidate tokens in
+    drafting order. Returns (accepted rank [n] or -1, next token [n] used when none is accepted).
+    """
+    n, k = cands.shape
+    if mode == "naive":
+        y = sample(p, generator)
+        hit = cands == y[:, None]
+        rank = torch.where(hit.any(-1), hit.int().argmax(-1), -1)
+        return rank, y
+    u = torch.rand(n, k, device=p.device, generator=generator, dtype=p.dtype)
+    rank = torch.full((n,), -1, device=p.device, dtype=torch.long)
+    p, q = p.clone(), q.clone()
+    rows = torch.arange(n, device=p.device)
+    for i in range(k):
+        x = cands[:, i]
+        px, qx = p[rows, x], q[rows, x]
+        accept = (rank < 0) & (u[:, i] * qx < px)
+        rank = torch.where(accept, i, rank)
+        rejected = (rank < 0)[:, None]
+        p = torch.where(rejected, _normalize((p - q).clamp_min(0)), p)
+        if mode == "mcss":
+            q = torch.where(rejected, _normalize(q.scatter(1, x[:, None], 0.0)), q)
+    return rank, sample(p, generator)

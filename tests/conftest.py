@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random Llama pairs built in memory (float64 so that tree attention and
+incremental decoding agree to the last bit and greedy comparisons are exact)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from mcsd_runtime.pair import Pair
+
+
+def tiny_llama(vocab: int, layers: int, hidden: int, seed: int, eos: int | None = None,
+               max_positions: int = 256, init_range: float = 0.2) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=max_positions, initializer_range=init_range,
+                      eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+                      attn_implementation="sdpa", tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).to(torch.float64).eval()
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = eos if eos is not None else 0
+    return model
+
+
+def make_pair(vocab: int = 64, eos: int | None = None, seed: int = 0, noise: float = 0.02,
+              **kw) -> Pair:
+    """A target and a *correlated* draft: the draft is the target with noise added to every
+    weight, so that drafts are often (not always) accepted and every branch gets exercised."""
+    target = tiny_llama(vocab, 2, 32, seed, eos, **kw)
+    draft = tiny_llama(vocab, 2, 32, seed, eos, **kw)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for dp, tp in zip(draft.parameters(), target.parameters(), strict=True):
+            dp.copy_(tp + noise * torch.randn(tp.shape, generator=gen, dtype=tp.dtype))
+    return Pair(target, draft)
+
+
+@pytest.fixture(scope="session")
+def pair() -> Pair:
+    return make_pair()
