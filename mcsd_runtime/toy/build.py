@@ -83,7 +83,9 @@ def resolve_toy(spec: str) -> tuple[str, str] | None:
             raise MCSDError(f"bad toy model spec {spec!r}: the seed must be an integer, "
                             "e.g. toy:default:0") from None
     if len(parts) > 3:
-        raise MCSDError(f"bad toy model spec {spec!r}; use toy, toy:<preset> or toy:<preset>:<seed>")
+        raise MCSDError(
+            f"bad toy model spec {spec!r}; use toy, toy:<preset> or toy:<preset>:<seed>"
+        )
     target, draft = toy_pair_dirs(preset, seed)
     return str(target), str(draft)
 
@@ -145,7 +147,10 @@ def summary(root: Path, card: dict) -> str:
         f"  held-out NLL/token  target {t['heldout_nll']:.3f}  draft {d['heldout_nll']:.3f}",
         f"  greedy agreement    {card['agreement']:.1%}",
         f"  decode step latency target {t['latency_ms']:.2f} ms  draft {d['latency_ms']:.2f} ms"
-        f"  (ratio {card['latency_ratio']:.1f}x)",
+        f"  (ratio {card['latency_ratio']:.1f}x; {card['latency_threads']} threads)",
+        f"                      target {t['latency_ms_1thread']:.2f} ms  "
+        f"draft {d['latency_ms_1thread']:.2f} ms  (ratio {card['latency_ratio_1thread']:.1f}x; "
+        "1 thread)",
         f"  build time          {card['build_seconds']:.0f} s",
     ])
 
@@ -157,7 +162,13 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
     from mcsd_runtime.toy.tokenizer import train_tokenizer
-    from mcsd_runtime.toy.train import eval_windows, heldout_metrics, token_stream, train_pair
+    from mcsd_runtime.toy.train import (
+        eval_windows,
+        heldout_metrics,
+        token_stream,
+        torch_threads,
+        train_pair,
+    )
 
     start = time.perf_counter()
     texts = split_texts("train")
@@ -169,7 +180,6 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     tokenizer = train_tokenizer(texts, recipe.vocab_size)
     stream = token_stream(texts, tokenizer)
     heldout = token_stream(split_texts("eval"), tokenizer)
-    target, draft = None, None
     target, draft, seconds = train_pair(recipe, tokenizer, stream, progress)
     for sub, model in (("target", target), ("draft", draft)):
         model.save_pretrained(folder / sub)
@@ -179,7 +189,9 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
     windows = eval_windows(heldout, recipe.seq_len, recipe.eval_windows, tokenizer.bos_token_id)
-    metrics = heldout_metrics(target, draft, windows)
+    with torch_threads(1):
+        metrics = heldout_metrics(target, draft, windows)
+        t1_ms, d1_ms = decode_latency_ms(target, draft, heldout[:LATENCY_CONTEXT])
     t_ms, d_ms = decode_latency_ms(target, draft, heldout[:LATENCY_CONTEXT])
     import lightning
     import transformers
@@ -199,13 +211,18 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
         "build_seconds": round(time.perf_counter() - start, 1),
         "heldout_eval_tokens": metrics["tokens"],
         "target": {"params": _params(target), "heldout_nll": round(metrics["target_nll"], 4),
-                   "latency_ms": round(t_ms, 3)},
+                   "latency_ms": round(t_ms, 3), "latency_ms_1thread": round(t1_ms, 3)},
         "draft": {"params": _params(draft), "heldout_nll": round(metrics["draft_nll"], 4),
-                  "latency_ms": round(d_ms, 3)},
+                  "latency_ms": round(d_ms, 3), "latency_ms_1thread": round(d1_ms, 3)},
         "agreement": round(metrics["agreement"], 4),
         "latency_ratio": round(t_ms / d_ms, 2),
+        "latency_ratio_1thread": round(t1_ms / d1_ms, 2),
+        "latency_threads": torch.get_num_threads(),
         "latency_note": (f"median ms of a one-token forward with a KV cache of {LATENCY_CONTEXT} "
-                         f"tokens, fp32, {torch.get_num_threads()} torch threads, build machine"),
+                         f"tokens, fp32, on the build machine, with the default "
+                         f"{torch.get_num_threads()} torch threads (latency_ms) and with one "
+                         "thread (latency_ms_1thread; robust when other processes share the "
+                         "CPU)"),
         "files": {p.relative_to(folder).as_posix(): _sha256(p)
                   for p in sorted(folder.rglob("*")) if p.is_file()},
     }
@@ -215,22 +232,26 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
 
 @torch.inference_mode()
 def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: torch.Tensor,
-                      reps: int = 200) -> tuple[float, float]:
+                      reps: int = 200, max_seconds: float = 15.0) -> tuple[float, float]:
     """Median ms of one decode step (one new token, KV cache of len(context)) for each model,
-    the two measured in alternating blocks so background load affects both alike."""
-    times: dict[int, list[float]] = {0: [], 1: []}
+    measured in alternating blocks of 20 so that background load affects both alike; stops
+    early after `max_seconds`."""
+    times: list[list[float]] = [[], []]
     models = (target, draft)
     caches = [m(input_ids=context[None], use_cache=True).past_key_values for m in models]
     token = context[-1:][None]
-    for block in range(reps // 20 + 2):
+    deadline = time.perf_counter() + max_seconds
+    block = 0
+    while len(times[1]) < reps and (block < 3 or time.perf_counter() < deadline):
         for k, model in enumerate(models):
             for _ in range(20):
                 t0 = time.perf_counter()
                 model(input_ids=token, past_key_values=caches[k], use_cache=True)
                 elapsed = time.perf_counter() - t0
                 caches[k].crop(-1)
-                if block >= 2:  # the first blocks warm up
+                if block >= 1:  # the first block warms up
                     times[k].append(elapsed)
+        block += 1
     return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
 
 

@@ -46,7 +46,8 @@ def stdlib_root() -> Path:
 
 def stdlib_version() -> str:
     """The interpreter version whose stdlib is the corpus (part of the recipe hash)."""
-    return f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    v = sys.version_info
+    return f"{sys.implementation.name}-{v.major}.{v.minor}.{v.micro}"
 
 
 def split_of(rel: str) -> str:

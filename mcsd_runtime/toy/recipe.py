@@ -6,8 +6,6 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 
-import torch
-
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.toy.corpus import stdlib_version
 
@@ -78,6 +76,8 @@ class Recipe:
 
 
 def _cpu_bf16_ok() -> bool:
+    import torch
+
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
@@ -114,11 +114,11 @@ PRESETS: dict[str, Recipe] = {
         vocab_size=2048,
         max_train_chars=0,
         seq_len=256,
-        batch_size=16,
-        target=ModelShape(layers=16, hidden=128, heads=4, intermediate=384),
+        batch_size=8,
+        target=ModelShape(layers=18, hidden=128, heads=4, intermediate=384),
         draft=ModelShape(layers=1, hidden=256, heads=4, intermediate=768),
-        joint_steps=400,
-        draft_steps=150,
+        joint_steps=600,
+        draft_steps=300,
         target_lr=2e-3,
         draft_lr=3e-3,
         joint_ce=0.5,

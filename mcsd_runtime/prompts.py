@@ -1,0 +1,287 @@
+"""Prompt sets: the toy pair's held-out code prompts, the paper's benchmarks, and local files.
+
+`load_prompts(spec, limit=None, seed=0)` accepts:
+
+- `toy-code`: code prompts cut from the toy pair's held-out `eval` stdlib files (evaluation);
+- `toy-code-collect`: the same cut from the disjoint held-out `collect` files (collection);
+- `mt-bench`, `alpaca`, `trivia-qa`, `wmt-de`: the benchmarks, from the Hugging Face hub;
+- `SET=PATH` (e.g. `mt-bench=question.jsonl`): a local .json/.jsonl/.parquet file in that set's
+  own format;
+- `PATH`: a local file with a `prompt`, `text`, `instruction` or `question` field per record.
+
+With `limit`, a seeded sample of that many prompts is returned (in their original order).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mcsd_runtime.errors import MCSDError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: a stable id, the text given to the model, and the set it came from."""
+
+    id: str
+    text: str
+    source: str
+
+
+Record = dict[str, Any]
+
+# Hub location of each benchmark: (dataset, config, split).
+HUB_SETS: dict[str, tuple[str, str | None, str]] = {
+    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+    "alpaca": ("yahma/alpaca-cleaned", None, "train"),
+    "trivia-qa": ("mandarjoshi/trivia_qa", "rc.nocontext", "validation"),
+    "wmt-de": ("wmt/wmt14", "de-en", "test"),
+}
+TOY_SETS = {"toy-code": "eval", "toy-code-collect": "collect"}
+GENERIC_FIELDS = ("prompt", "text", "instruction", "question")
+WMT_TEMPLATE = "Translate English to German: {en}\nGerman:"
+FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
+KNOWN_SETS = (*TOY_SETS, *HUB_SETS)
+
+
+def load_prompts(spec: str, limit: int | None = None, seed: int = 0) -> list[Prompt]:
+    """The prompts of `spec` (see the module docstring), at most `limit`, sampled with `seed`."""
+    spec = spec.strip()
+    if limit is not None and limit < 1:
+        raise MCSDError(f"--limit must be a positive number of prompts, got {limit}")
+    if spec in TOY_SETS:
+        prompts = toy_code_prompts(TOY_SETS[spec], source=spec)
+    elif spec in HUB_SETS:
+        prompts = _parse_records(spec, _load_hub(spec), origin=f"hub:{HUB_SETS[spec][0]}")
+    elif "=" in spec and not Path(spec).exists():
+        name, _, path = spec.partition("=")
+        name = name.strip()
+        if name not in HUB_SETS and name != "generic":
+            raise MCSDError(
+                f"unknown prompt set {name!r} in {spec!r}; a file can be read in the format of "
+                f"{', '.join(HUB_SETS)} or generic, e.g. mt-bench=/path/question.jsonl"
+            )
+        prompts = _parse_records(name, read_records(Path(path.strip())), origin=path.strip())
+    elif _looks_like_path(spec):
+        prompts = _parse_records("generic", read_records(Path(spec)), origin=spec)
+    else:
+        raise MCSDError(
+            f"unknown prompt set {spec!r}; use one of {', '.join(KNOWN_SETS)}, a local "
+            f"{'/'.join(FILE_SUFFIXES)} file, or SET=FILE (e.g. alpaca=/path/alpaca.json)"
+        )
+    if not prompts:
+        raise MCSDError(f"prompt set {spec!r} gave no prompts")
+    if limit is not None and limit < len(prompts):
+        keep = sorted(random.Random(seed).sample(range(len(prompts)), limit))
+        prompts = [prompts[i] for i in keep]
+    return prompts
+
+
+# --- toy code prompts ----------------------------------------------------------------------
+
+MIN_CHARS, MAX_CHARS = 220, 640  # about 64-200 tokens of the toy tokenizer (~3.2 chars/token)
+MAX_PER_FILE = 12
+
+
+def toy_code_prompts(split: str, source: str | None = None) -> list[Prompt]:
+    """Prompts cut from the held-out stdlib files of corpus `split` (`eval` or `collect`)."""
+    from mcsd_runtime.toy.corpus import read_source, source_files
+
+    prompts = []
+    for file in source_files(split):
+        for line, text in cut_code(read_source(file), file.rel):
+            prompts.append(Prompt(id=f"{file.rel}:{line}", text=text, source=source or split))
+    return prompts
+
+
+def cut_code(source: str, key: str = "") -> list[tuple[int, str]]:
+    """Code prompts from one file: each ends just before a statement inside a function body
+    (so the continuation is more of that function), at a line end without the newline, and
+    starts at a line boundary some 220-640 characters earlier. Prompts do not overlap; the cut
+    points and lengths are fixed by a hash of `key` and the line number. Returns (1-based line
+    where the continuation starts, text) pairs."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.splitlines(keepends=True)
+    funcs = sorted(
+        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)),
+        key=lambda n: n.lineno,
+    )
+    out: list[tuple[int, str]] = []
+    last_end = 0  # lines before this index are used
+    for func in funcs:
+        if len(out) >= MAX_PER_FILE:
+            break
+        stmts = [s for s in func.body if s.lineno > func.lineno]
+        if len(stmts) < 2:
+            continue
+        h = int(hashlib.sha256(f"{key}:{func.lineno}".encode()).hexdigest()[:8], 16)
+        cut = stmts[1 + h % (len(stmts) - 1)].lineno - 1  # 0-based index of the next line
+        if _decorated_or_blank(lines, cut):
+            continue
+        want = MIN_CHARS + (h >> 8) % (MAX_CHARS - MIN_CHARS)
+        start, size = cut, 0
+        while start > last_end and size < want:
+            start -= 1
+            size += len(lines[start])
+        while size > MAX_CHARS and start < cut - 1:
+            size -= len(lines[start])
+            start += 1
+        text = "".join(lines[start:cut]).rstrip("\n")
+        if not (MIN_CHARS <= len(text) <= MAX_CHARS) or not text.strip():
+            continue
+        out.append((cut + 1, text))
+        last_end = cut
+    return out
+
+
+def _decorated_or_blank(lines: list[str], cut: int) -> bool:
+    return cut >= len(lines) or not lines[cut].strip() or lines[cut].lstrip().startswith("@")
+
+
+# --- benchmark formats ---------------------------------------------------------------------
+
+
+def _mt_bench(rec: Record) -> str | None:
+    turns = rec.get("turns", rec.get("prompt"))
+    if isinstance(turns, str):
+        return turns
+    if isinstance(turns, list | tuple) and turns and all(isinstance(t, str) for t in turns):
+        return "\n\n".join(turns)
+    return None
+
+
+def _alpaca(rec: Record) -> str | None:
+    instruction = rec.get("instruction")
+    if not isinstance(instruction, str) or not instruction.strip():
+        return None
+    extra = rec.get("input")
+    if isinstance(extra, str) and extra.strip():
+        return f"{instruction.strip()}\n\n{extra.strip()}"
+    return instruction.strip()
+
+
+def _trivia_qa(rec: Record) -> str | None:
+    question = rec.get("question")
+    return question if isinstance(question, str) else None
+
+
+def _wmt_de(rec: Record) -> str | None:
+    pair = rec.get("translation")
+    english = pair.get("en") if isinstance(pair, dict) else rec.get("en")
+    if not isinstance(english, str) or not english.strip():
+        return None
+    return WMT_TEMPLATE.format(en=english.strip())
+
+
+def _generic(rec: Record) -> str | None:
+    for field in GENERIC_FIELDS:
+        value = rec.get(field)
+        if field == "instruction" and isinstance(value, str):
+            return _alpaca(rec)
+        if isinstance(value, str) and value.strip():
+            return value
+        if isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
+            return "\n\n".join(value)
+    return None
+
+
+PARSERS: dict[str, tuple[Callable[[Record], str | None], tuple[str, ...]]] = {
+    # set: (text of a record, id fields tried in order)
+    "mt-bench": (_mt_bench, ("question_id", "prompt_id", "id")),
+    "alpaca": (_alpaca, ("id",)),
+    "trivia-qa": (_trivia_qa, ("question_id", "id")),
+    "wmt-de": (_wmt_de, ("id",)),
+    "generic": (_generic, ("id", "question_id", "prompt_id")),
+}
+EXPECTED = {
+    "mt-bench": "a `turns` list (or `prompt`)",
+    "alpaca": "`instruction` (and optional `input`)",
+    "trivia-qa": "`question`",
+    "wmt-de": "`translation.en` (or `en`)",
+    "generic": f"one of {', '.join(GENERIC_FIELDS)}",
+}
+
+
+def _parse_records(name: str, records: list[Record], origin: str) -> list[Prompt]:
+    text_of, id_fields = PARSERS[name]
+    source = name if name != "generic" else Path(origin).stem
+    prompts = []
+    for i, rec in enumerate(records):
+        text = text_of(rec) if isinstance(rec, dict) else None
+        if text is None or not text.strip():
+            continue
+        rid = next((rec[f] for f in id_fields if rec.get(f) not in (None, "")), i)
+        prompts.append(Prompt(id=str(rid), text=text, source=source))
+    if records and not prompts:
+        raise MCSDError(f"{origin}: no record has a usable prompt field; a {name} file needs "
+                        f"{EXPECTED[name]} per record")
+    return prompts
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.endswith(FILE_SUFFIXES) or "/" in spec or Path(spec).exists()
+
+
+def read_records(path: Path) -> list[Record]:
+    """Records of a .json (a list, or an object holding one list), .jsonl or .parquet file."""
+    if not path.is_file():
+        raise MCSDError(f"prompt file {path} does not exist (or is not a file)")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            import pandas as pd
+
+            return pd.read_parquet(path).to_dict(orient="records")
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        if suffix == ".json":
+            data = json.loads(text)
+            if isinstance(data, dict):
+                lists = [v for v in data.values() if isinstance(v, list)]
+                data = lists[0] if len(lists) == 1 else [data]
+            if not isinstance(data, list):
+                raise MCSDError(f"{path}: expected a JSON list of records")
+            return data
+    except MCSDError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise MCSDError(f"cannot read prompt file {path}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - pyarrow raises its own error types
+        raise MCSDError(f"cannot read prompt file {path}: {err}") from None
+    raise MCSDError(f"prompt file {path}: unsupported format {suffix!r}; use "
+                    f"{', '.join(FILE_SUFFIXES)}")
+
+
+def _hub_load(dataset: str, config: str | None, split: str) -> Any:
+    import datasets
+
+    return datasets.load_dataset(dataset, config, split=split)
+
+
+def _load_hub(name: str) -> list[Record]:
+    dataset, config, split = HUB_SETS[name]
+    try:
+        rows = _hub_load(dataset, config, split)
+    except Exception as err:  # noqa: BLE001 - network, auth and cache errors all end here
+        raise MCSDError(
+            f"cannot load {name} ({dataset}{'/' + config if config else ''}, split {split}) from "
+            f"the Hugging Face hub: the hub is unreachable or the dataset is not cached "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}). "
+            f"Download it where the hub is reachable and pass a local file instead, e.g. "
+            f"{name}=/path/to/{name}.jsonl (formats: data/prompts/README.md)"
+        ) from None
+    return [dict(r) for r in rows]
