@@ -244,7 +244,7 @@ def read_records(path: Path) -> list[Record]:
         if suffix == ".parquet":
             import pandas as pd
 
-            return pd.read_parquet(path).to_dict(orient="records")
+            return [_plain(r) for r in pd.read_parquet(path).to_dict(orient="records")]
         text = path.read_text(encoding="utf-8")
         if suffix == ".jsonl":
             return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -266,6 +266,17 @@ def read_records(path: Path) -> list[Record]:
                     f"{', '.join(FILE_SUFFIXES)}")
 
 
+def _plain(value: Any) -> Any:
+    """Parquet rows with numpy arrays and scalars turned into lists and Python scalars."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _hub_load(dataset: str, config: str | None, split: str) -> Any:
     import datasets
 
@@ -285,3 +296,46 @@ def _load_hub(name: str) -> list[Record]:
             f"{name}=/path/to/{name}.jsonl (formats: data/prompts/README.md)"
         ) from None
     return [dict(r) for r in rows]
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    """Add `mcsd prompts`: list, preview or export a prompt set."""
+    parser = subparsers.add_parser(
+        "prompts",
+        help="preview or export a prompt set",
+        description=(
+            "Load a prompt set and print a preview, or write it as JSONL (id, text, source; "
+            "readable back as a generic prompt file). SPEC is one of "
+            f"{', '.join(KNOWN_SETS)}; SET=FILE for a local file in a benchmark's format "
+            "(e.g. mt-bench=question.jsonl); or FILE (.json/.jsonl/.parquet with a prompt, "
+            "text, instruction or question field). See data/prompts/README.md."
+        ),
+    )
+    parser.add_argument("spec", metavar="SPEC", help="prompt set or file")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="a seeded random sample of this many prompts")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--jsonl", type=Path, default=None, metavar="OUT",
+                        help="write the prompts to this JSONL file instead of a preview")
+    parser.set_defaults(func=run_prompts)
+
+
+def run_prompts(args: Any) -> int:
+    prompts = load_prompts(args.spec, limit=args.limit, seed=args.seed)
+    if args.jsonl is not None:
+        try:
+            args.jsonl.parent.mkdir(parents=True, exist_ok=True)
+            with args.jsonl.open("w", encoding="utf-8") as f:
+                for p in prompts:
+                    f.write(json.dumps({"id": p.id, "text": p.text, "source": p.source}) + "\n")
+        except OSError as err:
+            raise MCSDError(f"cannot write {args.jsonl}: {err.strerror or err}") from None
+        print(f"wrote {len(prompts)} prompts to {args.jsonl}")
+        return 0
+    print(f"{len(prompts)} prompts from {args.spec}")
+    for p in prompts[:3]:
+        print(f"--- {p.source} {p.id}\n{p.text}")
+    return 0

@@ -258,6 +258,7 @@ def _quiet_lightning() -> None:
                  "lightning.fabric.utilities.seed", "lightning.pytorch"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*You called `self.log.*logger=False.*")
     warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
     warnings.filterwarnings("ignore", message=".*TPU available but not used.*")
