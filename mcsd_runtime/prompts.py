@@ -20,6 +20,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,18 @@ MAX_PER_FILE = 12
 
 def toy_code_prompts(split: str, source: str | None = None) -> list[Prompt]:
     """Prompts cut from the held-out stdlib files of corpus `split` (`eval` or `collect`)."""
+    return list(_toy_code_prompts(split, source or split))
+
+
+@lru_cache(maxsize=4)
+def _toy_code_prompts(split: str, source: str) -> tuple[Prompt, ...]:
     from mcsd_runtime.toy.corpus import read_source, source_files
 
     prompts = []
     for file in source_files(split):
         for line, text in cut_code(read_source(file), file.rel):
-            prompts.append(Prompt(id=f"{file.rel}:{line}", text=text, source=source or split))
-    return prompts
+            prompts.append(Prompt(id=f"{file.rel}:{line}", text=text, source=source))
+    return tuple(prompts)
 
 
 def cut_code(source: str, key: str = "") -> list[tuple[int, str]]:

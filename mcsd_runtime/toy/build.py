@@ -28,6 +28,7 @@ from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, get_recipe
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-toy-pair"
 LATENCY_CONTEXT = 128
+LATENCY_MAX_SECONDS = 8.0  # per thread setting; background load can make steps very slow
 
 
 def pair_dir(preset: str = "default", seed: int = 0) -> Path:
@@ -51,12 +52,19 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
         verify_pair(dest, recipe)
         return dest
     tmp = _make_tmp(dest)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # per-shard save/load bars are noise here
     try:
         card = _build_into(tmp, recipe, progress)
         _install(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     if progress:
         print(summary(dest, card), flush=True)
     return dest
@@ -232,7 +240,7 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
 
 @torch.inference_mode()
 def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: torch.Tensor,
-                      reps: int = 200, max_seconds: float = 15.0) -> tuple[float, float]:
+                      reps: int = 200, max_seconds: float | None = None) -> tuple[float, float]:
     """Median ms of one decode step (one new token, KV cache of len(context)) for each model,
     measured in alternating blocks of 20 so that background load affects both alike; stops
     early after `max_seconds`."""
@@ -240,7 +248,8 @@ def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: 
     models = (target, draft)
     caches = [m(input_ids=context[None], use_cache=True).past_key_values for m in models]
     token = context[-1:][None]
-    deadline = time.perf_counter() + max_seconds
+    budget = LATENCY_MAX_SECONDS if max_seconds is None else max_seconds
+    deadline = time.perf_counter() + budget
     block = 0
     while len(times[1]) < reps and (block < 3 or time.perf_counter() < deadline):
         for k, model in enumerate(models):
