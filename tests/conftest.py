@@ -9,6 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mcsd_runtime.pair import Pair
 
+torch.set_num_threads(1)  # tiny models: threads only add contention on a shared 2-core machine
+
 
 def tiny_llama(vocab: int, layers: int, hidden: int, seed: int, eos: int | None = None,
                max_positions: int = 256, init_range: float = 0.2) -> LlamaForCausalLM:

@@ -1,0 +1,53 @@
+"""Command-line arguments shared by every command that runs the decoder."""
+
+from __future__ import annotations
+
+import argparse
+
+from mcsd_runtime.decoder import DecodeConfig
+from mcsd_runtime.pair import Pair, load_pair
+
+TOY_HELP = "'toy' (default) or 'toy:tiny' is the embedded pair, built on first use"
+
+
+def add_pair_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model pair")
+    g.add_argument("--target", default="toy", help=f"target model: hub name or folder; {TOY_HELP}")
+    g.add_argument("--draft", default=None,
+                   help="draft model: hub name or folder (default: the toy pair's draft when "
+                        "--target is toy)")
+    g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda:0")
+    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")
+
+
+def add_decode_args(parser: argparse.ArgumentParser, k_config: str = "4,2,2,1") -> None:
+    g = parser.add_argument_group("decoding")
+    g.add_argument("--k-config", default=k_config, help="children per depth (default %(default)s)")
+    g.add_argument("--init", default="draft", choices=["draft", "target"],
+                   help="first tree layer from the draft (lossless) or the target (the paper's "
+                        "target-initialized mode, NOT lossless)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--verify", default="mcss", choices=["mcss", "mcss-replacement", "naive"],
+                   help="sampling verifier (default %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="default %(default)s")
+    g.add_argument("--seed", type=int, default=0, help="default %(default)s")
+
+
+def pair_from_args(args: argparse.Namespace) -> Pair:
+    target, draft = args.target, args.draft
+    if target.startswith("toy") and draft is None:
+        from mcsd_runtime.toy import toy_pair_dirs
+
+        preset = target.split(":", 1)[1] if ":" in target else "default"
+        target, draft = toy_pair_dirs(preset)
+    elif draft is None:
+        from mcsd_runtime.errors import MCSDError
+
+        raise MCSDError("--draft is required with a --target other than 'toy'")
+    return load_pair(target, draft, device=args.device, dtype=args.dtype)
+
+
+def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfig:
+    values = dict(k_config=args.k_config, init=args.init, temperature=args.temperature,
+                  verify=args.verify, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return DecodeConfig(**(values | override))

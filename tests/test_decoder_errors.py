@@ -1,0 +1,73 @@
+"""Bad input: a ValueError (MCSDError) whose message says what to change."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from conftest import make_pair, tiny_llama
+from mcsd_runtime import MCSDError
+from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.pair import Pair, check_same_vocab
+from mcsd_runtime.stoppers import make_stopper
+
+
+def test_mismatched_model_vocab():
+    with pytest.raises(ValueError, match="vocabularies differ in size"):
+        Pair(tiny_llama(64, 1, 32, 0), tiny_llama(65, 1, 32, 0))
+
+
+def _tok(vocab: dict[str, int], eos: str = "b") -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="a"))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="a", eos_token=eos)
+
+
+def test_mismatched_tokenizers():
+    with pytest.raises(ValueError, match="differ in size"):
+        check_same_vocab(_tok({"a": 0, "b": 1}), _tok({"a": 0, "b": 1, "c": 2}))
+    with pytest.raises(ValueError, match="token-to-id map"):
+        check_same_vocab(_tok({"a": 0, "b": 1}), _tok({"a": 1, "b": 0}))
+    with pytest.raises(ValueError, match="eos_token_id"):
+        check_same_vocab(_tok({"a": 0, "b": 1}), _tok({"a": 0, "b": 1}, eos="a"))
+
+
+def test_empty_prompt(pair):
+    with pytest.raises(ValueError, match="empty prompt"):
+        MCSDDecoder(pair, DecodeConfig()).generate([])
+
+
+def test_prompt_beyond_positions():
+    small = make_pair(max_positions=32)
+    with pytest.raises(ValueError, match="beyond the models' 32 positions"):
+        MCSDDecoder(small, DecodeConfig(max_new_tokens=30)).generate([1, 2, 3])
+
+
+@pytest.mark.parametrize("k_config", ["4,x", (0, 2), (4, -1), "2.5"])
+def test_bad_k_config(k_config):
+    with pytest.raises(ValueError, match="k-config"):
+        DecodeConfig(k_config=k_config)
+
+
+def test_too_many_candidates(pair):
+    with pytest.raises(ValueError, match="more candidates than the vocabulary"):
+        MCSDDecoder(pair, DecodeConfig(k_config=(100,)))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"temperature": -0.5}, "temperature must be >= 0"),
+    ({"verify": "magic"}, "unknown verifier"),
+    ({"init": "oracle"}, "unknown init"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive"),
+    ({"init": "target", "k_config": ()}, "needs a non-empty k-config"),
+])
+def test_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(**kwargs)
+
+
+@pytest.mark.parametrize("spec", ["sometimes", "confidence:x", "static:1:2", "/no/such/dir"])
+def test_unknown_stopper_spec(spec):
+    with pytest.raises(MCSDError, match="stopper"):
+        make_stopper(spec)

@@ -1,0 +1,124 @@
+"""Greedy MCSD must reproduce the target's own greedy decoding token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_pair
+from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+
+K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,), (2, 3), (3, 1, 1, 1, 1, 1)]
+STOPPERS = ["static", "static:2", "confidence:0.05", "entropy:0.1:0.1", "cumprod:0.9",
+            "heuristic"]
+N_PROMPTS = 20
+
+
+def prompts(vocab: int, n: int = N_PROMPTS, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(1, 12, (1,), generator=gen)),),
+                          generator=gen).tolist() for _ in range(n)]
+
+
+def reference(pair, prompt: list[int], max_new: int) -> list[int]:
+    out = pair.target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                               dtype=torch.long), max_new_tokens=max_new, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def refs(pair):
+    return [(p, reference(pair, p, 24)) for p in prompts(pair.vocab_size)]
+
+
+@pytest.mark.parametrize("k_config", K_CONFIGS)
+@pytest.mark.parametrize("stopper", STOPPERS)
+def test_greedy_equals_target(pair, refs, k_config, stopper):
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24), stopper=stopper)
+    accepted = 0
+    for prompt, ref in refs:
+        result = dec.generate(prompt)
+        assert result.token_ids == ref
+        assert result.lossless
+        accepted += result.stats.accepted_tokens
+    assert accepted > 0  # the draft is close enough that some drafts were actually used
+
+
+def test_ar_decoder_equals_target(pair, refs):
+    dec = ARDecoder(pair, DecodeConfig(max_new_tokens=24))
+    for prompt, ref in refs[:5]:
+        result = dec.generate(prompt)
+        assert result.token_ids == ref
+        assert result.stats.tau == 1.0 and result.stats.draft_calls == 0
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5, 6, 7])
+def test_max_new_tokens_edges(pair, max_new):
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=max_new))
+    for prompt in prompts(pair.vocab_size, 6, seed=3):
+        result = dec.generate(prompt)
+        assert len(result.token_ids) == max_new
+        assert result.token_ids == reference(pair, prompt, max_new)
+
+
+def test_eos_inside_accepted_path():
+    """Pick as EOS a token the target emits mid-sequence; output must stop right after it, even
+    when it lies inside an accepted path (not only as a bonus token)."""
+    probe = make_pair()
+    ps = prompts(probe.vocab_size, 20, seed=5)
+    counts = torch.bincount(torch.tensor([t for p in ps for t in reference(probe, p, 24)[1:]]))
+    eos = int(counts.argmax())
+    pair = make_pair(eos=eos)
+    inside = 0
+    for k_config in [(1, 1, 1, 1), (4, 2, 2, 1)]:
+        dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24))
+        for prompt in ps:
+            ref = reference(pair, prompt, 24)
+            result = dec.generate(prompt)
+            assert result.token_ids == ref
+            if eos in ref:
+                assert result.token_ids[-1] == eos and result.token_ids.count(eos) == 1
+                last = result.steps[-1]
+                inside += last.accepted > 0 and last.committed <= last.accepted
+    assert inside > 0, "no EOS landed inside an accepted path; the test exercised nothing"
+
+
+def test_target_init_is_labelled_lossy_and_runs(pair, refs):
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), init="target",
+                                         max_new_tokens=24))
+    same = 0
+    for prompt, ref in refs:
+        result = dec.generate(prompt)
+        assert not result.lossless
+        assert len(result.token_ids) == 24
+        same += result.token_ids == ref
+    # With top-1-only roots the target-initialized mode is greedy again: check that equivalence.
+    dec1 = MCSDDecoder(pair, DecodeConfig(k_config=(1, 2, 2, 1), init="target",
+                                          max_new_tokens=24))
+    for prompt, ref in refs:
+        assert dec1.generate(prompt).token_ids == ref
+
+
+@pytest.mark.parametrize("init", ["draft", "target"])
+def test_cache_length_tracks_committed_length(pair, init):
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), init=init, max_new_tokens=40))
+    for prompt in prompts(pair.vocab_size, 4, seed=7):
+        result = dec.generate(prompt)
+        total = len(prompt)
+        for step in result.steps:
+            total += step.committed
+            assert step.target_cache + step.target_pending == total
+            assert step.draft_cache + step.draft_pending == total
+            assert step.target_pending <= 1 and step.draft_pending <= 2
+
+
+def test_stats_are_consistent(pair, refs):
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=24))
+    result = dec.generate(refs[0][0])
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids) == sum(st.committed for st in result.steps)
+    assert s.target_calls == len(result.steps)
+    assert s.accepted_tokens == sum(st.accepted for st in result.steps)
+    assert s.drafted_tokens == sum(st.tree_size for st in result.steps)
+    assert 0 < s.target_time + s.draft_time <= s.wall_time
+    assert s.tau == s.new_tokens / s.target_calls
