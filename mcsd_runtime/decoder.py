@@ -39,6 +39,7 @@ class DecodeConfig:
     max_new_tokens: int = 128
     seed: int = 0
     profile: bool = False  # on a GPU, synchronize around forwards to time them
+    commit_limit: int | None = None  # commit at most this many tokens a step (dense collection)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -50,6 +51,8 @@ class DecodeConfig:
             raise MCSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.verify not in V.VERIFIERS:
             raise MCSDError(f"unknown verifier {self.verify!r}: use one of {', '.join(V.VERIFIERS)}")
+        if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
+            raise MCSDError("commit_limit must be >= 1 and needs init='draft'")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise MCSDError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
 
@@ -315,8 +318,12 @@ class MCSDDecoder:
         accepted = len(path) - (1 if target_init else 0)
         new_tokens = [tok_host[j] for j in path] + ([] if target_init else [bonus])
 
-        # 4. Commit, clipped at EOS and max_new_tokens.
-        new_tokens = new_tokens[:remaining]
+        # 4. Commit, clipped at EOS, max_new_tokens and commit_limit. When clipped, the caches keep
+        # the committed part of the path and its last token becomes the pending one.
+        new_tokens = new_tokens[: min(remaining, cfg.commit_limit or remaining)]
+        verified_path = path
+        if not target_init and len(new_tokens) <= len(path):
+            path, bonus = path[: len(new_tokens) - 1], new_tokens[-1]
         for i, t in enumerate(new_tokens):
             if t in self._eos:
                 new_tokens = new_tokens[: i + 1]
@@ -338,7 +345,8 @@ class MCSDDecoder:
 
         drafted_depth = s - 1 if target_init and s else s
         if trace:
-            self.recorder.on_step(ds.trace(st.trajectory.steps, probs, path, accepted, s))
+            self.recorder.on_step(ds.make_trace(st.trajectory.steps, probs, verified_path,
+                                                accepted, s))
         st.trajectory.update(accepted, len(new_tokens))
         self.stopper.update(drafted_depth, accepted)
         stats.drafted_tokens += c - (tree.sizes[0] if target_init and s else 0)
@@ -515,23 +523,21 @@ class _DraftStep:
         st.d_pending = st.d_pending + [tok_host[j] for j in path if depth[j] > self.forwarded]
         st.d_pending += bonus
 
-    def trace(self, step: int, probs: torch.Tensor | None, path: list[int], accepted: int,
-              s: int) -> StepTrace:
+    def make_trace(self, step: int, probs: torch.Tensor, path: list[int], accepted: int,
+                   s: int) -> StepTrace:
         tt = self.dec.tt
         c = tt.tree.cum[s]
-        parent = tt.parent[1 : 1 + c]
-        nodes = self.tokens[1 : 1 + c]
-        hidden = None
-        if self.want_hidden:
-            hidden = torch.cat([self.hidden[d] for d in range(1, s + 1)])
+        depths = range(1, s + 1)
+        empty = probs.new_zeros(0)
         return StepTrace(
             step=step, tokens=self.tokens[: 1 + c],
-            node_features=torch.cat([self.feats[d] for d in range(1, s + 1)]) if s else
-            torch.zeros(0, 0), trajectory=self.st.trajectory.values(),
-            target_prob=probs[parent, nodes] if c else probs.new_zeros(0),
-            draft_prob=torch.cat([self.prob[d] for d in range(1, s + 1)]) if s else
-            probs.new_zeros(0),
-            hidden=hidden, path=path, accepted=accepted, drafted=s)
+            node_features=torch.cat([self.feats[d] for d in depths]) if s else empty,
+            trajectory=self.st.trajectory.values(),
+            target_prob=probs[tt.parent[1 : 1 + c], self.tokens[1 : 1 + c]],
+            draft_prob=torch.cat([self.prob[d] for d in depths]) if s else empty,
+            hidden=torch.cat([self.hidden[d] for d in depths]) if self.want_hidden and s
+            else None,
+            path=path, accepted=accepted, drafted=s)
 
 
 class ARDecoder(MCSDDecoder):

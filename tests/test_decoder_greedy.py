@@ -122,3 +122,19 @@ def test_stats_are_consistent(pair, refs):
     assert s.drafted_tokens == sum(st.tree_size for st in result.steps)
     assert 0 < s.target_time + s.draft_time <= s.wall_time
     assert s.tau == s.new_tokens / s.target_calls
+
+
+def test_commit_limit_one_is_dense_and_lossless(pair, refs):
+    """Told to commit one token a step, the decoder verifies a full tree at every position."""
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=24,
+                                         commit_limit=1))
+    for prompt, ref in refs[:5]:
+        result = dec.generate(prompt)
+        assert result.token_ids == ref
+        assert len(result.steps) == 24 and all(s.committed == 1 for s in result.steps)
+        assert any(s.accepted > 1 for s in result.steps)
+        total = len(prompt)
+        for step in result.steps:
+            total += 1
+            assert step.target_cache + step.target_pending == total
+            assert step.draft_cache + step.draft_pending == total
