@@ -35,7 +35,7 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str = "4,2,2,1") 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
     target, draft = args.target, args.draft
-    if target.startswith("toy") and draft is None:
+    if target.startswith("toy") and (draft is None or draft.startswith("toy")):
         from mcsd_runtime.toy import toy_pair_dirs
 
         preset = target.split(":", 1)[1] if ":" in target else "default"
