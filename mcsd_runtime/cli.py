@@ -24,8 +24,12 @@ def build_parser(registers: Sequence[Register] | None = None, prog: str = "mcsd"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if registers is None:
-        eps = sorted(entry_points(group="mcsd.commands"), key=lambda ep: ep.name)
-        registers = [ep.load() for ep in eps]
+        registers = []
+        for ep in sorted(entry_points(group="mcsd.commands"), key=lambda ep: ep.name):
+            try:
+                registers.append(ep.load())
+            except ImportError as err:  # a broken plugin must not take the other commands down
+                print(f"{prog}: warning: command {ep.name!r} unavailable: {err}", file=sys.stderr)
     for register in registers:
         register(sub)
     return parser
