@@ -17,8 +17,13 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
+# The pipeline on the embedded toy pair; each stage reuses what earlier runs left in data/.
+DEMO := data/runs/demo
 demo: venv
-	$(BIN)/mcsd demo
+	$(BIN)/mcsd toy build --preset default
+	mkdir -p $(DEMO)
+	$(BIN)/mcsd bench --target toy --prompts toy-code --limit 12 --max-new-tokens 128 \
+		--json $(DEMO)/bench.json
 
 test: venv
 	$(BIN)/python -m pytest
