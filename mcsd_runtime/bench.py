@@ -11,8 +11,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from mcsd_runtime.cli_args import (add_decode_args, add_pair_args, decode_config_from_args,
-                                   pair_from_args)
+from mcsd_runtime.cli_args import (
+    add_decode_args,
+    add_pair_args,
+    decode_config_from_args,
+    pair_from_args,
+)
 from mcsd_runtime.decoder import ARDecoder, MCSDDecoder
 
 

@@ -17,7 +17,8 @@ from mcsd_runtime.errors import MCSDError
 Register = Callable[[argparse._SubParsersAction], None]
 
 
-def build_parser(registers: Sequence[Register] | None = None, prog: str = "mcsd") -> argparse.ArgumentParser:
+def build_parser(registers: Sequence[Register] | None = None,
+                 prog: str = "mcsd") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Learned early-stop decisions for multi-candidate speculative decoding (MCSD).",

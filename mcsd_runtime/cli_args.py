@@ -17,7 +17,8 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
                    help="draft model: hub name or folder (default: the toy pair's draft when "
                         "--target is toy)")
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda:0")
-    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")
+    g.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")
 
 
 def add_decode_args(parser: argparse.ArgumentParser, k_config: str = "4,2,2,1") -> None:

@@ -50,11 +50,13 @@ class DecodeConfig:
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise MCSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.verify not in V.VERIFIERS:
-            raise MCSDError(f"unknown verifier {self.verify!r}: use one of {', '.join(V.VERIFIERS)}")
+            raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
+                            f"{', '.join(V.VERIFIERS)}")
         if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
             raise MCSDError("commit_limit must be >= 1 and needs init='draft'")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise MCSDError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+            raise MCSDError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
 
     @property
     def lossless(self) -> bool:

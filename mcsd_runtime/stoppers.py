@@ -116,7 +116,8 @@ def _floats(args: list[str], spec: str, n_max: int) -> list[float]:
     try:
         return [float(a) for a in args]
     except ValueError:
-        raise MCSDError(f"stopper {spec!r}: parameters must be numbers, e.g. confidence:0.4") from None
+        raise MCSDError(
+            f"stopper {spec!r}: parameters must be numbers, e.g. confidence:0.4") from None
 
 
 Builder = Callable[[list[str], str], Stopper]
