@@ -7,9 +7,10 @@ import torch
 
 from conftest import make_pair
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.stoppers import make_stopper
 
 K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,), (2, 3), (3, 1, 1, 1, 1, 1)]
-STOPPERS = ["static", "static:2", "confidence:0.05", "entropy:0.1:0.1", "cumprod:0.9",
+STOPPERS = ["static", "static:2", "confidence:0.2", "entropy:0.45:0.1", "cumprod:0.9",
             "heuristic"]
 N_PROMPTS = 20
 
@@ -31,10 +32,30 @@ def refs(pair):
     return [(p, reference(pair, p, 24)) for p in prompts(pair.vocab_size)]
 
 
+class Counting:
+    """Wraps a stopper and counts its decisions, to show the test exercised early stops."""
+
+    def __init__(self, spec: str) -> None:
+        self.inner, self.stops, self.continues = make_stopper(spec), 0, 0
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def should_continue(self, frontier) -> bool:
+        go = self.inner.should_continue(frontier)
+        self.stops += not go
+        self.continues += go
+        return go
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.inner.update(drafted, accepted)
+
+
 @pytest.mark.parametrize("k_config", K_CONFIGS)
 @pytest.mark.parametrize("stopper", STOPPERS)
 def test_greedy_equals_target(pair, refs, k_config, stopper):
-    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24), stopper=stopper)
+    counting = Counting(stopper)
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24), stopper=counting)
     accepted = 0
     for prompt, ref in refs:
         result = dec.generate(prompt)
@@ -42,6 +63,8 @@ def test_greedy_equals_target(pair, refs, k_config, stopper):
         assert result.lossless
         accepted += result.stats.accepted_tokens
     assert accepted > 0  # the draft is close enough that some drafts were actually used
+    if stopper != "static" and len(k_config) > 2:
+        assert counting.stops > 0 and counting.continues > 0  # it really stopped early
 
 
 def test_ar_decoder_equals_target(pair, refs):
