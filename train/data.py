@@ -1,0 +1,103 @@
+"""Loading collected runs for training: rows as one DataFrame, manifests, labels, the split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
+
+NEEDED = ("run_id", "prompt_id", "step", "position", "node", "parent", "init",
+          "on_accepted_path", "accepted_length", "drafted_depth", "soft_label", *FEATURE_NAMES)
+
+
+def load_runs(run_dirs: list[str | Path], hidden: bool = False) -> tuple[pd.DataFrame, list[dict]]:
+    """All rows of the given collection runs and their manifests. Uses `collect.load_rows` when
+    the collect package provides it, else reads the runs' Parquet files directly."""
+    frames, manifests = [], []
+    for run in run_dirs:
+        run = Path(run)
+        if not run.is_dir():
+            raise MCSDError(f"no collection run at {run}: pass folders written by `mcsd collect`")
+        df, manifest = _load_one(run, hidden)
+        if df.empty:
+            raise MCSDError(f"collection run {run} has no rows")
+        frames.append(df)
+        manifests.append(manifest)
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    check_rows(df, hidden)
+    return df, manifests
+
+
+def _load_one(run: Path, hidden: bool) -> tuple[pd.DataFrame, dict]:
+    try:
+        from collect import load_manifest, load_rows  # the collect stage, when installed
+    except ImportError:
+        load_rows = load_manifest = None
+    if load_rows is not None:
+        df = load_rows(run)
+        manifest = load_manifest(run)
+    else:
+        files = sorted(run.rglob("*.parquet"))
+        if not files:
+            raise MCSDError(f"collection run {run} has no Parquet row files")
+        df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        mpath = run / "manifest.json"
+        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
+    manifest = dict(manifest)
+    manifest.setdefault("path", str(run))
+    if not hidden and "hidden" in df.columns:
+        df = df.drop(columns=["hidden"])
+    return df, manifest
+
+
+def check_rows(df: pd.DataFrame, hidden: bool = False) -> None:
+    missing = [c for c in NEEDED if c not in df.columns]
+    if missing:
+        raise MCSDError(f"collected rows lack columns {missing}: collect them with this version "
+                        f"of the toolkit (feature schema {SCHEMA_VERSION})")
+    if hidden and "hidden" not in df.columns:
+        raise MCSDError("--model mlp-hidden needs hidden states: collect with hidden states "
+                        "enabled (the `hidden` column)")
+
+
+def pair_fingerprint(manifests: list[dict]) -> dict | None:
+    """The runs' common pair fingerprint; MCSDError if the runs come from different pairs."""
+    prints = [m.get("pair") or m.get("pair_fingerprint") for m in manifests]
+    prints = [p for p in prints if p]
+    if not prints:
+        return None
+    keys = ("target_config", "draft_config", "tokenizer")
+    first = prints[0]
+    for p in prints[1:]:
+        if any(p.get(k) != first.get(k) for k in keys):
+            raise MCSDError("the runs passed to --data come from different model pairs; train one "
+                            "stopper per pair")
+    return first
+
+
+def group_ids(df: pd.DataFrame) -> pd.Series:
+    return df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)
+
+
+def split_prompts(groups: pd.Series, val_frac: float, test_frac: float,
+                  seed: int) -> dict[str, np.ndarray]:
+    """Boolean row masks train/val/test; every prompt lies in exactly one split."""
+    uniq = np.array(sorted(groups.unique()))
+    if len(uniq) < 3:
+        raise MCSDError(f"need at least 3 prompts to split train/validation/test, got {len(uniq)}")
+    rng = np.random.default_rng(seed)
+    rng.shuffle(uniq)
+    n_test = max(1, round(test_frac * len(uniq)))
+    n_val = max(1, round(val_frac * len(uniq)))
+    if n_test + n_val >= len(uniq):
+        n_test = n_val = 1
+    test, val = set(uniq[:n_test]), set(uniq[n_test:n_test + n_val])
+    g = groups.to_numpy()
+    is_test = np.isin(g, list(test))
+    is_val = np.isin(g, list(val))
+    return {"train": ~(is_test | is_val), "val": is_val, "test": is_test}

@@ -1,0 +1,316 @@
+"""Offline replay: what any stopper would have done, from full-depth collected rows.
+
+A step drafted to full depth D with accepted length L accepts `min(L, s)` when stopped at depth
+s. Stoppers are the runtime's own objects (static, heuristics, learned, the oracle), consulted
+through a frontier that serves the stored node features plus trajectory features recomputed
+along the replayed trajectory (as `Trajectory.update` does in the decoder).
+
+- **exact** (dense greedy collection: one full-depth step at every position t of the AR output):
+  after stopping at depth s at position t the walk continues at t + min(L_t, s) + 1, so tokens,
+  target calls and forwards are those the decoder would produce.
+- **estimate** (any other collection): each recorded step is replayed in order; throughput is
+  expected tokens per step over expected cost per step. Labelled `estimate` in every result.
+
+Cost of a step stopped at depth s (draft-initialized tree, as `_DraftStep.run` does it): one draft
+forward over the pending tokens, one per depth 1..s-1, plus one over depth s when the stopper
+read the features at depth s (a stopper that reads no features, or one not consulted because s
+hit the cap, leaves depth s unforwarded and its accepted node pending for the next step); one
+target forward over 1 + cum[s] tokens; plus the profile's per-step overhead and, for learned
+stoppers, a per-decision latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import NODE_FEATURES, Trajectory
+from mcsd_runtime.stoppers import make_stopper
+from mcsd_runtime.tree import Tree
+
+NODE_COLS = list(NODE_FEATURES)
+
+
+@dataclass
+class Step:
+    position: int
+    accepted: int  # L of the full-depth step
+    cap: int  # depths the decoder could draft at this position (drafted_depth of the row)
+    nodes: list[np.ndarray]  # node features per depth 1..cap, [n_d, len(NODE_FEATURES)]
+    hidden: list[np.ndarray] | None = None
+
+
+@dataclass
+class Prompt:
+    key: str
+    steps: list[Step]  # in recorded order
+    by_position: dict[int, Step] = field(default_factory=dict)
+    new_tokens: int = 0  # length of the AR output (dense collections)
+
+
+@dataclass
+class ReplayResult:
+    stopper: str
+    mode: str  # "exact" or "estimate"
+    tokens: int = 0  # committed tokens (exact) / expected tokens (estimate)
+    steps: int = 0  # target calls
+    accepted: int = 0
+    drafted_depth: int = 0  # sum over steps of s
+    drafted_tokens: int = 0  # tree nodes drafted
+    target_tokens: int = 0  # tokens through the target
+    draft_forwards: int = 0
+    decisions: int = 0  # stopper consultations
+    cost_s: float = 0.0
+    acceptance_sum: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(self.steps, 1)
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.cost_s if self.cost_s else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.acceptance_sum / max(self.steps, 1)
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"tau": self.tau, "throughput": self.throughput,
+                               "acceptance_rate": self.acceptance_rate}
+
+
+class OracleStopper:
+    """Stops at exactly the step's accepted length (at least depth 1, as the decoder drafts it):
+    the bound no stopper can beat on accepted tokens per target call. Replay only."""
+
+    def reset(self) -> None:
+        pass
+
+    def should_continue(self, frontier) -> bool:
+        return frontier.depth < frontier.oracle_accepted
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class _Frontier:
+    __slots__ = ("depth", "max_depth", "oracle_accepted", "read", "_nodes", "_traj", "_hidden",
+                 "key")
+
+    def __init__(self, depth, max_depth, nodes, traj, hidden, accepted, key) -> None:
+        self.depth, self.max_depth, self._nodes, self._traj = depth, max_depth, nodes, traj
+        self._hidden, self.oracle_accepted, self.read, self.key = hidden, accepted, False, key
+
+    def features(self) -> torch.Tensor:
+        self.read = True
+        n = self._nodes.shape[0]
+        traj = np.broadcast_to(np.asarray(self._traj, dtype=np.float32), (n, len(self._traj)))
+        return torch.from_numpy(np.concatenate([self._nodes, traj], axis=1))
+
+    def hidden(self) -> torch.Tensor:
+        if self._hidden is None:
+            raise MCSDError("this replay has no hidden states: load the rows with hidden=True")
+        self.read = True
+        return torch.from_numpy(self._hidden)
+
+
+class ReplayData:
+    """Full-depth rows arranged by prompt and step, ready to replay."""
+
+    def __init__(self, df: pd.DataFrame, k_config: tuple[int, ...] | None = None,
+                 mode: str = "auto", hidden: bool = False,
+                 new_tokens: dict[str, int] | None = None) -> None:
+        if df.empty:
+            raise MCSDError("nothing to replay: no rows")
+        if "init" in df.columns and (df["init"] != "draft").any():
+            raise MCSDError("replay models draft-initialized steps; these rows include "
+                            "init='target' steps")
+        self.tree = Tree(tuple(k_config) if k_config else _infer_k_config(df))
+        self.depth = self.tree.depth
+        df = df.sort_values(["run_id", "prompt_id", "step", "node"], kind="stable")
+        keys = (df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)).to_numpy()
+        step = df["step"].to_numpy()
+        feats = df[NODE_COLS].to_numpy(dtype=np.float32)
+        depth = df["depth"].to_numpy().astype(np.int64)
+        pos = df["position"].to_numpy()
+        acc = df["accepted_length"].to_numpy()
+        cap = df["drafted_depth"].to_numpy()
+        hid = np.stack(df["hidden"].to_numpy()).astype(np.float32) if hidden else None
+        bounds = np.nonzero((keys[1:] != keys[:-1]) | (step[1:] != step[:-1]))[0] + 1
+        starts = np.concatenate([[0], bounds])
+        ends = np.concatenate([bounds, [len(df)]])
+        self.prompts: dict[str, Prompt] = {}
+        for a, b in zip(starts, ends, strict=True):
+            d = depth[a:b]
+            cuts = np.searchsorted(d, np.arange(1, int(cap[a]) + 2))
+            nodes = [feats[a + cuts[i]: a + cuts[i + 1]] for i in range(int(cap[a]))]
+            hs = [hid[a + cuts[i]: a + cuts[i + 1]] for i in range(int(cap[a]))] if hidden else None
+            if any(len(n) == 0 for n in nodes):
+                raise MCSDError(f"step {step[a]} of {keys[a]} lacks rows of some depth: replay "
+                                f"needs full-depth collections (static stopper)")
+            p = self.prompts.setdefault(keys[a], Prompt(keys[a], []))
+            p.steps.append(Step(int(pos[a]), int(acc[a]), int(cap[a]), nodes, hs))
+        dense = True
+        for p in self.prompts.values():
+            p.by_position = {s.position: s for s in p.steps}
+            positions = [s.position for s in p.steps]
+            dense &= positions == list(range(len(positions)))
+            last = p.steps[-1]
+            extra = 1 if (last.cap == 1 and self.depth > 1) else 0  # budget hit: a 0-depth step
+            p.new_tokens = (new_tokens or {}).get(p.key, last.position + 1 + extra)
+        if mode == "auto":
+            mode = "exact" if dense else "estimate"
+        if mode == "exact" and not dense:
+            raise MCSDError("exact replay needs a dense greedy collection (one step at every "
+                            "position); use mode='estimate'")
+        if mode not in ("exact", "estimate"):
+            raise MCSDError(f"unknown replay mode {mode!r}: exact, estimate or auto")
+        self.mode = mode
+
+    def subset(self, keys) -> ReplayData:
+        out = object.__new__(ReplayData)
+        out.__dict__ = dict(self.__dict__)
+        keys = set(keys)
+        out.prompts = {k: v for k, v in self.prompts.items() if k in keys}
+        return out
+
+    @property
+    def n_steps(self) -> int:
+        return sum(len(p.steps) for p in self.prompts.values())
+
+
+def _infer_k_config(df: pd.DataFrame) -> tuple[int, ...]:
+    """k-config from the widest step: nodes per depth and the frontier size column."""
+    sizes = df.groupby("depth")["frontier_size"].max().sort_index().astype(int).tolist()
+    k = [sizes[0]] + [sizes[i] // sizes[i - 1] for i in range(1, len(sizes))]
+    return tuple(k)
+
+
+def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: str | None = None,
+           decision_s: float = 0.0) -> ReplayResult:
+    """Replay `stopper` (a spec string, a stopper object, or 'oracle') over every prompt."""
+    profile = profile or CostProfile.relative()
+    if isinstance(stopper, str):
+        name = name or stopper
+        stopper = OracleStopper() if stopper == "oracle" else make_stopper(stopper)
+    res = ReplayResult(stopper=name or repr(stopper), mode=data.mode)
+    tree, D = data.tree, data.depth
+    exact = data.mode == "exact"
+    for p in data.prompts.values():
+        stopper.reset()
+        traj = Trajectory()
+        pending = 1  # the prompt's last token: the draft prefill takes all but it
+        t = 0
+        it = iter(p.steps)
+        while True:
+            if exact:
+                if t >= p.new_tokens:
+                    break
+                step = p.by_position.get(t)
+                if step is None and t != p.new_tokens - 1:
+                    raise MCSDError(f"{p.key}: no recorded step at position {t}")
+            else:
+                step = next(it, None)
+                if step is None:
+                    break
+            if step is None:  # last token of a budget-capped output: no drafting (s_cap = 0)
+                s, a, forwarded, cap = 0, 0, 0, 0
+            else:
+                cap, s, read_at_s = step.cap, 1, False
+                while s < cap:
+                    fr = _Frontier(s, D, step.nodes[s - 1], traj.values(),
+                                   step.hidden[s - 1] if step.hidden else None, step.accepted,
+                                   (p.key, step.position, s))
+                    go = stopper.should_continue(fr)
+                    res.decisions += 1
+                    if not go:
+                        read_at_s = fr.read
+                        break
+                    s += 1
+                a = min(step.accepted, s)
+                forwarded = s if read_at_s else s - 1
+            committed = min(a + 1, p.new_tokens - t) if exact else a + 1
+            # cost of this step
+            c = tree.cum[s]
+            cost = profile.target(1 + c) + profile.step_overhead_s
+            if cap > 0:
+                cost += profile.draft(pending) + sum(profile.draft(tree.sizes[d - 1])
+                                                     for d in range(1, forwarded + 1))
+                res.draft_forwards += 1 + forwarded
+            res.cost_s += cost
+            pending = (0 if cap > 0 else pending) + 1 + (1 if a > forwarded else 0)
+            res.tokens += committed
+            res.steps += 1
+            res.accepted += a
+            res.drafted_depth += s
+            res.drafted_tokens += c
+            res.target_tokens += 1 + c
+            if s:
+                res.acceptance_sum += a / s
+            traj.update(a, committed)
+            stopper.update(s, a)
+            t += committed
+    res.cost_s += decision_s * res.decisions
+    return res
+
+
+class MemoStopper:
+    """A learned stopper whose node scores are cached by (prompt, position, depth, trajectory),
+    so that sweeping thresholds and aggregations costs one model call per distinct frontier."""
+
+    def __init__(self, learned, cache: dict | None = None) -> None:
+        self.learned = learned
+        self.cache = {} if cache is None else cache
+        self.threshold, self.aggregation = learned.threshold, learned.aggregation
+
+    def reset(self) -> None:
+        self.learned.reset()
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.learned.update(drafted, accepted)
+
+    def should_continue(self, frontier) -> bool:
+        from mcsd_runtime.learned import AGGREGATIONS
+
+        key = (*frontier.key, *frontier._traj)
+        hit = self.cache.get(key)
+        if hit is None:
+            feats = frontier.features()
+            x = frontier.hidden() if self.learned.uses_hidden else feats
+            hit = (self.learned.node_scores(x), feats.numpy())
+            self.cache[key] = hit
+        frontier.read = True
+        return AGGREGATIONS[self.aggregation](*hit) >= self.threshold
+
+
+THRESHOLDS = np.round(np.concatenate([np.linspace(0.02, 0.2, 10), np.linspace(0.25, 0.95, 15)]),
+                      3)
+
+
+def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
+          thresholds=THRESHOLDS, decision_s: float = 0.0) -> list[dict]:
+    """Replay the learned stopper at every (aggregation, threshold)."""
+    cache: dict = {}
+    curve = []
+    for agg in aggregations:
+        for thr in thresholds:
+            memo = MemoStopper(learned, cache)
+            memo.aggregation, memo.threshold = agg, float(thr)
+            r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}", decision_s=decision_s)
+            curve.append({"aggregation": agg, "threshold": float(thr)} | r.as_dict())
+    return curve
+
+
+def baselines(data: ReplayData, profile: CostProfile | None) -> dict[str, ReplayResult]:
+    """Static depths 1..D, the built-in heuristics at their defaults, and the oracle."""
+    out = {f"static:{d}": replay(data, f"static:{d}", profile) for d in range(1, data.depth + 1)}
+    for spec in ("heuristic", "confidence", "entropy", "cumprod"):
+        out[spec] = replay(data, spec, profile)
+    out["oracle"] = replay(data, "oracle", profile)
+    return out
