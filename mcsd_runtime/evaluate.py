@@ -1,0 +1,423 @@
+"""`mcsd eval`: every method on the same prompts in one process, interleaved prompt by prompt
+(the order rotates) after a warm-up, so machine drift cancels out. Writes per-prompt records,
+a summary (CSV, JSON, Markdown), plots and a report.
+
+Methods (comma-separated; a k-config's commas are kept with its method):
+  ar                     the target alone, autoregressive
+  mcsd[:K]               static MCSD with k-config K (default --k-config)
+  mcsd-target-init[:K]   the paper's target-initialized candidates (NOT lossless)
+  static:S confidence:T entropy[:L[:G]] cumprod:T heuristic
+                         MCSD with --k-config and that stopper
+  stopper:PATH           MCSD with --k-config and a trained stopper artifact
+  hf-assisted            transformers' generate(assistant_model=draft), its default schedule
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mcsd_runtime.cli_args import add_decode_args, add_pair_args, pair_from_args
+from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pair import Pair
+from mcsd_runtime.stoppers import BUILTIN, make_stopper
+from mcsd_runtime.tree import parse_k_config
+
+DEFAULT_METHODS = "ar,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
+
+
+def split_methods(spec: str) -> list[str]:
+    """`ar,mcsd:4,2,2,1,heuristic` -> `["ar", "mcsd:4,2,2,1", "heuristic"]`."""
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part.isdigit() and out and out[-1].startswith(("mcsd:", "mcsd-target-init:")):
+            out[-1] += f",{part}"
+        else:
+            out.append(part)
+    if not out:
+        raise MCSDError("no methods given: e.g. --methods ar,mcsd:4,2,2,1,heuristic")
+    return out
+
+
+@dataclass
+class Record:
+    method: str
+    prompt_id: str
+    token_ids: list[int]
+    new_tokens: int
+    wall_time: float
+    target_calls: int
+    draft_calls: int
+    drafted_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    lossless: bool
+    steps: list[tuple[int, int]]  # (drafted depth, accepted) per step
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time else 0.0
+
+
+class HFAssisted:
+    """transformers' assisted generation on the same pair, counted with forward hooks."""
+
+    lossless = True
+
+    def __init__(self, pair: Pair, config: DecodeConfig) -> None:
+        self.pair, self.config = pair, config
+        self.calls = {"target": 0, "draft": 0}
+        for name, model in (("target", pair.target), ("draft", pair.draft)):
+            model.register_forward_pre_hook(lambda *_, n=name: self._count(n))
+        self.active = False
+
+    def _count(self, name: str) -> None:
+        if self.active:
+            self.calls[name] += 1
+
+    @torch.inference_mode()
+    def generate(self, ids: list[int]) -> Record:
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        kwargs = {"do_sample": cfg.temperature > 0, "max_new_tokens": cfg.max_new_tokens}
+        if cfg.temperature > 0:
+            kwargs |= {"temperature": cfg.temperature, "top_k": 0, "top_p": 1.0}
+        self.calls = {"target": 0, "draft": 0}
+        self.active = True
+        t0 = time.perf_counter()
+        x = torch.tensor([ids], device=self.pair.device)
+        out = self.pair.target.generate(x, attention_mask=torch.ones_like(x),
+                                        assistant_model=self.pair.draft,
+                                        pad_token_id=(self.pair.eos_token_ids or [0])[0],
+                                        **kwargs)
+        wall = time.perf_counter() - t0
+        self.active = False
+        new = out[0, len(ids):].tolist()
+        eos = set(self.pair.eos_token_ids)
+        for i, t in enumerate(new):
+            if t in eos:
+                new = new[: i + 1]
+                break
+        return Record("hf-assisted", "", new, len(new), wall, self.calls["target"],
+                      self.calls["draft"], 0, 0, None, True, [])
+
+
+def _from_result(result: GenerationResult) -> Record:
+    s = result.stats
+    return Record("", "", result.token_ids, s.new_tokens, s.wall_time, s.target_calls,
+                  s.draft_calls, s.drafted_tokens, s.accepted_tokens,
+                  s.acceptance_rate if s.drafting_steps else None, result.lossless,
+                  [(st.drafted, st.accepted) for st in result.steps])
+
+
+class _Runner:
+    def __init__(self, decoder) -> None:
+        self.decoder = decoder
+
+    def generate(self, ids: list[int]) -> Record:
+        return _from_result(self.decoder.generate(ids))
+
+
+def check_stopper_pair(stopper, pair: Pair, path: str) -> None:
+    """Refuse a trained stopper made for another pair."""
+    theirs = getattr(stopper, "pair_fingerprint", None) or {}
+    for key in ("target_config", "draft_config", "tokenizer"):
+        if theirs.get(key) and pair.fingerprint.get(key) and theirs[key] != pair.fingerprint[key]:
+            raise MCSDError(
+                f"stopper {path} was trained for another model pair ({key} differs: "
+                f"{theirs.get('target')} / {theirs.get('draft')}); train one on this pair's "
+                f"collection or pass the pair it was made for")
+
+
+def check_method(name: str) -> None:
+    """Refuse an unknown method name before anything is loaded."""
+    kind = name.partition(":")[0]
+    if name in ("ar", "hf-assisted") or kind in ("mcsd", "mcsd-target-init", "stopper"):
+        return
+    if kind in BUILTIN or Path(name).is_dir():
+        return
+    raise MCSDError(
+        f"unknown method {name!r}: use ar, mcsd[:K], mcsd-target-init[:K], hf-assisted, a stopper "
+        f"spec ({', '.join(BUILTIN)}) or stopper:PATH")
+
+
+def build_method(name: str, pair: Pair, base: DecodeConfig):
+    """A runner with `.generate(ids) -> Record` for one method name."""
+    check_method(name)
+    kind, _, arg = name.partition(":")
+    if name == "ar":
+        return _Runner(ARDecoder(pair, base))
+    if kind in ("mcsd", "mcsd-target-init"):
+        k = parse_k_config(arg) if arg else base.k_config
+        init = "target" if kind == "mcsd-target-init" else "draft"
+        return _Runner(MCSDDecoder(pair, _replace(base, k_config=k, init=init), "static"))
+    if name == "hf-assisted":
+        return HFAssisted(pair, base)
+    stopper = make_stopper(name)
+    check_stopper_pair(stopper, pair, name)
+    return _Runner(MCSDDecoder(pair, _replace(base, init="draft"), stopper))
+
+
+def _replace(config: DecodeConfig, **kw) -> DecodeConfig:
+    from dataclasses import asdict
+
+    return DecodeConfig(**(asdict(config) | kw))
+
+
+def encode_prompt(pair: Pair, text: str, chat: bool) -> list[int]:
+    tok = pair.tokenizer
+    if tok is None:
+        raise MCSDError("this pair has no tokenizer; pass a pair loaded from model folders")
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return tok(text)["input_ids"]
+
+
+def agreement(a: list[int], b: list[int]) -> float:
+    """Share of positions (over the longer output) where two outputs carry the same token."""
+    n = max(len(a), len(b))
+    return sum(x == y for x, y in zip(a, b, strict=False)) / n if n else 1.0
+
+
+def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: bool = False,
+             progress: bool = True) -> list[Record]:
+    """Run every method on every prompt, interleaved, after one warm-up generation each."""
+    from tqdm import tqdm
+
+    if not prompts:
+        raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
+    runners = {m: build_method(m, pair, base) for m in methods}
+    encoded = [(p.id, encode_prompt(pair, p.text, chat)) for p in prompts]
+    for runner in runners.values():  # warm-up
+        runner.generate(encoded[0][1])
+    records: list[Record] = []
+    names = list(runners)
+    bar = tqdm(encoded, desc="eval", unit="prompt", disable=not progress)
+    for i, (pid, ids) in enumerate(bar):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            rec = runners[name].generate(ids)
+            rec.method, rec.prompt_id = name, pid
+            records.append(rec)
+        bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
+    return records
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    return float(torch.tensor(xs, dtype=torch.float64).quantile(q)) if xs else float("nan")
+
+
+def summarize(records: list[Record], greedy: bool) -> list[dict]:
+    """One row per method: the report's numbers, all derived from the per-prompt records."""
+    by_method: dict[str, list[Record]] = {}
+    for r in records:
+        by_method.setdefault(r.method, []).append(r)
+    ar = {r.prompt_id: r for r in by_method.get("ar", [])}
+    rows = []
+    for method, recs in by_method.items():
+        tps = [r.tokens_per_s for r in recs]
+        tokens = sum(r.new_tokens for r in recs)
+        calls = sum(r.target_calls for r in recs)
+        rates = [r.acceptance_rate for r in recs if r.acceptance_rate is not None]
+        row = {
+            "method": method,
+            "prompts": len(recs),
+            "tokens_per_s_median": statistics.median(tps),
+            "tokens_per_s_p25": _quantile(tps, 0.25),
+            "tokens_per_s_p75": _quantile(tps, 0.75),
+            "speedup_vs_ar": None,
+            "tau": tokens / calls if calls else None,
+            "acceptance_rate": statistics.mean(rates) if rates else None,
+            "drafted_per_token": sum(r.drafted_tokens for r in recs) / tokens if tokens else None,
+            "target_calls": calls,
+            "new_tokens": tokens,
+            "lossless": all(r.lossless for r in recs),
+            "ar_equal_share": None,
+            "ar_agreement": None,
+        }
+        if ar:
+            pairs = [(r, ar[r.prompt_id]) for r in recs if r.prompt_id in ar]
+            row["speedup_vs_ar"] = statistics.median(
+                r.tokens_per_s / a.tokens_per_s for r, a in pairs)
+            if greedy:
+                row["ar_equal_share"] = sum(r.token_ids == a.token_ids for r, a in pairs) / len(pairs)
+                row["ar_agreement"] = statistics.mean(agreement(r.token_ids, a.token_ids)
+                                                      for r, a in pairs)
+        rows.append(row)
+    return rows
+
+
+def _fmt(v, pct: bool = False) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.1%}" if pct else f"{v:.2f}"
+    return str(v)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ("| method | tok/s (median) | tok/s IQR | speedup vs AR | τ | acceptance | "
+            "drafted/token | target calls | lossless | AR-equal | AR agreement |")
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {_fmt(r['tokens_per_s_median'])} | "
+            f"{_fmt(r['tokens_per_s_p25'])}–{_fmt(r['tokens_per_s_p75'])} | "
+            f"{_fmt(r['speedup_vs_ar'])}{'x' if r['speedup_vs_ar'] else ''} | {_fmt(r['tau'])} | "
+            f"{_fmt(r['acceptance_rate'], pct=True)} | {_fmt(r['drafted_per_token'])} | "
+            f"{r['target_calls']} | {_fmt(r['lossless'])} | {_fmt(r['ar_equal_share'], pct=True)} "
+            f"| {_fmt(r['ar_agreement'], pct=True)} |")
+    return "\n".join(lines)
+
+
+def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    named = [r for r in rows if r["speedup_vs_ar"] is not None]
+    ax.bar([r["method"] for r in named], [r["speedup_vs_ar"] for r in named], color="tab:blue")
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_ylabel("speedup vs AR (median)")
+    ax.set_title(title, fontsize=8)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=120)
+    files.append("speedup.png")
+    plt.close(fig)
+
+    methods = [r["method"] for r in rows if r["method"] not in ("ar", "hf-assisted")]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    data = [[r.new_tokens / max(r.target_calls, 1) for r in records if r.method == m]
+            for m in methods]
+    if methods:
+        ax.boxplot(data, tick_labels=methods)
+    ax.set_ylabel("τ per prompt (tokens / target call)")
+    ax.set_title(title, fontsize=8)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "tau.png", dpi=120)
+    files.append("tau.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for m in methods:
+        steps = [s for r in records if r.method == m for s in r.steps]
+        depth = max((d for d, _ in steps), default=0)
+        xs, ys = [], []
+        for d in range(1, depth + 1):
+            reached = [a for s, a in steps if s >= d and a >= d - 1]
+            if reached:
+                xs.append(d)
+                ys.append(sum(a >= d for a in reached) / len(reached))
+        ax.plot(xs, ys, marker="o", label=m)
+    ax.set_xlabel("depth d")
+    ax.set_ylabel("P(depth d accepted | d-1 accepted)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_depth.png", dpi=120)
+    files.append("acceptance_by_depth.png")
+    plt.close(fig)
+    return files
+
+
+def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: dict) -> None:
+    """Per-prompt JSONL, summary CSV/JSON/Markdown, plots and report.md, each written whole."""
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "per_prompt.jsonl", "".join(
+        json.dumps({k: v for k, v in vars(r).items()} | {"tokens_per_s": r.tokens_per_s}) + "\n"
+        for r in records))
+    _atomic(out / "summary.json", json.dumps({"settings": settings, "methods": rows}, indent=2))
+    _atomic(out / "summary.csv", pd.DataFrame(rows).to_csv(index=False))
+    table = markdown_table(rows)
+    _atomic(out / "summary.md", table + "\n")
+    title = (f"{settings['target']} / {settings['draft']} · {settings['prompts']} "
+             f"x{settings['n_prompts']} · T={settings['temperature']} · "
+             f"k={settings['k_config']}")
+    files = plot(records, rows, out, title)
+    report = [f"# Evaluation: {title}", "", table, "",
+              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
+    report += [f"![{f}]({f})" for f in files]
+    _atomic(out / "report.md", "\n".join(report) + "\n")
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate methods and stoppers end to end",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(p)
+    add_decode_args(p)
+    p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
+    p.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help="default: %(default)s")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap prompts in the tokenizer's chat template (chat models)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: data/runs/eval-<time>)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.cli_args import decode_config_from_args
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = split_methods(args.methods)
+    for m in methods:
+        check_method(m)
+    base = decode_config_from_args(args)
+    prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
+    if not prompts:
+        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    _check_writable(out)
+    pair = pair_from_args(args)
+    records = run_eval(pair, prompts, methods, base, chat=args.chat)
+    rows = summarize(records, greedy=base.temperature == 0)
+    settings = {"target": pair.target_name, "draft": pair.draft_name, "prompts": args.prompts,
+                "n_prompts": len(prompts), "temperature": base.temperature,
+                "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
+                "max_new_tokens": base.max_new_tokens, "seed": base.seed,
+                "device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads()}
+    write_outputs(records, rows, out, settings)
+    print(markdown_table(rows))
+    print(f"\nwrote {out}/report.md")
+    return 0
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise MCSDError(f"cannot write to {out}: {err.strerror}; pass a writable --out") from None
