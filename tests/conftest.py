@@ -42,3 +42,18 @@ def make_pair(vocab: int = 64, eos: int | None = None, seed: int = 0, noise: flo
 @pytest.fixture(scope="session")
 def pair() -> Pair:
     return make_pair()
+
+
+@pytest.fixture(scope="session")
+def toy_tiny(tmp_path_factory):
+    """The tiny toy pair (with its tokenizer), built once per test session."""
+    from mcsd_runtime.toy import build_pair
+
+    return build_pair("tiny", out=tmp_path_factory.mktemp("toy") / "tiny", progress=False)
+
+
+@pytest.fixture(scope="session")
+def toy_pair(toy_tiny):
+    from mcsd_runtime.pair import load_pair
+
+    return load_pair(toy_tiny / "target", toy_tiny / "draft", device="cpu", dtype="float32")

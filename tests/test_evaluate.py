@@ -1,0 +1,110 @@
+"""`mcsd eval`: outputs, losslessness, the report's agreement with its records, user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from mcsd_runtime import cli
+from mcsd_runtime.decoder import DecodeConfig
+from mcsd_runtime.evaluate import register, run_eval, split_methods, summarize
+from mcsd_runtime.prompts import load_prompts
+
+METHODS = "ar,mcsd:2,2,1,mcsd-target-init:2,2,1,confidence:0.3,heuristic,hf-assisted"
+
+
+def mcsd(argv: list[str]) -> int:
+    return cli.run_parser(cli.build_parser([register]), argv)
+
+
+@pytest.fixture(scope="module")
+def eval_dir(toy_tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval") / "run"
+    code = mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
+                 "--max-new-tokens", "20", "--k-config", "2,2,1", "--methods", METHODS,
+                 "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_split_methods_keeps_k_configs_together():
+    assert split_methods("ar,mcsd:4,2,2,1,mcsd-target-init:3,1,heuristic") == [
+        "ar", "mcsd:4,2,2,1", "mcsd-target-init:3,1", "heuristic"]
+
+
+def test_eval_writes_every_output(eval_dir):
+    for name in ("per_prompt.jsonl", "summary.json", "summary.csv", "summary.md", "report.md",
+                 "speedup.png", "tau.png", "acceptance_by_depth.png"):
+        assert (eval_dir / name).stat().st_size > 0, name
+    assert not list(eval_dir.glob("*.tmp"))
+
+
+def test_lossless_methods_equal_ar_and_report_agrees_with_records(eval_dir):
+    records = [json.loads(line) for line in (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
+    summary = {m["method"]: m for m in json.loads((eval_dir / "summary.json").read_text())["methods"]}
+    assert set(summary) == set(split_methods(METHODS))
+    ar = {r["prompt_id"]: r["token_ids"] for r in records if r["method"] == "ar"}
+    assert len(ar) == 3
+    for r in records:
+        if r["lossless"]:
+            assert r["token_ids"] == ar[r["prompt_id"]], r["method"]
+    for method, row in summary.items():
+        mine = [r for r in records if r["method"] == method]
+        tokens = sum(r["new_tokens"] for r in mine)
+        calls = sum(r["target_calls"] for r in mine)
+        assert row["new_tokens"] == tokens and row["target_calls"] == calls
+        assert row["tau"] == pytest.approx(tokens / calls)
+        assert row["ar_equal_share"] == pytest.approx(
+            sum(r["token_ids"] == ar[r["prompt_id"]] for r in mine) / len(mine))
+        if row["lossless"]:
+            assert row["ar_equal_share"] == 1.0
+    assert summary["mcsd-target-init:2,2,1"]["lossless"] is False
+    csv = pd.read_csv(eval_dir / "summary.csv")
+    assert list(csv["method"]) == list(summary)
+
+
+def test_summarize_counts_divergence(toy_pair):
+    prompts = load_prompts("toy-code", limit=2)
+    records = run_eval(toy_pair, prompts, ["ar", "mcsd-target-init:3,1"],
+                       DecodeConfig(max_new_tokens=16), progress=False)
+    rows = {r["method"]: r for r in summarize(records, greedy=True)}
+    assert 0 <= rows["mcsd-target-init:3,1"]["ar_agreement"] <= 1
+    assert rows["ar"]["ar_equal_share"] == 1.0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--methods", "ar,warp-drive"], "unknown method 'warp-drive'"),
+    (["--prompts", "no-such-set"], "no-such-set"),
+])
+def test_user_errors(toy_tiny, tmp_path, capsys, argv, message):
+    code = mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--out", str(tmp_path / "x"), *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_empty_prompt_set(toy_tiny, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code = mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--prompts", str(empty), "--out", str(tmp_path / "x")])
+    assert code == 2
+    assert "empty" in capsys.readouterr().err
+
+
+def test_stopper_for_another_pair_is_refused(toy_pair):
+    from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.evaluate import check_stopper_pair
+
+    class Foreign:
+        pair_fingerprint = dict(toy_pair.fingerprint, target_config="0" * 16)
+
+    with pytest.raises(MCSDError, match="another model pair"):
+        check_stopper_pair(Foreign(), toy_pair, "stopper:x")
+    check_stopper_pair(type("Same", (), {"pair_fingerprint": toy_pair.fingerprint})(),
+                       toy_pair, "stopper:y")
