@@ -250,7 +250,8 @@ def summarize(records: list[Record], greedy: bool) -> list[dict]:
             row["speedup_vs_ar"] = statistics.median(
                 r.tokens_per_s / a.tokens_per_s for r, a in pairs)
             if greedy:
-                row["ar_equal_share"] = sum(r.token_ids == a.token_ids for r, a in pairs) / len(pairs)
+                same = sum(r.token_ids == a.token_ids for r, a in pairs)
+                row["ar_equal_share"] = same / len(pairs)
                 row["ar_agreement"] = statistics.mean(agreement(r.token_ids, a.token_ids)
                                                       for r, a in pairs)
         rows.append(row)

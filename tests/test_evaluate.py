@@ -43,8 +43,10 @@ def test_eval_writes_every_output(eval_dir):
 
 
 def test_lossless_methods_equal_ar_and_report_agrees_with_records(eval_dir):
-    records = [json.loads(line) for line in (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
-    summary = {m["method"]: m for m in json.loads((eval_dir / "summary.json").read_text())["methods"]}
+    lines = (eval_dir / "per_prompt.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    methods = json.loads((eval_dir / "summary.json").read_text())["methods"]
+    summary = {m["method"]: m for m in methods}
     assert set(summary) == set(split_methods(METHODS))
     ar = {r["prompt_id"]: r["token_ids"] for r in records if r["method"] == "ar"}
     assert len(ar) == 3
