@@ -303,7 +303,10 @@ def _make_tmp(dest: Path) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise MCSDError(f"cannot write the toy pair to {dest}: {err.strerror or err}; "
+        blocker = next((p for p in dest.parents if p.exists()), None)
+        why = (f"{blocker} is not a folder" if blocker is not None and not blocker.is_dir()
+               else err.strerror or str(err))
+        raise MCSDError(f"cannot write the toy pair to {dest}: {why}; "
                         "choose a writable folder with --out (or set MCSD_DATA)") from None
     return tmp
 

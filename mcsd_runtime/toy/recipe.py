@@ -106,8 +106,10 @@ PRESETS: dict[str, Recipe] = {
         precision="auto",
     ),
     # For the demo and benchmarks: a deep, narrow target (per-layer overhead dominates tiny
-    # models' latency, so depth buys a realistic target/draft cost ratio) and a one-layer,
-    # wider draft.
+    # models' latency, so depth buys a realistic target/draft cost ratio) and a one-layer
+    # draft. Tried first: 18 layers + a d=256 draft, 600+300 steps: the draft matched the
+    # under-trained target's held-out loss (4.53 vs 4.53, 72% agreement), so the draft is now
+    # narrower and the target shallower (faster steps, better ratio).
     "default": Recipe(
         preset="default",
         seed=0,
@@ -115,10 +117,10 @@ PRESETS: dict[str, Recipe] = {
         max_train_chars=0,
         seq_len=256,
         batch_size=8,
-        target=ModelShape(layers=18, hidden=128, heads=4, intermediate=384),
-        draft=ModelShape(layers=1, hidden=256, heads=4, intermediate=768),
-        joint_steps=600,
-        draft_steps=300,
+        target=ModelShape(layers=16, hidden=128, heads=4, intermediate=384),
+        draft=ModelShape(layers=1, hidden=128, heads=4, intermediate=384),
+        joint_steps=640,
+        draft_steps=200,
         target_lr=2e-3,
         draft_lr=3e-3,
         joint_ce=0.5,
