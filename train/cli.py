@@ -1,0 +1,113 @@
+"""`mcsd train`: fit a stopper's decision model on collected runs, choose its aggregation and
+threshold by replayed throughput on validation prompts, and write the artifact folder
+(stopper.json, the model, metrics.json, replay_curve.json/png, calibration.png, importance.png).
+
+Prompts are split train/validation/test (grouped: no prompt in two splits, seeded). Labels: a
+frontier node at depth d is positive when it is on the accepted path and the path continues past
+it (`hard`), or the product of soft acceptance probabilities min(1, p/q) along that path
+(`soft`). Without --cost-profile, throughput is relative (a draft forward costs 0.1 of a target
+forward); measure one with `mcsd profile`.
+
+    mcsd train --data runs/toy-dense --model lightgbm --label hard --out stoppers/lgbm \\
+        --cost-profile profiles/toy-cpu.json
+    mcsd train --bench-latency --out stoppers/lgbm      # decision latency of an artifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from mcsd_runtime.errors import MCSDError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a learned stopper (LightGBM or MLP) on collected runs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(p)
+    p.set_defaults(func=run)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="collection run folders (from `mcsd collect`, full-depth; --dense for "
+                        "exact replay)")
+    p.add_argument("--model", default="lightgbm", choices=["lightgbm", "mlp", "mlp-hidden"],
+                   help="lightgbm (default), mlp on the scalar features, or mlp-hidden (the "
+                        "paper's hidden->512->256->1 model on draft hidden states)")
+    p.add_argument("--label", default=None, choices=["hard", "soft"],
+                   help="training target (default: hard; soft for mlp-hidden, as in the paper)")
+    p.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    p.add_argument("--cost-profile", type=Path, default=None,
+                   help="forward-latency profile JSON (`mcsd profile`) for replayed throughput")
+    p.add_argument("--seed", type=int, default=0, help="split and model seed (default 0)")
+    p.add_argument("--val-frac", type=float, default=0.2, help="validation prompts (default 0.2)")
+    p.add_argument("--test-frac", type=float, default=0.2, help="test prompts (default 0.2)")
+    p.add_argument("--aggregations", default="max,sum,mean,path",
+                   help="frontier aggregations to try (default %(default)s)")
+    p.add_argument("--replay", default="auto", choices=["auto", "exact", "estimate"],
+                   help="exact walk (dense greedy runs) or per-step estimate (default: auto)")
+    p.add_argument("--max-epochs", type=int, default=None, help="MLP epochs cap (default 40)")
+    p.add_argument("--threads", type=int, default=None, help="torch/LightGBM CPU threads")
+    p.add_argument("--bench-latency", action="store_true",
+                   help="measure the decision latency of the artifact in --out (after training, "
+                        "or alone without --data)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not args.data:
+        if not args.bench_latency:
+            raise MCSDError("--data RUN_DIR is required (or --bench-latency with an "
+                            "existing --out)")
+        return _bench(args.out)
+    from mcsd_runtime.cost import CostProfile
+    from train.data import load_runs
+    from train.pipeline import train_stopper
+
+    label = args.label or ("soft" if args.model == "mlp-hidden" else "hard")
+    aggs = tuple(a.strip() for a in args.aggregations.split(",") if a.strip())
+    from mcsd_runtime.learned import AGGREGATIONS
+
+    bad = [a for a in aggs if a not in AGGREGATIONS]
+    if bad or not aggs:
+        raise MCSDError(f"unknown aggregation(s) {bad}: use {', '.join(AGGREGATIONS)}")
+    profile = CostProfile.load(args.cost_profile) if args.cost_profile else None
+    df, manifests = load_runs(args.data, hidden=args.model == "mlp-hidden")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _quiet_lightning()
+        summary = train_stopper(df, manifests, args.out, model=args.model, label=label,
+                                profile=profile, seed=args.seed, val_frac=args.val_frac,
+                                test_frac=args.test_frac, aggregations=aggs,
+                                replay_mode=args.replay, max_epochs=args.max_epochs)
+    print(f"stopper written to {args.out} (decision latency "
+          f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
+    if args.bench_latency:
+        _bench(args.out)
+    return 0
+
+
+def _quiet_lightning() -> None:
+    import logging
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _bench(out: Path) -> int:
+    from mcsd_runtime.learned import load_stopper
+    from train.pipeline import bench_latency
+
+    stopper = load_stopper(out)
+    size = stopper.spec.get("hidden_size") if stopper.uses_hidden else None
+    rows = [bench_latency(stopper, n, hidden_size=size) for n in (4, 16, 64)]
+    print(json.dumps({"artifact": str(out), "kind": stopper.kind,
+                      "aggregation": stopper.aggregation, "latency": rows}, indent=1))
+    return 0

@@ -1,0 +1,135 @@
+"""The decision models: LightGBM (native API) and MLPs (a LightningModule and a Trainer).
+
+Each `fit_*` returns an object whose `save(folder)` writes the artifact's model files in the form
+`mcsd_runtime.learned` reads back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mcsd_runtime.features import FEATURE_NAMES
+
+LGBM_PARAMS = dict(learning_rate=0.1, num_leaves=31, max_depth=6, min_data_in_leaf=40,
+                   feature_fraction=0.9, bagging_fraction=0.9, bagging_freq=1, lambda_l2=1.0,
+                   verbose=-1, num_threads=2)
+LGBM_ROUNDS, LGBM_PATIENCE = 300, 30
+MLP_HIDDEN, HIDDEN_MLP_HIDDEN = (64, 64), (512, 256)  # the latter: the paper's decision model
+MLP_EPOCHS, MLP_PATIENCE, MLP_BATCH, MLP_LR = 40, 4, 512, 1e-3
+
+
+class LightGBMModel:
+    def __init__(self, booster) -> None:
+        self.booster = booster
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.booster.predict(x, num_iteration=self.booster.best_iteration or None)
+
+    def save(self, folder: Path) -> None:
+        self.booster.save_model(str(folder / "model.txt"),
+                                num_iteration=self.booster.best_iteration or None)
+
+
+def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0) -> LightGBMModel:
+    import lightgbm as lgb
+
+    params = LGBM_PARAMS | {"objective": "cross_entropy" if soft else "binary",
+                            "metric": "cross_entropy" if soft else "binary_logloss",
+                            "seed": seed}
+    names = list(FEATURE_NAMES)
+    dtrain = lgb.Dataset(x_train, y_train, feature_name=names, free_raw_data=False)
+    dval = lgb.Dataset(x_val, y_val, feature_name=names, reference=dtrain)
+    booster = lgb.train(params, dtrain, num_boost_round=LGBM_ROUNDS, valid_sets=[dval],
+                        valid_names=["val"],
+                        callbacks=[lgb.early_stopping(LGBM_PATIENCE, verbose=False)])
+    return LightGBMModel(booster)
+
+
+def _lightning_module(net, lr: float):
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+
+    class DecisionModule(L.LightningModule):
+        """BCE on (soft or hard) targets; the model itself is mcsd_runtime's DecisionMLP."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)
+
+        def _loss(self, batch):
+            x, y = batch
+            return F.binary_cross_entropy_with_logits(self.net(x), y)
+
+        def training_step(self, batch, _):
+            loss = self._loss(batch)
+            self.log("train_loss", loss, on_step=False, on_epoch=True)
+            return loss
+
+        def validation_step(self, batch, _):
+            self.log("val_loss", self._loss(batch), on_epoch=True, prog_bar=False)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=1e-4)
+
+    return DecisionModule()
+
+
+class MLPModel:
+    def __init__(self, net) -> None:
+        self.net = net.eval()
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return torch.sigmoid(self.net(torch.from_numpy(np.asarray(x, np.float32)))).numpy()
+
+    def save(self, folder: Path) -> None:
+        import json
+
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in self.net.state_dict().items()},
+                  str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps(self.net.config(), indent=1) + "\n")
+
+
+def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] = MLP_HIDDEN,
+            normalize: bool = True, seed: int = 0, max_epochs: int = MLP_EPOCHS) -> MLPModel:
+    """A Lightning Trainer owns the loop: checkpoints on val_loss, early stopping, CSV logs."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from mcsd_runtime.learned import DecisionMLP
+
+    L.seed_everything(seed, verbose=False)
+    x_train = torch.from_numpy(np.asarray(x_train, np.float32))
+    x_val = torch.from_numpy(np.asarray(x_val, np.float32))
+    net = DecisionMLP(x_train.shape[1], hidden)
+    if normalize:
+        net.set_normalization(x_train.mean(0), x_train.std(0))
+    module = _lightning_module(net, MLP_LR)
+    train_dl = DataLoader(TensorDataset(x_train, torch.from_numpy(np.asarray(y_train, np.float32))),
+                          batch_size=MLP_BATCH, shuffle=True)
+    val_dl = DataLoader(TensorDataset(x_val, torch.from_numpy(np.asarray(y_val, np.float32))),
+                        batch_size=4096)
+    ckpt = ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=1,
+                           filename="best")
+    trainer = L.Trainer(max_epochs=max_epochs, accelerator="cpu", devices=1,
+                        callbacks=[ckpt, EarlyStopping("val_loss", patience=MLP_PATIENCE)],
+                        logger=CSVLogger(str(out), name="logs"), enable_progress_bar=False,
+                        enable_model_summary=False, log_every_n_steps=10)
+    trainer.fit(module, train_dl, val_dl)
+    if ckpt.best_model_path:
+        state = torch.load(ckpt.best_model_path, map_location="cpu", weights_only=True)
+        module.load_state_dict(state["state_dict"])
+    return MLPModel(module.net)
