@@ -1,0 +1,203 @@
+"""Training, replay and artifacts on a small dense collection made with the decoder."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from test_train_data import K_CONFIG, MAX_NEW, dense_rows, prompts, small_pair
+
+from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import FEATURE_NAMES
+from mcsd_runtime.learned import check_pair, load_stopper
+from mcsd_runtime.stoppers import make_stopper
+from train import replay as R
+from train.labels import add_labels
+
+PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
+                      step_overhead_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return dense_rows()
+
+
+@pytest.fixture(scope="module")
+def data(rows):
+    return R.ReplayData(rows)
+
+
+@pytest.fixture(scope="module")
+def artifacts(rows, tmp_path_factory):
+    """One trained artifact per model kind (each fit takes seconds)."""
+    from train.pipeline import train_stopper
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model, label in (("lightgbm", "hard"), ("mlp", "hard"), ("mlp-hidden", "soft")):
+            folder = tmp_path_factory.mktemp(model)
+            summary = train_stopper(rows, [{"pair": small_pair().fingerprint}], folder,
+                                    model=model, label=label, profile=PROFILE, max_epochs=8,
+                                    aggregations=("max", "sum"), log=lambda *_: None)
+            out[model] = (folder, summary)
+    return out
+
+
+def test_labels_hard_and_soft(rows):
+    df = add_labels(rows)
+    # per step and depth d < L, exactly one frontier node is positive; none for d >= L
+    dec = df[df["decision"]]
+    pos = dec.groupby(["prompt_id", "step", "depth"])["label_hard"].sum()
+    acc = dec.groupby(["prompt_id", "step", "depth"])["accepted_length"].first()
+    depth = pos.index.get_level_values("depth")
+    assert (pos == (acc > depth).astype(float)).all()
+    assert ((df["label_soft"] >= 0) & (df["label_soft"] <= 1)).all()
+    assert not df[df["depth"] == 4]["decision"].any()
+
+
+@pytest.mark.parametrize("spec", ["static:1", "static:2", "static:4", "heuristic",
+                                  "confidence:0.3", "cumprod:0.9"])
+def test_exact_replay_matches_decoder(data, spec):
+    """Replaying a stopper on the dense collection gives the decoder's own tokens, target calls
+    (so τ) and draft forwards, with the same prompts, greedy."""
+    r = R.replay(data, spec)
+    tokens = calls = drafts = drafted = 0
+    for ids in prompts():
+        dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
+                          stopper=spec)
+        st = dec.generate(ids).stats
+        tokens, calls = tokens + st.new_tokens, calls + st.target_calls
+        drafts, drafted = drafts + st.draft_calls, drafted + st.drafted_tokens
+    assert r.mode == "exact"
+    assert (r.tokens, r.steps, r.draft_forwards, r.drafted_tokens) == (tokens, calls, drafts,
+                                                                      drafted)
+    assert r.tau == pytest.approx(tokens / calls)
+
+
+def test_exact_replay_matches_decoder_for_learned_stopper(data, artifacts):
+    folder, _ = artifacts["lightgbm"]
+    stopper = load_stopper(folder)
+    r = R.replay(data, stopper)
+    tokens = calls = drafts = 0
+    for ids in prompts():
+        dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
+                          stopper=load_stopper(folder))
+        st = dec.generate(ids).stats
+        tokens, calls, drafts = tokens + st.new_tokens, calls + st.target_calls, \
+            drafts + st.draft_calls
+    assert (r.tokens, r.steps, r.draft_forwards) == (tokens, calls, drafts)
+
+
+def test_oracle_never_worse(data):
+    oracle = R.replay(data, "oracle", PROFILE)
+    specs = [f"static:{d}" for d in range(1, 5)] + ["heuristic", "confidence:0.2", "entropy",
+                                                    "cumprod:0.9"]
+    for spec in specs:
+        r = R.replay(data, spec, PROFILE)
+        assert oracle.tau >= r.tau - 1e-12, spec
+        assert oracle.accepted / oracle.drafted_depth >= r.accepted / r.drafted_depth - 1e-12
+    est = R.ReplayData(dense_rows(), mode="estimate")
+    assert est.mode == "estimate"
+    oracle_est = R.replay(est, "oracle", PROFILE)
+    for spec in specs:
+        assert oracle_est.tau >= R.replay(est, spec, PROFILE).tau - 1e-12
+
+
+def test_models_beat_constant_on_held_out_auc(artifacts):
+    for model, (folder, summary) in artifacts.items():
+        test = summary["metrics"]["test"]
+        assert test["roc_auc"] > 0.6, (model, test)
+        assert test["pr_auc"] > test["positive_rate"], (model, test)
+        for name in ("replay_curve.png", "replay_curve.json", "calibration.png", "metrics.json",
+                     "stopper.json"):
+            assert (folder / name).is_file(), (model, name)
+        head = summary["headline"]
+        assert head["oracle_value"] >= head["best_static_value"]
+    assert (artifacts["lightgbm"][0] / "importance.png").is_file()
+    assert set(artifacts["lightgbm"][1]["importance"]["mean_abs_shap"]) == set(FEATURE_NAMES)
+
+
+def test_artifact_round_trip_same_predictions(artifacts, rows):
+    import lightgbm as lgb
+    import torch
+
+    x = rows[list(FEATURE_NAMES)].to_numpy(np.float32)[:500]
+    folder, _ = artifacts["lightgbm"]
+    stopper = load_stopper(folder)
+    booster = lgb.Booster(model_file=str(folder / "model.txt"))
+    assert np.array_equal(stopper.node_scores(x), booster.predict(x))
+    spec = json.loads((folder / "stopper.json").read_text())
+    assert stopper.threshold == spec["threshold"] and stopper.aggregation == spec["aggregation"]
+    assert stopper.pair_fingerprint == small_pair().fingerprint
+    check_pair(stopper, small_pair())
+    # the MLP: reloaded weights give the trained model's predictions
+    folder, _ = artifacts["mlp"]
+    a, b = load_stopper(folder), load_stopper(folder)
+    assert np.array_equal(a.node_scores(x), b.node_scores(torch.from_numpy(x)))
+    assert make_stopper(f"stopper:{folder}").kind == "mlp"
+
+
+def test_hidden_stopper_needs_hidden_states(artifacts):
+    folder, summary = artifacts["mlp-hidden"]
+    stopper = load_stopper(folder)
+    assert stopper.uses_hidden and summary["metrics"]["test"]["roc_auc"] > 0.5
+
+    class NoHidden:
+        depth, max_depth = 1, 4
+
+        def features(self):
+            import torch
+
+            return torch.zeros(4, len(FEATURE_NAMES))
+
+    with pytest.raises(MCSDError, match="hidden"):
+        stopper.should_continue(NoHidden())
+
+
+def test_mismatched_or_corrupt_artifacts_refused(artifacts, tmp_path):
+    import shutil
+
+    src, _ = artifacts["lightgbm"]
+
+    def copy(name):
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        return dst, json.loads((dst / "stopper.json").read_text())
+
+    dst, spec = copy("features")
+    spec["feature_names"] = spec["feature_names"][::-1]
+    (dst / "stopper.json").write_text(json.dumps(spec))
+    with pytest.raises(MCSDError, match="feature list"):
+        load_stopper(dst)
+    dst, spec = copy("schema")
+    spec["schema_version"] = 999
+    (dst / "stopper.json").write_text(json.dumps(spec))
+    with pytest.raises(MCSDError, match="schema version"):
+        load_stopper(dst)
+    dst, _ = copy("corrupt")
+    (dst / "model.txt").write_text("tree\nnot a model\n")
+    with pytest.raises(MCSDError, match="cannot read"):
+        load_stopper(dst)
+    dst, _ = copy("missing")
+    (dst / "model.txt").unlink()
+    with pytest.raises(MCSDError, match="missing"):
+        load_stopper(dst)
+    dst, _ = copy("badjson")
+    (dst / "stopper.json").write_text("{not json")
+    with pytest.raises(MCSDError, match="cannot read"):
+        load_stopper(dst)
+    mlp, _ = artifacts["mlp"]
+    dst = tmp_path / "mlp"
+    shutil.copytree(mlp, dst)
+    (dst / "model.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(MCSDError, match="cannot read"):
+        load_stopper(dst)
+    other = dict(small_pair().fingerprint, target_config="0" * 16)
+    with pytest.raises(MCSDError, match="trained for the pair"):
+        check_pair(load_stopper(src), other)
