@@ -130,7 +130,7 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
                     sync()
                     if r >= warmup:
                         samples.append(time.perf_counter() - t0)
-                    cache.crop(context)
+                    cache.crop(-n)  # transformers 5: a negative count removes tokens
                 times.append(statistics.median(samples))
             result[name] = times
     return CostProfile(tokens=list(tokens), target_s=result["target"], draft_s=result["draft"],

@@ -34,20 +34,24 @@ def load_runs(run_dirs: list[str | Path], hidden: bool = False) -> tuple[pd.Data
 
 
 def _load_one(run: Path, hidden: bool) -> tuple[pd.DataFrame, dict]:
+    mpath = run / "manifest.json"
     try:
-        from collect import load_manifest, load_rows  # the collect stage, when installed
-    except ImportError:
-        load_rows = load_manifest = None
+        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise MCSDError(f"cannot read {mpath}: {err}") from None
+    load_rows = None
+    if manifest.get("format") == "mcsd-collect-run":  # a run of `mcsd collect`
+        try:
+            from collect import load_rows
+        except ImportError:
+            load_rows = None
     if load_rows is not None:
         df = load_rows(run)
-        manifest = load_manifest(run)
-    else:
+    else:  # any folder of Parquet files with the row schema
         files = sorted(run.rglob("*.parquet"))
         if not files:
             raise MCSDError(f"collection run {run} has no Parquet row files")
         df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-        mpath = run / "manifest.json"
-        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
     manifest = dict(manifest)
     manifest.setdefault("path", str(run))
     if not hidden and "hidden" in df.columns:

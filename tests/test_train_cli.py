@@ -1,0 +1,43 @@
+"""`mcsd train` / `python -m train` on a run folder of collected rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from test_train_data import dense_rows
+
+from mcsd_runtime.cli import build_parser, run_parser
+from train.cli import register
+
+
+def test_cli_trains_an_artifact(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    dense_rows().drop(columns=["hidden"]).to_parquet(run / "rows.parquet")
+    (run / "manifest.json").write_text(json.dumps({"k_config": [4, 2, 2, 1]}))
+    out = tmp_path / "stopper"
+    parser = build_parser([register])
+    code = run_parser(parser, ["train", "--data", str(run), "--model", "lightgbm", "--out",
+                               str(out), "--aggregations", "max,sum", "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    spec = json.loads((out / "stopper.json").read_text())
+    assert spec["kind"] == "lightgbm" and spec["aggregation"] in ("max", "sum")
+    assert spec["k_config"] == [4, 2, 2, 1]
+    assert run_parser(parser, ["train", "--bench-latency", "--out", str(out)]) == 0
+    assert "median_us" in capsys.readouterr().out
+
+
+def test_cli_user_errors(tmp_path, capsys):
+    parser = build_parser([register])
+    assert run_parser(parser, ["train", "--out", str(tmp_path / "x")]) == 2
+    assert "--data" in capsys.readouterr().err
+    assert run_parser(parser, ["train", "--data", str(tmp_path / "nope"), "--out",
+                               str(tmp_path / "x")]) == 2
+    assert "no collection run" in capsys.readouterr().err
+
+
+def test_python_m_train_help():
+    r = subprocess.run([sys.executable, "-m", "train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--cost-profile" in r.stdout
