@@ -9,8 +9,9 @@ A profile is JSON:
      "tokens": [1, 2, ...], "target_s": [...], "draft_s": [...],
      "step_overhead_s": 0.0004}
 
-`target_s[i]` / `draft_s[i]` are median seconds of one forward over `tokens[i]` new tokens;
-counts in between are interpolated linearly, beyond the last extrapolated from the last two.
+`target_s[i]` / `draft_s[i]`: seconds of one forward over `tokens[i]` new tokens (the fastest
+of `repeats`, robust to other load on a shared machine); counts in between are interpolated
+linearly, beyond the last extrapolated from the last two.
 `step_overhead_s` is the decoder's own time per step outside model forwards (bookkeeping,
 verification, cache cuts). Users may write their own profile (e.g. measured on their GPU).
 """
@@ -131,7 +132,7 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
                     if r >= warmup:
                         samples.append(time.perf_counter() - t0)
                     cache.crop(-n)  # transformers 5: a negative count removes tokens
-                times.append(statistics.median(samples))
+                times.append(min(samples))  # min: robust to other load on a shared machine
             result[name] = times
     return CostProfile(tokens=list(tokens), target_s=result["target"], draft_s=result["draft"],
                        context=context, device=str(dev),
