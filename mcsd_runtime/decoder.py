@@ -158,6 +158,10 @@ class _Frontier:
     def features(self) -> torch.Tensor:
         return self.draft_step.features(self.depth)
 
+    def hidden(self) -> torch.Tensor:
+        """The draft's last hidden state at each frontier node (stoppers with `uses_hidden`)."""
+        return self.draft_step.hidden_at(self.depth)
+
 
 class MCSDDecoder:
     """Greedy or sampled multi-candidate speculative decoding of one sequence at a time."""
@@ -402,7 +406,8 @@ class _DraftStep:
         self.feats: list[torch.Tensor | None] = [None] * (tree.depth + 1)
         self.forwarded = 0  # deepest depth whose nodes are in the draft cache
         self.cache_base = 0  # draft cache length where depth-1 nodes start
-        self.want_hidden = trace and getattr(dec.recorder, "wants_hidden", False)
+        self.want_hidden = (trace and getattr(dec.recorder, "wants_hidden", False)) or getattr(
+            dec.stopper, "uses_hidden", False)
 
     # -- drafting
     def run(self, s_cap: int) -> int:
@@ -503,6 +508,10 @@ class _DraftStep:
             if self.want_hidden:
                 self.hidden[d] = out.hidden_states[-1][0]
         self.forwarded = d
+
+    def hidden_at(self, d: int) -> torch.Tensor:
+        self._forward_depth(d)
+        return self.hidden[d]
 
     def features(self, d: int) -> torch.Tensor:
         if self.feats[d] is None:

@@ -161,3 +161,29 @@ def test_commit_limit_one_is_dense_and_lossless(pair, refs):
             total += 1
             assert step.target_cache + step.target_pending == total
             assert step.draft_cache + step.draft_pending == total
+
+
+def test_hidden_state_stoppers_see_the_frontier(pair, refs):
+    """A stopper that asks for hidden states gets one row per frontier node, and stays lossless."""
+
+    class HiddenNorm:
+        uses_hidden = True
+        seen: list[tuple[int, int]] = []
+
+        def reset(self) -> None:
+            pass
+
+        def should_continue(self, frontier) -> bool:
+            h = frontier.hidden()
+            self.seen.append((frontier.depth, h.shape[0]))
+            return bool(h.float().norm(dim=-1).max() > 5.6)
+
+        def update(self, drafted: int, accepted: int) -> None:
+            pass
+
+    stopper = HiddenNorm()
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=24), stopper)
+    for prompt, ref in refs[:5]:
+        assert dec.generate(prompt).token_ids == ref
+    sizes = {1: 4, 2: 8, 3: 16}
+    assert stopper.seen and all(n == sizes[d] for d, n in stopper.seen)
