@@ -1,0 +1,126 @@
+"""`mcsd collect` (also `python -m collect`): run the decoder over a prompt set at full depth and
+log one row per drafted node (features and what the target accepted) into a run folder of
+Parquet shards plus manifest.json.
+
+Rerunning the same command resumes an interrupted run: only the missing prompts are decoded.
+A different configuration pointed at an existing run folder is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from mcsd_runtime.cli_args import add_decode_args, add_pair_args
+
+EPILOG = """examples:
+  mcsd collect --target toy --prompts toy-code-collect --limit 64
+  mcsd collect --target toy --prompts toy-code-collect --dense --out data/runs/dense
+  mcsd collect --target meta-llama/Llama-2-7b-chat-hf --draft JackFram/llama-68m \\
+      --prompts alpaca=alpaca.json --limit 250 --temperature 0.7 --devices 4 --save-hidden
+
+Load the rows with collect.load_rows(DIR) (pandas), datasets.load_dataset("parquet",
+data_dir=DIR) or any Parquet reader; collect.load_manifest(DIR) gives the manifest."""
+
+
+def add_collect_args(p: argparse.ArgumentParser) -> None:
+    add_pair_args(p)
+    add_decode_args(p)
+    g = p.add_argument_group("collection")
+    g.add_argument("--prompts", default="toy-code-collect",
+                   help="prompt set (toy-code-collect, toy-code, mt-bench, alpaca, trivia-qa, "
+                        "wmt-de), SET=FILE or a .json/.jsonl/.parquet file (default %(default)s)")
+    g.add_argument("--limit", type=int, default=None,
+                   help="a seeded random sample of this many prompts (default: all)")
+    g.add_argument("--out", default=None,
+                   help="run folder (default: data/runs/<name from the options>); an existing "
+                        "run folder with the same options is resumed")
+    g.add_argument("--run-id", default=None, help="run id stored in every row (default: the "
+                                                   "folder name)")
+    g.add_argument("--save-hidden", action="store_true",
+                   help="also store the draft's last hidden state per node (float16 list column)")
+    g.add_argument("--dense", action="store_true",
+                   help="greedy only: draft and verify a full tree at every position, committing "
+                        "one token per step, so replay can follow any stopper exactly")
+    g.add_argument("--devices", type=int, default=1,
+                   help="processes per node (Lightning Fabric DDP; CPU processes or one GPU each)")
+    g.add_argument("--num-nodes", type=int, default=1,
+                   help="nodes (set MASTER_ADDR, MASTER_PORT, NODE_RANK on each, or use torchrun)")
+    g.add_argument("--shard-prompts", type=int, default=8,
+                   help="prompts per Parquet shard (default %(default)s); an interruption loses "
+                        "at most one unfinished shard per process")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("collect", help="collect per-node draft features and acceptance "
+                                              "labels into Parquet shards",
+                              description=__doc__, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_collect_args(p)
+    p.set_defaults(func=run)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[-40:] or "x"
+
+
+def default_run_name(args: argparse.Namespace) -> str:
+    target = args.target if args.target.startswith("toy") else args.target.rstrip("/")
+    target = target.split("/")[-1]
+    prompts = args.prompts.split("=")[0] if "=" in args.prompts else args.prompts
+    prompts = prompts.rstrip("/").split("/")[-1].rsplit(".", 1)[0] if "/" in prompts or \
+        prompts.endswith((".json", ".jsonl", ".parquet")) else prompts
+    k = args.k_config.replace(",", ".").replace(" ", "").strip("()")
+    parts = ["collect", _slug(target), _slug(prompts)]
+    if args.limit:
+        parts.append(f"n{args.limit}")
+    parts += [f"k{k}", args.init, f"T{args.temperature:g}", f"m{args.max_new_tokens}"]
+    if args.seed:
+        parts.append(f"s{args.seed}")
+    if args.dense:
+        parts.append("dense")
+    if args.save_hidden:
+        parts.append("hidden")
+    return "-".join(parts)
+
+
+def job_from_args(args: argparse.Namespace):
+    from pathlib import Path
+
+    from collect.run import CollectJob
+    from mcsd_runtime.cli_args import decode_config_from_args
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    config = decode_config_from_args(args)
+    prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
+    out = Path(args.out) if args.out else runs_dir() / default_run_name(args)
+    target, draft = args.target, args.draft
+    if target.startswith("toy") and (draft is None or draft.startswith("toy")):
+        from mcsd_runtime.toy import toy_pair_dirs
+
+        target, draft = map(str, toy_pair_dirs(target.split(":", 1)[1] if ":" in target
+                                               else "default"))
+    elif draft is None:
+        from mcsd_runtime.errors import MCSDError
+
+        raise MCSDError("--draft is required with a --target other than 'toy'")
+    return CollectJob(prompts=prompts, out=str(out), config=config, prompt_set=args.prompts,
+                      limit=args.limit, dense=args.dense, save_hidden=args.save_hidden,
+                      run_id=args.run_id, shard_prompts=args.shard_prompts,
+                      progress=not args.no_progress, threads=args.threads,
+                      pair_args={"target": target, "draft": draft, "device": args.device,
+                                 "dtype": args.dtype})
+
+
+def run(args: argparse.Namespace) -> int:
+    from collect.run import format_summary, run_job
+
+    job = job_from_args(args)
+    manifest = run_job(job, devices=args.devices, num_nodes=args.num_nodes)
+    if manifest.get("format"):  # rank 0 (other ranks of an external launch stay quiet)
+        print(format_summary(manifest))
+        print(f"rows in {job.out}")
+    return 0

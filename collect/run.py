@@ -1,0 +1,375 @@
+"""Collection jobs: the decoder over a prompt set with a `RowRecorder`, rows into a run folder.
+
+One process (`collect_prompts`) or several through Lightning Fabric (`run_job`): ranks take
+disjoint slices of the prompts still missing, each writes its own shards, and rank 0 writes the
+manifest (counts, summary, timings) once every rank is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from collect import store
+from collect.recorder import RowRecorder
+from collect.schema import ROW_SCHEMA_VERSION
+from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.pair import Pair
+from mcsd_runtime.prompts import Prompt
+
+DEFAULT_SHARD_PROMPTS = 8
+DEFAULT_SHARD_ROWS = 1 << 18
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """The decoder seed of one prompt: fixed by the run seed and the prompt id alone, so any
+    rank, in any session, reproduces the same rows."""
+    h = int(hashlib.sha256(prompt_id.encode()).hexdigest()[:15], 16)
+    return (seed * 1_000_003 + h) % (1 << 62)
+
+
+def unique_ids(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """Prompts with repeated ids renamed `id#2`, `id#3`... (rows are keyed by prompt id)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        n = seen.get(p.id, 0) + 1
+        seen[p.id] = n
+        out.append(p if n == 1 else replace(p, id=f"{p.id}#{n}"))
+    return out
+
+
+def dense_config(config: DecodeConfig) -> DecodeConfig:
+    """`--dense`: a full tree drafted and verified at every position, one token committed."""
+    if config.temperature != 0:
+        raise MCSDError("--dense needs greedy decoding (--temperature 0): a dense run walks the "
+                        "one AR output, which only greedy decoding defines")
+    if config.init != "draft":
+        raise MCSDError("--dense needs --init draft: target-initialized trees are not lossless, "
+                        "so their steps do not line up with the AR output")
+    if not config.k_config:
+        raise MCSDError("--dense needs a non-empty --k-config")
+    return replace(config, commit_limit=1)
+
+
+@dataclass
+class CollectJob:
+    """Everything a rank needs (picklable, for spawned Fabric processes)."""
+
+    prompts: list[Prompt]
+    out: str
+    config: DecodeConfig
+    prompt_set: str = ""
+    limit: int | None = None
+    dense: bool = False
+    save_hidden: bool = False
+    run_id: str | None = None
+    shard_prompts: int = DEFAULT_SHARD_PROMPTS
+    shard_rows: int = DEFAULT_SHARD_ROWS
+    progress: bool = True
+    threads: int | None = None
+    # How each rank gets its pair: pair_loader(device) if given, else load_pair(**pair_args).
+    pair_args: dict[str, Any] = field(default_factory=dict)
+    pair_loader: Callable[[str], Pair] | None = None
+    stop_after: int | None = None  # testing: raise after writing this many shards
+
+    def __post_init__(self) -> None:
+        if self.shard_prompts < 1:
+            raise MCSDError("--shard-prompts must be >= 1")
+        self.prompts = unique_ids(self.prompts)
+        if self.dense:
+            self.config = dense_config(self.config)
+
+
+def weights_probe(model) -> str:
+    """A cheap checksum of a model's weights (the first values of its first and last few
+    tensors), so that a folder retrained under the same name and config is told apart."""
+    import torch
+
+    params = list(model.state_dict().values())
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for t in params[:3] + params[-3:]:
+            h.update(t.detach().reshape(-1)[:4096].to("cpu", torch.float64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def identity(job: CollectJob, pair: Pair) -> dict[str, Any]:
+    cfg = job.config
+    return {
+        "format": store.FORMAT,
+        "pair": dict(pair.fingerprint) | {"target_weights": weights_probe(pair.target),
+                                          "draft_weights": weights_probe(pair.draft)},
+        "dtype": str(pair.dtype).removeprefix("torch."),
+        "k_config": list(cfg.k_config),
+        "init": cfg.init,
+        "temperature": float(cfg.temperature),
+        "verify": cfg.verify,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+        "dense": job.dense,
+        "save_hidden": job.save_hidden,
+        "feature_schema_version": SCHEMA_VERSION,
+        "row_schema_version": ROW_SCHEMA_VERSION,
+        "feature_names": list(FEATURE_NAMES),
+        "prompt_set": job.prompt_set,
+        "limit": job.limit,
+        "prompt_ids": [p.id for p in job.prompts],
+    }
+
+
+class _Interrupted(Exception):
+    """Raised by `stop_after` to simulate a crash between two shards."""
+
+
+class _ShardWriter:
+    def __init__(self, job: CollectJob, recorder: RowRecorder, rank: int) -> None:
+        self.job, self.recorder, self.rank = job, recorder, rank
+        self.dir = Path(job.out)
+        self.tables, self.metas = [], []
+        self.rows = 0
+        self.written: list[str] = []
+
+    def add(self, table, meta: dict[str, Any]) -> None:
+        self.tables.append(table)
+        self.metas.append(meta)
+        self.rows += table.num_rows
+        if len(self.metas) >= self.job.shard_prompts or self.rows >= self.job.shard_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if not self.metas:
+            return
+        first = self.metas[0]["index"]
+        name = store.shard_name(first, self.rank)
+        meta = {"rank": self.rank, "written": now(),
+                "prompt_indices": [m["index"] for m in self.metas],
+                "prompt_ids": [m["id"] for m in self.metas], "prompts": self.metas}
+        table = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
+        store.write_shard(self.dir / name, table, meta)
+        self.written.append(name)
+        self.tables, self.metas, self.rows = [], [], 0
+        if self.job.stop_after is not None and len(self.written) >= self.job.stop_after:
+            raise _Interrupted(f"stopped after {len(self.written)} shards")
+
+
+def collect_prompts(job: CollectJob, pair: Pair, rank: int = 0, world_size: int = 1,
+                    barrier: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run one rank of `job` on `pair`; returns the run's manifest (rank 0) or this rank's
+    counts. With `world_size == 1` this is the whole job in this process."""
+    barrier = barrier or (lambda: None)
+    t_start = time.perf_counter()
+    started = now()
+    run_dir = Path(job.out)
+    ident = identity(job, pair)
+    old = store.check_compatible(run_dir, ident)
+    run_id = (old or {}).get("run_id") or job.run_id or run_dir.resolve().name
+    recorder = RowRecorder(job.config.k_config, run_id, job.config.init, job.save_hidden)
+    decoder = MCSDDecoder(pair, job.config, stopper="static", recorder=recorder)
+    encoded = []
+    for p in job.prompts:  # every rank checks every prompt, so all ranks fail alike, early
+        try:
+            encoded.append(decoder.encode(p.text))
+        except MCSDError as err:
+            raise MCSDError(f"prompt {p.id!r}: {err}") from None
+    barrier()
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        store.clean_temp_files(run_dir)
+        manifest = (old or {}) | ident | {"run_id": run_id, "status": "running",
+                                          "created": (old or {}).get("created", started),
+                                          "updated": started}
+        manifest.setdefault("sessions", [])
+        store.write_manifest(run_dir, manifest)
+    barrier()
+    before = store.scan_shards(run_dir)
+    done = store.done_indices(before)
+    barrier()  # every rank has the same view before anyone writes
+    todo = [i for i in range(len(job.prompts)) if i not in done]
+    mine = todo[rank::world_size]
+
+    writer = _ShardWriter(job, recorder, rank)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(mine), unit="prompt", desc=f"collect {run_id}",
+               disable=not job.progress or rank != 0, dynamic_ncols=True, file=sys.stderr)
+    tokens = rows = 0
+    decode_s = 0.0
+    try:
+        for i in mine:
+            p = job.prompts[i]
+            recorder.begin(p.id)
+            res = decoder.generate(encoded[i], seed=prompt_seed(job.config.seed, p.id))
+            table = recorder.finish()
+            st = res.stats
+            hist = [0] * (len(job.config.k_config) + 1)
+            for s in res.steps:
+                hist[s.accepted] += 1
+            writer.add(table, {
+                "index": i, "id": p.id, "rows": table.num_rows, "steps": len(res.steps),
+                "new_tokens": st.new_tokens, "target_calls": st.target_calls,
+                "drafted_tokens": st.drafted_tokens, "accepted_tokens": st.accepted_tokens,
+                "acceptance_sum": st.acceptance_sum, "drafting_steps": st.drafting_steps,
+                "accepted_hist": hist, "seconds": st.wall_time})
+            tokens += st.new_tokens
+            rows += table.num_rows
+            decode_s += st.wall_time
+            bar.update(1)
+            el = max(bar.format_dict.get("elapsed", 0.0), 1e-9)
+            bar.set_postfix_str(f"{tokens / el:.1f} tok/s, {rows / el:.0f} rows/s", refresh=False)
+        writer.flush()
+    finally:
+        bar.close()
+    barrier()
+    counts = {"rank": rank, "prompts": len(mine), "rows": rows, "new_tokens": tokens}
+    if rank != 0:
+        return counts
+    after = store.scan_shards(run_dir)
+    manifest = store.read_manifest(run_dir) or {}
+    new_names = [n for n in after if n not in before]
+    wall = time.perf_counter() - t_start
+    session_rows = sum(after[n]["prompts"][k]["rows"] for n in new_names
+                       for k in range(len(after[n]["prompts"])))
+    session = {"started": started, "finished": now(), "wall_seconds": round(wall, 3),
+               "world_size": world_size, "device": str(pair.device),
+               "prompts": sum(len(after[n]["prompt_indices"]) for n in new_names),
+               "rows": session_rows, "rows_per_s": round(session_rows / wall, 1) if wall else 0.0}
+    summary = summarize(after, len(job.config.k_config))
+    complete = summary["prompts_done"] == len(job.prompts)
+    manifest.update({"status": "complete" if complete else "incomplete", "updated": now(),
+                     "counts": {k: summary.pop(k) for k in ("prompts_done", "rows", "steps",
+                                                            "new_tokens", "target_calls",
+                                                            "shards")}
+                     | {"prompts": len(job.prompts)},
+                     "summary": summary})
+    manifest["sessions"] = [*manifest.get("sessions", []), session]
+    manifest["timings"] = {"decode_seconds": summary.pop("decode_seconds"),
+                           "rows_per_decode_s": round(summary.pop("rows_per_decode_s"), 1),
+                           "wall_seconds": round(sum(s["wall_seconds"]
+                                                     for s in manifest["sessions"]), 3)}
+    store.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def summarize(shards: dict[str, dict[str, Any]], depth: int) -> dict[str, Any]:
+    metas = list(store.iter_metas(shards))
+    tot = {k: sum(m[k] for m in metas) for k in ("rows", "steps", "new_tokens", "target_calls",
+                                                 "drafted_tokens", "accepted_tokens",
+                                                 "acceptance_sum", "drafting_steps", "seconds")}
+    hist = [0] * (depth + 1)
+    for m in metas:
+        for L, n in enumerate(m["accepted_hist"]):
+            hist[L] += n
+    steps = max(tot["steps"], 1)
+    return {
+        "prompts_done": len(metas), "rows": tot["rows"], "steps": tot["steps"],
+        "new_tokens": tot["new_tokens"], "target_calls": tot["target_calls"],
+        "shards": len(shards),
+        "tau": tot["new_tokens"] / max(tot["target_calls"], 1),
+        "mean_accepted": sum(L * n for L, n in enumerate(hist)) / steps,
+        "acceptance_rate": tot["acceptance_sum"] / tot["drafting_steps"]
+        if tot["drafting_steps"] else 0.0,
+        "accepted_length_histogram": {str(L): n for L, n in enumerate(hist)},
+        "decode_seconds": round(tot["seconds"], 3),
+        "rows_per_decode_s": tot["rows"] / tot["seconds"] if tot["seconds"] else 0.0,
+    }
+
+
+def format_summary(manifest: dict[str, Any]) -> str:
+    c, s = manifest["counts"], manifest["summary"]
+    hist = s["accepted_length_histogram"]
+    total = max(sum(hist.values()), 1)
+    lines = [
+        f"run {manifest['run_id']}: {manifest['status']}, {c['prompts_done']}/{c['prompts']} "
+        f"prompts, {c['rows']} rows in {c['shards']} shards",
+        f"steps {c['steps']}, new tokens {c['new_tokens']}, target calls {c['target_calls']}",
+        f"tau {s['tau']:.3f}   mean accepted length {s['mean_accepted']:.3f}   "
+        f"acceptance rate {s['acceptance_rate']:.3f}",
+        "accepted length histogram:",
+    ]
+    for L, n in hist.items():
+        lines.append(f"  L={L:>2} {n:>8} {n / total:6.1%} {'#' * round(40 * n / total)}")
+    if manifest.get("sessions"):
+        last = manifest["sessions"][-1]
+        lines.append(f"this session: {last['prompts']} prompts, {last['rows']} rows in "
+                     f"{last['wall_seconds']:.1f}s ({last['rows_per_s']:.0f} rows/s, "
+                     f"{last['world_size']} process(es))")
+    return "\n".join(lines)
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def _load_pair(job: CollectJob, device: str) -> Pair:
+    if job.pair_loader is not None:
+        return job.pair_loader(device)
+    from mcsd_runtime.pair import load_pair
+
+    return load_pair(**(job.pair_args | {"device": device}))
+
+
+def _fabric_worker(fabric, job: CollectJob) -> dict[str, Any]:
+    import torch
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    try:
+        pair = _load_pair(job, str(fabric.device))
+        return collect_prompts(job, pair, fabric.global_rank, fabric.world_size, fabric.barrier)
+    except MCSDError as err:  # every rank meets user errors before the first barrier
+        return {"error": str(err)}
+
+
+def externally_launched() -> bool:
+    """True under torchrun, SLURM or `fabric run`: processes exist already, one per rank."""
+    return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK", "SLURM_NTASKS"))
+
+
+def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
+            accelerator: str = "auto") -> dict[str, Any]:
+    """Run `job` on `devices` processes per node (Lightning Fabric DDP, gloo for the barriers)
+    or, with one device and one node, in this process. Returns rank 0's manifest."""
+    device = job.pair_args.get("device", "auto")
+    if devices < 1 or num_nodes < 1:
+        raise MCSDError("--devices and --num-nodes must be >= 1")
+    if devices == 1 and num_nodes == 1 and not externally_launched():
+        import torch
+
+        if job.threads:
+            torch.set_num_threads(job.threads)
+        from mcsd_runtime.pair import pick_device
+
+        return collect_prompts(job, _load_pair(job, str(pick_device(device))))
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import DDPStrategy
+
+    if accelerator == "auto":
+        import torch
+
+        accelerator = ("cuda" if (device == "auto" and torch.cuda.is_available())
+                       or str(device).startswith("cuda") else "cpu")
+    if accelerator == "cpu" and str(device) not in ("auto", "cpu"):
+        raise MCSDError(f"--devices {devices} with --device {device}: several processes use "
+                        f"--device auto, cpu or cuda (one GPU per process)")
+    strategy = DDPStrategy(start_method="spawn", process_group_backend="gloo")
+    fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes,
+                    strategy=strategy)
+    result = fabric.launch(_fabric_worker, job)
+    if isinstance(result, dict) and "error" in result:
+        raise MCSDError(result["error"])
+    return result

@@ -1,0 +1,220 @@
+"""collect: row schema, labels against the decoder, dense runs, resume, refusal, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from collect import load_manifest, load_rows
+from collect.recorder import RowRecorder
+from collect.run import CollectJob, _Interrupted, collect_prompts
+from collect.schema import row_schema
+from collect.store import shard_paths, write_shard
+from conftest import make_pair
+from mcsd_runtime.cli import main as mcsd
+from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import FEATURE_NAMES
+from mcsd_runtime.prompts import Prompt
+
+K = (3, 2, 1)
+
+
+def id_prompts(n: int, vocab: int = 64, seed: int = 0) -> list[Prompt]:
+    g = torch.Generator().manual_seed(seed)
+    return [Prompt(id=f"p{i}", text=torch.randint(0, vocab, (3 + i % 4,), generator=g).tolist(),
+                   source="test") for i in range(n)]
+
+
+def decode_with_rows(pair, config, prompt):
+    rec = RowRecorder(config.k_config, "run", config.init)
+    dec = MCSDDecoder(pair, config, recorder=rec)
+    rec.begin("p")
+    res = dec.generate(prompt, seed=config.seed)
+    return res, rec.finish().to_pandas()
+
+
+def test_schema_round_trip(pair, tmp_path):
+    for hidden in (False, True):
+        rec = RowRecorder(K, "run", "draft", save_hidden=hidden)
+        dec = MCSDDecoder(pair, DecodeConfig(k_config=K, max_new_tokens=12), recorder=rec)
+        rec.begin("p0")
+        dec.generate([1, 2, 3])
+        table = rec.finish()
+        assert table.schema.equals(row_schema(hidden))
+        assert [f.name for f in table.schema][8:8 + len(FEATURE_NAMES)] == list(FEATURE_NAMES)
+        path = tmp_path / f"train-000000-r000-{hidden}.parquet"
+        write_shard(path, table, {"prompt_indices": [0]})
+        back = pq.read_table(path)
+        assert back.schema.equals(row_schema(hidden))  # metadata aside
+        assert back.equals(table)
+        if hidden:
+            h = back.column("hidden").to_pylist()
+            assert len(h) == table.num_rows and len(h[0]) == pair.draft.config.hidden_size
+
+
+@pytest.mark.parametrize("init,temperature", [("draft", 0.0), ("draft", 0.9), ("target", 0.0),
+                                              ("target", 0.9)])
+def test_labels_agree_with_decoder(pair, init, temperature):
+    config = DecodeConfig(k_config=(4, 2, 2, 1), init=init, temperature=temperature,
+                          max_new_tokens=40, seed=3)
+    res, df = decode_with_rows(pair, config, [5, 9, 2, 7])
+    drafted_steps = [i for i, s in enumerate(res.steps) if s.tree_size]
+    assert sorted(df.step.unique()) == drafted_steps
+    tokens = res.token_ids
+    for step, g in df.groupby("step"):
+        rec = res.steps[step]
+        assert (g.accepted_length == rec.accepted).all()
+        assert (g.drafted_depth == rec.drafted).all()
+        assert len(g) == rec.tree_size and list(g.node) == list(range(1, rec.tree_size + 1))
+        path = g[g.on_accepted_path].sort_values("depth")
+        # one root-to-leaf prefix: depths 1..n, each node the child of the previous one
+        assert list(path.depth) == list(range(1, len(path) + 1))
+        assert list(path.parent) == [0, *path.node.tolist()][: len(path)]
+        assert len(path) == rec.accepted + (1 if init == "target" else 0)
+        # the accepted drafts (for target-init: the chosen root first) are the tokens committed
+        pos, n = int(g.position.iloc[0]), min(len(path), rec.committed)
+        assert path.token.tolist()[:n] == tokens[pos : pos + n]
+        assert ((g.soft_label >= 0) & (g.soft_label <= 1)).all()
+        assert np.allclose(g.soft_label, np.minimum(1, g.p_target / g.draft_prob))
+        if temperature == 0 and init == "draft":
+            assert (g[g.on_accepted_path].soft_label > 0).all()
+    assert df.prompt_id.eq("p").all() and df.run_id.eq("run").all() and df.init.eq(init).all()
+
+
+def test_dense_greedy_run_walks_the_ar_output(pair, tmp_path):
+    prompts = id_prompts(3)
+    config = DecodeConfig(k_config=K, max_new_tokens=20)
+    job = CollectJob(prompts=prompts, out=str(tmp_path / "dense"), config=config, dense=True,
+                     progress=False)
+    manifest = collect_prompts(job, pair)
+    df = load_rows(tmp_path / "dense")
+    ar = ARDecoder(pair, config)
+    dense = MCSDDecoder(pair, job.config)
+    for p in prompts:
+        want = ar.generate(p.text).token_ids
+        res = dense.generate(p.text)
+        assert res.token_ids == want  # commits the AR output
+        assert len(res.steps) == len(want) and all(s.committed == 1 for s in res.steps)
+        rows = df[df.prompt_id == p.id]
+        # one step per committed position, a tree at each but the last (no budget left)
+        assert sorted(rows.step.unique()) == list(range(len(want) - 1))
+        assert (rows.position == rows.step).all()
+        for t, g in rows.groupby("step"):
+            path = g[g.on_accepted_path].sort_values("depth")
+            assert path.token.tolist() == want[t : t + len(path)]
+    assert manifest["dense"] and manifest["counts"]["steps"] == 3 * 20
+    assert manifest["summary"]["tau"] == 1.0
+
+
+def test_dense_refuses_sampling_and_target_init(tmp_path):
+    with pytest.raises(MCSDError, match="greedy"):
+        CollectJob(prompts=id_prompts(1), out=str(tmp_path), dense=True,
+                   config=DecodeConfig(k_config=K, temperature=0.5))
+    with pytest.raises(MCSDError, match="init draft"):
+        CollectJob(prompts=id_prompts(1), out=str(tmp_path), dense=True,
+                   config=DecodeConfig(k_config=K, init="target"))
+
+
+def _job(out, prompts, **kw):
+    config = kw.pop("config", DecodeConfig(k_config=K, max_new_tokens=16, temperature=0.7,
+                                           seed=5))
+    return CollectJob(prompts=prompts, out=str(out), config=config, progress=False,
+                      run_id="r", prompt_set="ids", **kw)
+
+
+def test_resume_after_interruption_gives_the_uninterrupted_rows(pair, tmp_path):
+    prompts = id_prompts(7)
+    full = collect_prompts(_job(tmp_path / "full", prompts, shard_prompts=2), pair)
+    assert full["counts"]["prompts_done"] == 7 and full["status"] == "complete"
+
+    part = tmp_path / "part"
+    with pytest.raises(_Interrupted):
+        collect_prompts(_job(part, prompts, shard_prompts=2, stop_after=2), pair)
+    assert len(shard_paths(part)) == 2
+    (part / ".tmp-train-000004-r000.parquet.999").write_bytes(b"half a shard")  # a kill -9
+    resumed = collect_prompts(_job(part, prompts, shard_prompts=2), pair)
+    assert resumed["sessions"][-1]["prompts"] == 3  # only the missing prompts were decoded
+    assert not any(p.name.startswith(".tmp-") for p in part.iterdir())
+    a, b = load_rows(tmp_path / "full"), load_rows(part)
+    pd.testing.assert_frame_equal(a, b)
+    assert resumed["counts"] == full["counts"] and resumed["summary"] == full["summary"]
+    # a finished run rerun decodes nothing
+    again = collect_prompts(_job(part, prompts, shard_prompts=2), pair)
+    assert again["sessions"][-1]["prompts"] == 0
+    pd.testing.assert_frame_equal(a, load_rows(part))
+
+
+def test_incompatible_reuse_is_refused(pair, tmp_path):
+    prompts = id_prompts(2)
+    out = tmp_path / "run"
+    collect_prompts(_job(out, prompts), pair)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    changes = {
+        "temperature": {"config": DecodeConfig(k_config=K, max_new_tokens=16, temperature=0.5,
+                                               seed=5)},
+        "k_config": {"config": DecodeConfig(k_config=(2, 2), max_new_tokens=16,
+                                            temperature=0.7, seed=5)},
+        "save_hidden": {"save_hidden": True},
+    }
+    for field, kw in changes.items():
+        with pytest.raises(MCSDError, match=f"different {field}"):
+            collect_prompts(_job(out, prompts, **kw), pair)
+    with pytest.raises(MCSDError, match="different prompt_ids"):
+        collect_prompts(_job(out, id_prompts(3)), pair)
+    with pytest.raises(MCSDError, match="different pair"):
+        collect_prompts(_job(out, prompts), make_pair(seed=1))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing overwritten
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(MCSDError, match="not empty"):
+        collect_prompts(_job(other, prompts), pair)
+
+
+def test_manifest_fields_and_loaders(pair, tmp_path):
+    out = tmp_path / "run"
+    collect_prompts(_job(out, id_prompts(3), shard_prompts=2), pair)
+    m = load_manifest(out)
+    for key in ("pair", "k_config", "temperature", "init", "verify", "max_new_tokens", "seed",
+                "dense", "feature_schema_version", "row_schema_version", "prompt_set",
+                "prompt_ids", "counts", "summary", "timings", "sessions", "run_id", "status"):
+        assert key in m, key
+    assert m["k_config"] == list(K) and m["prompt_ids"] == ["p0", "p1", "p2"]
+    hist = m["summary"]["accepted_length_histogram"]
+    assert sum(hist.values()) == m["counts"]["steps"]
+    df = load_rows(out)
+    assert len(df) == m["counts"]["rows"] and list(df.prompt_id.unique()) == ["p0", "p1", "p2"]
+    assert list(load_rows(out, columns=["soft_label"]).columns) == ["soft_label"]
+    import datasets
+
+    ds = datasets.load_dataset("parquet", data_dir=str(out), split="train")
+    assert ds.num_rows == len(df) and set(ds.column_names) == set(df.columns)
+    with pytest.raises(MCSDError, match="no manifest.json"):
+        load_manifest(tmp_path)
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    assert mcsd(["collect", "--prompts", "no-such-set", "--out", str(tmp_path / "a")]) == 2
+    assert "unknown prompt set 'no-such-set'" in capsys.readouterr().err
+    missing = tmp_path / "missing.jsonl"
+    assert mcsd(["collect", "--prompts", str(missing), "--out", str(tmp_path / "b")]) == 2
+    assert f"prompt file {missing} does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert mcsd(["collect", "--prompts", str(bad), "--out", str(tmp_path / "c")]) == 2
+    assert "cannot read prompt file" in capsys.readouterr().err
+    if os.getuid() != 0:  # root reads anything
+        locked = tmp_path / "locked.jsonl"
+        locked.write_text(json.dumps({"prompt": "x"}))
+        locked.chmod(0)
+        assert mcsd(["collect", "--prompts", str(locked), "--out", str(tmp_path / "d")]) == 2
+        assert "cannot read prompt file" in capsys.readouterr().err
+    assert not any(Path(tmp_path).glob("*/manifest.json"))
