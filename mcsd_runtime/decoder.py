@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from mcsd_runtime import verify as V
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import Trajectory, node_features, with_trajectory
+from mcsd_runtime.features import NODE_FEATURES, Trajectory, node_features, with_trajectory
 from mcsd_runtime.kv import cache_len, keep_path
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import Stopper, make_stopper
@@ -129,7 +129,7 @@ class StepTrace:
     trajectory: list[float]  # trajectory feature values before the step
     target_prob: torch.Tensor  # [c] p_target(x) at the parent
     draft_prob: torch.Tensor  # [c] q(x) at the parent (the proposing distribution)
-    hidden: torch.Tensor | None  # [c, H] draft last hidden state at each node, if asked
+    hidden: torch.Tensor | None  # [c, H] draft hidden state that proposed each node, if asked
     path: list[int]  # accepted node indices, root-first
     accepted: int
     drafted: int
@@ -149,8 +149,8 @@ class _State:
 
 
 class _Frontier:
-    """The stopper's view of the depth just drafted; features (and the draft forward they need)
-    are computed only if asked for."""
+    """The stopper's view of the depth just drafted, before it goes through the draft;
+    features are computed only if asked for."""
 
     def __init__(self, draft_step: _DraftStep, depth: int, max_depth: int) -> None:
         self.draft_step, self.depth, self.max_depth = draft_step, depth, max_depth
@@ -159,7 +159,8 @@ class _Frontier:
         return self.draft_step.features(self.depth)
 
     def hidden(self) -> torch.Tensor:
-        """The draft's last hidden state at each frontier node (stoppers with `uses_hidden`)."""
+        """The draft's hidden state that proposed each frontier node (stoppers with
+        `uses_hidden`)."""
         return self.draft_step.hidden_at(self.depth)
 
 
@@ -426,9 +427,6 @@ class _DraftStep:
             self._forward_depth(d)
             self._set_depth(d + 1, *self._children(self.q_by_depth[d], d + 1))
             d += 1
-        if self.trace:
-            for depth in range(1, d + 1):
-                self.features(depth)
         return d
 
     def _roots(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -486,8 +484,8 @@ class _DraftStep:
         self.stats.draft_calls += 1
         st.d_pending = []
         self.cache_base = cache_len(st.d_cache) - extra
-        if extra and self.want_hidden:
-            self.hidden[1] = out.hidden_states[-1][0, -extra:]
+        if self.want_hidden:
+            self.hidden[1 if extra else 0] = out.hidden_states[-1][0, -keep:]
         return dec._probs(out.logits[0, -keep:])
 
     def _forward_depth(self, d: int) -> None:
@@ -509,16 +507,29 @@ class _DraftStep:
                 self.hidden[d] = out.hidden_states[-1][0]
         self.forwarded = d
 
-    def hidden_at(self, d: int) -> torch.Tensor:
-        self._forward_depth(d)
-        return self.hidden[d]
+    def proposal(self, d: int) -> torch.Tensor:
+        """The distributions (one per parent) that proposed the nodes of depth `d`."""
+        if d == 1 and self.dec.config.init == "target":
+            return self.st.root_probs
+        return self.q_by_depth[d - 1]
+
+    def hidden_at(self, d: int, strict: bool = True) -> torch.Tensor:
+        """The draft's last hidden state that proposed each node of depth `d` (its parent's);
+        target-initialized roots have none: an error, or zeros when not `strict` (recording)."""
+        if self.hidden[d - 1] is None:
+            if not strict:
+                draft = self.dec.pair.draft
+                return torch.zeros(self.dec.tree.sizes[0], draft.config.hidden_size,
+                                   dtype=draft.dtype, device=draft.device)
+            raise MCSDError("the first layer of a target-initialized tree has no draft hidden "
+                            "state: use init='draft' with hidden-state stoppers")
+        return self.hidden[d - 1].repeat_interleave(self.dec.tree.k_config[d - 1], 0)
 
     def features(self, d: int) -> torch.Tensor:
         if self.feats[d] is None:
-            self._forward_depth(d)
             tt = self.dec.tt
             self.feats[d] = node_features(d, tt.sibling_rank[tt.tree.depth_slice(d)],
-                                          self.prob[d], self.log_path[d], self.q_by_depth[d])
+                                          self.prob[d], self.log_path[d], self.proposal(d))
         return with_trajectory(self.feats[d], self.st.trajectory)
 
     # -- after verification
@@ -540,14 +551,17 @@ class _DraftStep:
         c = tt.tree.cum[s]
         depths = range(1, s + 1)
         empty = probs.new_zeros(0)
+        feats = [self.features(d)[:, : len(NODE_FEATURES)] for d in depths]
+        hidden = None
+        if self.want_hidden and s:
+            hidden = torch.cat([self.hidden_at(d, strict=False) for d in depths])
         return StepTrace(
             step=step, tokens=self.tokens[: 1 + c],
-            node_features=torch.cat([self.feats[d] for d in depths]) if s else empty,
+            node_features=torch.cat(feats) if s else empty,
             trajectory=self.st.trajectory.values(),
             target_prob=probs[tt.parent[1 : 1 + c], self.tokens[1 : 1 + c]],
             draft_prob=torch.cat([self.prob[d] for d in depths]) if s else empty,
-            hidden=torch.cat([self.hidden[d] for d in depths]) if self.want_hidden and s
-            else None,
+            hidden=hidden,
             path=path, accepted=accepted, drafted=s)
 
 

@@ -1,7 +1,9 @@
 """The one definition of the stopper features, imported by the decoder, collect and train.
 
-Node features describe one drafted node and the draft's distribution over its children; they
-depend only on the tree, so collected rows store them. Trajectory features describe the run so
+Node features describe one drafted node and the distribution that proposed it (its parent's
+next-token distribution, already computed to draft it), so a stopper can decide whether to
+forward the frontier and draft one more depth *before* paying for that forward. They depend
+only on the tree, so collected rows store them. Trajectory features describe the run so
 far (previous step's accepted length, a running mean); replay recomputes them along its own
 trajectory, so they are kept apart.
 """
@@ -12,20 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
-SCHEMA_VERSION = 1
-TOP_K_MASS = 4  # top-k mass of a node's child distribution uses this k
+SCHEMA_VERSION = 2
+TOP_K_MASS = 4  # top-k mass of the proposing distribution uses this k
 
 NODE_FEATURES: tuple[str, ...] = (
     "depth",  # 1-based depth of the node
     "sibling_rank",  # rank among its siblings (0 = most likely under the draft)
     "frontier_size",  # nodes at this depth
-    "draft_prob",  # q(x): the draft's probability of the node's token given its parent
+    "draft_prob",  # q(x): probability of the node's token under the proposing distribution
     "log_path_prob",  # sum of log q along the path from the root
-    "child_top1",  # top-1 probability of the draft's distribution after this node
-    "child_top2",
-    "child_margin",  # top1 - top2
-    "child_entropy",  # entropy (nats) of that distribution
-    "child_topk_mass",  # mass of its TOP_K_MASS most likely tokens
+    "q_top1",  # top-1 probability of the proposing distribution
+    "q_top2",
+    "q_margin",  # top1 - top2
+    "q_entropy",  # entropy (nats) of the proposing distribution
+    "q_topk_mass",  # mass of its TOP_K_MASS most likely tokens
 )
 TRAJECTORY_FEATURES: tuple[str, ...] = (
     "tokens_generated",  # new tokens committed before this step
@@ -36,18 +38,22 @@ FEATURE_NAMES: tuple[str, ...] = NODE_FEATURES + TRAJECTORY_FEATURES
 
 
 def node_features(depth: int, sibling_rank: torch.Tensor, draft_prob: torch.Tensor,
-                  log_path_prob: torch.Tensor, child_probs: torch.Tensor) -> torch.Tensor:
+                  log_path_prob: torch.Tensor, parent_probs: torch.Tensor) -> torch.Tensor:
     """Node features for the `n` nodes of one depth, as a float32 [n, len(NODE_FEATURES)] tensor.
 
-    `child_probs` [n, V] is the draft's (temperature-adjusted) distribution after each node.
+    `parent_probs` [m, V] are the proposing distributions, one per parent; the n = m * k nodes
+    are the parents' children in order.
     """
-    n = child_probs.shape[0]
-    top = child_probs.topk(TOP_K_MASS, dim=-1).values.float()
-    entropy = -(child_probs * child_probs.clamp_min(1e-30).log()).sum(-1).float()
+    n = draft_prob.shape[0]
+    k = n // parent_probs.shape[0]
+    top = parent_probs.topk(TOP_K_MASS, dim=-1).values.float().repeat_interleave(k, 0)
+    entropy = -(parent_probs * parent_probs.clamp_min(1e-30).log()).sum(-1).float()
+    entropy = entropy.repeat_interleave(k, 0)
+    dev = draft_prob.device
     cols = [
-        torch.full((n,), float(depth), device=child_probs.device),
+        torch.full((n,), float(depth), device=dev),
         sibling_rank.float(),
-        torch.full((n,), float(n), device=child_probs.device),
+        torch.full((n,), float(n), device=dev),
         draft_prob.float(),
         log_path_prob.float(),
         top[:, 0],

@@ -4,8 +4,11 @@ outcome; it never knows which kind it runs.
 A stopper implements three methods:
 - `reset()`: a new sequence starts;
 - `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth?
-  `frontier.features()` returns the [n, len(FEATURE_NAMES)] feature matrix of the frontier;
-  it is computed only when called, so stoppers that ignore features cost nothing;
+  It is asked before the frontier goes through the draft, so stopping saves that forward.
+  `frontier.features()` returns the [n, len(FEATURE_NAMES)] feature matrix of the frontier
+  (computed only when called, so stoppers that ignore features cost nothing), and
+  `frontier.hidden()` the draft's last hidden state that proposed each frontier node
+  (for stoppers with `uses_hidden = True`);
 - `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted.
 """
 
@@ -56,25 +59,25 @@ class StaticStopper(_Stateless):
 
 
 class ConfidenceStopper(_Stateless):
-    """HF/DISCO style: continue while some frontier node's next-token top-1 prob is >= T."""
+    """HF/DISCO style: continue while some frontier token's draft probability is >= T."""
 
     def __init__(self, threshold: float = 0.4) -> None:
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        top1 = frontier.features()[:, column("child_top1")]
-        return bool((top1 >= self.threshold).any())
+        prob = frontier.features()[:, column("draft_prob")]
+        return bool((prob >= self.threshold).any())
 
 
 class EntropyStopper(_Stateless):
-    """AdaEDL style: the acceptance lower bound 1 - sqrt(gamma * H) of the best frontier node
-    must stay >= lam to continue."""
+    """AdaEDL style: the acceptance lower bound 1 - sqrt(gamma * H) must stay >= lam to
+    continue, H being the lowest entropy among the distributions that proposed the frontier."""
 
     def __init__(self, lam: float = 0.5, gamma: float = 0.5) -> None:
         self.lam, self.gamma = lam, gamma
 
     def should_continue(self, frontier: Frontier) -> bool:
-        entropy = frontier.features()[:, column("child_entropy")]
+        entropy = frontier.features()[:, column("q_entropy")]
         bound = 1.0 - torch.sqrt(self.gamma * entropy.min())
         return bool(bound >= self.lam)
 
@@ -125,7 +128,7 @@ Builder = Callable[[list[str], str], Stopper]
 BUILTIN: dict[str, tuple[str, Builder]] = {
     "static": ("static[:DEPTH] draft the whole k-config (or DEPTH depths)",
                lambda a, s: StaticStopper(*(int(x) for x in _floats(a, s, 1)))),
-    "confidence": ("confidence[:T] continue while a frontier node's top-1 prob >= T (0.4)",
+    "confidence": ("confidence[:T] continue while a frontier token's draft prob >= T (0.4)",
                    lambda a, s: ConfidenceStopper(*_floats(a, s, 1))),
     "entropy": ("entropy[:LAMBDA[:GAMMA]] continue while 1-sqrt(GAMMA*H) >= LAMBDA (0.5, 0.5)",
                 lambda a, s: EntropyStopper(*_floats(a, s, 2))),

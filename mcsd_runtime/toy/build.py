@@ -48,7 +48,7 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
     """
     recipe = (recipe or get_recipe(preset, seed)).resolved()
     dest = Path(out) if out is not None else models_dir() / f"toy-{recipe.preset}-{recipe.hash12()}"
-    if dest.exists() and not force:
+    if dest.exists() and not force and not _empty_dir(dest):
         verify_pair(dest, recipe)
         return dest
     tmp = _make_tmp(dest)
@@ -262,6 +262,10 @@ def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: 
                     times[k].append(elapsed)
         block += 1
     return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
 
 
 def _limit_chars(texts: list[str], limit: int) -> list[str]:

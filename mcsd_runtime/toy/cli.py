@@ -67,7 +67,7 @@ def run_build(args: argparse.Namespace) -> int:
     from mcsd_runtime.toy.build import build_pair, pair_dir, read_card, summary
 
     dest = args.out if args.out is not None else pair_dir(args.preset, args.seed)
-    cached = dest.exists() and not args.force
+    cached = dest.is_dir() and any(dest.iterdir()) and not args.force
     start = time.perf_counter()
     root = build_pair(args.preset, out=args.out, seed=args.seed, force=args.force)
     if cached:
