@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import re
 
-from mcsd_runtime.cli_args import add_decode_args, add_pair_args
-
 EPILOG = """examples:
   mcsd collect --target toy --prompts toy-code-collect --limit 64
   mcsd collect --target toy --prompts toy-code-collect --dense --out data/runs/dense
@@ -24,6 +22,8 @@ data_dir=DIR) or any Parquet reader; collect.load_manifest(DIR) gives the manife
 
 
 def add_collect_args(p: argparse.ArgumentParser) -> None:
+    from mcsd_runtime.cli_args import add_decode_args, add_pair_args  # imports torch
+
     add_pair_args(p)
     add_decode_args(p)
     g = p.add_argument_group("collection")

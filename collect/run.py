@@ -90,6 +90,10 @@ class CollectJob:
         if self.shard_prompts < 1:
             raise MCSDError("--shard-prompts must be >= 1")
         self.prompts = unique_ids(self.prompts)
+        if self.save_hidden and self.config.init == "target":
+            raise MCSDError("--save-hidden needs --init draft: the target-initialized first "
+                            "layer is proposed by the target, so no draft hidden state "
+                            "proposed it")
         if self.dense:
             self.config = dense_config(self.config)
 
@@ -323,9 +327,12 @@ def _load_pair(job: CollectJob, device: str) -> Pair:
     return load_pair(**(job.pair_args | {"device": device}))
 
 
-def _fabric_worker(fabric, job: CollectJob) -> dict[str, Any]:
+def _fabric_worker(fabric, job_bytes: bytes) -> dict[str, Any]:
+    import pickle
+
     import torch
 
+    job: CollectJob = pickle.loads(job_bytes)
     if job.threads:
         torch.set_num_threads(job.threads)
     try:
@@ -369,7 +376,10 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
     strategy = DDPStrategy(start_method="spawn", process_group_backend="gloo")
     fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes,
                     strategy=strategy)
-    result = fabric.launch(_fabric_worker, job)
+    import pickle
+
+    # pickled by hand: Fabric walks launch arguments and refuses frozen dataclasses
+    result = fabric.launch(_fabric_worker, pickle.dumps(job))
     if isinstance(result, dict) and "error" in result:
         raise MCSDError(result["error"])
     return result

@@ -160,8 +160,9 @@ def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] 
         if old == new:
             continue
         if key == "prompt_ids":
-            first = next((i for i, (a, b) in enumerate(zip(old or [], new or [])) if a != b),
-                         min(len(old or []), len(new or [])))
+            o, n = old or [], new or []
+            first = next((i for i in range(min(len(o), len(n))) if o[i] != n[i]),
+                         min(len(o), len(n)))
             detail = (f"{len(old or [])} stored prompt ids vs {len(new or [])} now, first "
                       f"difference at position {first}")
         elif key == "pair":
@@ -184,8 +185,6 @@ def load_rows(run_dir: str | Path, columns: Sequence[str] | None = None):
     """All rows of a collect run folder as one pandas DataFrame, ordered by the manifest's
     prompt order, then step, then node (so a resumed run reads exactly like an uninterrupted
     one). `columns` selects columns (default: all)."""
-    import pandas as pd
-
     run_dir = Path(run_dir)
     manifest = load_manifest(run_dir)
     paths = shard_paths(run_dir)

@@ -1,0 +1,126 @@
+"""collect through its command line: kill -9 and resume, two Fabric processes, --help.
+
+The pair is a tiny random Llama pair saved to folders with a character-level tokenizer, so the
+CLI loads it like any local model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from collect import load_manifest, load_rows
+from collect.store import scan_shards
+from conftest import make_pair
+from mcsd_runtime.cli import main as mcsd
+
+ROOT = Path(__file__).resolve().parents[1]
+N_PROMPTS = 10
+
+
+def save_char_pair(root: Path) -> tuple[Path, Path]:
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0}
+    for ch in string.ascii_lowercase + string.digits + " .,:()=_\n":
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    pair = make_pair(vocab=64)
+    dirs = root / "target", root / "draft"
+    for d, model in zip(dirs, (pair.target, pair.draft), strict=True):
+        model.save_pretrained(d)
+        fast.save_pretrained(d)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("collect_cli")
+    target, draft = save_char_pair(root)
+    prompts = root / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for i in range(N_PROMPTS):
+            f.write(json.dumps({"id": f"q{i}", "prompt": f"def f{i}(x):\n    return x" + " +" * i})
+                    + "\n")
+    args = ["--target", str(target), "--draft", str(draft), "--device", "cpu", "--dtype",
+            "float64", "--prompts", str(prompts), "--k-config", "3,2,1", "--temperature", "0.8",
+            "--max-new-tokens", "40", "--seed", "1", "--run-id", "cli", "--threads", "1",
+            "--shard-prompts", "1", "--no-progress"]
+    ref = root / "ref"
+    assert mcsd(["collect", *args, "--out", str(ref)]) == 0
+    return root, args, load_rows(ref), load_manifest(ref)
+
+
+def _cmd(args: list[str], out: Path) -> list[str]:
+    return [sys.executable, "-m", "collect", *args, "--out", str(out)]
+
+
+def test_kill_9_then_rerun_completes_the_missing_prompts_only(setup, capsys):
+    root, args, ref_rows, ref_manifest = setup
+    out = root / "killed"
+    proc = subprocess.Popen(_cmd(args, out), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if len(list(out.glob("train-*.parquet"))) >= 2:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = sum(len(m["prompt_indices"]) for m in scan_shards(out).values())
+    assert 0 < done < N_PROMPTS, "the run was not interrupted half-way"
+    assert load_manifest(out)["status"] == "running"
+    assert mcsd(["collect", *args, "--out", str(out)]) == 0
+    assert "rows in" in capsys.readouterr().out
+    manifest = load_manifest(out)
+    assert manifest["sessions"][-1]["prompts"] == N_PROMPTS - done
+    assert manifest["counts"] == ref_manifest["counts"]
+    pd.testing.assert_frame_equal(load_rows(out), ref_rows)
+
+
+def test_two_fabric_processes_cover_every_prompt_once(setup):
+    root, args, ref_rows, ref_manifest = setup
+    out = root / "fabric"
+    res = subprocess.run(_cmd(args, out) + ["--devices", "2"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    shards = scan_shards(out)
+    ranks = {meta["rank"] for meta in shards.values()}
+    assert ranks == {0, 1} and all(name.endswith(f"-r{meta['rank']:03d}.parquet")
+                                   for name, meta in shards.items())
+    indices = [i for meta in shards.values() for i in meta["prompt_indices"]]
+    assert sorted(indices) == list(range(N_PROMPTS))  # every prompt exactly once
+    manifest = load_manifest(out)
+    assert manifest["status"] == "complete" and manifest["sessions"][-1]["world_size"] == 2
+    assert manifest["counts"] == ref_manifest["counts"]
+    pd.testing.assert_frame_equal(load_rows(out), ref_rows)  # same rows as one process
+    assert "tau" in res.stdout and "accepted length histogram" in res.stdout
+
+
+def test_refused_configuration_exits_2(setup, capsys):
+    root, args, _, _ = setup
+    changed = [a if a != "0.8" else "0.5" for a in args]
+    assert mcsd(["collect", *changed, "--out", str(root / "ref")]) == 2
+    err = capsys.readouterr().err
+    assert "different temperature" in err and "stored 0.8, now 0.5" in err
+    assert mcsd(["collect", *args, "--dense", "--out", str(root / "x")]) == 2
+    assert "--dense needs greedy" in capsys.readouterr().err
+
+
+def test_help_is_quick_and_documented():
+    res = subprocess.run([sys.executable, "-m", "collect", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    for flag in ("--prompts", "--k-config", "--dense", "--devices", "--save-hidden", "--out"):
+        assert flag in res.stdout
