@@ -115,6 +115,10 @@ def test_same_seed_same_weights_and_force_rebuilds(tmp_path):
     other = weights(build_pair(out=tmp_path / "c", recipe=get_recipe("tiny", seed=1, **MICRO),
                                progress=False))
     assert not all(torch.equal(wa[k], other[k]) for k in wa)
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an existing empty --out folder is built into
+    assert build_pair(out=empty, recipe=recipe, progress=False) == empty
+    assert all(torch.equal(wa[k], v) for k, v in weights(empty).items())
     stamp = (a / "card.json").stat().st_mtime_ns
     assert build_pair(out=a, recipe=recipe, force=True, progress=False) == a
     assert (a / "card.json").stat().st_mtime_ns != stamp
