@@ -12,11 +12,10 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
   expected tokens per step over expected cost per step. Labelled `estimate` in every result.
 
 Cost of a step stopped at depth s (draft-initialized tree, as `_DraftStep.run` does it): one draft
-forward over the pending tokens, one per depth 1..s-1, plus one over depth s when the stopper
-read the features at depth s (a stopper that reads no features, or one not consulted because s
-hit the cap, leaves depth s unforwarded and its accepted node pending for the next step); one
-target forward over 1 + cum[s] tokens; plus the profile's per-step overhead and, for learned
-stoppers, a per-decision latency.
+forward over the pending tokens and one per depth 1..s-1 (the stopper decides before a depth is
+forwarded, so depth s never is; its accepted node stays pending for the next step); one target
+forward over 1 + cum[s] tokens; plus the profile's per-step overhead and, for learned stoppers,
+a per-decision latency.
 """
 
 from __future__ import annotations
@@ -222,7 +221,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
             if step is None:  # last token of a budget-capped output: no drafting (s_cap = 0)
                 s, a, forwarded, cap = 0, 0, 0, 0
             else:
-                cap, s, read_at_s = step.cap, 1, False
+                cap, s = step.cap, 1
                 while s < cap:
                     fr = _Frontier(s, D, step.nodes[s - 1], traj.values(),
                                    step.hidden[s - 1] if step.hidden else None, step.accepted,
@@ -230,11 +229,10 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
                     go = stopper.should_continue(fr)
                     res.decisions += 1
                     if not go:
-                        read_at_s = fr.read
                         break
                     s += 1
                 a = min(step.accepted, s)
-                forwarded = s if read_at_s else s - 1
+                forwarded = s - 1
             committed = min(a + 1, p.new_tokens - t) if exact else a + 1
             # cost of this step
             c = tree.cum[s]
