@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
     p.add_argument("--limit", type=int, default=12, help="number of prompts (default %(default)s)")
     p.add_argument("--stopper", default="static", help="stopper spec (default %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: small models on a shared CPU are "
+                        "fastest and steadiest on one)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     p.set_defaults(func=run)
 

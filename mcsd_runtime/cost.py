@@ -169,7 +169,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=7, help="timed forwards per point (median)")
     p.add_argument("--overhead-prompts", default="toy-code", help="prompt set used to measure the "
                    "decoder's per-step overhead; 'none' to skip (default %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: small models on a shared CPU are "
+                        "fastest and steadiest on one)")
     p.set_defaults(func=run)
 
 

@@ -26,6 +26,7 @@ import torch
 from mcsd_runtime.cli_args import add_decode_args, add_pair_args, pair_from_args
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.learned import check_pair
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import BUILTIN, make_stopper
 from mcsd_runtime.tree import parse_k_config
@@ -127,17 +128,6 @@ class _Runner:
         return _from_result(self.decoder.generate(ids))
 
 
-def check_stopper_pair(stopper, pair: Pair, path: str) -> None:
-    """Refuse a trained stopper made for another pair."""
-    theirs = getattr(stopper, "pair_fingerprint", None) or {}
-    for key in ("target_config", "draft_config", "tokenizer"):
-        if theirs.get(key) and pair.fingerprint.get(key) and theirs[key] != pair.fingerprint[key]:
-            raise MCSDError(
-                f"stopper {path} was trained for another model pair ({key} differs: "
-                f"{theirs.get('target')} / {theirs.get('draft')}); train one on this pair's "
-                f"collection or pass the pair it was made for")
-
-
 def check_method(name: str) -> None:
     """Refuse an unknown method name before anything is loaded."""
     kind = name.partition(":")[0]
@@ -163,7 +153,7 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     if name == "hf-assisted":
         return HFAssisted(pair, base)
     stopper = make_stopper(name)
-    check_stopper_pair(stopper, pair, name)
+    check_pair(stopper, pair)
     return _Runner(MCSDDecoder(pair, _replace(base, init="draft"), stopper))
 
 
@@ -379,7 +369,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: data/runs/eval-<time>)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: small models on a shared CPU are "
+                        "fastest and steadiest on one)")
     p.set_defaults(func=run)
 
 

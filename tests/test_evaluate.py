@@ -99,14 +99,14 @@ def test_empty_prompt_set(toy_tiny, tmp_path, capsys):
     assert "empty" in capsys.readouterr().err
 
 
-def test_stopper_for_another_pair_is_refused(toy_pair):
+def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
+    """A method whose stopper was trained for another pair stops eval before any decoding."""
+    from mcsd_runtime import evaluate
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.evaluate import check_stopper_pair
 
     class Foreign:
         pair_fingerprint = dict(toy_pair.fingerprint, target_config="0" * 16)
 
-    with pytest.raises(MCSDError, match="another model pair"):
-        check_stopper_pair(Foreign(), toy_pair, "stopper:x")
-    check_stopper_pair(type("Same", (), {"pair_fingerprint": toy_pair.fingerprint})(),
-                       toy_pair, "stopper:y")
+    monkeypatch.setattr(evaluate, "make_stopper", lambda spec: Foreign())
+    with pytest.raises(MCSDError, match="trained for the pair"):
+        evaluate.build_method("stopper:elsewhere", toy_pair, DecodeConfig())
