@@ -237,6 +237,9 @@ def collect_prompts(job: CollectJob, pair: Pair, rank: int = 0, world_size: int 
             el = max(bar.format_dict.get("elapsed", 0.0), 1e-9)
             bar.set_postfix_str(f"{tokens / el:.1f} tok/s, {rows / el:.0f} rows/s", refresh=False)
         writer.flush()
+    except KeyboardInterrupt:
+        writer.flush()  # the buffered prompts are whole: keep them
+        raise
     finally:
         bar.close()
     barrier()
@@ -344,7 +347,13 @@ def _fabric_worker(fabric, job_bytes: bytes) -> dict[str, Any]:
 
 def externally_launched() -> bool:
     """True under torchrun, SLURM or `fabric run`: processes exist already, one per rank."""
-    return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK", "SLURM_NTASKS"))
+    def count(key: str) -> int:
+        try:
+            return int(os.environ.get(key, "1"))
+        except ValueError:
+            return 1
+
+    return count("WORLD_SIZE") > 1 or count("SLURM_NTASKS") > 1
 
 
 def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,

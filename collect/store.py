@@ -13,6 +13,18 @@ Every file is written under a temporary name in the same folder, flushed to disk
 into place, so a reader (or a resumed run) sees a shard either whole or not at all. A prompt
 is done exactly when the shard holding it exists; each shard's Parquet metadata lists its
 prompts and their decoding statistics, which is all a resume or a summary needs.
+
+manifest.json fields:
+  format "mcsd-collect-run", run_id, status (running | complete | incomplete), created, updated
+  identity (a resumed run must match all of them; see IDENTITY_FIELDS):
+    pair {target, draft, target_config, draft_config, tokenizer, target_weights,
+          draft_weights}, dtype, k_config, init, temperature, verify, max_new_tokens, seed,
+    dense, save_hidden, feature_schema_version, row_schema_version, feature_names,
+    prompt_set, limit, prompt_ids (the ordered ids; rows are keyed by prompt_id)
+  counts {prompts, prompts_done, rows, steps, new_tokens, target_calls, shards}
+  summary {tau, mean_accepted, acceptance_rate, accepted_length_histogram {"L": steps}}
+  timings {decode_seconds, rows_per_decode_s, wall_seconds}
+  sessions [{started, finished, wall_seconds, world_size, device, prompts, rows, rows_per_s}]
 """
 
 from __future__ import annotations
