@@ -1,0 +1,82 @@
+"""The whole pipeline on the tiny toy pair (collect -> profile -> train -> eval), as `make demo`
+runs it on the default pair, then every notebook executed top to bottom on its outputs."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from collect.cli import register as collect_register
+from mcsd_runtime import cli
+from mcsd_runtime.cost import register as profile_register
+from mcsd_runtime.evaluate import register as eval_register
+from train.cli import register as train_register
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def mcsd(argv: list[str]) -> int:
+    parser = cli.build_parser([collect_register, profile_register, train_register,
+                               eval_register])
+    return cli.run_parser(parser, argv)
+
+
+@pytest.fixture(scope="module")
+def demo(toy_tiny, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    pair = ["--target", str(toy_tiny / "target"), "--draft", str(toy_tiny / "draft")]
+    assert mcsd(["collect", *pair, "--prompts", "toy-code-collect", "--limit", "16",
+                 "--k-config", "2,1,1,1", "--dense", "--max-new-tokens", "24",
+                 "--out", str(root / "collect"), "--no-progress"]) == 0
+    assert mcsd(["profile", *pair, "--out", str(root / "cost.json"), "--max-tokens", "8",
+                 "--repeats", "2"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model in ("lightgbm", "mlp"):
+            assert mcsd(["train", "--data", str(root / "collect"), "--model", model,
+                         "--cost-profile", str(root / "cost.json"), "--max-epochs", "3",
+                         "--out", str(root / "stoppers" / model)]) == 0
+    assert mcsd(["eval", *pair, "--prompts", "toy-code", "--limit", "2", "--k-config",
+                 "2,1,1,1", "--max-new-tokens", "16", "--out", str(root), "--methods",
+                 f"ar,mcsd,stopper:{root / 'stoppers' / 'lightgbm'},"
+                 f"stopper:{root / 'stoppers' / 'mlp'}"]) == 0
+    return root
+
+
+def test_pipeline_outputs(demo):
+    assert (demo / "report.md").is_file()
+    text = (demo / "report.md").read_text()
+    assert "stopper:" in text and "| ar |" in text
+    for model in ("lightgbm", "mlp"):
+        assert (demo / "stoppers" / model / "stopper.json").is_file()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(demo, path, monkeypatch):
+    monkeypatch.setenv("MCSD_DEMO", str(demo))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": os.getcwd()}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+
+
+def test_notebooks_are_generated_from_their_script():
+    """The committed notebooks match notebooks/make_notebooks.py (edit the script, not them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_notebooks", NOTEBOOKS[0].parent /
+                                                  "make_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert {p.name for p in NOTEBOOKS} == set(module.NOTEBOOKS)
+    for path in NOTEBOOKS:
+        sources = [c.source for c in nbformat.read(path, as_version=4).cells]
+        assert sources == [src for _, src in module.NOTEBOOKS[path.name]]
