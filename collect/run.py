@@ -165,7 +165,10 @@ class _ShardWriter:
                 "prompt_indices": [m["index"] for m in self.metas],
                 "prompt_ids": [m["id"] for m in self.metas], "prompts": self.metas}
         table = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
-        store.write_shard(self.dir / name, table, meta)
+        if table.num_rows:
+            store.write_shard(self.dir / name, table, meta)
+        else:
+            store.write_empty_marker(self.dir / name, meta)
         self.written.append(name)
         self.tables, self.metas, self.rows = [], [], 0
         if self.job.stop_after is not None and len(self.written) >= self.job.stop_after:

@@ -7,6 +7,8 @@
                                     `train-` prefix is what lets `datasets.load_dataset("parquet",
                                     data_dir=run_dir)` take the shards as its train split and
                                     leave manifest.json alone
+      empty-000020-r000.json        a group of prompts that drafted no node at all (datasets
+                                    cannot read a Parquet file without rows): its metadata only
       .tmp-*                        a write in progress (ignored; removed at the next start)
 
 Every file is written under a temporary name in the same folder, flushed to disk, then renamed
@@ -47,6 +49,7 @@ TMP_PREFIX = ".tmp-"
 SHARD_GLOB = "train-*.parquet"
 SHARD_RE = re.compile(r"^train-(\d{6,})-r(\d{3,})\.parquet$")
 META_KEY = b"mcsd_collect"
+EMPTY_RE = re.compile(r"^empty-(\d{6,})-r(\d{3,})\.json$")
 
 # Fields of the manifest that define what the rows mean: a resumed run must match them all.
 IDENTITY_FIELDS = (
@@ -81,6 +84,13 @@ def write_shard(path: Path, table: pa.Table, meta: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def write_empty_marker(path: Path, meta: dict[str, Any]) -> None:
+    """Record a group of prompts without rows (`path` is its shard path)."""
+    m = SHARD_RE.match(path.name)
+    name = f"empty-{m.group(1)}-r{m.group(2)}.json"
+    atomic_write_bytes(path.with_name(name), json.dumps(meta).encode())
+
+
 def shard_paths(run_dir: Path) -> list[Path]:
     return sorted(p for p in Path(run_dir).glob(SHARD_GLOB) if SHARD_RE.match(p.name))
 
@@ -97,7 +107,15 @@ def shard_meta(path: Path) -> dict[str, Any]:
 
 def scan_shards(run_dir: Path) -> dict[str, dict[str, Any]]:
     """Shard file name -> its metadata (prompt indices/ids, per-prompt statistics, rank)."""
-    return {p.name: shard_meta(p) for p in shard_paths(run_dir)}
+    shards = {p.name: shard_meta(p) for p in shard_paths(run_dir)}
+    for p in sorted(Path(run_dir).glob("empty-*.json")):
+        if EMPTY_RE.match(p.name):
+            try:
+                shards[p.name] = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:
+                raise MCSDError(f"{p} is unreadable ({err}); move it out of the run folder and "
+                                f"rerun to collect its prompts again") from None
+    return shards
 
 
 def done_indices(shards: dict[str, dict[str, Any]]) -> set[int]:

@@ -218,3 +218,15 @@ def test_cli_errors_are_clear(tmp_path, capsys):
         assert mcsd(["collect", "--prompts", str(locked), "--out", str(tmp_path / "d")]) == 2
         assert "cannot read prompt file" in capsys.readouterr().err
     assert not any(Path(tmp_path).glob("*/manifest.json"))
+
+
+def test_prompts_without_rows_count_as_done(pair, tmp_path):
+    # max_new_tokens=1: the step commits the target's token and drafts nothing
+    config = DecodeConfig(k_config=K, max_new_tokens=1)
+    job = _job(tmp_path / "run", id_prompts(3), config=config, shard_prompts=2)
+    m = collect_prompts(job, pair)
+    assert m["counts"]["prompts_done"] == 3 and m["counts"]["rows"] == 0
+    assert not list((tmp_path / "run").glob("train-*"))  # datasets cannot read empty Parquet
+    assert collect_prompts(job, pair)["sessions"][-1]["prompts"] == 0
+    df = load_rows(tmp_path / "run")
+    assert len(df) == 0 and "soft_label" in df.columns
