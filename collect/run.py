@@ -115,8 +115,9 @@ def identity(job: CollectJob, pair: Pair) -> dict[str, Any]:
     cfg = job.config
     return {
         "format": store.FORMAT,
-        "pair": dict(pair.fingerprint) | {"target_weights": weights_probe(pair.target),
-                                          "draft_weights": weights_probe(pair.draft)},
+        "pair": dict(pair.fingerprint),
+        "pair_weights": {"target": weights_probe(pair.target),
+                         "draft": weights_probe(pair.draft)},
         "dtype": str(pair.dtype).removeprefix("torch."),
         "k_config": list(cfg.k_config),
         "init": cfg.init,

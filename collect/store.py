@@ -19,10 +19,11 @@ prompts and their decoding statistics, which is all a resume or a summary needs.
 manifest.json fields:
   format "mcsd-collect-run", run_id, status (running | complete | incomplete), created, updated
   identity (a resumed run must match all of them; see IDENTITY_FIELDS):
-    pair {target, draft, target_config, draft_config, tokenizer, target_weights,
-          draft_weights}, dtype, k_config, init, temperature, verify, max_new_tokens, seed,
-    dense, save_hidden, feature_schema_version, row_schema_version, feature_names,
-    prompt_set, limit, prompt_ids (the ordered ids; rows are keyed by prompt_id)
+    pair (the runtime's Pair.fingerprint: target, draft, target_config, draft_config,
+    tokenizer), pair_weights {target, draft} (checksums of a few weight tensors), dtype,
+    k_config, init, temperature, verify, max_new_tokens, seed, dense, save_hidden,
+    feature_schema_version, row_schema_version, feature_names, prompt_set, limit,
+    prompt_ids (the ordered ids; rows are keyed by prompt_id)
   counts {prompts, prompts_done, rows, steps, new_tokens, target_calls, shards}
   summary {tau, mean_accepted, acceptance_rate, accepted_length_histogram {"L": steps}}
   timings {decode_seconds, rows_per_decode_s, wall_seconds}
@@ -53,9 +54,9 @@ EMPTY_RE = re.compile(r"^empty-(\d{6,})-r(\d{3,})\.json$")
 
 # Fields of the manifest that define what the rows mean: a resumed run must match them all.
 IDENTITY_FIELDS = (
-    "format", "pair", "dtype", "k_config", "init", "temperature", "verify", "max_new_tokens",
-    "seed", "dense", "save_hidden", "feature_schema_version", "row_schema_version",
-    "feature_names", "prompt_set", "limit", "prompt_ids",
+    "format", "pair", "pair_weights", "dtype", "k_config", "init", "temperature", "verify",
+    "max_new_tokens", "seed", "dense", "save_hidden", "feature_schema_version",
+    "row_schema_version", "feature_names", "prompt_set", "limit", "prompt_ids",
 )
 
 
@@ -195,7 +196,7 @@ def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] 
                          min(len(o), len(n)))
             detail = (f"{len(old or [])} stored prompt ids vs {len(new or [])} now, first "
                       f"difference at position {first}")
-        elif key == "pair":
+        elif key in ("pair", "pair_weights"):
             diff = sorted(k for k in set(old or {}) | set(new or {})
                           if (old or {}).get(k) != (new or {}).get(k))
             detail = (f"{', '.join(diff)} differ: stored {_describe({k: old.get(k) for k in diff})}"
