@@ -202,3 +202,32 @@ def test_mismatched_or_corrupt_artifacts_refused(artifacts, tmp_path):
     other = dict(small_pair().fingerprint, target_config="0" * 16)
     with pytest.raises(MCSDError, match="trained for the pair"):
         check_pair(load_stopper(src), other)
+
+
+def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
+    """Dense rows' trajectory features, recomputed for training, are those the decoder would see
+    at the positions a full-depth walk visits (the stored ones follow the one-token dense walk)."""
+    from train.labels import walk_trajectory
+
+    seen = {}
+
+    class Recording:
+        def reset(self):
+            pass
+
+        def update(self, drafted, accepted):
+            pass
+
+        def should_continue(self, fr):
+            if fr.depth == 1:
+                seen[(fr.key[0], fr.key[1])] = tuple(fr._traj)
+            return True
+
+    R.replay(data, Recording())
+    walked = walk_trajectory(rows)
+    first = walked[walked["depth"] == 1]
+    got = {(f"{r.run_id}/{r.prompt_id}", int(r.position)):
+           (float(r.tokens_generated), float(r.prev_accepted), float(r.mean_accepted))
+           for r in first.itertuples()}
+    assert seen and all(np.allclose(got[k], v) for k, v in seen.items())
+    assert (walked["prev_accepted"] != rows["prev_accepted"]).any()

@@ -48,6 +48,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="frontier aggregations to try (default %(default)s)")
     p.add_argument("--replay", default="auto", choices=["auto", "exact", "estimate"],
                    help="exact walk (dense greedy runs) or per-step estimate (default: auto)")
+    p.add_argument("--trajectory", default="walk", choices=["walk", "stored"],
+                   help="trajectory features of dense runs for training: recomputed along a "
+                        "full-depth walk (default; the stored ones leak the label) or as stored")
     p.add_argument("--max-epochs", type=int, default=None, help="MLP epochs cap (default 40)")
     p.add_argument("--threads", type=int, default=None, help="torch/LightGBM CPU threads")
     p.add_argument("--bench-latency", action="store_true",
@@ -86,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         summary = train_stopper(df, manifests, args.out, model=args.model, label=label,
                                 profile=profile, seed=args.seed, val_frac=args.val_frac,
                                 test_frac=args.test_frac, aggregations=aggs,
-                                replay_mode=args.replay, max_epochs=args.max_epochs)
+                                replay_mode=args.replay, max_epochs=args.max_epochs,
+                                trajectory=args.trajectory)
     print(f"stopper written to {args.out} (decision latency "
           f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
     if args.bench_latency:

@@ -48,3 +48,50 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     df["label_soft"] = (path * best_child).astype(np.float32)
     return df
 
+
+
+def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
+    """Trajectory features of a dense greedy collection, recomputed as a decoder would see them.
+
+    A dense collection commits one token per step, so its stored `prev_accepted` is L at the
+    previous position, and L_t >= L_{t-1} - 1 there: a leak no decoder ever sees (a model fitted
+    on it scores well on held-out rows and stops badly in replay and end to end). Instead, walk
+    the prompt at full depth; a step starting at position t sees the walk's state before the step
+    at t, and a position u = t + j strictly inside a walk step is where a stopper that stopped
+    the step at t at depth j - 1 (all accepted) would start next: prev_accepted = j - 1, and the
+    running mean includes it. Prompts that are not dense keep their stored features.
+    """
+    df = df.copy()
+    key = df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)
+    first = df[df[DEPTH] == 1].assign(_key=key)
+    prev = np.zeros(len(df), dtype=np.float64)
+    mean = np.zeros(len(df), dtype=np.float64)
+    done = np.zeros(len(df), dtype=bool)
+    pos_all = df["position"].to_numpy()
+    for k, g in first.groupby("_key", sort=False):
+        g = g.drop_duplicates("position").sort_values("position")
+        positions = g["position"].to_numpy()
+        if not np.array_equal(positions, np.arange(len(positions))):
+            continue  # not dense: keep the stored trajectory
+        acc = g["accepted_length"].to_numpy()
+        cap = g["drafted_depth"].to_numpy()
+        n = len(positions)
+        p_prev, p_mean = np.zeros(n), np.zeros(n)
+        t, steps, acc_sum, last = 0, 0, 0, 0
+        while t < n:
+            p_prev[t] = last
+            p_mean[t] = acc_sum / steps if steps else 0.0
+            a = int(min(acc[t], cap[t]))
+            for j in range(1, a + 1):
+                if t + j < n:
+                    p_prev[t + j] = j - 1
+                    p_mean[t + j] = (acc_sum + j - 1) / (steps + 1)
+            steps, acc_sum, last = steps + 1, acc_sum + a, a
+            t += a + 1
+        rows = np.nonzero((key == k).to_numpy())[0]
+        prev[rows] = p_prev[pos_all[rows]]
+        mean[rows] = p_mean[pos_all[rows]]
+        done[rows] = True
+    df.loc[done, "prev_accepted"] = prev[done].astype(df["prev_accepted"].dtype)
+    df.loc[done, "mean_accepted"] = mean[done].astype(df["mean_accepted"].dtype)
+    return df

@@ -32,12 +32,13 @@ class LightGBMModel:
                                 num_iteration=self.booster.best_iteration or None)
 
 
-def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0) -> LightGBMModel:
+def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
+                 threads: int = 2) -> LightGBMModel:
     import lightgbm as lgb
 
     params = LGBM_PARAMS | {"objective": "cross_entropy" if soft else "binary",
                             "metric": "cross_entropy" if soft else "binary_logloss",
-                            "seed": seed}
+                            "seed": seed, "num_threads": max(1, threads)}
     names = list(FEATURE_NAMES)
     dtrain = lgb.Dataset(x_train, y_train, feature_name=names, free_raw_data=False)
     dval = lgb.Dataset(x_val, y_val, feature_name=names, reference=dtrain)

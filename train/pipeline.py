@@ -84,7 +84,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                   profile: CostProfile | None = None, seed: int = 0, val_frac: float = 0.2,
                   test_frac: float = 0.2, aggregations: tuple[str, ...] | None = None,
                   replay_mode: str = "auto", max_epochs: int | None = None,
-                  log=print) -> dict:
+                  trajectory: str = "walk", log=print) -> dict:
     """Train one stopper and write its artifact folder; returns the summary (also metrics.json)."""
     if model not in MODELS:
         raise MCSDError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
@@ -100,6 +100,10 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     t_start = time.perf_counter()
 
     df = L.add_labels(df)
+    if trajectory == "walk":  # dense runs: the stored prev_accepted leaks L (see walk_trajectory)
+        df = L.walk_trajectory(df)
+    elif trajectory != "stored":
+        raise MCSDError(f"unknown trajectory {trajectory!r}: walk or stored")
     groups = group_ids(df)
     masks = split_prompts(groups, val_frac, test_frac, seed)
     dec = df["decision"].to_numpy()
@@ -116,9 +120,12 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     # 1. fit
     t0 = time.perf_counter()
     if model == "lightgbm":
+        import torch
+
         from train.models import fit_lightgbm
 
-        fitted = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=label == "soft", seed=seed)
+        fitted = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=label == "soft", seed=seed,
+                              threads=torch.get_num_threads())
     else:
         from train.models import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN, fit_mlp
 
