@@ -3,15 +3,24 @@
     pair = load_pair("meta-llama/Llama-2-7b-chat-hf", "JackFram/llama-68m")
     dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1)), stopper="confidence:0.4")
     print(dec.generate("Hello").text)
+
+Names are imported on first use, so that `mcsd --help` does not load torch.
 """
 
-from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder, StepTrace
-from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import FEATURE_NAMES, NODE_FEATURES, SCHEMA_VERSION, TRAJECTORY_FEATURES
-from mcsd_runtime.learned import check_pair, load_stopper
-from mcsd_runtime.pair import Pair, load_pair
-from mcsd_runtime.stoppers import Stopper, make_stopper
+from importlib import import_module
+from typing import Any
 
-__all__ = ["ARDecoder", "DecodeConfig", "FEATURE_NAMES", "GenerationResult", "MCSDDecoder",
-           "MCSDError", "NODE_FEATURES", "Pair", "SCHEMA_VERSION", "StepTrace", "Stopper",
-           "TRAJECTORY_FEATURES", "check_pair", "load_pair", "load_stopper", "make_stopper"]
+_EXPORTS = {
+    "ARDecoder": "decoder", "DecodeConfig": "decoder", "GenerationResult": "decoder",
+    "MCSDDecoder": "decoder", "StepTrace": "decoder", "MCSDError": "errors",
+    "FEATURE_NAMES": "features", "NODE_FEATURES": "features", "SCHEMA_VERSION": "features",
+    "TRAJECTORY_FEATURES": "features", "check_pair": "learned", "load_stopper": "learned",
+    "Pair": "pair", "load_pair": "pair", "Stopper": "stoppers", "make_stopper": "stoppers",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f"mcsd_runtime.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'mcsd_runtime' has no attribute {name!r}")

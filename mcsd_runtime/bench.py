@@ -8,16 +8,12 @@ import json
 import statistics
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
 from mcsd_runtime.cli_args import (
     add_decode_args,
     add_pair_args,
     decode_config_from_args,
     pair_from_args,
 )
-from mcsd_runtime.decoder import ARDecoder, MCSDDecoder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from mcsd_runtime.decoder import ARDecoder, MCSDDecoder
     from mcsd_runtime.prompts import load_prompts
 
     if args.threads:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from mcsd_runtime.decoder import DecodeConfig
-from mcsd_runtime.pair import Pair, load_pair
+if TYPE_CHECKING:
+    from mcsd_runtime.decoder import DecodeConfig
+    from mcsd_runtime.pair import Pair
 
 TOY_HELP = "'toy' (default) or 'toy:tiny' is the embedded pair, built on first use"
 
@@ -35,6 +37,8 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str = "4,2,2,1") 
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
+    from mcsd_runtime.pair import load_pair
+
     target, draft = args.target, args.draft
     if target.startswith("toy") and (draft is None or draft.startswith("toy")):
         from mcsd_runtime.toy import toy_pair_dirs
@@ -49,6 +53,8 @@ def pair_from_args(args: argparse.Namespace) -> Pair:
 
 
 def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfig:
+    from mcsd_runtime.decoder import DecodeConfig
+
     values = dict(k_config=args.k_config, init=args.init, temperature=args.temperature,
                   verify=args.verify, max_new_tokens=args.max_new_tokens, seed=args.seed)
     return DecodeConfig(**(values | override))

@@ -1,20 +1,8 @@
-"""`mcsd eval`: every method on the same prompts in one process, interleaved prompt by prompt
-(the order rotates) after a warm-up, so machine drift cancels out. Writes per-prompt records,
-a summary (CSV, JSON, Markdown), plots and a report.
-
-Methods (comma-separated; a k-config's commas are kept with its method):
-  ar                     the target alone, autoregressive
-  mcsd[:K]               static MCSD with k-config K (default --k-config)
-  mcsd-target-init[:K]   the paper's target-initialized candidates (NOT lossless)
-  static:S confidence:T entropy[:L[:G]] cumprod:T heuristic
-                         MCSD with --k-config and that stopper
-  stopper:PATH           MCSD with --k-config and a trained stopper artifact
-  hf-assisted            transformers' generate(assistant_model=draft), its default schedule
-"""
+"""End-to-end evaluation behind `mcsd eval` (eval_cli.py): method runners, interleaved runs,
+the summary every report number comes from, tables, plots and the report."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -23,15 +11,12 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.cli_args import add_decode_args, add_pair_args, pair_from_args
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import BUILTIN, make_stopper
 from mcsd_runtime.tree import parse_k_config
-
-DEFAULT_METHODS = "ar,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
 
 
 def split_methods(spec: str) -> list[str]:
@@ -329,6 +314,17 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     return files
 
 
+def check_writable(out: Path) -> None:
+    """Refuse an output folder that cannot be written, before any decoding."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise MCSDError(f"cannot write to {out}: {err.strerror}; pass a writable --out") from None
+
+
 def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: dict) -> None:
     """Per-prompt JSONL, summary CSV/JSON/Markdown, plots and report.md, each written whole."""
     import pandas as pd
@@ -355,62 +351,3 @@ def _atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate methods and stoppers end to end",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_pair_args(p)
-    add_decode_args(p)
-    p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="default: %(default)s")
-    p.add_argument("--chat", action="store_true",
-                   help="wrap prompts in the tokenizer's chat template (chat models)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: data/runs/eval-<time>)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: small models on a shared CPU are "
-                        "fastest and steadiest on one)")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.cli_args import decode_config_from_args
-    from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    methods = split_methods(args.methods)
-    for m in methods:
-        check_method(m)
-    base = decode_config_from_args(args)
-    prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
-    if not prompts:
-        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
-    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
-    _check_writable(out)
-    pair = pair_from_args(args)
-    records = run_eval(pair, prompts, methods, base, chat=args.chat)
-    rows = summarize(records, greedy=base.temperature == 0)
-    settings = {"target": pair.target_name, "draft": pair.draft_name, "prompts": args.prompts,
-                "n_prompts": len(prompts), "temperature": base.temperature,
-                "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
-                "max_new_tokens": base.max_new_tokens, "seed": base.seed,
-                "device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads()}
-    write_outputs(records, rows, out, settings)
-    print(markdown_table(rows))
-    print(f"\nwrote {out}/report.md")
-    return 0
-
-
-def _check_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise MCSDError(f"cannot write to {out}: {err.strerror}; pass a writable --out") from None

@@ -9,7 +9,8 @@ import pytest
 
 from mcsd_runtime import cli
 from mcsd_runtime.decoder import DecodeConfig
-from mcsd_runtime.evaluate import register, run_eval, split_methods, summarize
+from mcsd_runtime.eval_cli import register
+from mcsd_runtime.evaluate import run_eval, split_methods, summarize
 from mcsd_runtime.prompts import load_prompts
 
 METHODS = "ar,mcsd:2,2,1,mcsd-target-init:2,2,1,confidence:0.3,heuristic,hf-assisted"

@@ -1,0 +1,88 @@
+"""`mcsd eval`: every method on the same prompts in one process, interleaved prompt by prompt
+(the order rotates) after a warm-up, so machine drift cancels out. Writes per-prompt records,
+a summary (CSV, JSON, Markdown), plots and a report.
+
+Methods (comma-separated; a k-config's commas are kept with its method):
+  ar                     the target alone, autoregressive
+  mcsd[:K]               static MCSD with k-config K (default --k-config)
+  mcsd-target-init[:K]   the paper's target-initialized candidates (NOT lossless)
+  static:S confidence:T entropy[:L[:G]] cumprod:T heuristic
+                         MCSD with --k-config and that stopper
+  stopper:PATH           MCSD with --k-config and a trained stopper artifact
+  hf-assisted            transformers' generate(assistant_model=draft), its default schedule
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from mcsd_runtime.cli_args import (
+    add_decode_args,
+    add_pair_args,
+    decode_config_from_args,
+    pair_from_args,
+)
+from mcsd_runtime.errors import MCSDError
+
+DEFAULT_METHODS = "ar,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate methods and stoppers end to end",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(p)
+    add_decode_args(p)
+    p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
+    p.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help="default: %(default)s")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap prompts in the tokenizer's chat template (chat models)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: data/runs/eval-<time>)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: small models on a shared CPU are "
+                        "fastest and steadiest on one)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from mcsd_runtime.evaluate import (
+        check_method,
+        check_writable,
+        markdown_table,
+        run_eval,
+        split_methods,
+        summarize,
+        write_outputs,
+    )
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = split_methods(args.methods)
+    for m in methods:
+        check_method(m)
+    base = decode_config_from_args(args)
+    prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
+    if not prompts:
+        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    check_writable(out)
+    pair = pair_from_args(args)
+    records = run_eval(pair, prompts, methods, base, chat=args.chat)
+    rows = summarize(records, greedy=base.temperature == 0)
+    settings = {"target": pair.target_name, "draft": pair.draft_name, "prompts": args.prompts,
+                "n_prompts": len(prompts), "temperature": base.temperature,
+                "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
+                "max_new_tokens": base.max_new_tokens, "seed": base.seed,
+                "device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads()}
+    write_outputs(records, rows, out, settings)
+    print(markdown_table(rows))
+    print(f"\nwrote {out}/report.md")
+    return 0
