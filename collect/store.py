@@ -187,7 +187,7 @@ def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] 
                                 f"(found {', '.join(sorted(others)[:3])}); choose a new folder")
         return None
     for key in IDENTITY_FIELDS:
-        old, new = manifest.get(key), identity.get(key)
+        old, new = _comparable(key, manifest.get(key)), _comparable(key, identity.get(key))
         if old == new:
             continue
         if key == "prompt_ids":
@@ -207,6 +207,14 @@ def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] 
             f"run folder {run_dir} was collected with a different {key} ({detail}); nothing was "
             f"changed. Rerun with the stored configuration to resume it, or choose another --out")
     return manifest
+
+
+def _comparable(key: str, value):
+    """The pair's names are how it was given (a relative folder, a hub name); its identity is
+    in the config, tokenizer and weight hashes, so a run resumes from another directory."""
+    if key == "pair" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in ("target", "draft")}
+    return value
 
 
 # --- reading rows -----------------------------------------------------------------------------
