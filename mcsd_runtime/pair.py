@@ -139,7 +139,14 @@ class Pair:
         return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1
+
+
 def _load_tokenizer(name: str):
+    if _looks_like_path(name) and not Path(name).expanduser().is_dir():
+        raise MCSDError(f"no model folder at {name}: pass an existing folder written by "
+                        f"save_pretrained, or a hub name such as JackFram/llama-68m")
     try:
         return AutoTokenizer.from_pretrained(name)
     except OSError as err:

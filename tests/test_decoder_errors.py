@@ -71,3 +71,10 @@ def test_bad_config(kwargs, message):
 def test_unknown_stopper_spec(spec):
     with pytest.raises(MCSDError, match="stopper"):
         make_stopper(spec)
+
+
+def test_missing_model_folder():
+    from mcsd_runtime.pair import load_pair
+
+    with pytest.raises(MCSDError, match="no model folder at /no/such/model"):
+        load_pair("/no/such/model", "/no/such/draft")
