@@ -77,6 +77,9 @@ class StepRecord:
 
 @dataclass
 class DecodeStats:
+    """Counts and times of one generation. Forward times are exact on CPU; on a GPU they are
+    only measured with `DecodeConfig(profile=True)`, which synchronizes around each forward."""
+
     new_tokens: int = 0
     target_calls: int = 0
     draft_calls: int = 0
