@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
+from mcsd_runtime import metrics
 from mcsd_runtime import verify as V
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import NODE_FEATURES, Trajectory, node_features, with_trajectory
@@ -93,15 +94,15 @@ class DecodeStats:
 
     @property
     def tau(self) -> float:
-        return self.new_tokens / max(self.target_calls, 1)
+        return metrics.tau(self.new_tokens, self.target_calls)
 
     @property
     def acceptance_rate(self) -> float:
-        return self.acceptance_sum / self.drafting_steps if self.drafting_steps else 0.0
+        return metrics.acceptance_rate(self.acceptance_sum, self.drafting_steps)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time else 0.0
+        return metrics.throughput(self.new_tokens, self.wall_time)
 
     @property
     def forward_fraction(self) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from mcsd_runtime import metrics
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair
@@ -51,7 +52,7 @@ class Record:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time else 0.0
+        return metrics.throughput(self.new_tokens, self.wall_time)
 
 
 class HFAssisted:
@@ -211,7 +212,7 @@ def summarize(records: list[Record], greedy: bool) -> list[dict]:
             "tokens_per_s_p25": _quantile(tps, 0.25),
             "tokens_per_s_p75": _quantile(tps, 0.75),
             "speedup_vs_ar": None,
-            "tau": tokens / calls if calls else None,
+            "tau": metrics.tau(tokens, calls) if calls else None,
             "acceptance_rate": statistics.mean(rates) if rates else None,
             "drafted_per_token": sum(r.drafted_tokens for r in recs) / tokens if tokens else None,
             "target_calls": calls,
@@ -265,31 +266,30 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     import matplotlib.pyplot as plt
 
     files = []
+
+    def save(fig, ax, name: str) -> None:
+        ax.set_title(title, fontsize=8)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        files.append(name)
+        plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(7, 3.5))
     named = [r for r in rows if r["speedup_vs_ar"] is not None]
     ax.bar([r["method"] for r in named], [r["speedup_vs_ar"] for r in named], color="tab:blue")
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_ylabel("speedup vs AR (median)")
-    ax.set_title(title, fontsize=8)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=120)
-    files.append("speedup.png")
-    plt.close(fig)
+    save(fig, ax, "speedup.png")
 
     methods = [r["method"] for r in rows if r["method"] not in ("ar", "hf-assisted")]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    data = [[r.new_tokens / max(r.target_calls, 1) for r in records if r.method == m]
+    data = [[metrics.tau(r.new_tokens, r.target_calls) for r in records if r.method == m]
             for m in methods]
     if methods:
         ax.boxplot(data, tick_labels=methods)
     ax.set_ylabel("τ per prompt (tokens / target call)")
-    ax.set_title(title, fontsize=8)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "tau.png", dpi=120)
-    files.append("tau.png")
-    plt.close(fig)
+    save(fig, ax, "tau.png")
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for m in methods:
@@ -306,11 +306,7 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     ax.set_ylabel("P(depth d accepted | d-1 accepted)")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_by_depth.png", dpi=120)
-    files.append("acceptance_by_depth.png")
-    plt.close(fig)
+    save(fig, ax, "acceptance_by_depth.png")
     return files
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from mcsd_runtime import metrics
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import NODE_FEATURES, Trajectory
@@ -66,18 +67,19 @@ class ReplayResult:
     decisions: int = 0  # stopper consultations
     cost_s: float = 0.0
     acceptance_sum: float = 0.0
+    drafting_steps: int = 0  # steps that drafted at least one depth
 
     @property
     def tau(self) -> float:
-        return self.tokens / max(self.steps, 1)
+        return metrics.tau(self.tokens, self.steps)
 
     @property
     def throughput(self) -> float:
-        return self.tokens / self.cost_s if self.cost_s else 0.0
+        return metrics.throughput(self.tokens, self.cost_s)
 
     @property
     def acceptance_rate(self) -> float:
-        return self.acceptance_sum / max(self.steps, 1)
+        return metrics.acceptance_rate(self.acceptance_sum, self.drafting_steps)
 
     def as_dict(self) -> dict:
         return asdict(self) | {"tau": self.tau, "throughput": self.throughput,
@@ -251,6 +253,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
             res.target_tokens += 1 + c
             if s:
                 res.acceptance_sum += a / s
+                res.drafting_steps += 1
             traj.update(a, committed)
             stopper.update(s, a)
             t += committed
