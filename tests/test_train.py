@@ -231,3 +231,17 @@ def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
            for r in first.itertuples()}
     assert seen and all(np.allclose(got[k], v) for k, v in seen.items())
     assert (walked["prev_accepted"] != rows["prev_accepted"]).any()
+
+
+def test_decision_latency_with_features_costs_more(artifacts):
+    """The replay charges what a decision costs in the decoder: the frontier's features computed
+    over the vocabulary, then the model."""
+    from train.pipeline import bench_latency
+
+    stopper = load_stopper(artifacts["lightgbm"][0])
+    bare = bench_latency(stopper, 4, repeats=300)
+    full = bench_latency(stopper, 4, repeats=300, vocab_size=4096)
+    assert full["with_features"] and not bare["with_features"]
+    assert full["median_us"] > bare["median_us"]
+    summary = artifacts["lightgbm"][1]
+    assert summary["headline"]["replay_decision_us"] > 0

@@ -51,6 +51,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectory", default="walk", choices=["walk", "stored"],
                    help="trajectory features of dense runs for training: recomputed along a "
                         "full-depth walk (default; the stored ones leak the label) or as stored")
+    p.add_argument("--decision-us", type=float, default=None,
+                   help="seconds-profile replay charges this many µs per stopper decision "
+                        "(default: benchmarked with the frontier's features computed over the "
+                        "target's vocabulary, as in the decoder, where the pair is local)")
     p.add_argument("--max-epochs", type=int, default=None, help="MLP epochs cap (default 40)")
     p.add_argument("--threads", type=int, default=None, help="torch/LightGBM CPU threads")
     p.add_argument("--bench-latency", action="store_true",
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                                 profile=profile, seed=args.seed, val_frac=args.val_frac,
                                 test_frac=args.test_frac, aggregations=aggs,
                                 replay_mode=args.replay, max_epochs=args.max_epochs,
-                                trajectory=args.trajectory)
+                                trajectory=args.trajectory, decision_us=args.decision_us)
     print(f"stopper written to {args.out} (decision latency "
           f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
     if args.bench_latency:

@@ -32,25 +32,43 @@ PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
 
 
 class _BenchFrontier:
-    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4) -> None:
+    """A frontier whose features are either given, or (`parent_probs`) computed on every call
+    from the proposing distributions, as the decoder does once per decision."""
+
+    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4,
+                 parent_probs=None) -> None:
         self._f, self._h, self.depth, self.max_depth = feats, hidden, depth, max_depth
+        self._probs = parent_probs
 
     def features(self):
-        return self._f
+        if self._probs is None:
+            return self._f
+        import torch
+
+        from mcsd_runtime.features import Trajectory, node_features, with_trajectory
+
+        n, probs = self._f.shape[0], self._probs
+        q = probs.max(-1).values.repeat_interleave(n // probs.shape[0])
+        node = node_features(self.depth, torch.arange(n), q, q.log(), probs)
+        return with_trajectory(node, Trajectory(10, 2, 1, 2))
 
     def hidden(self):
         return self._h
 
 
 def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | None = None,
-                  seed: int = 0) -> dict:
-    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes, on CPU."""
+                  seed: int = 0, vocab_size: int | None = None) -> dict:
+    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes, on CPU. With
+    `vocab_size`, each call also computes the frontier's features from `n` proposing
+    distributions over that vocabulary (what a decision costs inside the decoder)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     feats = torch.rand(n, len(FEATURE_NAMES), generator=gen)
     hidden = torch.randn(n, hidden_size, generator=gen) if hidden_size else None
-    fr = _BenchFrontier(feats, hidden)
+    probs = (torch.rand(n, vocab_size, generator=gen).softmax(-1) if vocab_size and not hidden_size
+             else None)
+    fr = _BenchFrontier(feats, hidden, parent_probs=probs)
     for _ in range(50):
         stopper.should_continue(fr)
     chunks = []
@@ -61,13 +79,22 @@ def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | 
             stopper.should_continue(fr)
         chunks.append((time.perf_counter() - t0) / per * 1e6)
     return {"frontier_size": n, "median_us": statistics.median(chunks), "min_us": min(chunks),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "with_features": probs is not None}
 
 
 def _xy(df: pd.DataFrame, hidden: bool, label: str) -> tuple[np.ndarray, np.ndarray]:
     x = (np.stack(df["hidden"].to_numpy()).astype(np.float32) if hidden
          else df[list(FEATURE_NAMES)].to_numpy(np.float32))
     return x, df[f"label_{label}"].to_numpy(np.float32)
+
+
+def _vocab_size(fp: dict | None) -> int | None:
+    """The target's vocabulary size from its config.json, when the pair is a local folder."""
+    try:
+        cfg = json.loads((Path(fp["target"]) / "config.json").read_text())
+        return int(cfg["vocab_size"])
+    except (TypeError, KeyError, OSError, ValueError):
+        return None
 
 
 def _write_spec(out: Path, spec: dict) -> None:
@@ -84,7 +111,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                   profile: CostProfile | None = None, seed: int = 0, val_frac: float = 0.2,
                   test_frac: float = 0.2, aggregations: tuple[str, ...] | None = None,
                   replay_mode: str = "auto", max_epochs: int | None = None,
-                  trajectory: str = "walk", log=print) -> dict:
+                  trajectory: str = "walk", decision_us: float | None = None,
+                  log=print) -> dict:
     """Train one stopper and write its artifact folder; returns the summary (also metrics.json)."""
     if model not in MODELS:
         raise MCSDError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
@@ -162,8 +190,19 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     stopper = load_stopper(out)
     latency = bench_latency(stopper, 16, repeats=1000,
                             hidden_size=int(x_tr.shape[1]) if hidden else None)
+    vocab = _vocab_size(fp)
+    if vocab and not hidden:  # a decision inside the decoder: the features, then the model
+        sizes = sorted(int(n) for n in df.loc[df["decision"], "frontier_size"].unique())
+        latency["in_decoder_us"] = {n: bench_latency(stopper, n, repeats=600,
+                                                     vocab_size=vocab)["median_us"]
+                                    for n in sizes}
     # decisions cost real seconds: only add them to a measured (seconds) profile
-    decision_s = latency["median_us"] * 1e-6 if measured else 0.0
+    # (`decision_us` overrides the benchmark: e.g. the per-decision cost measured inside the
+    # decoder, which also computes the frontier's features)
+    if decision_us is None:  # the in-decoder cost, averaged over the tree's frontier sizes
+        per = latency.get("in_decoder_us")
+        decision_us = float(np.mean(list(per.values()))) if per else latency["median_us"]
+    decision_s = decision_us * 1e-6 if measured else 0.0
 
     # 4. replay: choose aggregation and threshold on validation prompts, report on test prompts
     data = R.ReplayData(df, k_config, mode=replay_mode, hidden=hidden)
@@ -194,7 +233,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                 "replay_mode": data.mode, "best_static": best_static, "best_static_value": b,
                 "oracle_value": o, "learned_value": s, "speedup_vs_best_static": s / b if b else 0,
                 "oracle_gain_captured": capture, "aggregation": chosen["aggregation"],
-                "threshold": chosen["threshold"], "decision_latency_us": latency["median_us"]}
+                "threshold": chosen["threshold"], "decision_latency_us": latency["median_us"],
+                "replay_decision_us": decision_s * 1e6}
     log(f"replay ({data.mode}, {headline['units']}): learned {s:.4g} vs best static "
         f"{best_static} {b:.4g}, oracle {o:.4g}: {capture:.1%} of the oracle's gain; "
         f"aggregation {chosen['aggregation']}, threshold {chosen['threshold']:g}")
