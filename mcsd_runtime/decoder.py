@@ -532,7 +532,7 @@ class _DraftStep:
     def features(self, d: int) -> torch.Tensor:
         if self.feats[d] is None:
             tt = self.dec.tt
-            self.feats[d] = node_features(d, tt.sibling_rank[tt.tree.depth_slice(d)],
+            self.feats[d] = node_features(tt.static_features[tt.tree.depth_slice(d)],
                                           self.prob[d], self.log_path[d], self.proposal(d))
         return with_trajectory(self.feats[d], self.st.trajectory)
 

@@ -37,32 +37,21 @@ TRAJECTORY_FEATURES: tuple[str, ...] = (
 FEATURE_NAMES: tuple[str, ...] = NODE_FEATURES + TRAJECTORY_FEATURES
 
 
-def node_features(depth: int, sibling_rank: torch.Tensor, draft_prob: torch.Tensor,
-                  log_path_prob: torch.Tensor, parent_probs: torch.Tensor) -> torch.Tensor:
+def node_features(static: torch.Tensor, draft_prob: torch.Tensor, log_path_prob: torch.Tensor,
+                  parent_probs: torch.Tensor) -> torch.Tensor:
     """Node features for the `n` nodes of one depth, as a float32 [n, len(NODE_FEATURES)] tensor.
 
+    `static` [n, 3] holds depth, sibling rank and frontier size (fixed by the tree);
     `parent_probs` [m, V] are the proposing distributions, one per parent; the n = m * k nodes
-    are the parents' children in order.
+    are the parents' children in order. A handful of tensor ops: this runs at every depth.
     """
-    n = draft_prob.shape[0]
-    k = n // parent_probs.shape[0]
-    top = parent_probs.topk(TOP_K_MASS, dim=-1).values.float().repeat_interleave(k, 0)
-    entropy = -(parent_probs * parent_probs.clamp_min(1e-30).log()).sum(-1).float()
-    entropy = entropy.repeat_interleave(k, 0)
-    dev = draft_prob.device
-    cols = [
-        torch.full((n,), float(depth), device=dev),
-        sibling_rank.float(),
-        torch.full((n,), float(n), device=dev),
-        draft_prob.float(),
-        log_path_prob.float(),
-        top[:, 0],
-        top[:, 1],
-        top[:, 0] - top[:, 1],
-        entropy,
-        top.sum(-1),
-    ]
-    return torch.stack(cols, dim=-1)
+    top = parent_probs.topk(TOP_K_MASS, dim=-1).values
+    entropy = torch.special.entr(parent_probs).sum(-1)
+    stats = torch.stack([top[:, 0], top[:, 1], top[:, 0] - top[:, 1], entropy, top.sum(-1)], -1)
+    k = draft_prob.shape[0] // parent_probs.shape[0]
+    if k > 1:
+        stats = stats.repeat_interleave(k, 0)
+    return torch.cat([static, draft_prob[:, None], log_path_prob[:, None], stats], -1).float()
 
 
 @dataclass

@@ -101,6 +101,7 @@ class TreeTensors:
     path_matrix: torch.Tensor  # [N+1, N+1] bool: path_matrix[j, a] = a on the path to j (a >= 1)
     bias: torch.Tensor  # [N+1, N+1] additive attention bias: 0 visible, dtype-min hidden
     score: torch.Tensor  # [N+1] deeper first, then lower index; the root scores 0
+    static_features: torch.Tensor  # [N+1, 3] float32: depth, sibling rank, frontier size
     paths: list[list[int]]  # host copy of path_matrix rows
     depths: list[int]  # host copy of depth
 
@@ -118,6 +119,8 @@ class TreeTensors:
         depth = torch.tensor(tree.depths())
         score = depth * (n + 1) - torch.arange(n)
         score[0] = 0
+        frontier = torch.tensor([0] + [n_d for n_d in tree.sizes for _ in range(n_d)])
+        static = torch.stack([depth, torch.tensor(tree.sibling_ranks()), frontier], -1).float()
         return cls(
             tree=tree,
             parent=parent.to(device),
@@ -126,6 +129,7 @@ class TreeTensors:
             path_matrix=path_matrix.to(device),
             bias=bias.to(device),
             score=score.to(device),
+            static_features=static.to(device),
             paths=paths,
             depths=tree.depths(),
         )

@@ -49,7 +49,9 @@ class _BenchFrontier:
 
         n, probs = self._f.shape[0], self._probs
         q = probs.max(-1).values.repeat_interleave(n // probs.shape[0])
-        node = node_features(self.depth, torch.arange(n), q, q.log(), probs)
+        static = torch.stack([torch.full((n,), float(self.depth)), torch.arange(n).float(),
+                              torch.full((n,), float(n))], -1)
+        node = node_features(static, q, q.log(), probs)
         return with_trajectory(node, Trajectory(10, 2, 1, 2))
 
     def hidden(self):
