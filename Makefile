@@ -21,27 +21,27 @@ venv: $(BIN)/.installed
 # left in $(DEMO). Sizes are set to finish within about half an hour on a 2-core CPU with a
 # cold cache (the toy pair's build is most of it); override them on the command line.
 DEMO := data/runs/demo
-DEMO_K := 2,1,1,1,1,1
-DEMO_COLLECT := 80
-DEMO_COLLECT_TOKENS := 64
-DEMO_EVAL := 20
-DEMO_EVAL_TOKENS := 128
-DEMO_METHODS := ar,mcsd:1,1,mcsd:2,1,mcsd:4,2,mcsd:4,2,2,1,mcsd:$(DEMO_K),mcsd-target-init:4,2,2,1,\
-	heuristic,confidence:0.4,stopper:$(DEMO)/stoppers/lightgbm,stopper:$(DEMO)/stoppers/mlp,hf-assisted
+DEMO_K := 1,1,1,1,1,1,1,1
+DEMO_COLLECT := 160
+DEMO_EVAL := 32
+DEMO_TOKENS := 64
+DEMO_METHODS := ar,mcsd:1,1,mcsd:2,1,mcsd:4,2,mcsd:4,2,2,1,mcsd:1,1,1,1,mcsd:1,1,1,1,1,\
+	mcsd:$(DEMO_K),mcsd-target-init:4,2,2,1,heuristic,confidence:0.4,\
+	stopper:$(DEMO)/stoppers/lightgbm,stopper:$(DEMO)/stoppers/mlp,hf-assisted
 MCSD := $(BIN)/mcsd
 
 demo: venv
 	$(MCSD) toy build --preset default
 	$(MCSD) collect --target toy --prompts toy-code-collect --limit $(DEMO_COLLECT) \
-		--k-config $(DEMO_K) --dense --max-new-tokens $(DEMO_COLLECT_TOKENS) \
+		--k-config $(DEMO_K) --dense --max-new-tokens $(DEMO_TOKENS) \
 		--out $(DEMO)/collect --threads 1
-	$(MCSD) profile --target toy --out $(DEMO)/cost.json
-	$(MCSD) train --data $(DEMO)/collect --model lightgbm --cost-profile $(DEMO)/cost.json \
-		--out $(DEMO)/stoppers/lightgbm --threads 1
-	$(MCSD) train --data $(DEMO)/collect --model mlp --cost-profile $(DEMO)/cost.json \
-		--out $(DEMO)/stoppers/mlp --threads 1
+	$(MCSD) profile --target toy --out $(DEMO)/cost.json --repeats 21
+	for model in lightgbm mlp; do \
+		$(MCSD) train --data $(DEMO)/collect --model $$model --cost-profile $(DEMO)/cost.json \
+			--val-frac 0.3 --out $(DEMO)/stoppers/$$model --threads 1 || exit 1; \
+	done
 	$(MCSD) eval --target toy --prompts toy-code --limit $(DEMO_EVAL) --k-config $(DEMO_K) \
-		--max-new-tokens $(DEMO_EVAL_TOKENS) --methods "$(DEMO_METHODS)" --out $(DEMO)
+		--max-new-tokens $(DEMO_TOKENS) --methods "$(DEMO_METHODS)" --out $(DEMO)
 
 test: venv
 	$(BIN)/python -m pytest
