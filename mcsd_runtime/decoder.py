@@ -152,6 +152,13 @@ class _State:
     done: bool = False
 
 
+def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive [n, n] causal mask: 0 on and below the diagonal, dtype-min above."""
+    hidden = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(
+        hidden, torch.finfo(dtype).min)
+
+
 class _Frontier:
     """The stopper's view of the depth just drafted, before it goes through the draft;
     features are computed only if asked for."""
@@ -183,9 +190,7 @@ class MCSDDecoder:
             raise MCSDError(f"k-config {self.config.k_config} asks for more candidates than the "
                             f"vocabulary has ({pair.vocab_size})")
         n = max(self.tree.num_nodes + 1, 8)
-        self._causal = torch.zeros(n, n, dtype=pair.dtype, device=pair.device).masked_fill_(
-            torch.ones(n, n, dtype=torch.bool, device=pair.device).triu(1),
-            torch.finfo(pair.dtype).min)
+        self._causal = causal_bias(n, pair.dtype, pair.device)
         self._ctx = torch.zeros(n, min(pair.max_positions, 1 << 17), dtype=pair.dtype,
                                 device=pair.device)
         self._generator = torch.Generator(pair.device)
@@ -274,9 +279,7 @@ class MCSDDecoder:
     def _causal_block(self, n: int) -> torch.Tensor:
         if n <= self._causal.shape[0]:
             return self._causal[:n, :n]
-        big = torch.ones(n, n, dtype=torch.bool, device=self.pair.device).triu(1)
-        return torch.zeros(n, n, dtype=self.pair.dtype, device=self.pair.device).masked_fill_(
-            big, torch.finfo(self.pair.dtype).min)
+        return causal_bias(n, self.pair.dtype, self.pair.device)  # a long prompt's prefill
 
     # ----------------------------------------------------------------- one step
     def _step(self, st: _State, stats: DecodeStats) -> StepRecord:
