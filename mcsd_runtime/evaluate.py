@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,20 +99,22 @@ class HFAssisted:
                       self.calls["draft"], 0, 0, None, True, [])
 
 
-def _from_result(result: GenerationResult) -> Record:
+def _from_result(result: GenerationResult, roots: int) -> Record:
+    """`roots` = 1 when the tree's first layer came from the target (not drafted)."""
     s = result.stats
     return Record("", "", result.token_ids, s.new_tokens, s.wall_time, s.target_calls,
                   s.draft_calls, s.drafted_tokens, s.accepted_tokens,
                   s.acceptance_rate if s.drafting_steps else None, result.lossless,
-                  [(st.drafted, st.accepted) for st in result.steps])
+                  [(max(st.drafted - roots, 0), st.accepted) for st in result.steps])
 
 
 class _Runner:
-    def __init__(self, decoder) -> None:
+    def __init__(self, decoder: MCSDDecoder) -> None:
         self.decoder = decoder
+        self.roots = 1 if decoder.config.init == "target" else 0
 
     def generate(self, ids: list[int]) -> Record:
-        return _from_result(self.decoder.generate(ids))
+        return _from_result(self.decoder.generate(ids), self.roots)
 
 
 def check_method(name: str) -> None:
@@ -259,6 +262,12 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def short_name(method: str) -> str:
+    """`stopper:/long/path/lightgbm` -> `stopper:lightgbm`, for plot labels."""
+    kind, _, arg = method.partition(":")
+    return f"stopper:{Path(arg).name}" if kind == "stopper" else method
+
+
 def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list[str]:
     import matplotlib
 
@@ -266,29 +275,33 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     import matplotlib.pyplot as plt
 
     files = []
+    title = textwrap.fill(title, 90)
 
     def save(fig, ax, name: str) -> None:
         ax.set_title(title, fontsize=8)
-        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        ax.tick_params(labelsize=7)
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         files.append(name)
         plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
     named = [r for r in rows if r["speedup_vs_ar"] is not None]
-    ax.bar([r["method"] for r in named], [r["speedup_vs_ar"] for r in named], color="tab:blue")
-    ax.axhline(1.0, color="gray", lw=1)
-    ax.set_ylabel("speedup vs AR (median)")
+    fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(named)))
+    ax.barh([short_name(r["method"]) for r in named], [r["speedup_vs_ar"] for r in named],
+            color="tab:blue")
+    ax.axvline(1.0, color="gray", lw=1)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup vs AR (median over prompts)")
     save(fig, ax, "speedup.png")
 
     methods = [r["method"] for r in rows if r["method"] not in ("ar", "hf-assisted")]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(methods)))
     data = [[metrics.tau(r.new_tokens, r.target_calls) for r in records if r.method == m]
             for m in methods]
     if methods:
-        ax.boxplot(data, tick_labels=methods)
-    ax.set_ylabel("τ per prompt (tokens / target call)")
+        ax.boxplot(data, tick_labels=[short_name(m) for m in methods], vert=False)
+        ax.invert_yaxis()
+    ax.set_xlabel("τ per prompt (tokens / target call)")
     save(fig, ax, "tau.png")
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -301,7 +314,7 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
             if reached:
                 xs.append(d)
                 ys.append(sum(a >= d for a in reached) / len(reached))
-        ax.plot(xs, ys, marker="o", label=m)
+        ax.plot(xs, ys, marker="o", label=short_name(m))
     ax.set_xlabel("depth d")
     ax.set_ylabel("P(depth d accepted | d-1 accepted)")
     ax.set_ylim(0, 1)
