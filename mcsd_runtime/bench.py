@@ -11,6 +11,8 @@ from pathlib import Path
 from mcsd_runtime.cli_args import (
     add_decode_args,
     add_pair_args,
+    add_threads_arg,
+    apply_threads,
     decode_config_from_args,
     pair_from_args,
 )
@@ -24,22 +26,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
     p.add_argument("--limit", type=int, default=12, help="number of prompts (default %(default)s)")
     p.add_argument("--stopper", default="static", help="stopper spec (default %(default)s)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: small models on a shared CPU are "
-                        "fastest and steadiest on one)")
+    add_threads_arg(p)
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     from tqdm import tqdm
 
     from mcsd_runtime.decoder import ARDecoder, MCSDDecoder
     from mcsd_runtime.prompts import load_prompts
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     pair = pair_from_args(args)
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit)

@@ -36,6 +36,19 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str = "4,2,2,1") 
     g.add_argument("--seed", type=int, default=0, help="default %(default)s")
 
 
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: small models on a shared CPU are "
+                             "fastest and steadiest on one)")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def pair_from_args(args: argparse.Namespace) -> Pair:
     from mcsd_runtime.pair import load_pair
 

@@ -155,7 +155,7 @@ def step_overhead(pair, prompts: list[str], k_config=(4, 2, 2, 1),
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli_args import add_pair_args
+    from mcsd_runtime.cli_args import add_pair_args, add_threads_arg
 
     p = sub.add_parser(
         "profile", help="measure forward latency against tokens processed (cost profile JSON)",
@@ -169,21 +169,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=7, help="timed forwards per point (median)")
     p.add_argument("--overhead-prompts", default="toy-code", help="prompt set used to measure the "
                    "decoder's per-step overhead; 'none' to skip (default %(default)s)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: small models on a shared CPU are "
-                        "fastest and steadiest on one)")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
-    from mcsd_runtime.cli_args import pair_from_args
+    from mcsd_runtime.cli_args import apply_threads, pair_from_args
 
     if args.max_tokens < 1 or args.repeats < 1 or args.context < 1:
         raise MCSDError("--max-tokens, --repeats and --context must be positive")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     pair = pair_from_args(args)
     tokens = [n for n in DEFAULT_TOKENS if n <= args.max_tokens]
     if tokens[-1] != args.max_tokens:

@@ -21,6 +21,8 @@ from pathlib import Path
 from mcsd_runtime.cli_args import (
     add_decode_args,
     add_pair_args,
+    add_threads_arg,
+    apply_threads,
     decode_config_from_args,
     pair_from_args,
 )
@@ -41,9 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: data/runs/eval-<time>)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: small models on a shared CPU are "
-                        "fastest and steadiest on one)")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
@@ -62,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts import load_prompts
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     methods = split_methods(args.methods)
     for m in methods:
         check_method(m)
