@@ -228,6 +228,8 @@ class LearnedStopper:
 
     def frontier_score(self, frontier) -> float:
         feats = frontier.features()
+        if isinstance(feats, torch.Tensor):
+            feats = feats.detach().cpu().numpy()  # once: the model and the aggregation share it
         if self.uses_hidden:
             hidden = getattr(frontier, "hidden", None)
             if hidden is None:
@@ -236,8 +238,6 @@ class LearnedStopper:
             scores = self.node_scores(hidden())
         else:
             scores = self.node_scores(feats)
-        if isinstance(feats, torch.Tensor):
-            feats = feats.detach().cpu().numpy()
         return self._agg(scores, feats)
 
     def should_continue(self, frontier) -> bool:
