@@ -321,8 +321,8 @@ class MCSDDecoder:
             match, nxt = tokens[1:] == arg[parent], arg
         else:
             match, nxt = self._verify_sampled(probs, ds, s)
-        if target_init:
-            match[: tree.sizes[0]] = True  # every root is a candidate; the longest branch wins
+        if target_init:  # every root the target can produce is a candidate; the longest wins
+            match[: tree.sizes[0]] = ds.prob[1] > 0
         acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)
         score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
         best = score.argmax()

@@ -9,6 +9,14 @@ Sampling verifiers (lossless, the MCSD baseline's):
   min(1, p(x)/q(x)); on rejection p <- norm(max(p - q, 0)) and x is removed from q.
 - `mcss-replacement`: candidates drawn i.i.d. from q; the same rule without removal.
 - `naive`: draw y ~ p; accept the child equal to y, else y is the next token.
+
+A proposing distribution q may have fewer than k tokens with non-zero probability (a confident
+draft, or any low temperature: float32 softmax underflows). Drawing k distinct candidates then
+fills the spare slots with zero-probability ties; the tree's shape is fixed, so those slots stay,
+but the two `mcss` verifiers never accept a candidate with q(x) = 0 (it was not drawn from q).
+Such a slot leaves p unchanged, since the q it would subtract is zero. `naive` is exact for any
+candidates (its output is always y ~ p). A residual with no mass left (p <= q everywhere, which
+only float rounding can reach) falls back to p.
 """
 
 from __future__ import annotations
@@ -42,6 +50,13 @@ def _normalize(x: torch.Tensor) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)) per row; p itself where that has no mass (p == q up to rounding)."""
+    r = (p - q).clamp_min(0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp_min(1e-30), p)
+
+
 def verify_children(p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor, mode: str,
                     generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify the `k` candidates of each of `n` parents.
@@ -62,10 +77,10 @@ def verify_children(p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor, mode:
     for i in range(k):
         x = cands[:, i]
         px, qx = p[rows, x], q[rows, x]
-        accept = (rank < 0) & (u[:, i] * qx < px)
+        accept = (rank < 0) & (qx > 0) & (u[:, i] * qx < px)
         rank = torch.where(accept, i, rank)
         rejected = (rank < 0)[:, None]
-        p = torch.where(rejected, _normalize((p - q).clamp_min(0)), p)
+        p = torch.where(rejected, residual(p, q), p)
         if mode == "mcss":
             q = torch.where(rejected, _normalize(q.scatter(1, x[:, None], 0.0)), q)
     return rank, sample(p, generator)

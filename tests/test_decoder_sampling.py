@@ -1,9 +1,14 @@
-"""Sampled MCSD must follow the target's distribution exactly: a seeded chi-square test on the
-joint distribution of the first two tokens, on a micro pair, for each verifier."""
+"""Sampled MCSD must follow the target's distribution exactly, whatever the draft looks like.
+
+Two levels, each a seeded chi-square test that is also shown to reject a broken verifier:
+- `verify_children` alone, on many rows at once: the output token against p, for every
+  verifier and proposing distributions with full support, a one-hot q, a support smaller than
+  k, and a float32 softmax at a low temperature (which underflows);
+- the whole decoder: the joint distribution of the first two tokens on a micro pair, with
+  drafts made one-hot, of small support, or sharp at T = 0.2 and T = 0.7.
+"""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
@@ -13,26 +18,176 @@ from conftest import make_pair
 from mcsd_runtime import verify as V
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 
-VOCAB, PROMPT, N_SAMPLES, TEMPERATURE = 6, [1, 4, 2], 2000, 1.0
+VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 1000
+ALPHA = 1e-3
+
+
+def p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness of fit, rare cells (expected < 5) pooled into one."""
+    counts, probs = counts.double(), probs.double()
+    expected = probs / probs.sum() * counts.sum()
+    keep = expected >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]  # nothing pooled
+        if obs.sum() < counts.sum():  # a token with probability 0 was produced
+            return 0.0
+    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+def unguarded_verify(p, q, cands, mode, generator):
+    """The verifier before the q(x) > 0 guard: accepts zero-probability spare candidates."""
+    n, k = cands.shape
+    if mode == "naive":
+        return V.verify_children(p, q, cands, mode, generator)
+    u = torch.rand(n, k, generator=generator, dtype=p.dtype)
+    rank = torch.full((n,), -1, dtype=torch.long)
+    p, q = p.clone(), q.clone()
+    rows = torch.arange(n)
+    for i in range(k):
+        x = cands[:, i]
+        accept = (rank < 0) & (u[:, i] * q[rows, x] < p[rows, x])
+        rank = torch.where(accept, i, rank)
+        rejected = (rank < 0)[:, None]
+        p = torch.where(rejected, V._normalize((p - q).clamp_min(0)), p)
+        if mode == "mcss":
+            q = torch.where(rejected, V._normalize(q.scatter(1, x[:, None], 0.0)), q)
+    return rank, V.sample(p, generator)
+
+
+def residual_from_p(p, q, cands, mode, generator):
+    """A biased verifier: on rejection the next token is drawn from p, not norm(max(p-q, 0))."""
+    n, k = cands.shape
+    u = torch.rand(n, k, generator=generator, dtype=p.dtype)
+    rank = torch.full((n,), -1, dtype=torch.long)
+    rows = torch.arange(n)
+    for i in range(k):
+        x = cands[:, i]
+        accept = (rank < 0) & (q[rows, x] > 0) & (u[:, i] * q[rows, x] < p[rows, x])
+        rank = torch.where(accept, i, rank)
+    return rank, V.sample(p, generator)
+
+
+# ------------------------------------------------------------------ verify_children alone
+P_ROW = torch.tensor([0.3, 0.4, 0.1, 0.1, 0.05, 0.05])
+
+
+def _q(kind: str) -> torch.Tensor:
+    if kind == "full":
+        return torch.tensor([0.1, 0.2, 0.3, 0.2, 0.1, 0.1])
+    if kind == "one-hot":
+        return torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    if kind == "support-2":
+        return torch.tensor([0.0, 0.7, 0.0, 0.3, 0.0, 0.0])
+    # float32 softmax at T = 0.2 of spread logits: the tail underflows to exactly 0
+    return torch.softmax(torch.tensor([0.0, 30.0, 5.0, 12.0, -4.0, 22.0]) / 0.2, -1)
+
+
+def verified_tokens(verify, p, q, k, mode, n=40_000, seed=0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    pp, qq = p.expand(n, -1).contiguous(), q.expand(n, -1).contiguous()
+    draw = V.sample_with_replacement if mode == "mcss-replacement" else (
+        V.sample_without_replacement)
+    cands = draw(qq, k, gen)
+    rank, nxt = verify(pp, qq, cands, mode, gen)
+    picked = cands.gather(1, rank.clamp_min(0)[:, None])[:, 0]
+    return torch.where(rank >= 0, picked, nxt)
+
+
+def test_low_temperature_q_really_has_small_support():
+    assert int((_q("T=0.2") > 0).sum()) < 4  # the case below really has fewer than k=4 tokens
+
+
+@pytest.mark.parametrize("mode", V.VERIFIERS)
+@pytest.mark.parametrize("q_kind", ["full", "one-hot", "support-2", "T=0.2"])
+def test_verify_children_outputs_p(mode, q_kind):
+    out = verified_tokens(V.verify_children, P_ROW, _q(q_kind), 4, mode)
+    assert p_value(torch.bincount(out, minlength=VOCAB), P_ROW) > ALPHA
+
+
+@pytest.mark.parametrize("q_kind", ["one-hot", "support-2", "T=0.2"])
+def test_chi_square_rejects_unguarded_verifier(q_kind):
+    """The same test fails on the verifier that accepts zero-probability candidates."""
+    out = verified_tokens(unguarded_verify, P_ROW, _q(q_kind), 4, "mcss")
+    assert p_value(torch.bincount(out, minlength=VOCAB), P_ROW) < ALPHA
+
+
+def test_issue_example_one_hot_draft_k2():
+    """q one-hot on token 1, k = 2: token 4 must not be over-produced, token 0 must appear."""
+    out = verified_tokens(V.verify_children, P_ROW, _q("one-hot"), 2, "mcss")
+    freq = torch.bincount(out, minlength=VOCAB).double() / len(out)
+    assert abs(freq[4] - 0.05) < 0.01 and abs(freq[0] - 0.3) < 0.02
+
+
+def test_zero_probability_candidates_are_never_accepted():
+    q = _q("support-2")
+    gen = torch.Generator().manual_seed(1)
+    qq = q.expand(5000, -1).contiguous()
+    cands = V.sample_without_replacement(qq, 4, gen)
+    assert (qq.gather(1, cands)[:, :2] > 0).all()  # real candidates come first
+    rank, _ = V.verify_children(P_ROW.expand(5000, -1).contiguous(), qq, cands, "mcss", gen)
+    accepted = cands.gather(1, rank.clamp_min(0)[:, None])[rank >= 0, 0]
+    assert (q[accepted] > 0).all()
+
+
+def test_residual_without_mass_falls_back_to_p():
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    assert torch.equal(V.residual(p, p.clone()), p)
+    assert torch.allclose(V.residual(p, torch.tensor([[1.0, 0.0, 0.0]])),
+                          torch.tensor([[0.0, 1.0, 0.0]]))
+
+
+# ------------------------------------------------------------------ the whole decoder
+def shape_logits(model, scale: float = 1.0, bias: torch.Tensor | None = None):
+    """Make a model's output distribution as sharp (scale) or as narrow (bias) as a test needs."""
+    bias = torch.zeros(VOCAB, dtype=torch.float64) if bias is None else bias.double()
+    model.lm_head.register_forward_hook(lambda _m, _i, out: out * scale + bias)
+    return model
+
+
+def _bias(keep: dict[int, float]) -> torch.Tensor:
+    b = torch.full((VOCAB,), -2000.0)
+    for tok, v in keep.items():
+        b[tok] = v
+    return b
+
+
+# name -> (draft shaping, temperature, k-config)
+DRAFTS = {
+    "one-hot": (dict(bias=_bias({1: 0.0})), 1.0, (4, 2)),
+    "support-2": (dict(bias=_bias({1: 0.0, 3: 0.5})), 1.0, (4, 2)),
+    "sharp-T0.2": (dict(scale=12.0), 0.2, (3, 2)),
+    "sharp-T0.7": (dict(scale=40.0), 0.7, (3, 2)),
+}
+
+
+def micro_pair(draft_kind: str | None = None):
+    # A noisy draft (q far from p) so that rejections and residual sampling are exercised.
+    pair = make_pair(vocab=VOCAB, seed=3, noise=0.5, init_range=0.5)
+    if draft_kind is not None:
+        shape_logits(pair.draft, **DRAFTS[draft_kind][0])
+    return pair
 
 
 @pytest.fixture(scope="module")
 def micro():
-    # A noisy draft (q far from p) so that rejections and residual sampling are exercised.
-    return make_pair(vocab=VOCAB, seed=3, noise=0.5, init_range=0.5)
+    return micro_pair()
 
 
-def exact_joint(pair) -> torch.Tensor:
-    """p(x1, x2) of the target at TEMPERATURE, by enumeration."""
+def exact_joint(pair, temperature: float) -> torch.Tensor:
+    """p(x1, x2) of the target at `temperature`, by enumeration (float32 softmax, as decoded)."""
     with torch.no_grad():
-        first = torch.softmax(pair.target(torch.tensor([PROMPT])).logits[0, -1] / TEMPERATURE, -1)
+        first = torch.softmax(pair.target(torch.tensor([PROMPT])).logits[0, -1].float()
+                              / temperature, -1).double()
         ctx = torch.tensor([PROMPT + [x] for x in range(VOCAB)])
-        second = torch.softmax(pair.target(ctx).logits[:, -1] / TEMPERATURE, -1)
+        second = torch.softmax(pair.target(ctx).logits[:, -1].float() / temperature, -1).double()
     return (first[:, None] * second).flatten()
 
 
-def sampled_counts(pair, verify: str, k_config, n: int = N_SAMPLES) -> torch.Tensor:
-    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=TEMPERATURE,
+def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
+                   n: int = N_SAMPLES) -> torch.Tensor:
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
                                          verify=verify, max_new_tokens=3))
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(n):
@@ -41,38 +196,55 @@ def sampled_counts(pair, verify: str, k_config, n: int = N_SAMPLES) -> torch.Ten
     return counts
 
 
-def p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    keep = expected >= 5  # pool the rare cells so the chi-square approximation holds
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+def proposals_smaller_than_k(pair, temperature: float, k: int) -> bool:
+    """Whether the draft's first proposing distribution has fewer than k non-zero tokens."""
+    with torch.no_grad():
+        logits = pair.draft(torch.tensor([PROMPT])).logits[0, -1].float()
+    return int((torch.softmax(logits / temperature, -1) > 0).sum()) < k
 
 
 @pytest.mark.parametrize(("verify", "k_config"), [("mcss", (3, 2)), ("mcss-replacement", (3, 2)),
                                                    ("naive", (3, 2)), ("mcss", (1, 1))])
 def test_sampling_matches_target_distribution(micro, verify, k_config):
     counts = sampled_counts(micro, verify, k_config)
-    assert p_value(counts, exact_joint(micro)) > 1e-3
+    assert p_value(counts, exact_joint(micro, 1.0)) > ALPHA
+
+
+@pytest.mark.parametrize("draft_kind", list(DRAFTS))
+def test_degenerate_drafts_stay_exact_and_the_old_verifier_does_not(draft_kind, monkeypatch):
+    """mcss under a draft with fewer than k non-zero tokens matches the target; the unguarded
+    verifier, run through the same decoder and test, is rejected."""
+    _, temperature, k_config = DRAFTS[draft_kind]
+    pair = micro_pair(draft_kind)
+    assert proposals_smaller_than_k(pair, temperature, k_config[0])
+    exact = exact_joint(pair, temperature)
+    assert p_value(sampled_counts(pair, "mcss", k_config, temperature), exact) > ALPHA
+    monkeypatch.setattr(V, "verify_children", unguarded_verify)
+    assert p_value(sampled_counts(pair, "mcss", k_config, temperature), exact) < ALPHA
+
+
+@pytest.mark.parametrize("verify", ["mcss-replacement", "naive"])
+def test_one_hot_draft_other_verifiers(verify):
+    pair = micro_pair("one-hot")
+    counts = sampled_counts(pair, verify, (4, 2))
+    assert p_value(counts, exact_joint(pair, 1.0)) > ALPHA
 
 
 def test_chi_square_detects_a_biased_verifier(micro, monkeypatch):
-    """The same test must fail when the residual is drawn from p instead of norm(max(p-q, 0))."""
-
-    def biased(p, q, cands, mode, generator):
-        n, k = cands.shape
-        u = torch.rand(n, k, generator=generator, dtype=p.dtype)
-        rank = torch.full((n,), -1, dtype=torch.long)
-        rows = torch.arange(n)
-        for i in range(k):
-            x = cands[:, i]
-            accept = (rank < 0) & (u[:, i] * q[rows, x] < p[rows, x])
-            rank = torch.where(accept, i, rank)
-        return rank, V.sample(p, generator)
-
-    monkeypatch.setattr(V, "verify_children", biased)
+    """The decoder-level test fails when the residual is drawn from p."""
+    monkeypatch.setattr(V, "verify_children", residual_from_p)
     counts = sampled_counts(micro, "mcss", (3, 2))
-    assert p_value(counts, exact_joint(micro)) < 1e-3
+    assert p_value(counts, exact_joint(micro, 1.0)) < ALPHA
+
+
+def test_target_init_never_commits_a_token_the_target_excludes():
+    """Target-initialised roots (lossy by design) never pick a root of target probability 0."""
+    pair = make_pair(vocab=VOCAB, seed=3, noise=0.5, init_range=0.5)
+    shape_logits(pair.target, bias=_bias({2: 0.0, 5: 0.3}))
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 1), init="target", temperature=1.0,
+                                         max_new_tokens=4))
+    firsts = {dec.generate(PROMPT, seed=s).token_ids[0] for s in range(60)}
+    assert firsts <= {2, 5}
 
 
 def test_sampling_is_seeded(micro):
@@ -83,5 +255,4 @@ def test_sampling_is_seeded(micro):
 
 
 def test_exact_joint_sums_to_one(micro):
-    assert abs(float(exact_joint(micro).sum()) - 1) < 1e-9
-    assert len(list(itertools.product(range(VOCAB), repeat=2))) == VOCAB * VOCAB
+    assert abs(float(exact_joint(micro, 1.0).sum()) - 1) < 1e-6
