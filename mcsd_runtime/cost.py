@@ -1,19 +1,25 @@
-"""`mcsd profile`: each model's forward latency against the number of tokens it processes, over a
-KV cache of typical length, on this machine; and the cost model replay uses to turn a step's
-forwards into seconds.
+"""`mcsd profile`: each model's forward latency against the number of tokens it processes, and
+the decoder's own time per step and per drafted depth, measured on this machine the way the
+decoder runs; and the cost model replay uses to turn a step's forwards into seconds.
 
 A profile is JSON:
 
     {"format": "mcsd-cost-profile", "version": 1, "pair": {...fingerprint...},
      "device": "cpu", "dtype": "float32", "context": 256,
      "tokens": [1, 2, ...], "target_s": [...], "draft_s": [...],
-     "step_overhead_s": 0.0004}
+     "step_overhead_s": 0.0004, "depth_overhead_s": 0.00005, "static": {...}}
 
-`target_s[i]` / `draft_s[i]`: seconds of one forward over `tokens[i]` new tokens (the fastest
-of `repeats`, robust to other load on a shared machine); counts in between are interpolated
+`target_s[i]` / `draft_s[i]`: seconds of one forward over `tokens[i]` new tokens with the
+decoder's 4D mask over a KV cache of `context` tokens. Token counts are timed in a random order,
+round after round (so slow spells of a shared machine spread over all counts instead of
+bending the curve), each count's median is kept, and the curve is made non-decreasing
+(isotonic fit): a forward over more tokens never costs less. Counts in between are interpolated
 linearly, beyond the last extrapolated from the last two.
-`step_overhead_s` is the decoder's own time per step outside model forwards (bookkeeping,
-verification, cache cuts). Users may write their own profile (e.g. measured on their GPU).
+`step_overhead_s` and `depth_overhead_s` are the decoder's own time outside model forwards
+(bookkeeping, verification, cache cuts; per drafted depth: candidates, stopper), fitted by least
+squares to end-to-end runs of every static depth of a k-config, interleaved per prompt; those
+runs' tokens/s are kept under `static` so that a replay can be checked against them.
+Users may write their own profile (e.g. measured on their GPU).
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ class CostProfile:
     target_s: list[float]
     draft_s: list[float]
     step_overhead_s: float = 0.0
+    depth_overhead_s: float = 0.0
     context: int = 0
     device: str = ""
     dtype: str = ""
     pair: dict = field(default_factory=dict)
     note: str = ""
+    static: dict = field(default_factory=dict)  # end-to-end runs the overheads were fitted to
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -50,7 +58,8 @@ class CostProfile:
                             "of the same length")
         if sorted(set(self.tokens)) != list(self.tokens) or self.tokens[0] < 1:
             raise MCSDError("cost profile: tokens must be increasing positive integers")
-        if any(not v >= 0 for v in (*self.target_s, *self.draft_s, self.step_overhead_s)):
+        if any(not v >= 0 for v in (*self.target_s, *self.draft_s, self.step_overhead_s,
+                                    self.depth_overhead_s)):
             raise MCSDError("cost profile: latencies must be non-negative numbers")
 
     def _at(self, values: list[float], n: int) -> float:
@@ -103,55 +112,109 @@ class CostProfile:
                    note=f"relative stand-in (draft/target = {draft_ratio}), not measured")
 
 
-def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
-            warmup: int = 2) -> CostProfile:
-    """Median forward latency of each model over `n` new tokens on a cache of `context` tokens."""
+def monotone(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in least squares (isotonic fit)."""
+    from sklearn.isotonic import IsotonicRegression
+
+    xs = list(range(len(values)))
+    return [float(v) for v in IsotonicRegression().fit_transform(xs, values)]
+
+
+def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
+            seed: int = 0) -> CostProfile:
+    """Median forward latency of each model over `n` new tokens on a cache of `context` tokens,
+    with the decoder's 4D additive mask; counts in a fresh random order every round."""
+    import random
+
     import torch
     from transformers import DynamicCache
 
     dev = pair.device
     context = max(1, min(context, pair.max_positions - max(tokens)))
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
+    order = random.Random(seed)
     ctx_ids = torch.randint(0, pair.vocab_size, (1, context), generator=gen).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    result = {}
+    n_max = max(tokens)
+    block = torch.zeros(n_max, n_max, dtype=pair.dtype, device=dev).masked_fill_(
+        torch.ones(n_max, n_max, dtype=torch.bool, device=dev).triu(1),
+        torch.finfo(pair.dtype).min)
+    samples = {(name, n): [] for name in ("target", "draft") for n in tokens}
     with torch.inference_mode():
+        caches = {}
         for name, model in (("target", pair.target), ("draft", pair.draft)):
-            cache = DynamicCache()
-            model(input_ids=ctx_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            times = []
-            for n in tokens:
+            caches[name] = DynamicCache()
+            model(input_ids=ctx_ids, past_key_values=caches[name], use_cache=True,
+                  logits_to_keep=1)
+        jobs = [(name, n) for name in ("target", "draft") for n in tokens]
+        for r in range(rounds + 1):  # round 0 warms up
+            order.shuffle(jobs)
+            for name, n in jobs:
+                model = pair.target if name == "target" else pair.draft
                 ids = torch.randint(0, pair.vocab_size, (1, n), generator=gen).to(dev)
                 pos = torch.arange(context, context + n, device=dev)[None]
-                samples = []
-                for r in range(warmup + repeats):
-                    sync()
-                    t0 = time.perf_counter()
-                    model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
-                    sync()
-                    if r >= warmup:
-                        samples.append(time.perf_counter() - t0)
-                    cache.crop(-n)  # transformers 5: a negative count removes tokens
-                times.append(min(samples))  # min: robust to other load on a shared machine
-            result[name] = times
-    return CostProfile(tokens=list(tokens), target_s=result["target"], draft_s=result["draft"],
+                mask = torch.cat([torch.zeros(n, context, dtype=pair.dtype, device=dev),
+                                  block[:n, :n]], -1)[None, None]
+                sync()
+                t0 = time.perf_counter()
+                model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                      past_key_values=caches[name], use_cache=True)
+                sync()
+                if r:
+                    samples[(name, n)].append(time.perf_counter() - t0)
+                caches[name].crop(-n)  # transformers 5: a negative count removes tokens
+    curve = {name: monotone([statistics.median(samples[(name, n)]) for n in tokens])
+             for name in ("target", "draft")}
+    return CostProfile(tokens=list(tokens), target_s=curve["target"], draft_s=curve["draft"],
                        context=context, device=str(dev),
                        dtype=str(pair.dtype).replace("torch.", ""), pair=dict(pair.fingerprint))
 
 
-def step_overhead(pair, prompts: list[str], k_config=(4, 2, 2, 1),
-                  max_new_tokens: int = 48) -> float:
-    """Decoder time per step spent outside model forwards (median over prompts)."""
+def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
+                seed: int = 0) -> list[dict]:
+    """Every static depth 1..D of `k_config` end to end on each prompt, depths in a fresh
+    random order per prompt after one warm-up: per run, depth, steps, drafted depths, tokens,
+    wall and forward seconds."""
+    import random
+
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 
-    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens))
-    dec.generate(prompts[0])
-    per_step = []
-    for p in prompts:
-        r = dec.generate(p)
-        st = r.stats
-        per_step.append(max(0.0, st.wall_time - st.target_time - st.draft_time) / len(r.steps))
-    return statistics.median(per_step)
+    depth = len(k_config)
+    decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
+                           stopper=f"static:{d}") for d in range(1, depth + 1)}
+    decs[depth].generate(prompts[0])
+    order = random.Random(seed)
+    runs = []
+    for i, ids in enumerate(prompts):
+        depths = list(decs)
+        order.shuffle(depths)
+        for d in depths:
+            r = decs[d].generate(ids)
+            st = r.stats
+            runs.append({"prompt": i, "depth": d, "steps": len(r.steps),
+                         "drafted": sum(s.drafted for s in r.steps), "tokens": st.new_tokens,
+                         "wall_s": st.wall_time, "forward_s": st.target_time + st.draft_time})
+    return runs
+
+
+def fit_overheads(runs: list[dict]) -> tuple[float, float]:
+    """Least-squares (per step, per drafted depth) seconds outside forwards, both >= 0."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([[r["steps"], r["drafted"]] for r in runs], dtype=float)
+    b = np.array([r["wall_s"] - r["forward_s"] for r in runs])
+    coef, _ = nnls(a, b)
+    return float(coef[0]), float(coef[1])
+
+
+def static_throughput(runs: list[dict]) -> dict[str, float]:
+    """Tokens/s of each static depth over all prompts of `static_runs`."""
+    out = {}
+    for d in sorted({r["depth"] for r in runs}):
+        sel = [r for r in runs if r["depth"] == d]
+        out[f"static:{d}"] = sum(r["tokens"] for r in sel) / sum(r["wall_s"] for r in sel)
+    return out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -166,33 +229,55 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest number of new tokens per forward (default %(default)s)")
     p.add_argument("--context", type=int, default=256,
                    help="KV cache length the forwards run over (default %(default)s)")
-    p.add_argument("--repeats", type=int, default=7, help="timed forwards per point (median)")
-    p.add_argument("--overhead-prompts", default="toy-code", help="prompt set used to measure the "
-                   "decoder's per-step overhead; 'none' to skip (default %(default)s)")
+    p.add_argument("--rounds", "--repeats", type=int, default=7, dest="rounds",
+                   help="timed rounds over all token counts, each in a random order; the median "
+                        "is kept (default %(default)s)")
+    p.add_argument("--k-config", default="1,1,1,1,1,1,1,1",
+                   help="tree whose static depths 1..D are run end to end to fit the decoder's "
+                        "per-step and per-depth overheads (default %(default)s)")
+    p.add_argument("--overhead-prompts", default="toy-code", help="prompt set of those runs; "
+                   "'none' to skip (default %(default)s)")
+    p.add_argument("--overhead-limit", type=int, default=6,
+                   help="prompts of those runs (default %(default)s)")
+    p.add_argument("--overhead-tokens", type=int, default=48,
+                   help="new tokens per run (default %(default)s)")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-
     from mcsd_runtime.cli_args import apply_threads, pair_from_args
+    from mcsd_runtime.tree import parse_k_config
 
-    if args.max_tokens < 1 or args.repeats < 1 or args.context < 1:
-        raise MCSDError("--max-tokens, --repeats and --context must be positive")
+    if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
+           args.overhead_tokens) < 1:
+        raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "
+                        "--overhead-tokens must be positive")
+    k_config = parse_k_config(args.k_config)
     apply_threads(args)
     pair = pair_from_args(args)
     tokens = [n for n in DEFAULT_TOKENS if n <= args.max_tokens]
     if tokens[-1] != args.max_tokens:
         tokens.append(args.max_tokens)
-    profile = measure(pair, tokens, context=args.context, repeats=args.repeats)
-    if args.overhead_prompts != "none":
+    print(f"timing forwards: {len(tokens)} token counts x 2 models x {args.rounds} rounds",
+          flush=True)
+    profile = measure(pair, tokens, context=args.context, rounds=args.rounds)
+    if args.overhead_prompts != "none" and k_config:
         from mcsd_runtime.prompts import load_prompts
 
-        texts = [p.text for p in load_prompts(args.overhead_prompts, limit=4)]
-        profile.step_overhead_s = step_overhead(pair, texts)
+        texts = [p.text for p in load_prompts(args.overhead_prompts, limit=args.overhead_limit)]
+        ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
+        print(f"fitting decoder overheads: static depths 1..{len(k_config)} of {k_config} on "
+              f"{len(ids)} prompts", flush=True)
+        runs = static_runs(pair, ids, k_config, args.overhead_tokens)
+        profile.step_overhead_s, profile.depth_overhead_s = fit_overheads(runs)
+        profile.static = {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
+                          "max_new_tokens": args.overhead_tokens,
+                          "tokens_per_s": static_throughput(runs)}
     profile.save(args.out)
     t, d = profile.target_s, profile.draft_s
     print(f"target: {t[0] * 1e3:.2f} ms at 1 token, {t[-1] * 1e3:.2f} ms at {tokens[-1]}; "
-          f"draft: {d[0] * 1e3:.2f} ms / {d[-1] * 1e3:.2f} ms; step overhead "
-          f"{profile.step_overhead_s * 1e3:.2f} ms -> {args.out}")
+          f"draft: {d[0] * 1e3:.2f} ms / {d[-1] * 1e3:.2f} ms; overhead "
+          f"{profile.step_overhead_s * 1e3:.2f} ms/step + {profile.depth_overhead_s * 1e3:.3f} "
+          f"ms/depth -> {args.out}")
     return 0

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from conftest import make_pair
-from mcsd_runtime.cost import CostProfile, measure
+from mcsd_runtime.cost import (
+    CostProfile,
+    fit_overheads,
+    measure,
+    monotone,
+    static_runs,
+    static_throughput,
+)
 from mcsd_runtime.errors import MCSDError
 
 
@@ -35,6 +42,27 @@ def test_bad_profiles_refused(tmp_path):
 
 
 def test_measure_tiny_pair():
-    p = measure(make_pair(), tokens=(1, 2, 8), context=16, repeats=1, warmup=1)
+    p = measure(make_pair(), tokens=(1, 2, 8), context=16, rounds=2)
     assert p.tokens == [1, 2, 8] and all(t > 0 for t in p.target_s + p.draft_s)
+    assert p.target_s == sorted(p.target_s) and p.draft_s == sorted(p.draft_s)
     assert p.pair["target_config"]
+
+
+def test_monotone_fit():
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert monotone([7.59, 9.55, 6.01, 5.74]) == sorted(monotone([7.59, 9.55, 6.01, 5.74]))
+
+
+def test_fit_overheads_recovers_known_costs():
+    runs = [{"steps": s, "drafted": d, "wall_s": 1.0 + 0.002 * s + 0.0005 * d, "forward_s": 1.0}
+            for s, d in ((10, 10), (8, 16), (6, 24), (5, 40))]
+    step, depth = fit_overheads(runs)
+    assert step == pytest.approx(0.002, rel=1e-6) and depth == pytest.approx(0.0005, rel=1e-6)
+
+
+def test_static_runs_cover_every_depth():
+    runs = static_runs(make_pair(), [[1, 2, 3], [4, 5]], (1, 1, 1), max_new_tokens=6)
+    assert sorted((r["prompt"], r["depth"]) for r in runs) == [(i, d) for i in (0, 1)
+                                                                for d in (1, 2, 3)]
+    assert all(r["tokens"] == 6 and r["wall_s"] >= r["forward_s"] > 0 for r in runs)
+    assert set(static_throughput(runs)) == {"static:1", "static:2", "static:3"}

@@ -34,7 +34,8 @@ def demo(toy_tiny, tmp_path_factory) -> Path:
                  "--k-config", "2,1,1,1", "--dense", "--max-new-tokens", "24",
                  "--out", str(root / "collect"), "--no-progress"]) == 0
     assert mcsd(["profile", *pair, "--out", str(root / "cost.json"), "--max-tokens", "8",
-                 "--repeats", "2"]) == 0
+                 "--rounds", "2", "--k-config", "2,1,1,1", "--overhead-limit", "2",
+                 "--overhead-tokens", "12"]) == 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for model in ("lightgbm", "mlp"):

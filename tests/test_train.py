@@ -94,8 +94,8 @@ def test_exact_replay_matches_decoder_for_learned_stopper(data, artifacts):
     assert (r.tokens, r.steps, r.draft_forwards) == (tokens, calls, drafts)
 
 
-def test_oracle_never_worse(data):
-    oracle = R.replay(data, "oracle", PROFILE)
+def test_accepted_oracle_never_worse_per_call(data):
+    oracle = R.replay(data, "oracle-accepted", PROFILE)
     specs = [f"static:{d}" for d in range(1, 5)] + ["heuristic", "confidence:0.2", "entropy",
                                                     "cumprod:0.9"]
     for spec in specs:
@@ -104,9 +104,36 @@ def test_oracle_never_worse(data):
         assert oracle.accepted / oracle.drafted_depth >= r.accepted / r.drafted_depth - 1e-12
     est = R.ReplayData(dense_rows(), mode="estimate")
     assert est.mode == "estimate"
-    oracle_est = R.replay(est, "oracle", PROFILE)
+    oracle_est = R.replay(est, "oracle-accepted", PROFILE)
     for spec in specs:
         assert oracle_est.tau >= R.replay(est, spec, PROFILE).tau - 1e-12
+
+
+# drafting expensive against the target: stopping at L is then not the fastest plan
+COSTLY_DRAFT = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.5, 0.55, 1.0],
+                           step_overhead_s=0.05, depth_overhead_s=0.02)
+
+
+@pytest.mark.parametrize("profile", [PROFILE, COSTLY_DRAFT])
+@pytest.mark.parametrize("mode", ["exact", "estimate"])
+def test_throughput_oracle_is_an_upper_bound(profile, mode):
+    """No stopper, and no other stop plan, replays faster than the throughput oracle."""
+    data = R.ReplayData(dense_rows(), mode=mode)
+    best = R.replay(data, "oracle", profile).throughput
+    specs = [f"static:{d}" for d in range(1, 5)] + ["heuristic", "confidence:0.2", "entropy",
+                                                    "cumprod:0.9", "oracle-accepted"]
+    for spec in specs:
+        assert best >= R.replay(data, spec, profile).throughput * (1 - 1e-9), spec
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # random plans: any stop depth at any step
+        plan = {(p.key, s.position): int(rng.integers(1, s.cap + 1))
+                for p in data.prompts.values() for s in p.steps}
+        assert best >= R.replay(data, R.PlanStopper(plan), profile).throughput * (1 - 1e-9)
+
+
+def test_throughput_oracle_beats_accepted_oracle_when_drafting_is_costly(data):
+    assert (R.replay(data, "oracle", COSTLY_DRAFT).throughput
+            > R.replay(data, "oracle-accepted", COSTLY_DRAFT).throughput)
 
 
 def test_models_beat_constant_on_held_out_auc(artifacts):

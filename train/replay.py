@@ -86,9 +86,11 @@ class ReplayResult:
                                "acceptance_rate": self.acceptance_rate}
 
 
-class OracleStopper:
+class AcceptedOracle:
     """Stops at exactly the step's accepted length (at least depth 1, as the decoder drafts it):
-    the bound no stopper can beat on accepted tokens per target call. Replay only."""
+    the bound no stopper can beat on accepted tokens per target call, but NOT on tokens/s (it
+    drafts deep whenever a deep path will be accepted, even where that costs more time than it
+    saves). Replay only; the speed bound is `oracle` (`optimal_plan`)."""
 
     def reset(self) -> None:
         pass
@@ -98,6 +100,81 @@ class OracleStopper:
 
     def update(self, drafted: int, accepted: int) -> None:
         pass
+
+
+class PlanStopper:
+    """Follows a stop plan {(prompt key, position): depth}, e.g. `optimal_plan`'s."""
+
+    def __init__(self, plan: dict[tuple[str, int], int]) -> None:
+        self.plan = plan
+
+    def reset(self) -> None:
+        pass
+
+    def should_continue(self, frontier) -> bool:
+        return frontier.depth < self.plan[frontier.key[:2]]
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
+                 ) -> dict[tuple[str, int], int]:
+    """The stop depth at every step that maximises replayed tokens per second, knowing every
+    step's accepted length: the true upper bound on speed for free decisions.
+
+    Throughput is a ratio, so this is Dinkelbach's method: for a rate `lam`, a dynamic program
+    over (position, draft-pending tokens) maximises tokens - lam * seconds; `lam` is then set
+    to the plan's throughput, until it no longer rises (a few rounds)."""
+    tree, exact = data.tree, data.mode == "exact"
+    costs = {(s, pend): step_cost(tree, profile, s, pend, True)
+             for s in range(1, data.depth + 1) for pend in (1, 2)}
+    lam, plan = 0.0, {}
+    for _ in range(100):
+        plan, tokens, seconds = {}, 0.0, 0.0
+        for p in data.prompts.values():
+            tk, sec = _plan_prompt(p, exact, costs, tree, profile, lam, plan)
+            tokens, seconds = tokens + tk, seconds + sec
+        new = tokens / seconds if seconds else 0.0
+        if new <= lam * (1 + tol):
+            break
+        lam = new
+    return plan
+
+
+def _plan_prompt(p: Prompt, exact: bool, costs: dict, tree: Tree, profile: CostProfile,
+                 lam: float, plan: dict) -> tuple[float, float]:
+    """Best plan of one prompt at rate `lam` (into `plan`); returns its tokens and seconds."""
+    steps = ([p.by_position.get(t) for t in range(p.new_tokens)] if exact else p.steps)
+    n = len(steps)
+    best = [[(0.0, 0.0, 0.0, 0)] * 3 for _ in range(n + 1)]  # [i][pending]: value, tok, sec, s
+    for i in range(n - 1, -1, -1):
+        step = steps[i]
+        for pend in (1, 2):
+            if step is None:  # budget-capped last token: the decoder drafts nothing
+                sec = step_cost(tree, profile, 0, pend, False)
+                best[i][pend] = (1 - lam * sec, 1.0, sec, 0)
+                continue
+            options = []
+            for s in range(1, step.cap + 1):
+                a = min(step.accepted, s)
+                tok = min(a + 1, p.new_tokens - step.position) if exact else a + 1
+                nxt = min(i + tok, n) if exact else i + 1
+                after = best[nxt][next_pending(pend, True, a, s)]
+                sec = costs[(s, pend)]
+                options.append((tok - lam * sec + after[0], tok + after[1], sec + after[2], s))
+            best[i][pend] = max(options, key=lambda o: o[0])
+    i, pend = 0, 1
+    while i < n:
+        step = steps[i]
+        if step is None:
+            break
+        s = best[i][pend][3]
+        plan[(p.key, step.position)] = s
+        a = min(step.accepted, s)
+        tok = min(a + 1, p.new_tokens - step.position) if exact else a + 1
+        i, pend = (i + tok if exact else i + 1), next_pending(pend, True, a, s)
+    return best[0][1][1], best[0][1][2]
 
 
 class _Frontier:
@@ -193,13 +270,35 @@ def _infer_k_config(df: pd.DataFrame) -> tuple[int, ...]:
     return tuple(k)
 
 
+def step_cost(tree: Tree, profile: CostProfile, s: int, pending: int, drafts: bool) -> float:
+    """Seconds of one step stopped at depth `s` with `pending` tokens the draft has not seen:
+    the draft forward over them and over depths 1..s-1 (`drafts`: the step drafts at all), the
+    target forward over 1 + cum[s] tokens, the per-step and per-depth overheads."""
+    cost = profile.target(1 + tree.cum[s]) + profile.step_overhead_s + profile.depth_overhead_s * s
+    if drafts:
+        cost += profile.draft(pending) + sum(profile.draft(tree.sizes[d - 1])
+                                             for d in range(1, s))
+    return cost
+
+
+def next_pending(pending: int, drafts: bool, accepted: int, s: int) -> int:
+    """Draft-pending tokens after a step: the bonus token, plus the deepest accepted node when it
+    lies at the never-forwarded depth s."""
+    return (0 if drafts else pending) + 1 + (1 if s and accepted >= s else 0)
+
+
 def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: str | None = None,
            decision_s: float = 0.0) -> ReplayResult:
     """Replay `stopper` (a spec string, a stopper object, or 'oracle') over every prompt."""
     profile = profile or CostProfile.relative()
     if isinstance(stopper, str):
         name = name or stopper
-        stopper = OracleStopper() if stopper == "oracle" else make_stopper(stopper)
+        if stopper == "oracle":
+            stopper = PlanStopper(optimal_plan(data, profile))
+        elif stopper == "oracle-accepted":
+            stopper = AcceptedOracle()
+        else:
+            stopper = make_stopper(stopper)
     res = ReplayResult(stopper=name or repr(stopper), mode=data.mode)
     tree, D = data.tree, data.depth
     exact = data.mode == "exact"
@@ -236,15 +335,10 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
                 a = min(step.accepted, s)
                 forwarded = s - 1
             committed = min(a + 1, p.new_tokens - t) if exact else a + 1
-            # cost of this step
             c = tree.cum[s]
-            cost = profile.target(1 + c) + profile.step_overhead_s
-            if cap > 0:
-                cost += profile.draft(pending) + sum(profile.draft(tree.sizes[d - 1])
-                                                     for d in range(1, forwarded + 1))
-                res.draft_forwards += 1 + forwarded
-            res.cost_s += cost
-            pending = (0 if cap > 0 else pending) + 1 + (1 if a > forwarded else 0)
+            res.cost_s += step_cost(tree, profile, s, pending, cap > 0)
+            res.draft_forwards += 1 + forwarded if cap > 0 else 0
+            pending = next_pending(pending, cap > 0, a, s)
             res.tokens += committed
             res.steps += 1
             res.accepted += a
@@ -309,9 +403,11 @@ def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
 
 
 def baselines(data: ReplayData, profile: CostProfile | None) -> dict[str, ReplayResult]:
-    """Static depths 1..D, the built-in heuristics at their defaults, and the oracle."""
+    """Static depths 1..D, the built-in heuristics at their defaults, the throughput oracle and
+    the accepted-length oracle."""
     out = {f"static:{d}": replay(data, f"static:{d}", profile) for d in range(1, data.depth + 1)}
     for spec in ("heuristic", "confidence", "entropy", "cumprod"):
         out[spec] = replay(data, spec, profile)
     out["oracle"] = replay(data, "oracle", profile)
+    out["oracle-accepted"] = replay(data, "oracle-accepted", profile)
     return out
