@@ -16,13 +16,21 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime import verify as V
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import NODE_FEATURES, Trajectory, node_features, with_trajectory
+from mcsd_runtime.features import (
+    NODE_FEATURES,
+    TOP_K_MASS,
+    Trajectory,
+    decision_matrix,
+    node_features,
+    with_trajectory,
+)
 from mcsd_runtime.kv import cache_len, keep_path
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import Stopper, make_stopper
@@ -152,6 +160,11 @@ class _State:
     done: bool = False
 
 
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A device tensor as a host array (a view on CPU)."""
+    return t.detach().cpu().numpy()
+
+
 def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive [n, n] causal mask: 0 on and below the diagonal, dtype-min above."""
     hidden = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
@@ -168,6 +181,11 @@ class _Frontier:
 
     def features(self) -> torch.Tensor:
         return self.draft_step.features(self.depth)
+
+    def decision_features(self) -> np.ndarray:
+        """DECISION_FEATURES of the frontier nodes, float64 on the host: no pass over the
+        vocabulary beyond drafting's own (greedy), one small copy per depth."""
+        return self.draft_step.decision_features(self.depth)
 
     def hidden(self) -> torch.Tensor:
         """The draft's hidden state that proposed each frontier node (stoppers with
@@ -412,6 +430,8 @@ class _DraftStep:
         self.log_path: list[torch.Tensor | None] = [None] * (tree.depth + 1)
         self.hidden: list[torch.Tensor | None] = [None] * (tree.depth + 1)
         self.feats: list[torch.Tensor | None] = [None] * (tree.depth + 1)
+        self.top: list[torch.Tensor | None] = [None] * (tree.depth + 1)  # top-k of the proposal
+        self.host: list[list[np.ndarray] | None] = [None] * (tree.depth + 1)
         self.forwarded = 0  # deepest depth whose nodes are in the draft cache
         self.cache_base = 0  # draft cache length where depth-1 nodes start
         self.want_hidden = (trace and getattr(dec.recorder, "wants_hidden", False)) or getattr(
@@ -449,8 +469,10 @@ class _DraftStep:
     def _children(self, q: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Candidates for depth `d` from the parents' draft distributions q [n, V]."""
         dec, k = self.dec, self.dec.config.k_config[d - 1]
-        if dec.config.temperature == 0:
-            toks = q.topk(k, dim=-1).indices
+        if dec.config.temperature == 0:  # one top-k pass gives the candidates and the features'
+            top = q.topk(max(k, TOP_K_MASS), dim=-1)
+            self.top[d] = top.values[:, :TOP_K_MASS]
+            toks = top.indices[:, :k]
         elif dec.config.verify == "mcss-replacement":
             toks = V.sample_with_replacement(q, k, dec._generator)
         else:
@@ -536,8 +558,19 @@ class _DraftStep:
         if self.feats[d] is None:
             tt = self.dec.tt
             self.feats[d] = node_features(tt.static_features[tt.tree.depth_slice(d)],
-                                          self.prob[d], self.log_path[d], self.proposal(d))
+                                          self.prob[d], self.log_path[d], self.proposal(d),
+                                          self.top[d])
         return with_trajectory(self.feats[d], self.st.trajectory)
+
+    def decision_features(self, d: int) -> np.ndarray:
+        if self.host[d] is None:
+            top = self.top[d]
+            if top is None:  # sampled candidates: one top-k pass for the features
+                top = self.proposal(d).topk(TOP_K_MASS, dim=-1).values
+            self.host[d] = [_host(self.prob[d]), _host(self.log_path[d]), _host(top)]
+        tt = self.dec.tt
+        return decision_matrix(tt.static_host[tt.tree.depth_slice(d)], *self.host[d],
+                               self.st.trajectory.values())
 
     # -- after verification
     def commit(self, path: list[int], tok_host: list[int], bonus: list[int]) -> None:

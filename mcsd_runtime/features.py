@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 SCHEMA_VERSION = 2
@@ -35,17 +36,25 @@ TRAJECTORY_FEATURES: tuple[str, ...] = (
     "mean_accepted",  # running mean of accepted length over previous steps (0 at first)
 )
 FEATURE_NAMES: tuple[str, ...] = NODE_FEATURES + TRAJECTORY_FEATURES
+# What learned stoppers read: every feature that drafting already computed (the top-k pass that
+# picks greedy candidates gives q_top1, q_top2, q_margin and q_topk_mass). Entropy is left out:
+# it needs one more pass over the whole vocabulary at every decision (the costliest feature by
+# far: ~10x a softmax over the same row at 32k-152k tokens).
+DECISION_FEATURES: tuple[str, ...] = tuple(n for n in FEATURE_NAMES if n != "q_entropy")
 
 
 def node_features(static: torch.Tensor, draft_prob: torch.Tensor, log_path_prob: torch.Tensor,
-                  parent_probs: torch.Tensor) -> torch.Tensor:
+                  parent_probs: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
     """Node features for the `n` nodes of one depth, as a float32 [n, len(NODE_FEATURES)] tensor.
 
     `static` [n, 3] holds depth, sibling rank and frontier size (fixed by the tree);
     `parent_probs` [m, V] are the proposing distributions, one per parent; the n = m * k nodes
-    are the parents' children in order. A handful of tensor ops: this runs at every depth.
+    are the parents' children in order; `top` [m, TOP_K_MASS], their largest probabilities when
+    the caller already has them (greedy drafting picks candidates with the same top-k pass).
+    A handful of tensor ops: this runs at every depth.
     """
-    top = parent_probs.topk(TOP_K_MASS, dim=-1).values
+    if top is None:
+        top = parent_probs.topk(TOP_K_MASS, dim=-1).values
     entropy = torch.special.entr(parent_probs).sum(-1)
     stats = torch.stack([top[:, 0], top[:, 1], top[:, 0] - top[:, 1], entropy, top.sum(-1)], -1)
     k = draft_prob.shape[0] // parent_probs.shape[0]
@@ -83,3 +92,26 @@ def with_trajectory(node_feats: torch.Tensor, trajectory: Trajectory) -> torch.T
 def column(name: str) -> int:
     """Column index of a feature in the full matrix."""
     return FEATURE_NAMES.index(name)
+
+
+def decision_matrix(static: np.ndarray, draft_prob: np.ndarray, log_path_prob: np.ndarray,
+                    top: np.ndarray, trajectory: list[float]) -> np.ndarray:
+    """The DECISION_FEATURES of one depth's `n` nodes as a float64 [n, F] host array, from host
+    arrays: `static` [n, 3] (depth, sibling rank, frontier size), q(x) and log path probability
+    [n], and `top` [m, TOP_K_MASS] of the m proposing distributions (n = m * k)."""
+    n, m = draft_prob.shape[0], top.shape[0]
+    out = np.empty((n, len(DECISION_FEATURES)))
+    out[:, 0:3] = static
+    out[:, 3] = draft_prob
+    out[:, 4] = log_path_prob
+    stats = out[:, 5:9]
+    if m == n:
+        stats[:, 0:2] = top[:, 0:2]
+        stats[:, 3] = top.sum(-1)
+    else:
+        k = n // m
+        stats[:, 0:2] = np.repeat(top[:, 0:2], k, 0)
+        stats[:, 3] = np.repeat(top.sum(-1), k)
+    stats[:, 2] = stats[:, 0] - stats[:, 1]
+    out[:, 9:] = trajectory
+    return out

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION, column
+from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION, column
 
 FORMAT = "mcsd-stopper"
 KINDS = ("lightgbm", "mlp", "mlp-hidden")
@@ -208,6 +208,9 @@ class LearnedStopper:
         self._agg = AGGREGATIONS[aggregation]
         self.pair_fingerprint: dict | None = spec.get("pair_fingerprint")
         self.uses_hidden = kind == "mlp-hidden"
+        # trained on DECISION_FEATURES: read the frontier's cheap host features
+        self.decision = (not self.uses_hidden
+                         and tuple(spec.get("feature_names", ())) == DECISION_FEATURES)
 
     def reset(self) -> None:
         pass
@@ -227,6 +230,10 @@ class LearnedStopper:
         return torch.sigmoid(self.model(x.cpu())).numpy().astype(np.float64)
 
     def frontier_score(self, frontier) -> float:
+        if self.decision:
+            feats = frontier.decision_features()
+            return self._agg(self.model.predict(feats) if self.kind == "lightgbm"
+                             else self.node_scores(feats), feats)
         feats = frontier.features()
         if isinstance(feats, torch.Tensor):
             feats = feats.detach().cpu().numpy()  # once: the model and the aggregation share it
@@ -269,9 +276,9 @@ def read_spec(path: str | Path) -> tuple[Path, dict]:
                         f"{spec.get('schema_version')!r}, this runtime computes version "
                         f"{SCHEMA_VERSION}; retrain it on a collection made with this version")
     names = spec.get("feature_names")
-    if names != list(FEATURE_NAMES):
+    if names not in (list(FEATURE_NAMES), list(DECISION_FEATURES)):
         extra = sorted(set(names or []) - set(FEATURE_NAMES))
-        missing = sorted(set(FEATURE_NAMES) - set(names or []))
+        missing = sorted(set(DECISION_FEATURES) - set(names or []))
         raise MCSDError(f"{spec_path}: its feature list differs from the runtime's "
                         f"(unknown: {extra or 'none'}, missing: {missing or 'none'}, or another "
                         f"order); retrain it on a collection made with this version")
@@ -292,12 +299,12 @@ def load_stopper(path: str | Path, threshold: float | None = None,
     kind = spec["kind"]
     if kind == "lightgbm":
         model: Any = load_lightgbm(folder / "model.txt")
-        if model.booster.feature_name() != list(FEATURE_NAMES):
-            raise MCSDError(f"{folder / 'model.txt'}: its features differ from the runtime's "
-                            f"{len(FEATURE_NAMES)} ({', '.join(FEATURE_NAMES)}); retrain it")
+        if model.booster.feature_name() != spec["feature_names"]:
+            raise MCSDError(f"{folder / 'model.txt'}: its features differ from stopper.json's "
+                            f"{len(spec['feature_names'])}; retrain it")
     else:
         model = load_mlp(folder)
-        want = len(FEATURE_NAMES) if kind == "mlp" else spec.get("hidden_size")
+        want = len(spec["feature_names"]) if kind == "mlp" else spec.get("hidden_size")
         if want is not None and model.in_features != want:
             raise MCSDError(f"{folder}: the MLP takes {model.in_features} inputs, expected {want}")
     agg = aggregation or spec["aggregation"]

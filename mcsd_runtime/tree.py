@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mcsd_runtime.errors import MCSDError
@@ -104,6 +105,7 @@ class TreeTensors:
     static_features: torch.Tensor  # [N+1, 3] float32: depth, sibling rank, frontier size
     paths: list[list[int]]  # host copy of path_matrix rows
     depths: list[int]  # host copy of depth
+    static_host: np.ndarray  # host copy of static_features, float64
 
     @classmethod
     def build(cls, tree: Tree, device: torch.device, dtype: torch.dtype) -> TreeTensors:
@@ -132,4 +134,5 @@ class TreeTensors:
             static_features=static.to(device),
             paths=paths,
             depths=tree.depths(),
+            static_host=static.double().numpy(),
         )

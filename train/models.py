@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsd_runtime.features import FEATURE_NAMES
+from mcsd_runtime.features import DECISION_FEATURES
 
 LGBM_PARAMS = dict(learning_rate=0.1, num_leaves=31, max_depth=6, min_data_in_leaf=40,
                    feature_fraction=0.9, bagging_fraction=0.9, bagging_freq=1, lambda_l2=1.0,
@@ -39,7 +39,7 @@ def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
     params = LGBM_PARAMS | {"objective": "cross_entropy" if soft else "binary",
                             "metric": "cross_entropy" if soft else "binary_logloss",
                             "seed": seed, "num_threads": max(1, threads)}
-    names = list(FEATURE_NAMES)
+    names = list(DECISION_FEATURES)
     dtrain = lgb.Dataset(x_train, y_train, feature_name=names, free_raw_data=False)
     dval = lgb.Dataset(x_val, y_val, feature_name=names, reference=dtrain)
     booster = lgb.train(params, dtrain, num_boost_round=LGBM_ROUNDS, valid_sets=[dval],

@@ -14,7 +14,7 @@ import pandas as pd
 
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.learned import AGGREGATIONS, FORMAT, load_stopper
 from train import labels as L
 from train import replay as R
@@ -32,45 +32,32 @@ PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
 
 
 class _BenchFrontier:
-    """A frontier whose features are either given, or (`parent_probs`) computed on every call
-    from the proposing distributions, as the decoder does once per decision."""
+    """A frontier with given features: the stopper's own cost, without the decoder's."""
 
-    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4,
-                 parent_probs=None) -> None:
+    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4) -> None:
         self._f, self._h, self.depth, self.max_depth = feats, hidden, depth, max_depth
-        self._probs = parent_probs
+        self._d = feats[:, [FEATURE_NAMES.index(n) for n in DECISION_FEATURES]].double().numpy()
 
     def features(self):
-        if self._probs is None:
-            return self._f
-        import torch
+        return self._f
 
-        from mcsd_runtime.features import Trajectory, node_features, with_trajectory
-
-        n, probs = self._f.shape[0], self._probs
-        q = probs.max(-1).values.repeat_interleave(n // probs.shape[0])
-        static = torch.stack([torch.full((n,), float(self.depth)), torch.arange(n).float(),
-                              torch.full((n,), float(n))], -1)
-        node = node_features(static, q, q.log(), probs)
-        return with_trajectory(node, Trajectory(10, 2, 1, 2))
+    def decision_features(self):
+        return self._d
 
     def hidden(self):
         return self._h
 
 
 def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | None = None,
-                  seed: int = 0, vocab_size: int | None = None) -> dict:
-    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes, on CPU. With
-    `vocab_size`, each call also computes the frontier's features from `n` proposing
-    distributions over that vocabulary (what a decision costs inside the decoder)."""
+                  seed: int = 0) -> dict:
+    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes with given features,
+    on CPU (the model alone; `mcsd_runtime.decision_cost` measures a decision in the decoder)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     feats = torch.rand(n, len(FEATURE_NAMES), generator=gen)
     hidden = torch.randn(n, hidden_size, generator=gen) if hidden_size else None
-    probs = (torch.rand(n, vocab_size, generator=gen).softmax(-1) if vocab_size and not hidden_size
-             else None)
-    fr = _BenchFrontier(feats, hidden, parent_probs=probs)
+    fr = _BenchFrontier(feats, hidden)
     for _ in range(50):
         stopper.should_continue(fr)
     chunks = []
@@ -81,12 +68,12 @@ def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | 
             stopper.should_continue(fr)
         chunks.append((time.perf_counter() - t0) / per * 1e6)
     return {"frontier_size": n, "median_us": statistics.median(chunks), "min_us": min(chunks),
-            "threads": torch.get_num_threads(), "with_features": probs is not None}
+            "threads": torch.get_num_threads()}
 
 
 def _xy(df: pd.DataFrame, hidden: bool, label: str) -> tuple[np.ndarray, np.ndarray]:
     x = (np.stack(df["hidden"].to_numpy()).astype(np.float32) if hidden
-         else df[list(FEATURE_NAMES)].to_numpy(np.float32))
+         else df[list(DECISION_FEATURES)].to_numpy(np.float32))
     return x, df[f"label_{label}"].to_numpy(np.float32)
 
 
@@ -184,7 +171,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     fp = pair_fingerprint(manifests)
     k_config = next((tuple(m["k_config"]) for m in manifests if m.get("k_config")), None)
     spec = {"format": FORMAT, "kind": model, "schema_version": SCHEMA_VERSION,
-            "feature_names": list(FEATURE_NAMES), "inputs": "hidden" if hidden else "features",
+            "feature_names": list(DECISION_FEATURES),
+            "inputs": "hidden" if hidden else "features",
             "hidden_size": int(x_tr.shape[1]) if hidden else None,
             "aggregation": "max", "threshold": 0.5, "label": label,
             "label_definition": LABEL_DOC[label], "pair_fingerprint": fp}
@@ -194,17 +182,18 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                             hidden_size=int(x_tr.shape[1]) if hidden else None)
     vocab = _vocab_size(fp)
     if vocab and not hidden:  # a decision inside the decoder: the features, then the model
-        sizes = sorted(int(n) for n in df.loc[df["decision"], "frontier_size"].unique())
-        # the fastest chunk, as the cost profile keeps the fastest repeat: robust to other load
-        latency["in_decoder_us"] = {n: bench_latency(stopper, n, repeats=600,
-                                                     vocab_size=vocab)["min_us"]
-                                    for n in sizes}
+        from mcsd_runtime.decision_cost import decision_cost
+
+        cost = decision_cost(stopper, vocab, k_config or (1, 1, 1, 1))
+        # the fastest tenth, as the cost profile keeps medians of interleaved rounds: robust to
+        # other load on a shared machine
+        latency["in_decoder_us"] = cost.get("fast_us")
+        latency["in_decoder"] = cost
     # decisions cost real seconds: only add them to a measured (seconds) profile
     # (`decision_us` overrides the benchmark: e.g. the per-decision cost measured inside the
     # decoder, which also computes the frontier's features)
-    if decision_us is None:  # the in-decoder cost, averaged over the tree's frontier sizes
-        per = latency.get("in_decoder_us")
-        decision_us = float(np.mean(list(per.values()))) if per else latency["median_us"]
+    if decision_us is None:  # the in-decoder cost
+        decision_us = latency.get("in_decoder_us") or latency["median_us"]
     decision_s = decision_us * 1e-6 if measured else 0.0
 
     # 4. replay: choose aggregation and threshold on validation prompts, report on test prompts

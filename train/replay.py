@@ -29,11 +29,13 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import NODE_FEATURES, Trajectory
+from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory
 from mcsd_runtime.stoppers import make_stopper
 from mcsd_runtime.tree import Tree
 
 NODE_COLS = list(NODE_FEATURES)
+_DECISION_NODE_COLS = [NODE_COLS.index(n) for n in DECISION_FEATURES if n in NODE_FEATURES]
+_N_DECISION_NODE = len(_DECISION_NODE_COLS)
 
 
 @dataclass
@@ -190,6 +192,14 @@ class _Frontier:
         n = self._nodes.shape[0]
         traj = np.broadcast_to(np.asarray(self._traj, dtype=np.float32), (n, len(self._traj)))
         return torch.from_numpy(np.concatenate([self._nodes, traj], axis=1))
+
+    def decision_features(self) -> np.ndarray:
+        self.read = True
+        n = self._nodes.shape[0]
+        out = np.empty((n, len(DECISION_FEATURES)))
+        out[:, :_N_DECISION_NODE] = self._nodes[:, _DECISION_NODE_COLS]
+        out[:, _N_DECISION_NODE:] = self._traj
+        return out
 
     def hidden(self) -> torch.Tensor:
         if self._hidden is None:
@@ -376,9 +386,12 @@ class MemoStopper:
         key = (*frontier.key, *frontier._traj)
         hit = self.cache.get(key)
         if hit is None:
-            feats = frontier.features()
+            if self.learned.decision:
+                feats = frontier.decision_features()
+            else:
+                feats = frontier.features().numpy()
             x = frontier.hidden() if self.learned.uses_hidden else feats
-            hit = (self.learned.node_scores(x), feats.numpy())
+            hit = (self.learned.node_scores(x), feats)
             self.cache[key] = hit
         frontier.read = True
         return AGGREGATIONS[self.aggregation](*hit) >= self.threshold

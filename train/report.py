@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsd_runtime.features import FEATURE_NAMES
+from mcsd_runtime.features import DECISION_FEATURES
 
 
 def classification_metrics(y_hard: np.ndarray, p: np.ndarray, y_soft: np.ndarray | None = None,
@@ -41,8 +41,8 @@ def lightgbm_importance(booster, x: np.ndarray) -> dict:
     gain = booster.feature_importance("gain", iteration=booster.best_iteration or None)
     contrib = booster.predict(x, pred_contrib=True, num_iteration=booster.best_iteration or None)
     shap = np.abs(contrib[:, :-1]).mean(0)
-    return {"gain": dict(zip(FEATURE_NAMES, map(float, gain), strict=True)),
-            "mean_abs_shap": dict(zip(FEATURE_NAMES, map(float, shap), strict=True))}
+    return {"gain": dict(zip(DECISION_FEATURES, map(float, gain), strict=True)),
+            "mean_abs_shap": dict(zip(DECISION_FEATURES, map(float, shap), strict=True))}
 
 
 def _plt():

@@ -1,0 +1,78 @@
+"""What one stop decision costs inside the decoder: the frontier's features, then the stopper.
+
+`decision_cost(stopper, vocab_size)` decodes with a small random Llama pair of that vocabulary
+(so the proposing distributions are as wide as a real model's), and times every
+`should_continue` call from the decoder's own frontier: features computed the way the decoder
+computes them, on the distributions it drafted from. Forwards are not timed. The median is
+reported, and the fastest tenth (robust to other load on a shared machine).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from mcsd_runtime.stoppers import Stopper, make_stopper
+
+
+class _Timed:
+    """A stopper wrapper that records the seconds of each `should_continue`."""
+
+    def __init__(self, inner: Stopper) -> None:
+        self.inner, self.seconds = inner, []
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.inner.update(drafted, accepted)
+
+    def should_continue(self, frontier) -> bool:
+        t0 = time.perf_counter()
+        go = self.inner.should_continue(frontier)
+        self.seconds.append(time.perf_counter() - t0)
+        return go
+
+    def __getattr__(self, name: str):  # e.g. uses_hidden, check_tree
+        return getattr(self.inner, name)
+
+
+def random_pair(vocab_size: int, hidden: int = 64, seed: int = 0):
+    """A one-layer random Llama target and draft sharing a vocabulary (no tokenizer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mcsd_runtime.pair import Pair
+
+    def model(s: int) -> LlamaForCausalLM:
+        torch.manual_seed(s)
+        cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                          max_position_embeddings=512, attn_implementation="sdpa",
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        return LlamaForCausalLM(cfg).eval()
+
+    return Pair(model(seed), model(seed + 1))
+
+
+def decision_cost(stopper: Stopper | str, vocab_size: int, k_config=(1, 1, 1, 1, 1, 1, 1, 1),
+                  prompts: int = 4, max_new_tokens: int = 48, seed: int = 0) -> dict:
+    """Seconds per `should_continue` inside `MCSDDecoder` (greedy) at `vocab_size`."""
+    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+
+    pair = random_pair(vocab_size, seed=seed)
+    timed = _Timed(make_stopper(stopper))
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
+                      stopper=timed)
+    gen = torch.Generator().manual_seed(seed)
+    dec.generate(torch.randint(0, vocab_size, (8,), generator=gen).tolist())  # warm-up
+    timed.seconds.clear()
+    for _ in range(prompts):
+        dec.generate(torch.randint(0, vocab_size, (8,), generator=gen).tolist())
+    us = sorted(s * 1e6 for s in timed.seconds)
+    if not us:
+        return {"vocab_size": vocab_size, "decisions": 0}
+    return {"vocab_size": vocab_size, "decisions": len(us), "median_us": statistics.median(us),
+            "fast_us": statistics.median(us[: max(1, len(us) // 10)]),
+            "threads": torch.get_num_threads()}
