@@ -221,7 +221,7 @@ def collect_prompts(job: CollectJob, pair: Pair, rank: int = 0, world_size: int 
     try:
         for i in mine:
             p = job.prompts[i]
-            recorder.begin(p.id)
+            recorder.begin(p.id, encoded[i])
             res = decoder.generate(encoded[i], seed=prompt_seed(job.config.seed, p.id))
             table = recorder.finish()
             st = res.stats

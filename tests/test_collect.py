@@ -15,7 +15,7 @@ import torch
 from collect import load_manifest, load_rows
 from collect.recorder import RowRecorder
 from collect.run import CollectJob, _Interrupted, collect_prompts
-from collect.schema import row_schema
+from collect.schema import IDENTITY, prompt_hash, row_schema
 from collect.store import shard_paths, write_shard
 from conftest import make_pair
 from mcsd_runtime.cli import main as mcsd
@@ -36,7 +36,7 @@ def id_prompts(n: int, vocab: int = 64, seed: int = 0) -> list[Prompt]:
 def decode_with_rows(pair, config, prompt):
     rec = RowRecorder(config.k_config, "run", config.init)
     dec = MCSDDecoder(pair, config, recorder=rec)
-    rec.begin("p")
+    rec.begin("p", prompt)
     res = dec.generate(prompt, seed=config.seed)
     return res, rec.finish().to_pandas()
 
@@ -45,11 +45,13 @@ def test_schema_round_trip(pair, tmp_path):
     for hidden in (False, True):
         rec = RowRecorder(K, "run", "draft", save_hidden=hidden)
         dec = MCSDDecoder(pair, DecodeConfig(k_config=K, max_new_tokens=12), recorder=rec)
-        rec.begin("p0")
+        rec.begin("p0", [1, 2, 3])
         dec.generate([1, 2, 3])
         table = rec.finish()
         assert table.schema.equals(row_schema(hidden))
-        assert [f.name for f in table.schema][8:8 + len(FEATURE_NAMES)] == list(FEATURE_NAMES)
+        n = len(IDENTITY)
+        assert [f.name for f in table.schema][n:n + len(FEATURE_NAMES)] == list(FEATURE_NAMES)
+        assert set(table.column("prompt_hash").to_pylist()) == {prompt_hash([1, 2, 3])}
         path = tmp_path / f"train-000000-r000-{hidden}.parquet"
         write_shard(path, table, {"prompt_indices": [0]})
         back = pq.read_table(path)
@@ -192,6 +194,9 @@ def test_manifest_fields_and_loaders(pair, tmp_path):
     assert sum(hist.values()) == m["counts"]["steps"]
     df = load_rows(out)
     assert len(df) == m["counts"]["rows"] and list(df.prompt_id.unique()) == ["p0", "p1", "p2"]
+    hashes = df.groupby("prompt_id")["prompt_hash"].unique()
+    assert {k: list(v) for k, v in hashes.items()} == {
+        p.id: [prompt_hash(p.text)] for p in id_prompts(3)}  # the prompt's tokens, one per prompt
     assert list(load_rows(out, columns=["soft_label"]).columns) == ["soft_label"]
     import datasets
 
