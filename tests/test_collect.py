@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ from collect import load_manifest, load_rows
 from collect.recorder import RowRecorder
 from collect.run import CollectJob, _Interrupted, collect_prompts
 from collect.schema import IDENTITY, prompt_hash, row_schema
-from collect.store import shard_paths, write_shard
+from collect.store import LOCK, run_lock, shard_paths, write_shard
 from conftest import make_pair
 from mcsd_runtime.cli import main as mcsd
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
@@ -235,3 +238,94 @@ def test_prompts_without_rows_count_as_done(pair, tmp_path):
     assert collect_prompts(job, pair)["sessions"][-1]["prompts"] == 0
     df = load_rows(tmp_path / "run")
     assert len(df) == 0 and "soft_label" in df.columns
+
+
+def _write_lock(folder: Path, pid: int, host: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK
+    path.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(),
+                                "started": "earlier"}))
+    return path
+
+
+def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_one(pair, tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        lock = _write_lock(out, holder.pid)
+        with pytest.raises(MCSDError, match=f"in use by another collect job \\(pid {holder.pid} "
+                                            f"on {socket.gethostname()}, started earlier\\)"):
+            collect_prompts(_job(out, id_prompts(2)), pair)
+        assert lock.is_file() and not (out / "manifest.json").exists()  # nothing was touched
+    finally:
+        holder.kill()
+        holder.wait()
+    m = collect_prompts(_job(out, id_prompts(2)), pair)  # its process is gone: a stale lock
+    assert m["status"] == "complete" and not lock.exists()
+    _write_lock(out, os.getpid())  # this process does not hold it: left by an earlier one
+    assert collect_prompts(_job(out, id_prompts(2)), pair)["status"] == "complete"
+
+
+def test_run_lock_refuses_unknown_holders(tmp_path):
+    lock = _write_lock(tmp_path / "a", 1, host="elsewhere")  # cannot tell from here: refused
+    refused = f"pid 1 on elsewhere, started earlier.*delete {re.escape(str(lock))} and rerun"
+    with pytest.raises(MCSDError, match=refused), run_lock(lock.parent):
+        pass
+    lock.write_text("not json")
+    with pytest.raises(MCSDError, match="cannot read the lock"), run_lock(lock.parent):
+        pass
+    lock.write_text(json.dumps({"pid": 0, "host": socket.gethostname()}))
+    with pytest.raises(MCSDError, match="is not a collect lock"), run_lock(lock.parent):
+        pass
+    assert lock.is_file()  # left for the user to judge
+
+
+def test_run_lock_is_reentrant_and_leaves_no_trace(pair, tmp_path):
+    out = tmp_path / "new"
+    with run_lock(out):
+        assert (out / LOCK).is_file()
+        with run_lock(out):  # the job's own process, e.g. collect_prompts under run_job
+            pass
+        assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+    assert not out.exists()  # created for a job that wrote nothing: removed again
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MCSDError, match="exists and is not a folder"), run_lock(tmp_path / "file"):
+        pass
+    # a lock's leftover temporary file does not make a new folder look foreign
+    out.mkdir()
+    (out / f"{LOCK}.12345").write_text("{}")
+    assert collect_prompts(_job(out, id_prompts(1)), pair)["status"] == "complete"
+
+
+class _FakeFabric:
+    """Rank `rank` of two, with a broadcast that hands every rank what rank 0 sent."""
+
+    def __init__(self, rank: int, sent: list) -> None:
+        self.global_rank, self.world_size, self.device, self.sent = rank, 2, "cpu", sent
+
+    def broadcast(self, obj, src: int = 0):
+        if self.global_rank == src:
+            self.sent.append(obj)
+        return self.sent[0]
+
+
+def test_every_rank_stops_when_rank_0_finds_the_folder_locked(tmp_path):
+    """Several processes: rank 0 takes the job's one lock and tells the others it could not,
+    so no rank loads a pair or waits at a barrier for the others."""
+    import pickle
+
+    from collect.run import _fabric_worker
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        _write_lock(out, holder.pid)
+        job = _job(out, id_prompts(2), pair_args={"target": str(tmp_path / "no-such-model")})
+        sent: list = []
+        results = [_fabric_worker(_FakeFabric(rank, sent), pickle.dumps(job)) for rank in (0, 1)]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(sent) == 1 and all(r == {"error": sent[0]} for r in results)
+    assert f"in use by another collect job (pid {holder.pid}" in sent[0]
+    assert sorted(p.name for p in out.iterdir()) == [LOCK]
