@@ -63,6 +63,8 @@ IDENTITY_FIELDS = (
     "max_new_tokens", "seed", "dense", "save_hidden", "feature_schema_version",
     "row_schema_version", "feature_names", "prompt_set", "limit", "prompt_ids",
 )
+# Those of them fixed by the toolkit's version rather than by the job's options.
+SCHEMA_FIELDS = ("format", "feature_schema_version", "row_schema_version", "feature_names")
 
 
 def now() -> str:
@@ -217,9 +219,11 @@ def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] 
                       f", now {_describe({k: new.get(k) for k in diff})}")
         else:
             detail = f"stored {_describe(old)}, now {_describe(new)}"
-        raise MCSDError(
-            f"run folder {run_dir} was collected with a different {key} ({detail}); nothing was "
-            f"changed. Rerun with the stored configuration to resume it, or choose another --out")
+        fix = ("this version of the toolkit cannot add rows to it (its rows still load); choose "
+               "another --out" if key in SCHEMA_FIELDS else
+               "Rerun with the stored configuration to resume it, or choose another --out")
+        raise MCSDError(f"run folder {run_dir} was collected with a different {key} ({detail}); "
+                        f"nothing was changed. {fix}")
     return manifest
 
 

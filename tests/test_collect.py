@@ -177,6 +177,11 @@ def test_incompatible_reuse_is_refused(pair, tmp_path):
     with pytest.raises(MCSDError, match="different pair"):
         collect_prompts(_job(out, prompts), make_pair(seed=1))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing overwritten
+    manifest = load_manifest(out)  # a run collected by an older version (row schema 1)
+    (out / "manifest.json").write_text(json.dumps(manifest | {"row_schema_version": 1}))
+    with pytest.raises(MCSDError, match=r"different row_schema_version \(stored 1, now 2\).*"
+                                        r"cannot add rows to it \(its rows still load\)"):
+        collect_prompts(_job(out, prompts), pair)
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
