@@ -52,7 +52,7 @@ def bench(pair, config, prompts, save_hidden: bool = False) -> dict:
 
     def run_rec(x):
         t0 = time.perf_counter()
-        rec.begin("p")
+        rec.begin("p", x)
         r = recording.generate(x, seed=0)
         table = rec.finish()
         pq.write_table(table, tmp / "bench.parquet", compression="zstd")

@@ -3,7 +3,8 @@ log one row per drafted node (features and what the target accepted) into a run 
 Parquet shards plus manifest.json.
 
 Rerunning the same command resumes an interrupted run: only the missing prompts are decoded.
-A different configuration pointed at an existing run folder is refused.
+A different configuration pointed at an existing run folder is refused, and so is a second job
+while another one writes to it.
 """
 
 from __future__ import annotations

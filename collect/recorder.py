@@ -7,11 +7,13 @@ states when they are kept; no per-node Python loop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 import torch
 
-from collect.schema import row_schema
+from collect.schema import prompt_hash, row_schema
 from mcsd_runtime.decoder import StepTrace
 from mcsd_runtime.features import NODE_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.tree import Tree
@@ -20,7 +22,7 @@ _N = len(NODE_FEATURES)
 
 
 class RowRecorder:
-    """Collects the rows of one prompt at a time: `begin(prompt_id)`, let the decoder call
+    """Collects the rows of one prompt at a time: `begin(prompt_id, tokens)`, let the decoder call
     `on_step(trace)` for every step, then `finish()` returns the prompt's columns.
 
     `on_accepted_path` marks the nodes of the verified accepted path (for `init="target"` that
@@ -35,12 +37,14 @@ class RowRecorder:
         self.wants_hidden = bool(save_hidden)  # read by the decoder
         self.schema = row_schema(self.wants_hidden)
         self.prompt_id: str | None = None
+        self.prompt_hash = ""
         self._parts: list[dict[str, np.ndarray]] = []
         self._hidden: list[np.ndarray] = []
         self.steps: list[tuple[int, int]] = []  # (accepted, drafted) per step of this prompt
 
-    def begin(self, prompt_id: str) -> None:
-        self.prompt_id = prompt_id
+    def begin(self, prompt_id: str, tokens: Sequence[int]) -> None:
+        """Start the rows of the prompt `prompt_id`, whose token ids are `tokens`."""
+        self.prompt_id, self.prompt_hash = prompt_id, prompt_hash(tokens)
         self._parts, self._hidden, self.steps = [], [], []
 
     @torch.inference_mode()
@@ -81,10 +85,10 @@ class RowRecorder:
 
     def finish(self) -> pa.Table:
         """The rows of the current prompt as a table of `self.schema` (possibly empty)."""
-        return self.to_table(self._parts, self._hidden, self.prompt_id or "")
+        return self.to_table(self._parts, self._hidden, self.prompt_id or "", self.prompt_hash)
 
     def to_table(self, parts: list[dict[str, np.ndarray]], hidden: list[np.ndarray],
-                 prompt_id: str) -> pa.Table:
+                 prompt_id: str, prompt_hash: str) -> pa.Table:
         if not parts:
             return self.schema.empty_table()
         cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -92,6 +96,7 @@ class RowRecorder:
         cols: dict[str, pa.Array] = {
             "run_id": pa.array(np.full(n, self.run_id, dtype=object), pa.string()),
             "prompt_id": pa.array(np.full(n, prompt_id, dtype=object), pa.string()),
+            "prompt_hash": pa.array(np.full(n, prompt_hash, dtype=object), pa.string()),
             "init": pa.array(np.full(n, self.init, dtype=object), pa.string()),
         }
         for name in ("step", "position", "node", "parent", "token"):

@@ -3,6 +3,9 @@
 One process (`collect_prompts`) or several through Lightning Fabric (`run_job`): ranks take
 disjoint slices of the prompts still missing, each writes its own shards, and rank 0 writes the
 manifest (counts, summary, timings) once every rank is done.
+
+One lock per job (`store.run_lock`) keeps a second job off the folder: a job in one process takes
+it before loading the pair; with several processes, global rank 0 takes it and tells the others.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from collect import store
 from collect.recorder import RowRecorder
 from collect.schema import ROW_SCHEMA_VERSION
+from collect.store import now
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
@@ -28,10 +32,6 @@ from mcsd_runtime.prompts import Prompt
 
 DEFAULT_SHARD_PROMPTS = 8
 DEFAULT_SHARD_ROWS = 1 << 18
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def prompt_seed(seed: int, prompt_id: str) -> int:
@@ -179,8 +179,14 @@ class _ShardWriter:
 def collect_prompts(job: CollectJob, pair: Pair, rank: int = 0, world_size: int = 1,
                     barrier: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run one rank of `job` on `pair`; returns the run's manifest (rank 0) or this rank's
-    counts. With `world_size == 1` this is the whole job in this process."""
-    barrier = barrier or (lambda: None)
+    counts. With `world_size == 1` this is the whole job in this process, which holds the
+    folder's lock; several ranks rely on the lock their job took (see `_fabric_worker`)."""
+    with store.run_lock(job.out) if world_size == 1 else nullcontext():
+        return _collect(job, pair, rank, world_size, barrier or (lambda: None))
+
+
+def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
+             barrier: Callable[[], None]) -> dict[str, Any]:
     t_start = time.perf_counter()
     started = now()
     run_dir = Path(job.out)
@@ -221,7 +227,7 @@ def collect_prompts(job: CollectJob, pair: Pair, rank: int = 0, world_size: int 
     try:
         for i in mine:
             p = job.prompts[i]
-            recorder.begin(p.id)
+            recorder.begin(p.id, encoded[i])
             res = decoder.generate(encoded[i], seed=prompt_seed(job.config.seed, p.id))
             table = recorder.finish()
             st = res.stats
@@ -342,11 +348,22 @@ def _fabric_worker(fabric, job_bytes: bytes) -> dict[str, Any]:
     job: CollectJob = pickle.loads(job_bytes)
     if job.threads:
         torch.set_num_threads(job.threads)
-    try:
-        pair = _load_pair(job, str(fabric.device))
-        return collect_prompts(job, pair, fabric.global_rank, fabric.world_size, fabric.barrier)
-    except MCSDError as err:  # every rank meets user errors before the first barrier
-        return {"error": str(err)}
+    with ExitStack() as lock:
+        error = None
+        if fabric.global_rank == 0:  # one lock for the job, taken before any pair is loaded
+            try:
+                lock.enter_context(store.run_lock(job.out))
+            except MCSDError as err:
+                error = str(err)
+        error = fabric.broadcast(error, src=0)  # so that every rank stops alike
+        if error is not None:
+            return {"error": error}
+        try:
+            pair = _load_pair(job, str(fabric.device))
+            return collect_prompts(job, pair, fabric.global_rank, fabric.world_size,
+                                   fabric.barrier)
+        except MCSDError as err:  # every rank meets user errors before the first barrier
+            return {"error": str(err)}
 
 
 def externally_launched() -> bool:
@@ -374,7 +391,8 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
             torch.set_num_threads(job.threads)
         from mcsd_runtime.pair import pick_device
 
-        return collect_prompts(job, _load_pair(job, str(pick_device(device))))
+        with store.run_lock(job.out):  # before the pair loads: a second job is refused at once
+            return collect_prompts(job, _load_pair(job, str(pick_device(device))))
     from lightning.fabric import Fabric
     from lightning.fabric.strategies import DDPStrategy
 

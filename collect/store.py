@@ -10,6 +10,7 @@
       empty-000020-r000.json        a group of prompts that drafted no node at all (datasets
                                     cannot read a Parquet file without rows): its metadata only
       .tmp-*                        a write in progress (ignored; removed at the next start)
+      .collect.lock                 held while a job writes to the folder (see run_lock)
 
 Every file is written under a temporary name in the same folder, flushed to disk, then renamed
 into place, so a reader (or a resumed run) sees a shard either whole or not at all. A prompt
@@ -32,10 +33,13 @@ manifest.json fields:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+import socket
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ SHARD_GLOB = "train-*.parquet"
 SHARD_RE = re.compile(r"^train-(\d{6,})-r(\d{3,})\.parquet$")
 META_KEY = b"mcsd_collect"
 EMPTY_RE = re.compile(r"^empty-(\d{6,})-r(\d{3,})\.json$")
+LOCK = ".collect.lock"
 
 # Fields of the manifest that define what the rows mean: a resumed run must match them all.
 IDENTITY_FIELDS = (
@@ -58,6 +63,12 @@ IDENTITY_FIELDS = (
     "max_new_tokens", "seed", "dense", "save_hidden", "feature_schema_version",
     "row_schema_version", "feature_names", "prompt_set", "limit", "prompt_ids",
 )
+# Those of them fixed by the toolkit's version rather than by the job's options.
+SCHEMA_FIELDS = ("format", "feature_schema_version", "row_schema_version", "feature_names")
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def shard_name(first_index: int, rank: int) -> str:
@@ -172,16 +183,21 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def check_folder(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MCSDError(f"--out {run_dir} exists and is not a folder")
+
+
 def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The folder's existing manifest, after checking that it was collected with `identity`;
     None for a new (missing or empty) folder. Raises MCSDError naming the first difference."""
     run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise MCSDError(f"--out {run_dir} exists and is not a folder")
+    check_folder(run_dir)
     manifest = read_manifest(run_dir) if run_dir.is_dir() else None
     if manifest is None:
         if run_dir.is_dir():
-            others = [p.name for p in run_dir.iterdir() if not p.name.startswith(TMP_PREFIX)]
+            others = [p.name for p in run_dir.iterdir()
+                      if not p.name.startswith((TMP_PREFIX, LOCK))]
             if others:
                 raise MCSDError(f"--out {run_dir} is not empty and holds no collect run "
                                 f"(found {', '.join(sorted(others)[:3])}); choose a new folder")
@@ -203,9 +219,11 @@ def check_compatible(run_dir: Path, identity: dict[str, Any]) -> dict[str, Any] 
                       f", now {_describe({k: new.get(k) for k in diff})}")
         else:
             detail = f"stored {_describe(old)}, now {_describe(new)}"
-        raise MCSDError(
-            f"run folder {run_dir} was collected with a different {key} ({detail}); nothing was "
-            f"changed. Rerun with the stored configuration to resume it, or choose another --out")
+        fix = ("this version of the toolkit cannot add rows to it (its rows still load); choose "
+               "another --out" if key in SCHEMA_FIELDS else
+               "Rerun with the stored configuration to resume it, or choose another --out")
+        raise MCSDError(f"run folder {run_dir} was collected with a different {key} ({detail}); "
+                        f"nothing was changed. {fix}")
     return manifest
 
 
@@ -215,6 +233,124 @@ def _comparable(key: str, value):
     if key == "pair" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in ("target", "draft")}
     return value
+
+
+# --- the lock of a job writing to the folder ----------------------------------------------------
+
+_HELD: set[Path] = set()  # folders whose lock this process holds
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold `run_dir`'s lock (creating the folder) while a job writes to it; MCSDError at once if
+    another live job holds it. A lock left by a job that was killed (its process is gone from
+    this host) is taken over. Re-entrant within a process; a folder this call created is
+    removed again if the job leaves it empty."""
+    run_dir = Path(run_dir)
+    check_folder(run_dir)
+    key = run_dir.resolve()
+    if key in _HELD:
+        yield
+        return
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _acquire(run_dir / LOCK)
+    except BaseException as err:
+        if created:
+            _remove_if_empty(run_dir)
+        if isinstance(err, OSError):
+            raise MCSDError(f"cannot lock the run folder {run_dir}: {err}") from None
+        raise
+    _HELD.add(key)
+    try:
+        yield
+    finally:
+        _HELD.discard(key)
+        _release(run_dir / LOCK)
+        if created:
+            _remove_if_empty(run_dir)
+
+
+def _me() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _acquire(path: Path) -> None:
+    text = json.dumps(_me() | {"started": now()})
+    for _ in range(3):
+        if _create_exclusive(path, text):
+            return
+        holder = _read_lock(path)
+        if holder is not None and _alive(holder):
+            raise MCSDError(
+                f"run folder {path.parent} is in use by another collect job (pid "
+                f"{holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}); "
+                f"wait for it to finish or choose another --out. If that job is not running, "
+                f"delete {path} and rerun")
+        if _read_lock(path) == holder:  # still the dead job's lock: take it over
+            path.unlink(missing_ok=True)
+    raise MCSDError(f"could not take the lock {path}: other jobs keep taking it; run one job per "
+                    f"run folder")
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Create `path` holding `text` unless it exists; readers never see it half written."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_lock(path: Path) -> dict[str, Any] | None:
+    """The lock's holder; None if the lock is gone. MCSDError if it is not a lock."""
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise MCSDError(f"cannot read the lock {path} ({err}); if no collect job is writing to "
+                        f"{path.parent}, delete it and rerun") from None
+    pid = holder.get("pid") if isinstance(holder, dict) else None
+    if not isinstance(pid, int) or pid <= 0:
+        raise MCSDError(f"{path} is not a collect lock; if no collect job is writing to "
+                        f"{path.parent}, delete it and rerun")
+    return holder
+
+
+def _alive(holder: dict[str, Any]) -> bool:
+    """Whether the holder's process may still run: certain only on this host. A lock naming
+    this very process is stale (a previous process with the same pid), as `_HELD` was checked."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    if holder["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _release(path: Path) -> None:
+    try:
+        holder = _read_lock(path)
+    except MCSDError:
+        return
+    if holder is not None and {k: holder.get(k) for k in ("pid", "host")} == _me():
+        path.unlink(missing_ok=True)
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty
+        run_dir.rmdir()
 
 
 # --- reading rows -----------------------------------------------------------------------------

@@ -200,7 +200,7 @@ class MCSDDecoder:
                  stopper: Stopper | str | None = None, recorder=None) -> None:
         self.pair = pair
         self.config = config or DecodeConfig()
-        self.stopper = make_stopper(stopper)
+        self.stopper = make_stopper(stopper, self.config.k_config)
         self.recorder = recorder
         self.tree = Tree(self.config.k_config)
         self.tt = TreeTensors.build(self.tree, pair.device, pair.dtype)

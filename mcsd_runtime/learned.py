@@ -2,9 +2,10 @@
 the node scores into one continue-probability, compare it with the artifact's threshold.
 
 An artifact folder holds `stopper.json` (kind, feature schema, aggregation, threshold, pair
-fingerprint, metrics, training-data manifest) and the model: `model.txt` (LightGBM) or
-`model.safetensors` plus `config.json` (MLP). `train` writes them; this module only reads them,
-so the runtime never imports `train`. The MLP module is defined here and `train` imports it.
+fingerprint, the k-config it was trained on, metrics, training-data manifest) and the model:
+`model.txt` (LightGBM) or `model.safetensors` plus `config.json` (MLP). `train` writes them;
+this module only reads them, so the runtime never imports `train`. The MLP module is defined
+here and `train` imports it.
 
 Node score: the model's estimate that the node is on the accepted path *and* the accepted path
 continues past it (the label `train` fits). Aggregations over the frontier:
@@ -22,6 +23,7 @@ same outputs as `Booster.predict`, without most of its per-call overhead.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from torch import nn
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION, column
+from mcsd_runtime.tree import parse_k_config
 
 FORMAT = "mcsd-stopper"
 KINDS = ("lightgbm", "mlp", "mlp-hidden")
@@ -207,10 +210,29 @@ class LearnedStopper:
         self.threshold, self.aggregation = float(threshold), aggregation
         self._agg = AGGREGATIONS[aggregation]
         self.pair_fingerprint: dict | None = spec.get("pair_fingerprint")
+        self.k_config: tuple[int, ...] | None = (parse_k_config(spec["k_config"])
+                                                 if spec.get("k_config") else None)
         self.uses_hidden = kind == "mlp-hidden"
         # trained on DECISION_FEATURES: read the frontier's cheap host features
         self.decision = (not self.uses_hidden
                          and tuple(spec.get("feature_names", ())) == DECISION_FEATURES)
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        """Refuse a decoder tree other than the one this stopper was trained on. An artifact
+        that does not record its tree (written before stopper.json had `k_config`) is accepted
+        with a warning."""
+        k_config = tuple(k_config)
+        if self.k_config is None:
+            warnings.warn(f"this stopper does not record the k-config it was trained on, so it "
+                          f"cannot be checked against the decoder's {_k_text(k_config)}; retrain "
+                          f"it to record it", UserWarning, stacklevel=2)
+            return
+        if self.k_config != k_config:
+            raise MCSDError(
+                f"this stopper was trained on k-config {_k_text(self.k_config)} trees, but the "
+                f"decoder drafts k-config {_k_text(k_config)}; decode with --k-config "
+                f"{_k_text(self.k_config)} or train a stopper on a collection made with "
+                f"--k-config {_k_text(k_config)}")
 
     def reset(self) -> None:
         pass
@@ -255,6 +277,10 @@ class LearnedStopper:
                 f"threshold={self.threshold:.3f})")
 
 
+def _k_text(k_config: tuple[int, ...]) -> str:
+    return ",".join(map(str, k_config)) or "() (autoregressive)"
+
+
 def read_spec(path: str | Path) -> tuple[Path, dict]:
     """The artifact folder and its validated `stopper.json`."""
     path = Path(path)
@@ -288,6 +314,13 @@ def read_spec(path: str | Path) -> tuple[Path, dict]:
         float(spec["threshold"])
     except (KeyError, TypeError, ValueError):
         raise MCSDError(f"{spec_path}: missing or non-numeric threshold") from None
+    if spec.get("k_config") is not None:
+        try:
+            parse_k_config(spec["k_config"])
+        except (MCSDError, TypeError):
+            raise MCSDError(f"{spec_path}: k_config {spec['k_config']!r} is not a k-config (a "
+                            f"list of positive integers); retrain or restore the artifact"
+                            ) from None
     return folder, spec
 
 

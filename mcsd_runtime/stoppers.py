@@ -10,6 +10,9 @@ A stopper implements three methods:
   `frontier.hidden()` the draft's last hidden state that proposed each frontier node
   (for stoppers with `uses_hidden = True`);
 - `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted.
+
+A stopper tied to one tree shape (a learned one) also has `check_tree(k_config)`, which the
+decoder calls once with its k-config and which raises MCSDError for another shape.
 """
 
 from __future__ import annotations
@@ -142,9 +145,20 @@ def stopper_help() -> str:
     return "; ".join(text for text, _ in BUILTIN.values())
 
 
-def make_stopper(spec: str | Stopper | None) -> Stopper:
+def make_stopper(spec: str | Stopper | None,
+                 k_config: tuple[int, ...] | None = None) -> Stopper:
     """A stopper from a spec string such as `static`, `confidence:0.4`, `heuristic`, or a
-    learned stopper's artifact folder (`stopper:PATH` or a folder holding `stopper.json`)."""
+    learned stopper's artifact folder (`stopper:PATH` or a folder holding `stopper.json`).
+    With `k_config` (the decoder's tree), a stopper that knows the tree it was trained on
+    (`check_tree`) refuses any other."""
+    stopper = _build(spec)
+    check_tree = getattr(stopper, "check_tree", None)
+    if k_config is not None and check_tree is not None:
+        check_tree(tuple(k_config))
+    return stopper
+
+
+def _build(spec: str | Stopper | None) -> Stopper:
     if spec is None:
         return StaticStopper()
     if not isinstance(spec, str):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +18,8 @@ import torch
 from collect import load_manifest, load_rows
 from collect.recorder import RowRecorder
 from collect.run import CollectJob, _Interrupted, collect_prompts
-from collect.schema import row_schema
-from collect.store import shard_paths, write_shard
+from collect.schema import IDENTITY, prompt_hash, row_schema
+from collect.store import LOCK, run_lock, shard_paths, write_shard
 from conftest import make_pair
 from mcsd_runtime.cli import main as mcsd
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
@@ -36,7 +39,7 @@ def id_prompts(n: int, vocab: int = 64, seed: int = 0) -> list[Prompt]:
 def decode_with_rows(pair, config, prompt):
     rec = RowRecorder(config.k_config, "run", config.init)
     dec = MCSDDecoder(pair, config, recorder=rec)
-    rec.begin("p")
+    rec.begin("p", prompt)
     res = dec.generate(prompt, seed=config.seed)
     return res, rec.finish().to_pandas()
 
@@ -45,11 +48,13 @@ def test_schema_round_trip(pair, tmp_path):
     for hidden in (False, True):
         rec = RowRecorder(K, "run", "draft", save_hidden=hidden)
         dec = MCSDDecoder(pair, DecodeConfig(k_config=K, max_new_tokens=12), recorder=rec)
-        rec.begin("p0")
+        rec.begin("p0", [1, 2, 3])
         dec.generate([1, 2, 3])
         table = rec.finish()
         assert table.schema.equals(row_schema(hidden))
-        assert [f.name for f in table.schema][8:8 + len(FEATURE_NAMES)] == list(FEATURE_NAMES)
+        n = len(IDENTITY)
+        assert [f.name for f in table.schema][n:n + len(FEATURE_NAMES)] == list(FEATURE_NAMES)
+        assert set(table.column("prompt_hash").to_pylist()) == {prompt_hash([1, 2, 3])}
         path = tmp_path / f"train-000000-r000-{hidden}.parquet"
         write_shard(path, table, {"prompt_indices": [0]})
         back = pq.read_table(path)
@@ -172,6 +177,11 @@ def test_incompatible_reuse_is_refused(pair, tmp_path):
     with pytest.raises(MCSDError, match="different pair"):
         collect_prompts(_job(out, prompts), make_pair(seed=1))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing overwritten
+    manifest = load_manifest(out)  # a run collected by an older version (row schema 1)
+    (out / "manifest.json").write_text(json.dumps(manifest | {"row_schema_version": 1}))
+    with pytest.raises(MCSDError, match=r"different row_schema_version \(stored 1, now 2\).*"
+                                        r"cannot add rows to it \(its rows still load\)"):
+        collect_prompts(_job(out, prompts), pair)
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
@@ -192,6 +202,9 @@ def test_manifest_fields_and_loaders(pair, tmp_path):
     assert sum(hist.values()) == m["counts"]["steps"]
     df = load_rows(out)
     assert len(df) == m["counts"]["rows"] and list(df.prompt_id.unique()) == ["p0", "p1", "p2"]
+    hashes = df.groupby("prompt_id")["prompt_hash"].unique()
+    assert {k: list(v) for k, v in hashes.items()} == {
+        p.id: [prompt_hash(p.text)] for p in id_prompts(3)}  # the prompt's tokens, one per prompt
     assert list(load_rows(out, columns=["soft_label"]).columns) == ["soft_label"]
     import datasets
 
@@ -230,3 +243,94 @@ def test_prompts_without_rows_count_as_done(pair, tmp_path):
     assert collect_prompts(job, pair)["sessions"][-1]["prompts"] == 0
     df = load_rows(tmp_path / "run")
     assert len(df) == 0 and "soft_label" in df.columns
+
+
+def _write_lock(folder: Path, pid: int, host: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK
+    path.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(),
+                                "started": "earlier"}))
+    return path
+
+
+def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_one(pair, tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        lock = _write_lock(out, holder.pid)
+        with pytest.raises(MCSDError, match=f"in use by another collect job \\(pid {holder.pid} "
+                                            f"on {socket.gethostname()}, started earlier\\)"):
+            collect_prompts(_job(out, id_prompts(2)), pair)
+        assert lock.is_file() and not (out / "manifest.json").exists()  # nothing was touched
+    finally:
+        holder.kill()
+        holder.wait()
+    m = collect_prompts(_job(out, id_prompts(2)), pair)  # its process is gone: a stale lock
+    assert m["status"] == "complete" and not lock.exists()
+    _write_lock(out, os.getpid())  # this process does not hold it: left by an earlier one
+    assert collect_prompts(_job(out, id_prompts(2)), pair)["status"] == "complete"
+
+
+def test_run_lock_refuses_unknown_holders(tmp_path):
+    lock = _write_lock(tmp_path / "a", 1, host="elsewhere")  # cannot tell from here: refused
+    refused = f"pid 1 on elsewhere, started earlier.*delete {re.escape(str(lock))} and rerun"
+    with pytest.raises(MCSDError, match=refused), run_lock(lock.parent):
+        pass
+    lock.write_text("not json")
+    with pytest.raises(MCSDError, match="cannot read the lock"), run_lock(lock.parent):
+        pass
+    lock.write_text(json.dumps({"pid": 0, "host": socket.gethostname()}))
+    with pytest.raises(MCSDError, match="is not a collect lock"), run_lock(lock.parent):
+        pass
+    assert lock.is_file()  # left for the user to judge
+
+
+def test_run_lock_is_reentrant_and_leaves_no_trace(pair, tmp_path):
+    out = tmp_path / "new"
+    with run_lock(out):
+        assert (out / LOCK).is_file()
+        with run_lock(out):  # the job's own process, e.g. collect_prompts under run_job
+            pass
+        assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+    assert not out.exists()  # created for a job that wrote nothing: removed again
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MCSDError, match="exists and is not a folder"), run_lock(tmp_path / "file"):
+        pass
+    # a lock's leftover temporary file does not make a new folder look foreign
+    out.mkdir()
+    (out / f"{LOCK}.12345").write_text("{}")
+    assert collect_prompts(_job(out, id_prompts(1)), pair)["status"] == "complete"
+
+
+class _FakeFabric:
+    """Rank `rank` of two, with a broadcast that hands every rank what rank 0 sent."""
+
+    def __init__(self, rank: int, sent: list) -> None:
+        self.global_rank, self.world_size, self.device, self.sent = rank, 2, "cpu", sent
+
+    def broadcast(self, obj, src: int = 0):
+        if self.global_rank == src:
+            self.sent.append(obj)
+        return self.sent[0]
+
+
+def test_every_rank_stops_when_rank_0_finds_the_folder_locked(tmp_path):
+    """Several processes: rank 0 takes the job's one lock and tells the others it could not,
+    so no rank loads a pair or waits at a barrier for the others."""
+    import pickle
+
+    from collect.run import _fabric_worker
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        _write_lock(out, holder.pid)
+        job = _job(out, id_prompts(2), pair_args={"target": str(tmp_path / "no-such-model")})
+        sent: list = []
+        results = [_fabric_worker(_FakeFabric(rank, sent), pickle.dumps(job)) for rank in (0, 1)]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(sent) == 1 and all(r == {"error": sent[0]} for r in results)
+    assert f"in use by another collect job (pid {holder.pid}" in sent[0]
+    assert sorted(p.name for p in out.iterdir()) == [LOCK]

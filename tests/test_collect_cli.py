@@ -1,4 +1,5 @@
-"""collect through its command line: kill -9 and resume, two Fabric processes, --help.
+"""collect through its command line: kill -9 and resume, two Fabric processes, the folder's
+lock, --help.
 
 The pair is a tiny random Llama pair saved to folders with a character-level tokenizer, so the
 CLI loads it like any local model."""
@@ -18,7 +19,7 @@ import pandas as pd
 import pytest
 
 from collect import load_manifest, load_rows
-from collect.store import scan_shards
+from collect.store import LOCK, scan_shards
 from conftest import make_pair
 from mcsd_runtime.cli import main as mcsd
 
@@ -81,8 +82,10 @@ def test_kill_9_then_rerun_completes_the_missing_prompts_only(setup, capsys):
     done = sum(len(m["prompt_indices"]) for m in scan_shards(out).values())
     assert 0 < done < N_PROMPTS, "the run was not interrupted half-way"
     assert load_manifest(out)["status"] == "running"
-    assert mcsd(["collect", *args, "--out", str(out)]) == 0
+    assert json.loads((out / LOCK).read_text())["pid"] == proc.pid  # left by the killed job
+    assert mcsd(["collect", *args, "--out", str(out)]) == 0  # its stale lock does not block
     assert "rows in" in capsys.readouterr().out
+    assert not (out / LOCK).exists()
     manifest = load_manifest(out)
     assert manifest["sessions"][-1]["prompts"] == N_PROMPTS - done
     assert manifest["counts"] == ref_manifest["counts"]
@@ -106,6 +109,32 @@ def test_two_fabric_processes_cover_every_prompt_once(setup):
     assert manifest["counts"] == ref_manifest["counts"]
     pd.testing.assert_frame_equal(load_rows(out), ref_rows)  # same rows as one process
     assert "tau" in res.stdout and "accepted length histogram" in res.stdout
+    assert not (out / LOCK).exists()
+
+
+def test_second_job_on_a_folder_is_refused_at_once(setup, capsys, monkeypatch):
+    root, args, ref_rows, ref_manifest = setup
+    out = root / "busy"
+    first = subprocess.Popen(_cmd(args, out), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and first.poll() is None and not list(out.glob("train-*")):
+        time.sleep(0.02)
+    assert first.poll() is None, "the first job ended before the second one started"
+    import collect.run
+
+    def no_pair(*_):
+        raise AssertionError("the second job loaded its pair")
+
+    monkeypatch.setattr(collect.run, "_load_pair", no_pair)
+    assert mcsd(["collect", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"is in use by another collect job (pid {first.pid} on" in err
+    assert "Traceback" not in err
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    assert load_manifest(out)["counts"] == ref_manifest["counts"]  # the first job was unharmed
+    pd.testing.assert_frame_equal(load_rows(out), ref_rows)
+    assert not (out / LOCK).exists()
 
 
 def test_refused_configuration_exits_2(setup, capsys):

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from collect.schema import prompt_hash
 from conftest import make_pair
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.features import FEATURE_NAMES
@@ -22,10 +23,10 @@ N_PROMPTS = 18
 class Recorder:
     wants_hidden = True
 
-    def __init__(self, k_config, prompt_id: str, run_id: str = "run0") -> None:
+    def __init__(self, k_config, prompt_id: str, tokens: list[int], run_id: str = "run0") -> None:
         tree = Tree(k_config)
         self.depths, self.parents = tree.depths(), tree.parents()
-        self.prompt_id, self.run_id = prompt_id, run_id
+        self.prompt_id, self.run_id, self.prompt_hash = prompt_id, run_id, prompt_hash(tokens)
         self.rows: list[dict] = []
 
     def on_step(self, trace) -> None:
@@ -36,7 +37,8 @@ class Recorder:
         p, q = trace.target_prob.cpu().numpy(), trace.draft_prob.cpu().numpy()
         hidden = trace.hidden.cpu().numpy().astype(np.float16) if trace.hidden is not None else None
         for j in range(1, c + 1):
-            row = {"run_id": self.run_id, "prompt_id": self.prompt_id, "step": trace.step,
+            row = {"run_id": self.run_id, "prompt_id": self.prompt_id,
+                   "prompt_hash": self.prompt_hash, "step": trace.step,
                    "position": int(traj[0]), "node": j, "parent": self.parents[j],
                    "init": "draft", "token": int(trace.tokens[j])}
             row |= dict(zip(FEATURE_NAMES, [*feats[j - 1].tolist(), *traj], strict=True))
@@ -61,12 +63,12 @@ def small_pair():
 
 
 @functools.cache
-def dense_rows() -> pd.DataFrame:
+def dense_rows(run_id: str = "run0") -> pd.DataFrame:
     """A dense greedy collection: a full tree drafted and verified at every AR position."""
     pair = small_pair()
     frames = []
     for i, ids in enumerate(prompts()):
-        rec = Recorder(K_CONFIG, f"p{i}")
+        rec = Recorder(K_CONFIG, f"p{i}", ids, run_id)
         dec = MCSDDecoder(pair, DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW,
                                              commit_limit=1), stopper="static", recorder=rec)
         dec.generate(ids)

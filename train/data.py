@@ -84,8 +84,35 @@ def pair_fingerprint(manifests: list[dict]) -> dict | None:
     return first
 
 
-def group_ids(df: pd.DataFrame) -> pd.Series:
+def collected_k_config(manifests: list[dict]) -> tuple[int, ...] | None:
+    """The runs' common k-config (None when no manifest records one); MCSDError if the runs
+    were collected with different trees."""
+    configs = {tuple(m["k_config"]) for m in manifests if m.get("k_config")}
+    if len(configs) > 1:
+        shown = " and ".join(",".join(map(str, k)) for k in sorted(configs))
+        raise MCSDError(f"the runs passed to --data were collected with different k-configs "
+                        f"({shown}); train one stopper per k-config")
+    return configs.pop() if configs else None
+
+
+def sequence_ids(df: pd.DataFrame) -> pd.Series:
+    """`run_id/prompt_id`: the key of one decoded sequence (a prompt within one run)."""
     return df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)
+
+
+def prompt_groups(df: pd.DataFrame) -> tuple[pd.Series, int]:
+    """What the train/validation/test split groups rows by, and how many prompts fell back.
+
+    The group is the prompt itself (`prompt_hash`, a hash of its token ids), so two runs over the
+    same prompts cannot put one prompt in two splits. Rows collected before the column existed
+    (row schema 1) fall back to their run and prompt id; the count says how many such prompts.
+    """
+    seq = sequence_ids(df)
+    if "prompt_hash" not in df.columns:
+        return seq, int(seq.nunique())
+    hashes = df["prompt_hash"]
+    missing = hashes.isna() | (hashes.astype(str) == "")
+    return hashes.astype(str).where(~missing, seq), int(seq[missing].nunique())
 
 
 def split_prompts(groups: pd.Series, val_frac: float, test_frac: float,

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from train.data import sequence_ids
+
 DEPTH = "depth"  # the node-feature column
 _KEY = ["run_id", "prompt_id", "step"]
 
@@ -62,7 +64,7 @@ def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
     running mean includes it. Prompts that are not dense keep their stored features.
     """
     df = df.copy()
-    key = df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)
+    key = sequence_ids(df)
     first = df[df[DEPTH] == 1].assign(_key=key)
     prev = np.zeros(len(df), dtype=np.float64)
     mean = np.zeros(len(df), dtype=np.float64)

@@ -19,7 +19,14 @@ from mcsd_runtime.learned import AGGREGATIONS, FORMAT, load_stopper
 from train import labels as L
 from train import replay as R
 from train import report
-from train.data import check_rows, group_ids, pair_fingerprint, split_prompts
+from train.data import (
+    check_rows,
+    collected_k_config,
+    pair_fingerprint,
+    prompt_groups,
+    sequence_ids,
+    split_prompts,
+)
 
 MODELS = ("lightgbm", "mlp", "mlp-hidden")
 LABEL_DOC = {
@@ -109,6 +116,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
         raise MCSDError(f"unknown label {label!r}: use hard or soft")
     hidden = model == "mlp-hidden"
     check_rows(df, hidden)
+    k_config = collected_k_config(manifests)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     measured = profile is not None
@@ -121,8 +129,13 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
         df = L.walk_trajectory(df)
     elif trajectory != "stored":
         raise MCSDError(f"unknown trajectory {trajectory!r}: walk or stored")
-    groups = group_ids(df)
+    groups, fallback = prompt_groups(df)
+    if fallback:
+        log(f"warning: {fallback} prompt(s) have rows without prompt_hash (collected before row "
+            f"schema 2), so they are split by run and prompt id: the same prompt in two runs "
+            f"can land in two splits; recollect them to split by the prompt itself")
     masks = split_prompts(groups, val_frac, test_frac, seed)
+    n_prompts = {k: int(groups[m].nunique()) for k, m in masks.items()}
     dec = df["decision"].to_numpy()
     parts = {k: df[m & dec] for k, m in masks.items()}
     if any(len(p) == 0 for p in parts.values()) or parts["train"]["label_hard"].nunique() < 2:
@@ -132,7 +145,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     x_va, y_va = _xy(parts["val"], hidden, label)
     x_te, _ = _xy(parts["test"], hidden, label)
     log(f"rows: {len(df)} ({int(dec.sum())} decision rows); prompts train/val/test "
-        f"{[int(groups[m].nunique()) for m in masks.values()]}; model {model}, label {label}")
+        f"{list(n_prompts.values())}; model {model}, label {label}")
 
     # 1. fit
     t0 = time.perf_counter()
@@ -169,13 +182,14 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
 
     # 3. a provisional artifact, loaded back through the runtime for replay
     fp = pair_fingerprint(manifests)
-    k_config = next((tuple(m["k_config"]) for m in manifests if m.get("k_config")), None)
+    data = R.ReplayData(df, k_config, mode=replay_mode, hidden=hidden)
     spec = {"format": FORMAT, "kind": model, "schema_version": SCHEMA_VERSION,
             "feature_names": list(DECISION_FEATURES),
             "inputs": "hidden" if hidden else "features",
             "hidden_size": int(x_tr.shape[1]) if hidden else None,
             "aggregation": "max", "threshold": 0.5, "label": label,
-            "label_definition": LABEL_DOC[label], "pair_fingerprint": fp}
+            "label_definition": LABEL_DOC[label], "pair_fingerprint": fp,
+            "k_config": list(data.tree.k_config)}
     _write_spec(out, spec)
     stopper = load_stopper(out)
     latency = bench_latency(stopper, 16, repeats=1000,
@@ -197,8 +211,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     decision_s = decision_us * 1e-6 if measured else 0.0
 
     # 4. replay: choose aggregation and threshold on validation prompts, report on test prompts
-    data = R.ReplayData(df, k_config, mode=replay_mode, hidden=hidden)
-    keys = {k: set(groups[m].unique()) for k, m in masks.items()}
+    sequences = sequence_ids(df)
+    keys = {k: set(sequences[m].unique()) for k, m in masks.items()}
     val, test = data.subset(keys["val"]), data.subset(keys["test"])
     metric = "throughput"
     curve = R.sweep(val, stopper, profile, aggregations, decision_s=decision_s)
@@ -234,11 +248,11 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     # 5. plots, metrics, final artifact
     title = (f"{model}/{label} on {fp.get('target') if fp else 'pair'} / "
              f"{fp.get('draft') if fp else ''}, k={data.tree.k_config}, "
-             f"{len(keys['val'])} validation prompts ({data.mode} replay)")
+             f"{n_prompts['val']} validation prompts ({data.mode} replay)")
     lines = {k: v[metric] for k, v in results["val"].items()
              if k.startswith("static:") or k == "oracle"}
     report.plot_replay(curve, chosen, lines, metric, title, out / "replay_curve.png")
-    report.plot_calibration(cal, f"calibration, {len(keys['test'])} test prompts",
+    report.plot_calibration(cal, f"calibration, {n_prompts['test']} test prompts",
                             out / "calibration.png")
     if importance:
         report.plot_importance(importance, f"feature importance: {title}", out / "importance.png")
@@ -252,7 +266,6 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                "elapsed_s": time.perf_counter() - t_start}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     spec |= {"aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-             "k_config": list(data.tree.k_config),
              "metrics": {"test": metrics["test"], "headline": headline},
              "training_data": {"runs": [_slim_manifest(m) for m in manifests],
                                "rows": int(len(df)), "seed": seed,

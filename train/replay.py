@@ -32,6 +32,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory
 from mcsd_runtime.stoppers import make_stopper
 from mcsd_runtime.tree import Tree
+from train.data import sequence_ids
 
 NODE_COLS = list(NODE_FEATURES)
 _DECISION_NODE_COLS = [NODE_COLS.index(n) for n in DECISION_FEATURES if n in NODE_FEATURES]
@@ -222,7 +223,7 @@ class ReplayData:
         self.tree = Tree(tuple(k_config) if k_config else _infer_k_config(df))
         self.depth = self.tree.depth
         df = df.sort_values(["run_id", "prompt_id", "step", "node"], kind="stable")
-        keys = (df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)).to_numpy()
+        keys = sequence_ids(df).to_numpy()
         step = df["step"].to_numpy()
         feats = df[NODE_COLS].to_numpy(dtype=np.float32)
         depth = df["depth"].to_numpy().astype(np.int64)
