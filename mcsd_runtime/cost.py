@@ -104,10 +104,13 @@ class CostProfile:
 
 
 def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
-            warmup: int = 2) -> CostProfile:
-    """Median forward latency of each model over `n` new tokens on a cache of `context` tokens."""
+            warmup: int = 2, progress: bool = False) -> CostProfile:
+    """Fastest forward latency of each model over `n` new tokens on a cache of `context` tokens
+    (`progress`: show the points measured on stderr, see mcsd_runtime.progress)."""
     import torch
     from transformers import DynamicCache
+
+    from mcsd_runtime.progress import progress as progress_bar
 
     dev = pair.device
     context = max(1, min(context, pair.max_positions - max(tokens)))
@@ -115,7 +118,8 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
     ctx_ids = torch.randint(0, pair.vocab_size, (1, context), generator=gen).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     result = {}
-    with torch.inference_mode():
+    bar = progress_bar(total=2 * len(tokens), desc="profile", unit="point", disable=not progress)
+    with bar, torch.inference_mode():
         for name, model in (("target", pair.target), ("draft", pair.draft)):
             cache = DynamicCache()
             model(input_ids=ctx_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -133,6 +137,9 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
                         samples.append(time.perf_counter() - t0)
                     cache.crop(-n)  # transformers 5: a negative count removes tokens
                 times.append(min(samples))  # min: robust to other load on a shared machine
+                bar.set_postfix_str(f"{name}, {n} tokens: {times[-1] * 1e3:.2f} ms",
+                                    refresh=False)
+                bar.update()
             result[name] = times
     return CostProfile(tokens=list(tokens), target_s=result["target"], draft_s=result["draft"],
                        context=context, device=str(dev),
@@ -140,14 +147,16 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, repeats: int = 7,
 
 
 def step_overhead(pair, prompts: list[str], k_config=(4, 2, 2, 1),
-                  max_new_tokens: int = 48) -> float:
+                  max_new_tokens: int = 48, progress: bool = False) -> float:
     """Decoder time per step spent outside model forwards (median over prompts)."""
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.progress import progress as progress_bar
 
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens))
     dec.generate(prompts[0])
     per_step = []
-    for p in prompts:
+    for p in progress_bar(prompts, desc="profile: step overhead", unit="prompt",
+                          disable=not progress):
         r = dec.generate(p)
         st = r.stats
         per_step.append(max(0.0, st.wall_time - st.target_time - st.draft_time) / len(r.steps))
@@ -166,7 +175,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest number of new tokens per forward (default %(default)s)")
     p.add_argument("--context", type=int, default=256,
                    help="KV cache length the forwards run over (default %(default)s)")
-    p.add_argument("--repeats", type=int, default=7, help="timed forwards per point (median)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="timed forwards per point (the fastest is kept)")
     p.add_argument("--overhead-prompts", default="toy-code", help="prompt set used to measure the "
                    "decoder's per-step overhead; 'none' to skip (default %(default)s)")
     add_threads_arg(p)
@@ -184,12 +194,12 @@ def run(args: argparse.Namespace) -> int:
     tokens = [n for n in DEFAULT_TOKENS if n <= args.max_tokens]
     if tokens[-1] != args.max_tokens:
         tokens.append(args.max_tokens)
-    profile = measure(pair, tokens, context=args.context, repeats=args.repeats)
+    profile = measure(pair, tokens, context=args.context, repeats=args.repeats, progress=True)
     if args.overhead_prompts != "none":
         from mcsd_runtime.prompts import load_prompts
 
         texts = [p.text for p in load_prompts(args.overhead_prompts, limit=4)]
-        profile.step_overhead_s = step_overhead(pair, texts)
+        profile.step_overhead_s = step_overhead(pair, texts, progress=True)
     profile.save(args.out)
     t, d = profile.target_s, profile.draft_s
     print(f"target: {t[0] * 1e3:.2f} ms at 1 token, {t[-1] * 1e3:.2f} ms at {tokens[-1]}; "
