@@ -51,7 +51,8 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
                    help="prompts per Parquet shard (default %(default)s); an interruption loses "
                         "at most one unfinished shard per process")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (nor, when not on a terminal, progress lines)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

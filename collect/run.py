@@ -218,10 +218,10 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
     mine = todo[rank::world_size]
 
     writer = _ShardWriter(job, recorder, rank)
-    from tqdm import tqdm
+    from mcsd_runtime.progress import progress
 
-    bar = tqdm(total=len(mine), unit="prompt", desc=f"collect {run_id}",
-               disable=not job.progress or rank != 0, dynamic_ncols=True, file=sys.stderr)
+    bar = progress(total=len(mine), unit="prompt", desc=f"collect {run_id}",
+                   disable=not job.progress or rank != 0, file=sys.stderr)
     tokens = rows = 0
     decode_s = 0.0
     try:
@@ -243,9 +243,9 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
             tokens += st.new_tokens
             rows += table.num_rows
             decode_s += st.wall_time
-            bar.update(1)
-            el = max(bar.format_dict.get("elapsed", 0.0), 1e-9)
+            el = max(bar.elapsed, 1e-9)
             bar.set_postfix_str(f"{tokens / el:.1f} tok/s, {rows / el:.0f} rows/s", refresh=False)
+            bar.update(1)
         writer.flush()
     except KeyboardInterrupt:
         writer.flush()  # the buffered prompts are whole: keep them

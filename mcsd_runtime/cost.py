@@ -121,13 +121,16 @@ def monotone(values: list[float]) -> list[float]:
 
 
 def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
-            seed: int = 0) -> CostProfile:
+            seed: int = 0, progress: bool = False) -> CostProfile:
     """Median forward latency of each model over `n` new tokens on a cache of `context` tokens,
-    with the decoder's 4D additive mask; counts in a fresh random order every round."""
+    with the decoder's 4D additive mask; counts in a fresh random order every round
+    (`progress`: report rounds on stderr, see mcsd_runtime.progress)."""
     import random
 
     import torch
     from transformers import DynamicCache
+
+    from mcsd_runtime.progress import progress as progress_bar
 
     dev = pair.device
     context = max(1, min(context, pair.max_positions - max(tokens)))
@@ -147,7 +150,8 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
             model(input_ids=ctx_ids, past_key_values=caches[name], use_cache=True,
                   logits_to_keep=1)
         jobs = [(name, n) for name in ("target", "draft") for n in tokens]
-        for r in range(rounds + 1):  # round 0 warms up
+        for r in progress_bar(range(rounds + 1), desc="profile", unit="round",
+                              disable=not progress):  # round 0 warms up
             order.shuffle(jobs)
             for name, n in jobs:
                 model = pair.target if name == "target" else pair.draft
@@ -171,13 +175,14 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
 
 
 def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
-                seed: int = 0) -> list[dict]:
+                seed: int = 0, progress: bool = False) -> list[dict]:
     """Every static depth 1..D of `k_config` end to end on each prompt, depths in a fresh
     random order per prompt after one warm-up: per run, depth, steps, drafted depths, tokens,
     wall and forward seconds."""
     import random
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.progress import progress as progress_bar
 
     depth = len(k_config)
     decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
@@ -185,7 +190,8 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     decs[depth].generate(prompts[0])
     order = random.Random(seed)
     runs = []
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(progress_bar(prompts, desc="static runs", unit="prompt",
+                                         disable=not progress)):
         depths = list(decs)
         order.shuffle(depths)
         for d in depths:
@@ -261,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         tokens.append(args.max_tokens)
     print(f"timing forwards: {len(tokens)} token counts x 2 models x {args.rounds} rounds",
           flush=True)
-    profile = measure(pair, tokens, context=args.context, rounds=args.rounds)
+    profile = measure(pair, tokens, context=args.context, rounds=args.rounds, progress=True)
     if args.overhead_prompts != "none" and k_config:
         from mcsd_runtime.prompts import load_prompts
 
@@ -269,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
         print(f"fitting decoder overheads: static depths 1..{len(k_config)} of {k_config} on "
               f"{len(ids)} prompts", flush=True)
-        runs = static_runs(pair, ids, k_config, args.overhead_tokens)
+        runs = static_runs(pair, ids, k_config, args.overhead_tokens, progress=True)
         profile.step_overhead_s, profile.depth_overhead_s = fit_overheads(runs)
         profile.static = {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
                           "max_new_tokens": args.overhead_tokens,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from mcsd_runtime import cli
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.toy import build as toy_build
 from mcsd_runtime.toy import build_pair, get_recipe, pair_dir, resolve_toy, toy_pair_dirs
+from mcsd_runtime.toy import train as toy_train
 from mcsd_runtime.toy.cli import register as toy_register
 
 # Smaller than tiny: for the checks that build more than once.
@@ -29,11 +32,16 @@ def mcsd(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, float]:
+def tiny(tmp_path_factory) -> tuple[Path, float, str]:
+    """The tiny pair, its build time, and its build's stdout (a log: not a terminal), with a
+    progress line at every training step."""
     out = tmp_path_factory.mktemp("toy") / "tiny"
+    log = io.StringIO()
     start = time.perf_counter()
-    root = build_pair("tiny", out=out, progress=False)
-    return root, time.perf_counter() - start
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(log):
+        mp.setattr(toy_train, "PROGRESS_INTERVAL", 0.0)
+        root = build_pair("tiny", out=out)
+    return root, time.perf_counter() - start, log.getvalue()
 
 
 def weights(root: Path) -> dict[str, torch.Tensor]:
@@ -42,7 +50,7 @@ def weights(root: Path) -> dict[str, torch.Tensor]:
 
 
 def test_tiny_builds_quickly_and_reloads(tiny):
-    root, seconds = tiny
+    root, seconds, _ = tiny
     assert seconds < 90
     tok_t = AutoTokenizer.from_pretrained(root / "target")
     tok_d = AutoTokenizer.from_pretrained(root / "draft")
@@ -64,7 +72,7 @@ def test_tiny_builds_quickly_and_reloads(tiny):
 
 
 def test_card_fields_are_sane(tiny):
-    root, _ = tiny
+    root = tiny[0]
     card = toy_build.read_card(root)
     assert card["recipe"]["preset"] == "tiny" and card["recipe"]["seed"] == 0
     assert card["recipe_hash"] == get_recipe("tiny").hash12()
@@ -77,10 +85,34 @@ def test_card_fields_are_sane(tiny):
     ratio = card["target"]["latency_ms"] / card["draft"]["latency_ms"]
     assert card["latency_ratio"] == pytest.approx(ratio, rel=0.01)
     assert "target/model.safetensors" in card["files"] and "draft/tokenizer.json" in card["files"]
+    # what, besides the recipe, decides the bits: precision, torch, the CPU's ISA, threads
+    machine = card["build_machine"]
+    assert machine["precision"] == card["recipe"]["precision"]
+    assert machine["precision"] in ("bf16-mixed", "32-true")
+    assert machine["torch"] == torch.__version__ == card["versions"]["torch"]
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["train_threads"] == toy_train.TRAIN_THREADS == 1
+    assert "cpu_model" in machine and isinstance(machine["isa_env"], dict)
+    assert "cpu_capability" in card["reproducibility_note"]
+
+
+def test_build_log_shows_training_progress(tiny):
+    lines = tiny[2].splitlines()
+    joint = [ln for ln in lines if ln.startswith("training target + draft: ") and "/60 " in ln]
+    draft = [ln for ln in lines if ln.startswith("distilling draft: ") and "/20 " in ln]
+    assert len(joint) == 60 and len(draft) == 20  # interval 0: one line per optimizer step
+    assert joint[0].startswith("training target + draft: 1/60 steps (2%), ")
+    for part in ("elapsed ", "left ~", "target_ce ", "draft_ce ", "kl "):
+        assert part in joint[0]
+    assert joint[-1].startswith("training target + draft: 60/60 steps (100%), ")
+    assert ", done, target_ce " in joint[-1]
+    assert draft[-1].startswith("distilling draft: 20/20 steps (100%), ")
+    assert "draft_ce " in draft[-1] and "target_ce" not in draft[-1]
+    assert "built with" in lines[-1] and "\r" not in tiny[2]
 
 
 def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
-    root, _ = tiny
+    root = tiny[0]
     stamp = (root / "target/model.safetensors").stat().st_mtime_ns
     start = time.perf_counter()
     assert build_pair("tiny", out=root, progress=False) == root
@@ -124,6 +156,19 @@ def test_same_seed_same_weights_and_force_rebuilds(tmp_path):
     assert (a / "card.json").stat().st_mtime_ns != stamp
     assert all(torch.equal(wa[k], v) for k, v in weights(a).items())
     assert not list(tmp_path.glob(".*"))  # no temporary folders left
+
+
+def test_fp32_override_is_its_own_recipe(tmp_path, capsys):
+    recipe = get_recipe("tiny", precision="32-true", **MICRO)
+    card = toy_build.read_card(build_pair(out=tmp_path / "fp32", recipe=recipe, progress=False))
+    assert card["recipe"]["precision"] == card["build_machine"]["precision"] == "32-true"
+    assert card["recipe_hash"] == recipe.hash12()
+    if get_recipe("tiny").resolved().precision != "32-true":  # bf16 machines: another name
+        assert pair_dir("tiny", precision="32-true") != pair_dir("tiny")
+    missing = tmp_path / "none"
+    assert mcsd(["toy", "info", "--preset", "tiny", "--precision", "32-true",
+                 "--out", str(missing)]) == 2
+    assert "--precision 32-true" in capsys.readouterr().err
 
 
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
 def _quiet_lightning() -> None:
     import logging
 
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning",
+                 "lightning.pytorch.utilities.rank_zero"):  # hardware lines and tips
         logging.getLogger(name).setLevel(logging.ERROR)
 
 

@@ -33,8 +33,11 @@ class LightGBMModel:
 
 
 def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
-                 threads: int = 2) -> LightGBMModel:
+                 threads: int = 2, progress: bool = False) -> LightGBMModel:
+    """`progress`: boosting rounds on stderr (see mcsd_runtime.progress)."""
     import lightgbm as lgb
+
+    from mcsd_runtime.progress import progress as progress_bar
 
     params = LGBM_PARAMS | {"objective": "cross_entropy" if soft else "binary",
                             "metric": "cross_entropy" if soft else "binary_logloss",
@@ -42,9 +45,18 @@ def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
     names = list(DECISION_FEATURES)
     dtrain = lgb.Dataset(x_train, y_train, feature_name=names, free_raw_data=False)
     dval = lgb.Dataset(x_val, y_val, feature_name=names, reference=dtrain)
-    booster = lgb.train(params, dtrain, num_boost_round=LGBM_ROUNDS, valid_sets=[dval],
-                        valid_names=["val"],
-                        callbacks=[lgb.early_stopping(LGBM_PATIENCE, verbose=False)])
+    bar = progress_bar(total=LGBM_ROUNDS, desc="train lightgbm", unit="round",
+                       disable=not progress)
+
+    def show(env) -> None:  # runs before early stopping (lightgbm orders plain functions first)
+        bar.set_postfix({f"{data} {metric}": value for data, metric, value, *_ in
+                         env.evaluation_result_list or []}, refresh=False)
+        bar.update(env.iteration + 1 - env.begin_iteration - bar.n)
+
+    with bar:
+        booster = lgb.train(params, dtrain, num_boost_round=LGBM_ROUNDS, valid_sets=[dval],
+                            valid_names=["val"],
+                            callbacks=[show, lgb.early_stopping(LGBM_PATIENCE, verbose=False)])
     return LightGBMModel(booster)
 
 
@@ -102,8 +114,10 @@ class MLPModel:
 
 
 def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] = MLP_HIDDEN,
-            normalize: bool = True, seed: int = 0, max_epochs: int = MLP_EPOCHS) -> MLPModel:
-    """A Lightning Trainer owns the loop: checkpoints on val_loss, early stopping, CSV logs."""
+            normalize: bool = True, seed: int = 0, max_epochs: int = MLP_EPOCHS,
+            progress: bool = False) -> MLPModel:
+    """A Lightning Trainer owns the loop: checkpoints on val_loss, early stopping, CSV logs.
+    `progress`: optimizer steps (out of `max_epochs`' worth) and losses on stderr."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -111,6 +125,7 @@ def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] =
     from torch.utils.data import DataLoader, TensorDataset
 
     from mcsd_runtime.learned import DecisionMLP
+    from mcsd_runtime.progress import lightning_progress
 
     L.seed_everything(seed, verbose=False)
     x_train = torch.from_numpy(np.asarray(x_train, np.float32))
@@ -126,7 +141,10 @@ def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] =
     ckpt = ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=1,
                            filename="best")
     trainer = L.Trainer(max_epochs=max_epochs, accelerator="cpu", devices=1,
-                        callbacks=[ckpt, EarlyStopping("val_loss", patience=MLP_PATIENCE)],
+                        callbacks=[ckpt, EarlyStopping("val_loss", patience=MLP_PATIENCE),
+                                   *([lightning_progress("train mlp",
+                                                         metrics=("train_loss", "val_loss"))]
+                                     if progress else [])],
                         logger=CSVLogger(str(out), name="logs"), enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=10)
     trainer.fit(module, train_dl, val_dl)

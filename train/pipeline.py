@@ -108,8 +108,9 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                   test_frac: float = 0.2, aggregations: tuple[str, ...] | None = None,
                   replay_mode: str = "auto", max_epochs: int | None = None,
                   trajectory: str = "walk", decision_us: float | None = None,
-                  log=print) -> dict:
-    """Train one stopper and write its artifact folder; returns the summary (also metrics.json)."""
+                  log=print, progress: bool = True) -> dict:
+    """Train one stopper and write its artifact folder; returns the summary (also metrics.json).
+    `progress`: show the fit and the replay sweep on stderr (see mcsd_runtime.progress)."""
     if model not in MODELS:
         raise MCSDError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
     if label not in LABEL_DOC:
@@ -155,13 +156,13 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
         from train.models import fit_lightgbm
 
         fitted = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=label == "soft", seed=seed,
-                              threads=torch.get_num_threads())
+                              threads=torch.get_num_threads(), progress=progress)
     else:
         from train.models import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN, fit_mlp
 
         fitted = fit_mlp(x_tr, y_tr, x_va, y_va, out, hidden=HIDDEN_MLP_HIDDEN if hidden
                          else MLP_HIDDEN, normalize=not hidden, seed=seed,
-                         max_epochs=max_epochs or MLP_EPOCHS)
+                         max_epochs=max_epochs or MLP_EPOCHS, progress=progress)
     fit_s = time.perf_counter() - t0
     fitted.save(out)
 
@@ -215,7 +216,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     keys = {k: set(sequences[m].unique()) for k, m in masks.items()}
     val, test = data.subset(keys["val"]), data.subset(keys["test"])
     metric = "throughput"
-    curve = R.sweep(val, stopper, profile, aggregations, decision_s=decision_s)
+    curve = R.sweep(val, stopper, profile, aggregations, decision_s=decision_s,
+                    progress=progress)
     chosen = max(curve, key=lambda c: (c[metric], c["tau"]))
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation

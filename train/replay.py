@@ -403,16 +403,18 @@ THRESHOLDS = np.round(np.concatenate([np.linspace(0.02, 0.2, 10), np.linspace(0.
 
 
 def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
-          thresholds=THRESHOLDS, decision_s: float = 0.0) -> list[dict]:
-    """Replay the learned stopper at every (aggregation, threshold)."""
+          thresholds=THRESHOLDS, decision_s: float = 0.0, progress: bool = False) -> list[dict]:
+    """Replay the learned stopper at every (aggregation, threshold) (`progress`: on stderr)."""
+    from mcsd_runtime.progress import progress as progress_bar
+
     cache: dict = {}
     curve = []
-    for agg in aggregations:
-        for thr in thresholds:
-            memo = MemoStopper(learned, cache)
-            memo.aggregation, memo.threshold = agg, float(thr)
-            r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}", decision_s=decision_s)
-            curve.append({"aggregation": agg, "threshold": float(thr)} | r.as_dict())
+    grid = [(agg, thr) for agg in aggregations for thr in thresholds]
+    for agg, thr in progress_bar(grid, desc="replay sweep", unit="setting", disable=not progress):
+        memo = MemoStopper(learned, cache)
+        memo.aggregation, memo.threshold = agg, float(thr)
+        r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}", decision_s=decision_s)
+        curve.append({"aggregation": agg, "threshold": float(thr)} | r.as_dict())
     return curve
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from mcsd_runtime.toy.recipe import PRESETS
 
+PRECISIONS = ("auto", "32-true")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `mcsd toy build` and `mcsd toy info` (and `mcsd prompts`, until the prompts command
@@ -61,15 +63,29 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the pair instead of the cache under $MCSD_DATA/models")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="training precision: auto (bf16 autocast where the CPU has native "
+                             "bf16 kernels, else fp32) or 32-true (fp32 everywhere); a pair "
+                             "built with 32-true is cached under its own hash (default: "
+                             "%(default)s)")
+
+
+def _recipe(args: argparse.Namespace):
+    from mcsd_runtime.toy.recipe import get_recipe
+
+    # "auto" is the preset's own value: the default pair's name (hash) stays as it is
+    overrides = {} if args.precision == "auto" else {"precision": args.precision}
+    return get_recipe(args.preset, args.seed, **overrides)
 
 
 def run_build(args: argparse.Namespace) -> int:
     from mcsd_runtime.toy.build import build_pair, pair_dir, read_card, summary
 
-    dest = args.out if args.out is not None else pair_dir(args.preset, args.seed)
+    dest = args.out if args.out is not None else pair_dir(args.preset, args.seed, args.precision)
     cached = dest.is_dir() and any(dest.iterdir()) and not args.force
     start = time.perf_counter()
-    root = build_pair(args.preset, out=args.out, seed=args.seed, force=args.force)
+    root = build_pair(args.preset, out=args.out, seed=args.seed, force=args.force,
+                      recipe=_recipe(args))
     if cached:
         print(f"toy pair already built ({time.perf_counter() - start:.1f} s to verify):")
         print(summary(root, read_card(root)))
@@ -79,12 +95,13 @@ def run_build(args: argparse.Namespace) -> int:
 def run_info(args: argparse.Namespace) -> int:
     from mcsd_runtime.errors import MCSDError
     from mcsd_runtime.toy.build import pair_dir, summary, verify_pair
-    from mcsd_runtime.toy.recipe import get_recipe
 
-    dest = args.out if args.out is not None else pair_dir(args.preset, args.seed)
+    dest = args.out if args.out is not None else pair_dir(args.preset, args.seed, args.precision)
     if not dest.exists():
         raise MCSDError(f"no toy pair at {dest}; build it with `mcsd toy build --preset "
-                        f"{args.preset}" + (f" --out {dest}" if args.out else "") + "`")
-    recipe = None if args.out is not None else get_recipe(args.preset, args.seed)
+                        f"{args.preset}" + (f" --out {dest}" if args.out else "")
+                        + (f" --precision {args.precision}" if args.precision != "auto" else "")
+                        + "`")
+    recipe = None if args.out is not None else _recipe(args)
     print(summary(dest, verify_pair(dest, recipe)))
     return 0

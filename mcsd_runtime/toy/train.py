@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -16,7 +17,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from mcsd_runtime.progress import DEFAULT_INTERVAL
 from mcsd_runtime.toy.recipe import ModelShape, Recipe
+
+# Training runs on this many torch threads (see `train_pair`); recorded in the pair's card.
+TRAIN_THREADS = 1
+# Seconds between two progress lines when stdout is not a terminal.
+PROGRESS_INTERVAL = DEFAULT_INTERVAL
 
 
 def make_model(shape: ModelShape, vocab_size: int, tokenizer: PreTrainedTokenizerFast,
@@ -147,9 +154,16 @@ class JointModule(pl.LightningModule):
 
 
 def _fit(module: JointModule, data: WindowDataset, batch_size: int, steps: int, precision: str,
-         progress: bool) -> float:
-    """Run `steps` optimizer steps (one pass over `data`); returns seconds taken."""
+         progress: bool, desc: str = "training") -> float:
+    """Run `steps` optimizer steps (one pass over `data`); returns seconds taken. With
+    `progress`, the steps are shown on stdout (a bar on a terminal, else a line every
+    PROGRESS_INTERVAL seconds with steps done, losses, elapsed and estimated time left)."""
+    from mcsd_runtime.progress import lightning_progress
+
     loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0)
+    callbacks = [lightning_progress(desc, metrics=("target_ce", "draft_ce", "kl"),
+                                    file=sys.stdout, min_interval=PROGRESS_INTERVAL)
+                 ] if progress else []
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -160,7 +174,8 @@ def _fit(module: JointModule, data: WindowDataset, batch_size: int, steps: int, 
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=progress,
+        enable_progress_bar=False,
+        callbacks=callbacks,
         num_sanity_val_steps=0,
         deterministic=True,
         default_root_dir=None,
@@ -190,7 +205,7 @@ def train_pair(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, stream: torch
     and on a shared machine a busy core does not stall every kernel (with two threads on two
     busy cores, small kernels ran 2-3x slower than on one thread).
     """
-    with torch_threads(1):
+    with torch_threads(TRAIN_THREADS):
         return _train_pair(recipe, tokenizer, stream, progress)
 
 
@@ -212,18 +227,18 @@ def _train_pair(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, stream: torc
         if progress:
             print(f"training target + draft: {recipe.joint_steps} steps", flush=True)
         seconds["joint"] = _fit(module, data, recipe.batch_size, recipe.joint_steps,
-                                recipe.precision, progress)
+                                recipe.precision, progress, "training target + draft")
     if recipe.draft_steps:
         data = WindowDataset(stream, recipe.seq_len, recipe.draft_steps * recipe.batch_size, bos,
                              recipe.seed + 1)
         module = JointModule(target, draft, steps=recipe.draft_steps, target_lr=0.0,
-                     draft_lr=recipe.draft_lr / 3, ce_weight=recipe.draft_ce,
+                             draft_lr=recipe.draft_lr / 3, ce_weight=recipe.draft_ce,
                              warmup_frac=recipe.warmup_frac, train_target=False)
         if progress:
             print(f"distilling draft from the frozen target: {recipe.draft_steps} steps",
                   flush=True)
         seconds["draft"] = _fit(module, data, recipe.batch_size, recipe.draft_steps,
-                                recipe.precision, progress)
+                                recipe.precision, progress, "distilling draft")
     target.requires_grad_(True)
     return target.eval(), draft.eval(), seconds
 
