@@ -50,6 +50,7 @@ class CostProfile:
     pair: dict = field(default_factory=dict)
     note: str = ""
     static: dict = field(default_factory=dict)  # end-to-end runs the overheads were fitted to
+    threads: int = 0  # torch CPU threads during the measurement (0: not recorded)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -170,7 +171,7 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
     curve = {name: monotone([statistics.median(samples[(name, n)]) for n in tokens])
              for name in ("target", "draft")}
     return CostProfile(tokens=list(tokens), target_s=curve["target"], draft_s=curve["draft"],
-                       context=context, device=str(dev),
+                       context=context, device=str(dev), threads=torch.get_num_threads(),
                        dtype=str(pair.dtype).replace("torch.", ""), pair=dict(pair.fingerprint))
 
 

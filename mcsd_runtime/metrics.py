@@ -16,3 +16,24 @@ def acceptance_rate(acceptance_sum: float, drafting_steps: int) -> float:
 def throughput(tokens: int, seconds: float) -> float:
     """Tokens per second."""
     return tokens / seconds if seconds else 0.0
+
+
+def paired_speedup(method_tps: list[float], reference_tps: list[float], resamples: int = 10_000,
+                   seed: int = 0) -> dict:
+    """Speedup of a method over a reference from paired per-prompt tokens/s (same prompts, one
+    interleaved run): geometric mean of the per-prompt ratios and its 95% bootstrap CI
+    (percentile, prompts resampled with replacement, seeded)."""
+    import numpy as np
+
+    a, b = np.asarray(method_tps, dtype=float), np.asarray(reference_tps, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise ValueError("paired_speedup needs two equally long, non-empty lists of tokens/s")
+    ok = (a > 0) & (b > 0)
+    logs = np.log(a[ok] / b[ok])
+    if not len(logs):
+        return {"geomean": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0}
+    rng = np.random.default_rng(seed)
+    boot = logs[rng.integers(0, len(logs), (resamples, len(logs)))].mean(1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"geomean": float(np.exp(logs.mean())), "ci_low": float(np.exp(lo)),
+            "ci_high": float(np.exp(hi)), "n": int(len(logs))}

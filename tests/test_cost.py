@@ -66,3 +66,15 @@ def test_static_runs_cover_every_depth():
                                                                 for d in (1, 2, 3)]
     assert all(r["tokens"] == 6 and r["wall_s"] >= r["forward_s"] > 0 for r in runs)
     assert set(static_throughput(runs)) == {"static:1", "static:2", "static:3"}
+
+
+def test_paired_speedup_geomean_and_ci():
+    from mcsd_runtime.metrics import paired_speedup
+
+    ref = [100.0, 200.0, 50.0, 80.0]
+    r = paired_speedup([110.0, 220.0, 55.0, 88.0], ref)
+    assert r["geomean"] == pytest.approx(1.1) and r["ci_low"] == pytest.approx(1.1)
+    noisy = paired_speedup([105.0, 230.0, 52.0, 80.0], ref)
+    assert noisy["ci_low"] < noisy["geomean"] < noisy["ci_high"] and noisy["n"] == 4
+    with pytest.raises(ValueError):
+        paired_speedup([1.0], [1.0, 2.0])

@@ -55,6 +55,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="seconds-profile replay charges this many µs per stopper decision "
                         "(default: benchmarked with the frontier's features computed over the "
                         "target's vocabulary, as in the decoder, where the pair is local)")
+    p.add_argument("--check-prompts", type=int, default=8,
+                   help="test prompts decoded end to end with every static depth and the trained "
+                        "stopper, to report the replay's error against reality (needs a measured "
+                        "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=None, help="MLP epochs cap (default 40)")
     p.add_argument("--threads", type=int, default=None, help="torch/LightGBM CPU threads")
     p.add_argument("--bench-latency", action="store_true",
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                                 profile=profile, seed=args.seed, val_frac=args.val_frac,
                                 test_frac=args.test_frac, aggregations=aggs,
                                 replay_mode=args.replay, max_epochs=args.max_epochs,
-                                trajectory=args.trajectory, decision_us=args.decision_us)
+                                trajectory=args.trajectory, decision_us=args.decision_us,
+                                check_prompts=args.check_prompts)
     print(f"stopper written to {args.out} (decision latency "
           f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
     if args.bench_latency:

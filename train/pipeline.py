@@ -108,9 +108,11 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                   test_frac: float = 0.2, aggregations: tuple[str, ...] | None = None,
                   replay_mode: str = "auto", max_epochs: int | None = None,
                   trajectory: str = "walk", decision_us: float | None = None,
-                  log=print, progress: bool = True) -> dict:
+                  check_prompts: int = 0, log=print, progress: bool = True) -> dict:
     """Train one stopper and write its artifact folder; returns the summary (also metrics.json).
-    `progress`: show the fit and the replay sweep on stderr (see mcsd_runtime.progress)."""
+    `progress`: show the fit and the replay sweep on stderr (see mcsd_runtime.progress).
+    `check_prompts`: decode that many test prompts end to end with every static depth and the
+    trained stopper, and report the replay's error against them (`train.check`)."""
     if model not in MODELS:
         raise MCSDError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
     if label not in LABEL_DOC:
@@ -275,4 +277,14 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
              "created": datetime.now(UTC).isoformat(timespec="seconds")}
     _write_spec(out, spec)
     load_stopper(out)  # the final artifact must load
+    if check_prompts and measured and not hidden:
+        from train.check import end_to_end_check, format_check
+
+        stoppers = {f"static:{d}": f"static:{d}" for d in range(1, data.depth + 1)}
+        stoppers["learned"] = load_stopper(out)
+        check = end_to_end_check(test, manifests, profile, stoppers, limit=check_prompts,
+                                 decision_s={"learned": decision_s}, progress=progress)
+        log(format_check(check))
+        summary["replay_check"] = check
+        (out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     return summary

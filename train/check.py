@@ -1,0 +1,100 @@
+"""Check a replay against reality: decode the same held-out prompts end to end, every stopper in
+a fresh random order per prompt (after a warm-up), and compare replayed tokens/s with measured.
+
+A cost model (profile + replay) earns trust only when it predicts end-to-end speed: within a few
+percent per stopper, and the same order of static depths. `end_to_end_check` reports both, per
+stopper: replayed and measured tokens/s, the relative error, and whether the static depths rank
+alike.
+"""
+
+from __future__ import annotations
+
+import random
+
+from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.progress import progress as progress_bar
+from train import replay as R
+
+
+def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[tuple[str, str]]:
+    """(sequence key, prompt text) of up to `limit` replayed sequences, from their runs' sets."""
+    from mcsd_runtime.prompts import load_prompts
+
+    by_run = {m.get("run_id"): m for m in manifests}
+    texts: dict[str, dict[str, str]] = {}
+    out = []
+    for key in sorted(data.prompts)[:limit]:
+        run, pid = key.split("/", 1)
+        m = by_run.get(run)
+        if m is None or not m.get("prompt_set"):
+            raise MCSDError(f"run {run!r} records no prompt set: the end-to-end check needs "
+                            f"the collection's manifest")
+        if run not in texts:
+            texts[run] = {p.id: p.text for p in load_prompts(m["prompt_set"])}
+        if pid not in texts[run]:
+            raise MCSDError(f"prompt {pid!r} is no longer in set {m['prompt_set']!r}")
+        out.append((key, texts[run][pid]))
+    return out
+
+
+def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostProfile,
+                     stoppers: dict[str, object], limit: int = 8, seed: int = 0,
+                     decision_s: dict[str, float] | None = None, pair=None,
+                     progress: bool = False) -> dict:
+    """Replayed against measured tokens/s for each named stopper on up to `limit` prompts of
+    `data` (greedy, the collection's pair, k-config and max_new_tokens)."""
+    import torch
+
+    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.pair import load_pair
+
+    if profile.threads:  # time as the profile was timed
+        torch.set_num_threads(profile.threads)
+    m = manifests[0]
+    if pair is None:
+        fp = m.get("pair") or {}
+        pair = load_pair(fp["target"], fp["draft"], device="cpu", dtype=m.get("dtype", "auto"))
+    chosen = _prompt_ids(data, manifests, limit)
+    sub = data.subset([k for k, _ in chosen])
+    cfg = DecodeConfig(k_config=data.tree.k_config, max_new_tokens=int(m["max_new_tokens"]))
+    decoders = {name: MCSDDecoder(pair, cfg, stopper=s) for name, s in stoppers.items()}
+    encoded = [decoders[next(iter(decoders))].encode(text) for _, text in chosen]
+    for dec in decoders.values():  # warm-up
+        dec.generate(encoded[0])
+    tokens = dict.fromkeys(decoders, 0)
+    wall = dict.fromkeys(decoders, 0.0)
+    order = random.Random(seed)
+    for ids in progress_bar(encoded, desc="end-to-end check", unit="prompt",
+                            disable=not progress):
+        names = list(decoders)
+        order.shuffle(names)
+        for name in names:
+            st = decoders[name].generate(ids).stats
+            tokens[name] += st.new_tokens
+            wall[name] += st.wall_time
+    rows = {}
+    for name, stopper in stoppers.items():
+        r = R.replay(sub, stopper, profile, name=name,
+                     decision_s=(decision_s or {}).get(name, 0.0))
+        measured = tokens[name] / wall[name]
+        rows[name] = {"replayed": r.throughput, "measured": measured,
+                      "error": r.throughput / measured - 1, "tokens_replayed": r.tokens,
+                      "tokens_measured": tokens[name]}
+    statics = sorted((n for n in rows if n.startswith("static:")), key=lambda n: int(n[7:]))
+    rank = {k: sorted(statics, key=lambda n, k=k: -rows[n][k]) for k in ("replayed", "measured")}
+    return {"prompts": len(chosen), "per_stopper": rows,
+            "max_abs_error": max(abs(r["error"]) for r in rows.values()),
+            "static_order_replayed": rank["replayed"], "static_order_measured": rank["measured"],
+            "same_static_order": rank["replayed"] == rank["measured"],
+            "best_static_agrees": rank["replayed"][:1] == rank["measured"][:1]}
+
+
+def format_check(check: dict) -> str:
+    lines = [f"replay vs end to end on {check['prompts']} test prompts (tokens/s):"]
+    for name, r in check["per_stopper"].items():
+        lines.append(f"  {name:<14} replayed {r['replayed']:8.1f}  measured {r['measured']:8.1f}"
+                     f"  error {r['error']:+.1%}")
+    lines.append(f"  static order: replayed {' > '.join(check['static_order_replayed'])}; "
+                 f"measured {' > '.join(check['static_order_measured'])}")
+    return "\n".join(lines)
