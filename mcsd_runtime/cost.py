@@ -28,7 +28,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
@@ -82,6 +82,16 @@ class CostProfile:
         """Seconds of one draft forward over `n` tokens."""
         return self._at(self.draft_s, n)
 
+    def step_seconds(self, tree, s: int, pending: int, drafts: bool) -> float:
+        """Seconds of one decoder step stopped at depth `s` of `tree` with `pending` tokens the
+        draft has not seen: the draft forward over them and over depths 1..s-1 (`drafts`: the
+        step drafts at all; depth s is never forwarded, the stopper decides first), the target
+        forward over 1 + cum[s] tokens, and the per-step and per-depth overheads."""
+        cost = self.target(1 + tree.cum[s]) + self.step_overhead_s + self.depth_overhead_s * s
+        if drafts:
+            cost += self.draft(pending) + sum(self.draft(tree.sizes[d - 1]) for d in range(1, s))
+        return cost
+
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": 1} | asdict(self)
 
@@ -111,6 +121,12 @@ class CostProfile:
         tokens = [1, 64]
         return cls(tokens=tokens, target_s=[1.0, 1.63], draft_s=[draft_ratio, draft_ratio * 1.63],
                    note=f"relative stand-in (draft/target = {draft_ratio}), not measured")
+
+
+def next_pending(pending: int, drafts: bool, accepted: int, s: int) -> int:
+    """Draft-pending tokens after a step: the bonus token, plus the deepest accepted node when it
+    lies at the never-forwarded depth s."""
+    return (0 if drafts else pending) + 1 + (1 if s and accepted >= s else 0)
 
 
 def monotone(values: list[float]) -> list[float]:
@@ -175,19 +191,22 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
                        dtype=str(pair.dtype).replace("torch.", ""), pair=dict(pair.fingerprint))
 
 
-def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
-                seed: int = 0, progress: bool = False) -> list[dict]:
+def static_runs(pair, prompts: list[list[int]], k_config, profile: CostProfile,
+                max_new_tokens: int = 48, seed: int = 0, progress: bool = False) -> list[dict]:
     """Every static depth 1..D of `k_config` end to end on each prompt, depths in a fresh
-    random order per prompt after one warm-up: per run, depth, steps, drafted depths, tokens,
-    wall and forward seconds."""
+    random order per prompt after one warm-up. Per run: depth, steps, drafted depths, tokens,
+    decode seconds (after the prefill), and the seconds `profile`'s forwards predict for its
+    steps (no overheads)."""
     import random
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
     from mcsd_runtime.progress import progress as progress_bar
 
+    forwards = replace(profile, step_overhead_s=0.0, depth_overhead_s=0.0)
     depth = len(k_config)
     decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
                            stopper=f"static:{d}") for d in range(1, depth + 1)}
+    tree = decs[depth].tree
     decs[depth].generate(prompts[0])
     order = random.Random(seed)
     runs = []
@@ -197,30 +216,36 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
         order.shuffle(depths)
         for d in depths:
             r = decs[d].generate(ids)
-            st = r.stats
+            predicted, pending = 0.0, 1
+            for step in r.steps:
+                predicted += forwards.step_seconds(tree, step.drafted, pending, step.drafted > 0)
+                pending = step.draft_pending
             runs.append({"prompt": i, "depth": d, "steps": len(r.steps),
-                         "drafted": sum(s.drafted for s in r.steps), "tokens": st.new_tokens,
-                         "wall_s": st.wall_time, "forward_s": st.target_time + st.draft_time})
+                         "drafted": sum(s.drafted for s in r.steps),
+                         "tokens": r.stats.new_tokens, "decode_s": r.stats.decode_time,
+                         "predicted_s": predicted})
     return runs
 
 
 def fit_overheads(runs: list[dict]) -> tuple[float, float]:
-    """Least-squares (per step, per drafted depth) seconds outside forwards, both >= 0."""
+    """Per-step and per-drafted-depth seconds (both >= 0, least squares) that the profile's
+    forwards leave unexplained in end-to-end decode time: the decoder's own work, and whatever
+    its forwards cost beyond the isolated ones (cold caches between two models)."""
     import numpy as np
     from scipy.optimize import nnls
 
     a = np.array([[r["steps"], r["drafted"]] for r in runs], dtype=float)
-    b = np.array([r["wall_s"] - r["forward_s"] for r in runs])
+    b = np.array([r["decode_s"] - r["predicted_s"] for r in runs])
     coef, _ = nnls(a, b)
     return float(coef[0]), float(coef[1])
 
 
 def static_throughput(runs: list[dict]) -> dict[str, float]:
-    """Tokens/s of each static depth over all prompts of `static_runs`."""
+    """Decode-phase tokens/s of each static depth over all prompts of `static_runs`."""
     out = {}
     for d in sorted({r["depth"] for r in runs}):
         sel = [r for r in runs if r["depth"] == d]
-        out[f"static:{d}"] = sum(r["tokens"] for r in sel) / sum(r["wall_s"] for r in sel)
+        out[f"static:{d}"] = sum(r["tokens"] for r in sel) / sum(r["decode_s"] for r in sel)
     return out
 
 
@@ -276,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
         print(f"fitting decoder overheads: static depths 1..{len(k_config)} of {k_config} on "
               f"{len(ids)} prompts", flush=True)
-        runs = static_runs(pair, ids, k_config, args.overhead_tokens, progress=True)
+        runs = static_runs(pair, ids, k_config, profile, args.overhead_tokens, progress=True)
         profile.step_overhead_s, profile.depth_overhead_s = fit_overheads(runs)
         profile.static = {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
                           "max_new_tokens": args.overhead_tokens,

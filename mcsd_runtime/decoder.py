@@ -95,6 +95,7 @@ class DecodeStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     wall_time: float = 0.0
+    prefill_time: float = 0.0  # of wall_time: the prompt's forwards, before the first step
     target_time: float = 0.0
     draft_time: float = 0.0
     acceptance_sum: float = 0.0  # sum over drafting steps of accepted / drafted depth
@@ -111,6 +112,11 @@ class DecodeStats:
     @property
     def tokens_per_s(self) -> float:
         return metrics.throughput(self.new_tokens, self.wall_time)
+
+    @property
+    def decode_time(self) -> float:
+        """Seconds after the prefill: what stoppers can change, and what replay models."""
+        return self.wall_time - self.prefill_time
 
     @property
     def forward_fraction(self) -> float:
@@ -286,6 +292,7 @@ class MCSDDecoder:
                                       positions[:n_d], self._causal_block(n_d), keep=1)
                 stats.draft_time += dt
             st.d_pending = ids[n_d:]
+        stats.prefill_time = time.perf_counter() - t_start
         while not st.done:
             steps.append(self._step(st, stats))
         stats.wall_time = time.perf_counter() - t_start

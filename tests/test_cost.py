@@ -54,18 +54,31 @@ def test_monotone_fit():
 
 
 def test_fit_overheads_recovers_known_costs():
-    runs = [{"steps": s, "drafted": d, "wall_s": 1.0 + 0.002 * s + 0.0005 * d, "forward_s": 1.0}
-            for s, d in ((10, 10), (8, 16), (6, 24), (5, 40))]
+    runs = [{"steps": s, "drafted": d, "decode_s": 1.0 + 0.002 * s + 0.0005 * d,
+             "predicted_s": 1.0} for s, d in ((10, 10), (8, 16), (6, 24), (5, 40))]
     step, depth = fit_overheads(runs)
     assert step == pytest.approx(0.002, rel=1e-6) and depth == pytest.approx(0.0005, rel=1e-6)
 
 
 def test_static_runs_cover_every_depth():
-    runs = static_runs(make_pair(), [[1, 2, 3], [4, 5]], (1, 1, 1), max_new_tokens=6)
+    pair = make_pair()
+    profile = measure(pair, tokens=(1, 2, 4), context=16, rounds=1)
+    runs = static_runs(pair, [[1, 2, 3], [4, 5]], (1, 1, 1), profile, max_new_tokens=6)
     assert sorted((r["prompt"], r["depth"]) for r in runs) == [(i, d) for i in (0, 1)
                                                                 for d in (1, 2, 3)]
-    assert all(r["tokens"] == 6 and r["wall_s"] >= r["forward_s"] > 0 for r in runs)
+    assert all(r["tokens"] == 6 and r["decode_s"] > 0 and r["predicted_s"] > 0 for r in runs)
     assert set(static_throughput(runs)) == {"static:1", "static:2", "static:3"}
+
+
+def test_step_seconds_counts_the_forwards_of_a_step():
+    from mcsd_runtime.tree import Tree
+
+    p = CostProfile(tokens=[1, 8], target_s=[1.0, 1.7], draft_s=[0.1, 0.8], step_overhead_s=0.01,
+                    depth_overhead_s=0.001)
+    tree = Tree((2, 1))  # depth 1: 2 nodes, depth 2: 2 nodes
+    # stopped at depth 2 with 2 pending: draft over 2 pending + depth 1 (2 nodes), target 1+4
+    assert p.step_seconds(tree, 2, 2, True) == pytest.approx(0.2 + 0.2 + 1.4 + 0.01 + 0.002)
+    assert p.step_seconds(tree, 0, 3, False) == pytest.approx(1.0 + 0.01)
 
 
 def test_paired_speedup_geomean_and_ci():

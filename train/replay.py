@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from mcsd_runtime import metrics
-from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.cost import CostProfile, next_pending
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory
 from mcsd_runtime.stoppers import make_stopper
@@ -130,7 +130,7 @@ def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
     over (position, draft-pending tokens) maximises tokens - lam * seconds; `lam` is then set
     to the plan's throughput, until it no longer rises (a few rounds)."""
     tree, exact = data.tree, data.mode == "exact"
-    costs = {(s, pend): step_cost(tree, profile, s, pend, True)
+    costs = {(s, pend): profile.step_seconds(tree, s, pend, True)
              for s in range(1, data.depth + 1) for pend in (1, 2)}
     lam, plan = 0.0, {}
     for _ in range(100):
@@ -155,7 +155,7 @@ def _plan_prompt(p: Prompt, exact: bool, costs: dict, tree: Tree, profile: CostP
         step = steps[i]
         for pend in (1, 2):
             if step is None:  # budget-capped last token: the decoder drafts nothing
-                sec = step_cost(tree, profile, 0, pend, False)
+                sec = profile.step_seconds(tree, 0, pend, False)
                 best[i][pend] = (1 - lam * sec, 1.0, sec, 0)
                 continue
             options = []
@@ -281,23 +281,6 @@ def _infer_k_config(df: pd.DataFrame) -> tuple[int, ...]:
     return tuple(k)
 
 
-def step_cost(tree: Tree, profile: CostProfile, s: int, pending: int, drafts: bool) -> float:
-    """Seconds of one step stopped at depth `s` with `pending` tokens the draft has not seen:
-    the draft forward over them and over depths 1..s-1 (`drafts`: the step drafts at all), the
-    target forward over 1 + cum[s] tokens, the per-step and per-depth overheads."""
-    cost = profile.target(1 + tree.cum[s]) + profile.step_overhead_s + profile.depth_overhead_s * s
-    if drafts:
-        cost += profile.draft(pending) + sum(profile.draft(tree.sizes[d - 1])
-                                             for d in range(1, s))
-    return cost
-
-
-def next_pending(pending: int, drafts: bool, accepted: int, s: int) -> int:
-    """Draft-pending tokens after a step: the bonus token, plus the deepest accepted node when it
-    lies at the never-forwarded depth s."""
-    return (0 if drafts else pending) + 1 + (1 if s and accepted >= s else 0)
-
-
 def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: str | None = None,
            decision_s: float = 0.0) -> ReplayResult:
     """Replay `stopper` (a spec string, a stopper object, or 'oracle') over every prompt."""
@@ -347,7 +330,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
                 forwarded = s - 1
             committed = min(a + 1, p.new_tokens - t) if exact else a + 1
             c = tree.cum[s]
-            res.cost_s += step_cost(tree, profile, s, pending, cap > 0)
+            res.cost_s += profile.step_seconds(tree, s, pending, cap > 0)
             res.draft_forwards += 1 + forwarded if cap > 0 else 0
             pending = next_pending(pending, cap > 0, a, s)
             res.tokens += committed
