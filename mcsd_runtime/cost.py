@@ -191,51 +191,63 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
                        dtype=str(pair.dtype).replace("torch.", ""), pair=dict(pair.fingerprint))
 
 
-def static_runs(pair, prompts: list[list[int]], k_config, profile: CostProfile,
-                max_new_tokens: int = 48, seed: int = 0, progress: bool = False) -> list[dict]:
+def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
+                seed: int = 0, progress: bool = False) -> tuple[list[dict], dict]:
     """Every static depth 1..D of `k_config` end to end on each prompt, depths in a fresh
-    random order per prompt after one warm-up. Per run: depth, steps, drafted depths, tokens,
-    decode seconds (after the prefill), and the seconds `profile`'s forwards predict for its
-    steps (no overheads)."""
+    random order per prompt after one warm-up. Returns the runs (depth, steps, drafted depths,
+    tokens, decode seconds after the prefill, seconds inside forwards then) and every forward's
+    seconds by (model, new tokens): forwards timed the way the decoder runs them."""
     import random
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
     from mcsd_runtime.progress import progress as progress_bar
 
-    forwards = replace(profile, step_overhead_s=0.0, depth_overhead_s=0.0)
     depth = len(k_config)
     decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
                            stopper=f"static:{d}") for d in range(1, depth + 1)}
-    tree = decs[depth].tree
     decs[depth].generate(prompts[0])
     order = random.Random(seed)
-    runs = []
+    runs, forwards = [], {}
     for i, ids in enumerate(progress_bar(prompts, desc="static runs", unit="prompt",
                                          disable=not progress)):
         depths = list(decs)
         order.shuffle(depths)
         for d in depths:
+            log = decs[d].forward_log = []
             r = decs[d].generate(ids)
-            predicted, pending = 0.0, 1
-            for step in r.steps:
-                predicted += forwards.step_seconds(tree, step.drafted, pending, step.drafted > 0)
-                pending = step.draft_pending
+            decs[d].forward_log = None
+            for name, n, dt in log:
+                forwards.setdefault((name, n), []).append(dt)
             runs.append({"prompt": i, "depth": d, "steps": len(r.steps),
                          "drafted": sum(s.drafted for s in r.steps),
                          "tokens": r.stats.new_tokens, "decode_s": r.stats.decode_time,
-                         "predicted_s": predicted})
-    return runs
+                         "forward_s": sum(dt for _, _, dt in log)})
+    return runs, forwards
+
+
+def calibrate(profile: CostProfile, runs: list[dict], forwards: dict,
+              min_samples: int = 5) -> CostProfile:
+    """`profile` with the forward latencies the decoder itself measured (medians, where a token
+    count was seen `min_samples` times; curves made monotone again) and the per-step and
+    per-depth overheads fitted to those runs."""
+    curves = {"target": list(profile.target_s), "draft": list(profile.draft_s)}
+    for (name, n), samples in forwards.items():
+        if n in profile.tokens and len(samples) >= min_samples:
+            curves[name][profile.tokens.index(n)] = statistics.median(samples)
+    step, depth = fit_overheads(runs)
+    return replace(profile, target_s=monotone(curves["target"]), draft_s=monotone(curves["draft"]),
+                   step_overhead_s=step, depth_overhead_s=depth,
+                   static={"tokens_per_s": static_throughput(runs)})
 
 
 def fit_overheads(runs: list[dict]) -> tuple[float, float]:
-    """Per-step and per-drafted-depth seconds (both >= 0, least squares) that the profile's
-    forwards leave unexplained in end-to-end decode time: the decoder's own work, and whatever
-    its forwards cost beyond the isolated ones (cold caches between two models)."""
+    """Per-step and per-drafted-depth seconds outside forwards in decode time (both >= 0,
+    least squares): the decoder's own work."""
     import numpy as np
     from scipy.optimize import nnls
 
     a = np.array([[r["steps"], r["drafted"]] for r in runs], dtype=float)
-    b = np.array([r["decode_s"] - r["predicted_s"] for r in runs])
+    b = np.array([r["decode_s"] - r["forward_s"] for r in runs])
     coef, _ = nnls(a, b)
     return float(coef[0]), float(coef[1])
 
@@ -299,13 +311,12 @@ def run(args: argparse.Namespace) -> int:
 
         texts = [p.text for p in load_prompts(args.overhead_prompts, limit=args.overhead_limit)]
         ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
-        print(f"fitting decoder overheads: static depths 1..{len(k_config)} of {k_config} on "
+        print(f"calibrating on the decoder: static depths 1..{len(k_config)} of {k_config} on "
               f"{len(ids)} prompts", flush=True)
-        runs = static_runs(pair, ids, k_config, profile, args.overhead_tokens, progress=True)
-        profile.step_overhead_s, profile.depth_overhead_s = fit_overheads(runs)
-        profile.static = {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
-                          "max_new_tokens": args.overhead_tokens,
-                          "tokens_per_s": static_throughput(runs)}
+        runs, forwards = static_runs(pair, ids, k_config, args.overhead_tokens, progress=True)
+        profile = calibrate(profile, runs, forwards)
+        profile.static |= {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
+                           "max_new_tokens": args.overhead_tokens}
     profile.save(args.out)
     t, d = profile.target_s, profile.draft_s
     print(f"target: {t[0] * 1e3:.2f} ms at 1 token, {t[-1] * 1e3:.2f} ms at {tokens[-1]}; "

@@ -220,6 +220,8 @@ class MCSDDecoder:
         self._generator = torch.Generator(pair.device)
         self._sync = pair.device.type != "cpu" and self.config.profile
         self._eos = set(pair.eos_token_ids)
+        # (model, new tokens, seconds) of every forward after the prefill, when a list (profiling)
+        self.forward_log: list[tuple[str, int, float]] | None = None
 
     # ----------------------------------------------------------------- forwards
     def _forward(self, model, cache: DynamicCache, ids: torch.Tensor, pos: torch.Tensor,
@@ -236,7 +238,11 @@ class MCSDDecoder:
                     output_hidden_states=hidden)
         if self._sync:
             torch.cuda.synchronize()
-        return out, time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        if self.forward_log is not None and ctx:
+            name = "target" if model is self.pair.target else "draft"
+            self.forward_log.append((name, ids.shape[0], dt))
+        return out, dt
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         t = self.config.temperature or 1.0

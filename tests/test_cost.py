@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
 from conftest import make_pair
 from mcsd_runtime.cost import (
     CostProfile,
+    calibrate,
     fit_overheads,
     measure,
     monotone,
     static_runs,
-    static_throughput,
 )
 from mcsd_runtime.errors import MCSDError
 
@@ -55,19 +56,25 @@ def test_monotone_fit():
 
 def test_fit_overheads_recovers_known_costs():
     runs = [{"steps": s, "drafted": d, "decode_s": 1.0 + 0.002 * s + 0.0005 * d,
-             "predicted_s": 1.0} for s, d in ((10, 10), (8, 16), (6, 24), (5, 40))]
+             "forward_s": 1.0} for s, d in ((10, 10), (8, 16), (6, 24), (5, 40))]
     step, depth = fit_overheads(runs)
     assert step == pytest.approx(0.002, rel=1e-6) and depth == pytest.approx(0.0005, rel=1e-6)
 
 
-def test_static_runs_cover_every_depth():
+def test_static_runs_calibrate_the_profile():
     pair = make_pair()
-    profile = measure(pair, tokens=(1, 2, 4), context=16, rounds=1)
-    runs = static_runs(pair, [[1, 2, 3], [4, 5]], (1, 1, 1), profile, max_new_tokens=6)
+    runs, forwards = static_runs(pair, [[1, 2, 3], [4, 5]], (1, 1, 1), max_new_tokens=6)
     assert sorted((r["prompt"], r["depth"]) for r in runs) == [(i, d) for i in (0, 1)
                                                                 for d in (1, 2, 3)]
-    assert all(r["tokens"] == 6 and r["decode_s"] > 0 and r["predicted_s"] > 0 for r in runs)
-    assert set(static_throughput(runs)) == {"static:1", "static:2", "static:3"}
+    assert all(r["tokens"] == 6 and r["decode_s"] > r["forward_s"] > 0 for r in runs)
+    assert {2, 3, 4} <= {n for name, n in forwards if name == "target"}  # root + 1..3 nodes
+    profile = measure(pair, tokens=(1, 2, 3, 4), context=16, rounds=1)
+    cal = calibrate(profile, runs, forwards, min_samples=1)
+    seen = [statistics.median(forwards[("target", n)]) if ("target", n) in forwards else t
+            for n, t in zip(profile.tokens, profile.target_s, strict=True)]
+    assert cal.target_s == pytest.approx(monotone(seen))  # the decoder's own medians, monotone
+    assert cal.target_s == sorted(cal.target_s) and cal.step_overhead_s > 0
+    assert set(cal.static["tokens_per_s"]) == {"static:1", "static:2", "static:3"}
 
 
 def test_step_seconds_counts_the_forwards_of_a_step():
