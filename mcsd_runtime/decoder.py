@@ -14,6 +14,7 @@ wins, which can differ from the target's choice. Results carry `lossless=False`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -41,6 +42,7 @@ class DecodeConfig:
     seed: int = 0
     profile: bool = False  # on a GPU, synchronize around forwards to time them
     commit_limit: int | None = None  # commit at most this many tokens a step (dense collection)
+    eos_token_ids: tuple[int, ...] | None = None  # None: the target's generation config's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -50,6 +52,8 @@ class DecodeConfig:
             raise MCSDError("init='target' needs a non-empty k-config, e.g. (4, 2, 2, 1)")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise MCSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.eos_token_ids is not None:
+            object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         if self.verify not in V.VERIFIERS:
             raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
                             f"{', '.join(V.VERIFIERS)}")
@@ -159,6 +163,15 @@ def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
         hidden, torch.finfo(dtype).min)
 
 
+def _apply_commit_hook(st: _State, step: StepRecord,
+                       on_commit: Callable[[list[int]], int | None]) -> None:
+    start = len(st.committed) - step.committed
+    keep = on_commit(st.committed[start:])
+    if keep is not None:
+        del st.committed[start + keep:]
+        step.committed, st.done = min(step.committed, keep), True
+
+
 class _Frontier:
     """The stopper's view of the depth just drafted, before it goes through the draft;
     features are computed only if asked for."""
@@ -195,7 +208,8 @@ class MCSDDecoder:
                                 device=pair.device)
         self._generator = torch.Generator(pair.device)
         self._sync = pair.device.type != "cpu" and self.config.profile
-        self._eos = set(pair.eos_token_ids)
+        eos = self.config.eos_token_ids
+        self._eos = set(pair.eos_token_ids if eos is None else eos)
 
     # ----------------------------------------------------------------- forwards
     def _forward(self, model, cache: DynamicCache, ids: torch.Tensor, pos: torch.Tensor,
@@ -239,7 +253,11 @@ class MCSDDecoder:
         return ids
 
     @torch.inference_mode()
-    def generate(self, prompt: str | list[int], seed: int | None = None) -> GenerationResult:
+    def generate(self, prompt: str | list[int], seed: int | None = None,
+                 on_commit: Callable[[list[int]], int | None] | None = None) -> GenerationResult:
+        """Decode one prompt. `on_commit(tokens)`, if given, sees each step's committed tokens;
+        returning a count keeps only that many of them and ends the generation (stopping
+        criteria, streaming)."""
         ids = self.encode(prompt)
         cfg = self.config
         self._generator.manual_seed(cfg.seed if seed is None else seed)
@@ -270,6 +288,8 @@ class MCSDDecoder:
             st.d_pending = ids[n_d:]
         while not st.done:
             steps.append(self._step(st, stats))
+            if on_commit is not None:
+                _apply_commit_hook(st, steps[-1], on_commit)
         stats.wall_time = time.perf_counter() - t_start
         new = st.committed[st.n_prompt:]
         stats.new_tokens = len(new)
