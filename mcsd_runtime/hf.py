@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, GenerationMixin
@@ -39,7 +41,7 @@ from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair
 from mcsd_runtime.pair import Pair, check_same_vocab
-from mcsd_runtime.stoppers import Stopper, make_stopper
+from mcsd_runtime.stoppers import BUILTIN, Stopper, make_stopper
 
 _HINTS = {"TopKLogitsWarper": "pass top_k=0 (the generation config's default is 50)",
           "TopPLogitsWarper": "pass top_p=1.0"}
@@ -76,7 +78,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     temperature = float(cfg.temperature) if cfg.do_sample else 0.0
     config = DecodeConfig(k_config=k_config, temperature=temperature, verify=verify,
                           max_new_tokens=max_length - len(prompt), eos_token_ids=tuple(eos))
-    stop = make_stopper(stopper)
+    stop = _stopper(stopper)
     check_pair(stop, pair)
     decoder = MCSDDecoder(pair, config, stop)
     streamer = streamer if streamer is not None else _generate_argument("streamer")
@@ -130,21 +132,30 @@ def _check_config(cfg, logits_processor) -> None:
                         f"{_HINTS.get(name, 'remove it (logits_processor or generation config)')}")
 
 
+# target -> (draft, fingerprint) of the last pair checked: weak, so models can be freed
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _pair(target, draft) -> Pair:
     """The pair, refused like `load_pair` refuses it: vocabulary sizes, and the tokenizers'
-    token-to-id maps and special tokens where both models' folders (or hub caches) have one."""
+    token-to-id maps and special tokens where both models' folders (or hub caches) have one.
+    Checked once per (target, draft); the result is remembered."""
     if draft is None:
         raise MCSDError("pass the draft model: generate(..., custom_generate=mcsd_generate, "
                         "draft_model=draft)")
     if draft.device != target.device or draft.dtype != target.dtype:
         raise MCSDError(f"the draft is on {draft.device} in {draft.dtype}, the target on "
                         f"{target.device} in {target.dtype}: load both on one device, one dtype")
-    t_name, d_name = target.name_or_path, draft.name_or_path
-    t_tok, d_tok = _tokenizer(t_name), _tokenizer(d_name)
-    if t_tok is not None and d_tok is not None:
-        check_same_vocab(t_tok, d_tok, t_name, d_name)
-    return Pair(target, draft, t_tok, target_name=t_name or "target",
-                draft_name=d_name or "draft")
+    names = {"target_name": target.name_or_path or "target",
+             "draft_name": draft.name_or_path or "draft"}
+    known = _CHECKED.get(target)
+    if known is None or known[0]() is not draft:
+        t_tok, d_tok = _tokenizer(target.name_or_path), _tokenizer(draft.name_or_path)
+        if t_tok is not None and d_tok is not None:
+            check_same_vocab(t_tok, d_tok, names["target_name"], names["draft_name"])
+        known = (weakref.ref(draft), Pair(target, draft, t_tok, **names).fingerprint)
+        _CHECKED[target] = known
+    return Pair(target, draft, **names, fingerprint=known[1])
 
 
 @functools.lru_cache(maxsize=16)
@@ -156,6 +167,22 @@ def _tokenizer(name: str):
         return AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError):
         return None
+
+
+def _stopper(spec: str | Stopper) -> Stopper:
+    """`make_stopper`, with trained artifacts loaded once (again when stopper.json changes)."""
+    if not isinstance(spec, str) or spec.split(":")[0] in BUILTIN:
+        return make_stopper(spec)
+    try:
+        stamp = (Path(spec.removeprefix("stopper:")) / "stopper.json").stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    return _learned_stopper(spec, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _learned_stopper(spec: str, stamp: int | None) -> Stopper:
+    return make_stopper(spec)
 
 
 def _split_criteria(criteria, cfg) -> tuple[int, set[int], StoppingCriteriaList]:
