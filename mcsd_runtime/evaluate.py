@@ -188,9 +188,10 @@ class DecoderRunner:
 def check_method(name: str) -> None:
     """Refuse an unknown method name before anything is loaded."""
     kind, _, arg = name.partition(":")
-    if name in ("ar", "hf", "hf-assisted") or kind in ("mcsd", "mcsd-target-init", "stopper"):
+    if name in ("ar", "hf", "hf-assisted") or kind in ("mcsd", "mcsd-target-init"):
         return
-    if kind in BUILTIN or Path(name).is_dir() or (kind == "hf-generate" and arg):
+    spec = arg if kind == "hf-generate" else name  # a stopper spec
+    if spec.partition(":")[0] in (*BUILTIN, "stopper") or Path(spec).is_dir():
         return
     raise MCSDError(
         f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "

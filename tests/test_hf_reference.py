@@ -140,3 +140,15 @@ def test_bench_reports_ar_and_hf(toy_tiny, tmp_path, capsys):
         assert m["hf_equal_share"] == 1.0 and 0 < m["forward_fraction"] <= 1
     assert report["hf_divergences"] == []
     assert "vs hf" in capsys.readouterr().out
+
+
+def test_hf_generate_needs_a_stopper_spec():
+    from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.evaluate import check_method
+
+    for name in ("hf", "hf-generate:heuristic", "hf-generate:confidence:0.4",
+                 "hf-generate:stopper:/some/artifact"):
+        check_method(name)
+    for name in ("hf-generate:warp", "hf-generate", "hf-generate:"):
+        with pytest.raises(MCSDError, match=f"unknown method '{name}'"):
+            check_method(name)
