@@ -191,7 +191,7 @@ def check_method(name: str) -> None:
     if name in ("ar", "hf", "hf-assisted") or kind in ("mcsd", "mcsd-target-init"):
         return
     spec = arg if kind == "hf-generate" else name  # a stopper spec
-    if spec.partition(":")[0] in (*BUILTIN, "stopper") or Path(spec).is_dir():
+    if spec and (spec.partition(":")[0] in (*BUILTIN, "stopper") or Path(spec).is_dir()):
         return
     raise MCSDError(
         f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
