@@ -164,7 +164,9 @@ def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 
 def _apply_commit_hook(st: _State, step: StepRecord,
-                       on_commit: Callable[[list[int]], int | None]) -> None:
+                       on_commit: Callable[[list[int]], int | None] | None) -> None:
+    if on_commit is None:
+        return
     start = len(st.committed) - step.committed
     keep = on_commit(st.committed[start:])
     if keep is not None:
@@ -269,8 +271,10 @@ class MCSDDecoder:
         dev = self.pair.device
         prompt_t = torch.tensor(ids, device=dev)
         positions = torch.arange(len(ids), device=dev)
-        # Prefill: the target takes the whole prompt when it must supply the first roots.
-        n_t = len(ids) if cfg.init == "target" else len(ids) - 1
+        # Prefill: the target takes the whole prompt when it must supply the first roots, or the
+        # first token (AR: no tree to verify, so no reason to hold the last prompt token back).
+        ar = not self.tree.depth
+        n_t = len(ids) if cfg.init == "target" or ar else len(ids) - 1
         if n_t:
             out, dt = self._forward(self.pair.target, st.t_cache, prompt_t[:n_t], positions[:n_t],
                                     self._causal_block(n_t), keep=1)
@@ -286,15 +290,33 @@ class MCSDDecoder:
                                       positions[:n_d], self._causal_block(n_d), keep=1)
                 stats.draft_time += dt
             st.d_pending = ids[n_d:]
+        if ar:
+            steps.append(self._first_token(st, stats, out.logits[0, -1:]))
+            _apply_commit_hook(st, steps[-1], on_commit)
         while not st.done:
             steps.append(self._step(st, stats))
-            if on_commit is not None:
-                _apply_commit_hook(st, steps[-1], on_commit)
+            _apply_commit_hook(st, steps[-1], on_commit)
         stats.wall_time = time.perf_counter() - t_start
         new = st.committed[st.n_prompt:]
         stats.new_tokens = len(new)
         text = self.pair.tokenizer.decode(new) if self.pair.tokenizer is not None else None
         return GenerationResult(new, text, steps, stats, cfg.lossless)
+
+    def _first_token(self, st: _State, stats: DecodeStats, logits: torch.Tensor) -> StepRecord:
+        """AR: commit the first token from the prefill's last logits, as a step would."""
+        if self.config.temperature == 0:
+            token = int(logits[0].argmax())
+        else:
+            token = int(V.sample(self._probs(logits), self._generator)[0])
+        st.committed.append(token)
+        st.t_pending = [token]
+        st.done = token in self._eos or self.config.max_new_tokens == 1
+        stats.target_calls += 1
+        st.trajectory.update(0, 1)
+        self.stopper.update(0, 0)
+        return StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
+                          target_cache=cache_len(st.t_cache), draft_cache=0, target_pending=1,
+                          draft_pending=0)
 
     def _causal_block(self, n: int) -> torch.Tensor:
         if n <= self._causal.shape[0]:

@@ -152,3 +152,47 @@ def test_hf_generate_needs_a_stopper_spec():
     for name in ("hf-generate:warp", "hf-generate", "hf-generate:"):
         with pytest.raises(MCSDError, match=f"unknown method '{name}'"):
             check_method(name)
+
+
+def test_ar_takes_its_first_token_from_the_prefill(pair):
+    """One target forward per new token, like generate(): the prefill gives the first token."""
+    from mcsd_runtime.decoder import ARDecoder
+    from mcsd_runtime.evaluate import ForwardMeter
+
+    prompt = [5, 9, 13, 2]
+    x = torch.tensor([prompt])
+    ref = pair.target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12,
+                               do_sample=False)[0, 4:].tolist()
+    for max_new, eos in ((12, None), (1, None), (12, ref[0]), (12, ref[3])):
+        dec = ARDecoder(pair, DecodeConfig(max_new_tokens=max_new,
+                                           eos_token_ids=None if eos is None else (eos,)))
+        with ForwardMeter({"target": pair.target}) as meter:
+            out = dec.generate(prompt)
+        want = ref[:max_new] if eos is None else ref[: ref.index(eos) + 1]
+        assert out.token_ids == want
+        assert meter.calls["target"] == out.stats.target_calls == len(want)
+
+
+def test_ar_sampling_follows_the_target():
+    """The first token (from the prefill) and the second (from a step) at temperature 0.7."""
+    from scipy.stats import chisquare
+
+    from conftest import make_pair
+    from mcsd_runtime.decoder import ARDecoder
+
+    micro = make_pair(vocab=6, seed=3, init_range=0.5)
+    prompt, vocab, temp, n = [1, 4, 2], 6, 0.7, 1500
+    with torch.no_grad():
+        first = torch.softmax(micro.target(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        ctx = torch.tensor([prompt + [x] for x in range(vocab)])
+        second = torch.softmax(micro.target(ctx).logits[:, -1] / temp, -1)
+    expected = (first[:, None] * second).flatten() * n
+    dec = ARDecoder(micro, DecodeConfig(temperature=temp, max_new_tokens=2))
+    counts = torch.zeros(vocab * vocab)
+    for seed in range(n):
+        x1, x2 = dec.generate(prompt, seed=seed).token_ids
+        counts[x1 * vocab + x2] += 1
+    keep = expected >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
