@@ -25,7 +25,7 @@ DEMO_K := 1,1,1,1,1,1,1,1
 DEMO_COLLECT := 160
 DEMO_EVAL := 32
 DEMO_TOKENS := 64
-DEMO_METHODS := ar,mcsd:1,1,mcsd:2,1,mcsd:4,2,mcsd:4,2,2,1,mcsd:1,1,1,1,mcsd:1,1,1,1,1,\
+DEMO_METHODS := ar,hf,mcsd:1,1,mcsd:2,1,mcsd:4,2,mcsd:4,2,2,1,mcsd:1,1,1,1,mcsd:1,1,1,1,1,\
 	mcsd:$(DEMO_K),mcsd-target-init:4,2,2,1,heuristic,confidence:0.4,\
 	stopper:$(DEMO)/stoppers/lightgbm,stopper:$(DEMO)/stoppers/mlp,hf-assisted
 MCSD := $(BIN)/mcsd

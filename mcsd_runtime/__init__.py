@@ -16,6 +16,7 @@ _EXPORTS = {
     "FEATURE_NAMES": "features", "NODE_FEATURES": "features", "SCHEMA_VERSION": "features",
     "TRAJECTORY_FEATURES": "features", "check_pair": "learned", "load_stopper": "learned",
     "Pair": "pair", "load_pair": "pair", "Stopper": "stoppers", "make_stopper": "stoppers",
+    "mcsd_generate": "hf",
 }
 __all__ = sorted(_EXPORTS)
 

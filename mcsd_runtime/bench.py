@@ -1,11 +1,14 @@
-"""`mcsd bench`: autoregressive vs MCSD tokens/s side by side in one process, prompt by prompt,
-after a warm-up; plus τ and the share of decode wall time spent inside model forwards."""
+"""`mcsd bench`: tokens/s side by side in one process, prompt by prompt after a warm-up, of
+  ar    the target alone through our decoder's loop,
+  hf    the target's own generate() (an AR reference sharing no mask or cache code with ours),
+  mcsd  MCSD with --k-config and --stopper;
+plus τ, the share of wall time inside model forwards, and greedy output equality with ar and hf
+(where an output differs from hf's: the position and the target's top-2 logit margin there)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 from mcsd_runtime.cli_args import (
@@ -19,7 +22,7 @@ from mcsd_runtime.cli_args import (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark AR against MCSD on one pair",
+    p = sub.add_parser("bench", help="benchmark AR (ours and generate()) against MCSD",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_decode_args(p)
@@ -32,53 +35,63 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from mcsd_runtime.decoder import ARDecoder, MCSDDecoder
+    from mcsd_runtime.decoder import MCSDDecoder
+    from mcsd_runtime.evaluate import (
+        DecoderRunner,
+        build_method,
+        encode_prompt,
+        markdown_notes,
+        run_runners,
+        summarize,
+    )
     from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
     pair = pair_from_args(args)
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit)
-    methods = {"ar": ARDecoder(pair, config),
-               f"mcsd:{','.join(map(str, config.k_config))}": MCSDDecoder(pair, config,
-                                                                          stopper=args.stopper)}
-    for dec in methods.values():  # warm-up
-        dec.generate(prompts[0].text)
-    rows: dict[str, list] = {name: [] for name in methods}
-    for i, prompt in enumerate(tqdm(prompts, desc="bench", unit="prompt")):
-        order = list(methods) if i % 2 == 0 else list(reversed(methods))
-        for name in order:
-            rows[name].append(methods[name].generate(prompt.text))
-    ar_name, sd_name = list(methods)
-    equal = sum(a.token_ids == b.token_ids for a, b in zip(rows[ar_name], rows[sd_name],
-                                                              strict=True))
+    greedy = config.temperature == 0
+    sd_name = f"mcsd:{','.join(map(str, config.k_config))}"
+    if args.stopper != "static":
+        sd_name += f"+{args.stopper}"
+    runners = {"ar": build_method("ar", pair, config), "hf": build_method("hf", pair, config),
+               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=args.stopper))}
+    encoded = [(p.id, encode_prompt(pair, p.text, chat=False)) for p in prompts]
+    records = run_runners(pair, runners, encoded, greedy, desc="bench")
+    rows = {r["method"]: r for r in summarize(records, greedy)}
     report = {"pair": pair.fingerprint, "config": str(config), "stopper": args.stopper,
               "prompts": args.prompts, "n_prompts": len(prompts), "methods": {}}
-    for name, results in rows.items():
-        tps = [r.stats.tokens_per_s for r in results]
-        tokens = sum(r.stats.new_tokens for r in results)
+    for name in runners:
+        mine = [r for r in records if r.method == name]
+        tps = [r.tokens_per_s for r in mine]
+        row = rows[name]
         report["methods"][name] = {
-            "tokens_per_s_median": statistics.median(tps),
+            "tokens_per_s_median": row["tokens_per_s_median"],
             "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
-            "tau": tokens / sum(r.stats.target_calls for r in results),
-            "forward_fraction": sum(r.stats.target_time + r.stats.draft_time for r in results)
-            / sum(r.stats.wall_time for r in results),
-            "new_tokens": tokens,
+            "tau": row["tau"],
+            "forward_fraction": sum(r.forward_time for r in mine) / sum(r.wall_time for r in mine),
+            "new_tokens": row["new_tokens"],
+            "speedup_vs_ar": row["speedup_vs_ar"], "speedup_vs_hf": row["speedup_vs_hf"],
+            "ar_equal_share": row["ar_equal_share"], "hf_equal_share": row["hf_equal_share"],
         }
-    speedups = [b.stats.tokens_per_s / a.stats.tokens_per_s
-                for a, b in zip(rows[ar_name], rows[sd_name], strict=True)]
-    report["speedup_median"] = statistics.median(speedups)
-    report["ar_equal_outputs"] = f"{equal}/{len(prompts)}"
+    report["hf_divergences"] = [{"method": r.method, "prompt_id": r.prompt_id} | r.hf_divergence
+                                for r in records if r.hf_divergence]
     print(f"pair: {pair.target_name} / {pair.draft_name}   prompts: {args.prompts} "
           f"x{len(prompts)}   {config}")
-    print(f"{'method':<16}{'tok/s (median)':>16}{'tau':>8}{'in forwards':>14}")
+    print(f"{'method':<24}{'tok/s (median)':>16}{'vs ar':>8}{'vs hf':>8}{'tau':>7}"
+          f"{'in forwards':>13}{'ar-equal':>10}{'hf-equal':>10}")
     for name, m in report["methods"].items():
-        print(f"{name:<16}{m['tokens_per_s_median']:>16.1f}{m['tau']:>8.2f}"
-              f"{m['forward_fraction']:>13.1%}")
-    print(f"speedup (median per prompt): {report['speedup_median']:.2f}x   "
-          f"AR-equal outputs: {report['ar_equal_outputs']}")
+        print(f"{name:<24}{m['tokens_per_s_median']:>16.1f}{m['speedup_vs_ar']:>7.2f}x"
+              f"{m['speedup_vs_hf']:>7.2f}x{m['tau']:>7.2f}{m['forward_fraction']:>12.1%}"
+              f"{_share(m['ar_equal_share']):>10}{_share(m['hf_equal_share']):>10}")
+    notes = markdown_notes(list(rows.values()), records)
+    if notes:
+        print(notes)
+    print("speedups: median per-prompt ratio of tokens/s")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _share(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"

@@ -14,6 +14,7 @@ wins, which can differ from the target's choice. Results carry `lossless=False`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -49,6 +50,7 @@ class DecodeConfig:
     seed: int = 0
     profile: bool = False  # on a GPU, synchronize around forwards to time them
     commit_limit: int | None = None  # commit at most this many tokens a step (dense collection)
+    eos_token_ids: tuple[int, ...] | None = None  # None: the target's generation config's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -58,6 +60,8 @@ class DecodeConfig:
             raise MCSDError("init='target' needs a non-empty k-config, e.g. (4, 2, 2, 1)")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise MCSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.eos_token_ids is not None:
+            object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         if self.verify not in V.VERIFIERS:
             raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
                             f"{', '.join(V.VERIFIERS)}")
@@ -178,6 +182,17 @@ def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
         hidden, torch.finfo(dtype).min)
 
 
+def _apply_commit_hook(st: _State, step: StepRecord,
+                       on_commit: Callable[[list[int]], int | None] | None) -> None:
+    if on_commit is None:
+        return
+    start = len(st.committed) - step.committed
+    keep = on_commit(st.committed[start:])
+    if keep is not None:
+        del st.committed[start + keep:]
+        step.committed, st.done = min(step.committed, keep), True
+
+
 class _Frontier:
     """The stopper's view of the depth just drafted, before it goes through the draft;
     features are computed only if asked for."""
@@ -219,7 +234,8 @@ class MCSDDecoder:
                                 device=pair.device)
         self._generator = torch.Generator(pair.device)
         self._sync = pair.device.type != "cpu" and self.config.profile
-        self._eos = set(pair.eos_token_ids)
+        eos = self.config.eos_token_ids
+        self._eos = set(pair.eos_token_ids if eos is None else eos)
         # (model, new tokens, seconds) of every forward after the prefill, when a list (profiling)
         self.forward_log: list[tuple[str, int, float]] | None = None
 
@@ -269,7 +285,11 @@ class MCSDDecoder:
         return ids
 
     @torch.inference_mode()
-    def generate(self, prompt: str | list[int], seed: int | None = None) -> GenerationResult:
+    def generate(self, prompt: str | list[int], seed: int | None = None,
+                 on_commit: Callable[[list[int]], int | None] | None = None) -> GenerationResult:
+        """Decode one prompt. `on_commit(tokens)`, if given, sees each step's committed tokens;
+        returning a count keeps only that many of them and ends the generation (stopping
+        criteria, streaming)."""
         ids = self.encode(prompt)
         cfg = self.config
         self._generator.manual_seed(cfg.seed if seed is None else seed)
@@ -281,8 +301,10 @@ class MCSDDecoder:
         dev = self.pair.device
         prompt_t = torch.tensor(ids, device=dev)
         positions = torch.arange(len(ids), device=dev)
-        # Prefill: the target takes the whole prompt when it must supply the first roots.
-        n_t = len(ids) if cfg.init == "target" else len(ids) - 1
+        # Prefill: the target takes the whole prompt when it must supply the first roots, or the
+        # first token (AR: no tree to verify, so no reason to hold the last prompt token back).
+        ar = not self.tree.depth
+        n_t = len(ids) if cfg.init == "target" or ar else len(ids) - 1
         if n_t:
             out, dt = self._forward(self.pair.target, st.t_cache, prompt_t[:n_t], positions[:n_t],
                                     self._causal_block(n_t), keep=1)
@@ -299,13 +321,33 @@ class MCSDDecoder:
                 stats.draft_time += dt
             st.d_pending = ids[n_d:]
         stats.prefill_time = time.perf_counter() - t_start
+        if ar:
+            steps.append(self._first_token(st, stats, out.logits[0, -1:]))
+            _apply_commit_hook(st, steps[-1], on_commit)
         while not st.done:
             steps.append(self._step(st, stats))
+            _apply_commit_hook(st, steps[-1], on_commit)
         stats.wall_time = time.perf_counter() - t_start
         new = st.committed[st.n_prompt:]
         stats.new_tokens = len(new)
         text = self.pair.tokenizer.decode(new) if self.pair.tokenizer is not None else None
         return GenerationResult(new, text, steps, stats, cfg.lossless)
+
+    def _first_token(self, st: _State, stats: DecodeStats, logits: torch.Tensor) -> StepRecord:
+        """AR: commit the first token from the prefill's last logits, as a step would."""
+        if self.config.temperature == 0:
+            token = int(logits[0].argmax())
+        else:
+            token = int(V.sample(self._probs(logits), self._generator)[0])
+        st.committed.append(token)
+        st.t_pending = [token]
+        st.done = token in self._eos or self.config.max_new_tokens == 1
+        stats.target_calls += 1
+        st.trajectory.update(0, 1)
+        self.stopper.update(0, 0)
+        return StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
+                          target_cache=cache_len(st.t_cache), draft_cache=0, target_pending=1,
+                          draft_pending=0)
 
     def _causal_block(self, n: int) -> torch.Tensor:
         if n <= self._causal.shape[0]:

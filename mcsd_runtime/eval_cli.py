@@ -3,13 +3,20 @@
 a summary (CSV, JSON, Markdown), plots and a report.
 
 Methods (comma-separated; a k-config's commas are kept with its method):
-  ar                     the target alone, autoregressive
+  ar                     the target alone, autoregressive, through our decoder's loop
+  hf                     the target's own generate(): an AR reference sharing no code with ours
   mcsd[:K]               static MCSD with k-config K (default --k-config)
   mcsd-target-init[:K]   the paper's target-initialized candidates (NOT lossless)
   static:S confidence:T entropy[:L[:G]] cumprod:T heuristic
                          MCSD with --k-config and that stopper
   stopper:PATH           MCSD with --k-config and a trained stopper artifact
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
+  hf-generate:STOPPER    our decoder inside generate(custom_generate=mcsd_runtime.hf.generate)
+                         with --k-config and that stopper (e.g. hf-generate:heuristic), paired
+                         with the same stopper run directly when both are listed
+
+Greedy runs report output equality with ar and with hf; where a lossless output differs from
+hf's, the report gives the first differing position and the target's top-2 logit margin there.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from mcsd_runtime.cli_args import (
 )
 from mcsd_runtime.errors import MCSDError
 
-DEFAULT_METHODS = "ar,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
+DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.evaluate import (
         check_method,
         check_writable,
+        markdown_notes,
         markdown_table,
         run_eval,
         split_methods,
@@ -83,5 +91,8 @@ def run(args: argparse.Namespace) -> int:
                 "threads": torch.get_num_threads()}
     write_outputs(records, rows, out, settings)
     print(markdown_table(rows))
+    notes = markdown_notes(rows, records)
+    if notes:
+        print(f"\n{notes}")
     print(f"\nwrote {out}/report.md")
     return 0
