@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
     p.add_argument("--methods", default=DEFAULT_METHODS, help="default: %(default)s")
+    p.add_argument("--reference", default=None,
+                   help="method every other is compared with (paired per-prompt geometric mean "
+                        "and 95%% CI); default: the run's best static schedule (mcsd[:K] or "
+                        "static:D) by its speedup over ar")
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
@@ -74,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     methods = split_methods(args.methods)
     for m in methods:
         check_method(m)
+    if args.reference is not None and args.reference not in methods:
+        raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     base = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
     if not prompts:
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable(out)
     pair = pair_from_args(args)
     records = run_eval(pair, prompts, methods, base, chat=args.chat)
-    rows = summarize(records, greedy=base.temperature == 0)
+    rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
     settings = {"target": pair.target_name, "draft": pair.draft_name, "prompts": args.prompts,
                 "n_prompts": len(prompts), "temperature": base.temperature,
                 "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,

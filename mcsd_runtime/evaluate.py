@@ -340,16 +340,57 @@ def decoder_twin(method: str, methods: list[str]) -> str | None:
     return None
 
 
-def summarize(records: list[Record], greedy: bool) -> list[dict]:
-    """One row per method: the report's numbers, all derived from the per-prompt records.
-    Speedups and output equality are paired per prompt against `ar` (our decoder's AR) and
-    `hf` (the target's own generate()) when they ran; `hf-generate:S` is also paired with S."""
+def is_static(method: str) -> bool:
+    """A static schedule: `mcsd[:K]` (draft-initialised) or the `static[:D]` stopper."""
+    kind = method.split(":", 1)[0]
+    return kind in ("mcsd", "static")
+
+
+def _tps_by_prompt(records: list[Record]) -> dict[str, float]:
+    return {r.prompt_id: r.tokens_per_s for r in records}
+
+
+def _geo(recs: list[Record], ref: list[Record]) -> dict:
+    """Geometric mean of paired per-prompt speedups over `ref` with its 95% bootstrap CI."""
+    mine, theirs = _tps_by_prompt(recs), _tps_by_prompt(ref)
+    common = [p for p in mine if p in theirs]
+    if not common:
+        return {"geomean": None, "ci_low": None, "ci_high": None, "n": 0}
+    return metrics.paired_speedup([mine[p] for p in common], [theirs[p] for p in common])
+
+
+def best_static(records: list[Record]) -> str | None:
+    """The static schedule of the run with the highest geometric-mean speedup over `ar` (over
+    the slowest static one when `ar` did not run)."""
     by_method: dict[str, list[Record]] = {}
     for r in records:
         by_method.setdefault(r.method, []).append(r)
+    statics = [m for m in by_method if is_static(m)]
+    if not statics:
+        return None
+    base = by_method.get("ar") or min((by_method[m] for m in statics),
+                                      key=lambda rs: statistics.median(r.tokens_per_s
+                                                                       for r in rs))
+    return max(statics, key=lambda m: _geo(by_method[m], base)["geomean"] or 0.0)
+
+
+def summarize(records: list[Record], greedy: bool, reference: str | None = None) -> list[dict]:
+    """One row per method: the report's numbers, all derived from the per-prompt records.
+    Speedups and output equality are paired per prompt against `ar` (our decoder's AR) and
+    `hf` (the target's own generate()) when they ran; `hf-generate:S` is also paired with S.
+    Every method also gets the geometric mean of its paired per-prompt speedups, with a 95%
+    bootstrap CI, over `ar` and over `reference` (default: the run's best static schedule)."""
+    by_method: dict[str, list[Record]] = {}
+    for r in records:
+        by_method.setdefault(r.method, []).append(r)
+    reference = reference or best_static(records)
+    if reference is not None and reference not in by_method:
+        raise MCSDError(f"reference method {reference!r} did not run: add it to --methods")
     rows = []
     for method, recs in by_method.items():
         tps = [r.tokens_per_s for r in recs]
+        geo_ar = _geo(recs, by_method.get("ar", []))
+        geo_ref = _geo(recs, by_method.get(reference, []))
         tokens = sum(r.new_tokens for r in recs)
         calls = sum(r.target_calls for r in recs)
         rates = [r.acceptance_rate for r in recs if r.acceptance_rate is not None]
@@ -364,6 +405,11 @@ def summarize(records: list[Record], greedy: bool) -> list[dict]:
             "tokens_per_s_p25": _quantile(tps, 0.25),
             "tokens_per_s_p75": _quantile(tps, 0.75),
             "speedup_vs_ar": vs["ar"]["speedup"],
+            "geomean_vs_ar": geo_ar["geomean"],
+            "ci_vs_ar": [geo_ar["ci_low"], geo_ar["ci_high"]],
+            "reference": reference,
+            "geomean_vs_reference": geo_ref["geomean"],
+            "ci_vs_reference": [geo_ref["ci_low"], geo_ref["ci_high"]],
             "speedup_vs_hf": vs["hf"]["speedup"],
             "tau": metrics.tau(tokens, calls) if calls else None,
             "acceptance_rate": statistics.mean(rates) if rates else None,
@@ -395,16 +441,26 @@ def _fmt(v, pct: bool = False) -> str:
     return str(v)
 
 
+def _ci(geomean: float | None, ci: list) -> str:
+    if geomean is None or None in ci:
+        return "–"
+    return f"{geomean:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| method | tok/s (median) | tok/s IQR | speedup vs AR | speedup vs hf | τ | "
+    ref = next((r["reference"] for r in rows if r.get("reference")), None)
+    head = ("| method | tok/s (median) | tok/s IQR | speedup vs AR | speedup vs hf | "
+            f"vs AR, geomean [95% CI] | vs {ref or 'reference'}, geomean [95% CI] | τ | "
             "acceptance | drafted/token | target calls | lossless | AR-equal | hf-equal | "
             "AR agreement |")
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(
             f"| {r['method']} | {_fmt(r['tokens_per_s_median'])} | "
             f"{_fmt(r['tokens_per_s_p25'])}–{_fmt(r['tokens_per_s_p75'])} | "
-            f"{_times(r['speedup_vs_ar'])} | {_times(r['speedup_vs_hf'])} | {_fmt(r['tau'])} | "
+            f"{_times(r['speedup_vs_ar'])} | {_times(r['speedup_vs_hf'])} | "
+            f"{_ci(r['geomean_vs_ar'], r['ci_vs_ar'])} | "
+            f"{_ci(r['geomean_vs_reference'], r['ci_vs_reference'])} | {_fmt(r['tau'])} | "
             f"{_fmt(r['acceptance_rate'], pct=True)} | {_fmt(r['drafted_per_token'])} | "
             f"{r['target_calls']} | {_fmt(r['lossless'])} | {_fmt(r['ar_equal_share'], pct=True)} "
             f"| {_fmt(r['hf_equal_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} |")

@@ -9,6 +9,7 @@ import pytest
 
 from mcsd_runtime import cli
 from mcsd_runtime.decoder import DecodeConfig
+from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.eval_cli import register
 from mcsd_runtime.evaluate import run_eval, split_methods, summarize
 from mcsd_runtime.prompts import load_prompts
@@ -111,3 +112,29 @@ def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
     monkeypatch.setattr(evaluate, "make_stopper", lambda spec: Foreign())
     with pytest.raises(MCSDError, match="trained for the pair"):
         evaluate.build_method("stopper:elsewhere", toy_pair, DecodeConfig())
+
+
+def _rec(method: str, prompt: str, tps: float):
+    from mcsd_runtime.evaluate import Record
+
+    return Record(method, prompt, [1, 2], 100, 100 / tps, 10, 10, 10, 5, 0.5, True, [])
+
+
+def test_paired_geomean_against_ar_and_the_best_static():
+    from mcsd_runtime.evaluate import best_static, summarize
+
+    recs = []
+    for i, base in enumerate((100.0, 150.0, 80.0, 120.0)):
+        p = f"p{i}"
+        recs += [_rec("ar", p, base), _rec("mcsd:1,1", p, base * 1.5),
+                 _rec("static:3", p, base * 1.4), _rec("stopper:x", p, base * 1.5 * 1.1)]
+    assert best_static(recs) == "mcsd:1,1"
+    rows = {r["method"]: r for r in summarize(recs, greedy=True)}
+    assert rows["stopper:x"]["reference"] == "mcsd:1,1"
+    assert rows["stopper:x"]["geomean_vs_reference"] == pytest.approx(1.1)
+    assert rows["stopper:x"]["geomean_vs_ar"] == pytest.approx(1.65)
+    assert rows["static:3"]["ci_vs_reference"] == pytest.approx([1.4 / 1.5, 1.4 / 1.5])
+    rows = {r["method"]: r for r in summarize(recs, greedy=True, reference="static:3")}
+    assert rows["mcsd:1,1"]["geomean_vs_reference"] == pytest.approx(1.5 / 1.4)
+    with pytest.raises(MCSDError, match="did not run"):
+        summarize(recs, greedy=True, reference="heuristic")
