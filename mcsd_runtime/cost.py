@@ -50,6 +50,9 @@ class CostProfile:
     pair: dict = field(default_factory=dict)
     note: str = ""
     static: dict = field(default_factory=dict)  # end-to-end runs the overheads were fitted to
+    # a step's first draft forward (over the pending tokens, right after the target's): slower
+    # than the forwards that follow it while caches are warm; None: the same as draft_s
+    draft_first_s: list[float] | None = None
     threads: int = 0  # torch CPU threads during the measurement (0: not recorded)
 
     def __post_init__(self) -> None:
@@ -57,6 +60,8 @@ class CostProfile:
         if not n or len(self.target_s) != n or len(self.draft_s) != n:
             raise MCSDError("cost profile: tokens, target_s and draft_s must be non-empty lists "
                             "of the same length")
+        if self.draft_first_s is not None and len(self.draft_first_s) != n:
+            raise MCSDError("cost profile: draft_first_s must be as long as tokens")
         if sorted(set(self.tokens)) != list(self.tokens) or self.tokens[0] < 1:
             raise MCSDError("cost profile: tokens must be increasing positive integers")
         if any(not v >= 0 for v in (*self.target_s, *self.draft_s, self.step_overhead_s,
@@ -82,6 +87,10 @@ class CostProfile:
         """Seconds of one draft forward over `n` tokens."""
         return self._at(self.draft_s, n)
 
+    def draft_first(self, n: int) -> float:
+        """Seconds of a step's first draft forward, over `n` pending tokens."""
+        return self._at(self.draft_first_s or self.draft_s, n)
+
     def step_seconds(self, tree, s: int, pending: int, drafts: bool) -> float:
         """Seconds of one decoder step stopped at depth `s` of `tree` with `pending` tokens the
         draft has not seen: the draft forward over them and over depths 1..s-1 (`drafts`: the
@@ -89,7 +98,8 @@ class CostProfile:
         forward over 1 + cum[s] tokens, and the per-step and per-depth overheads."""
         cost = self.target(1 + tree.cum[s]) + self.step_overhead_s + self.depth_overhead_s * s
         if drafts:
-            cost += self.draft(pending) + sum(self.draft(tree.sizes[d - 1]) for d in range(1, s))
+            cost += self.draft_first(pending) + sum(self.draft(tree.sizes[d - 1])
+                                                    for d in range(1, s))
         return cost
 
     def to_json(self) -> dict:
@@ -196,7 +206,8 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     """Every static depth 1..D of `k_config` end to end on each prompt, depths in a fresh
     random order per prompt after one warm-up. Returns the runs (depth, steps, drafted depths,
     tokens, decode seconds after the prefill, seconds inside forwards then) and every forward's
-    seconds by (model, new tokens): forwards timed the way the decoder runs them."""
+    seconds by (model, new tokens): forwards timed the way the decoder runs them, a step's first
+    draft forward (right after a target forward) apart as `draft_first`."""
     import random
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
@@ -216,8 +227,11 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
             log = decs[d].forward_log = []
             r = decs[d].generate(ids)
             decs[d].forward_log = None
+            prev = "target"  # the first logged forward follows the prefill: a first draft
             for name, n, dt in log:
-                forwards.setdefault((name, n), []).append(dt)
+                kind = "draft_first" if name == "draft" and prev == "target" else name
+                forwards.setdefault((kind, n), []).append(dt)
+                prev = name
             runs.append({"prompt": i, "depth": d, "steps": len(r.steps),
                          "drafted": sum(s.drafted for s in r.steps),
                          "tokens": r.stats.new_tokens, "decode_s": r.stats.decode_time,
@@ -230,14 +244,15 @@ def calibrate(profile: CostProfile, runs: list[dict], forwards: dict,
     """`profile` with the forward latencies the decoder itself measured (medians, where a token
     count was seen `min_samples` times; curves made monotone again) and the per-step and
     per-depth overheads fitted to those runs."""
-    curves = {"target": list(profile.target_s), "draft": list(profile.draft_s)}
+    curves = {"target": list(profile.target_s), "draft": list(profile.draft_s),
+              "draft_first": list(profile.draft_s)}
     for (name, n), samples in forwards.items():
         if n in profile.tokens and len(samples) >= min_samples:
             curves[name][profile.tokens.index(n)] = statistics.median(samples)
     step, depth = fit_overheads(runs)
     return replace(profile, target_s=monotone(curves["target"]), draft_s=monotone(curves["draft"]),
-                   step_overhead_s=step, depth_overhead_s=depth,
-                   static={"tokens_per_s": static_throughput(runs)})
+                   draft_first_s=monotone(curves["draft_first"]), step_overhead_s=step,
+                   depth_overhead_s=depth, static={"tokens_per_s": static_throughput(runs)})
 
 
 def fit_overheads(runs: list[dict]) -> tuple[float, float]:

@@ -35,7 +35,9 @@ LABEL_DOC = {
     "soft": "product of min(1, p/q) along the path to the node times the best child's min(1, p/q)",
 }
 PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-             "cumprod": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)}
+             "cumprod": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
+             "entropy": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+             "heuristic": (1, 2, 3, 4, 6, 8)}  # its initial depth budget
 
 
 class _BenchFrontier:
