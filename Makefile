@@ -25,8 +25,12 @@ DEMO_K := 1,1,1,1,1,1,1,1
 DEMO_COLLECT := 160
 DEMO_EVAL := 32
 DEMO_TOKENS := 64
-DEMO_METHODS := ar,hf,mcsd:1,1,mcsd:2,1,mcsd:4,2,mcsd:4,2,2,1,mcsd:1,1,1,1,mcsd:1,1,1,1,1,\
-	mcsd:$(DEMO_K),mcsd-target-init:4,2,2,1,heuristic,confidence:0.4,\
+DEMO_STATIC := static:1,static:2,static:3,static:4,static:5,static:6,static:7,static:8,\
+	mcsd:2,1,mcsd:4,2,mcsd:4,2,2,1
+# The built-in adaptive stoppers with the parameters `mcsd train` tuned on validation prompts.
+DEMO_PEERS = $(shell $(BIN)/python -c "import json; print(','.join(json.load(open(\
+	'$(DEMO)/stoppers/lightgbm/metrics.json'))['peers'].values()))")
+DEMO_METHODS = ar,hf,$(DEMO_STATIC),mcsd-target-init:4,2,2,1,$(DEMO_PEERS),\
 	stopper:$(DEMO)/stoppers/lightgbm,stopper:$(DEMO)/stoppers/mlp,hf-assisted
 MCSD := $(BIN)/mcsd
 
@@ -35,10 +39,12 @@ demo: venv
 	$(MCSD) collect --target toy --prompts toy-code-collect --limit $(DEMO_COLLECT) \
 		--k-config $(DEMO_K) --dense --max-new-tokens $(DEMO_TOKENS) \
 		--out $(DEMO)/collect --threads 1
-	$(MCSD) profile --target toy --out $(DEMO)/cost.json --repeats 21
+	$(MCSD) profile --target toy --out $(DEMO)/cost.json --max-tokens 16 --k-config $(DEMO_K) \
+		--overhead-limit 8 --threads 1
 	for model in lightgbm mlp; do \
 		$(MCSD) train --data $(DEMO)/collect --model $$model --cost-profile $(DEMO)/cost.json \
-			--val-frac 0.3 --out $(DEMO)/stoppers/$$model --threads 1 || exit 1; \
+			--val-frac 0.3 --out $(DEMO)/stoppers/$$model --threads 1 --check-prompts 12 \
+			|| exit 1; \
 	done
 	$(MCSD) eval --target toy --prompts toy-code --limit $(DEMO_EVAL) --k-config $(DEMO_K) \
 		--max-new-tokens $(DEMO_TOKENS) --methods "$(DEMO_METHODS)" --out $(DEMO)
