@@ -486,7 +486,7 @@ class _DraftStep:
         self.hidden: list[torch.Tensor | None] = [None] * (tree.depth + 1)
         self.feats: list[torch.Tensor | None] = [None] * (tree.depth + 1)
         self.top: list[torch.Tensor | None] = [None] * (tree.depth + 1)  # top-k of the proposal
-        self.host: list[list[np.ndarray] | None] = [None] * (tree.depth + 1)
+        self.host: list[np.ndarray | None] = [None] * (tree.depth + 1)
         self.forwarded = 0  # deepest depth whose nodes are in the draft cache
         self.cache_base = 0  # draft cache length where depth-1 nodes start
         self.want_hidden = (trace and getattr(dec.recorder, "wants_hidden", False)) or getattr(
@@ -618,13 +618,17 @@ class _DraftStep:
         return with_trajectory(self.feats[d], self.st.trajectory)
 
     def decision_features(self, d: int) -> np.ndarray:
-        if self.host[d] is None:
+        if self.host[d] is None:  # one device -> host copy per depth: q(x), log path, top-k
             top = self.top[d]
             if top is None:  # sampled candidates: one top-k pass for the features
                 top = self.proposal(d).topk(TOP_K_MASS, dim=-1).values
-            self.host[d] = [_host(self.prob[d]), _host(self.log_path[d]), _host(top)]
+            n = self.prob[d].shape[0]
+            if top.shape[0] != n:
+                top = top.repeat_interleave(n // top.shape[0], 0)
+            self.host[d] = _host(torch.cat([self.prob[d][:, None], self.log_path[d][:, None],
+                                            top], 1))
         tt = self.dec.tt
-        return decision_matrix(tt.static_host[tt.tree.depth_slice(d)], *self.host[d],
+        return decision_matrix(tt.static_host[tt.tree.depth_slice(d)], self.host[d],
                                self.st.trajectory.values())
 
     # -- after verification

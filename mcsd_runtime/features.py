@@ -94,24 +94,14 @@ def column(name: str) -> int:
     return FEATURE_NAMES.index(name)
 
 
-def decision_matrix(static: np.ndarray, draft_prob: np.ndarray, log_path_prob: np.ndarray,
-                    top: np.ndarray, trajectory: list[float]) -> np.ndarray:
-    """The DECISION_FEATURES of one depth's `n` nodes as a float64 [n, F] host array, from host
-    arrays: `static` [n, 3] (depth, sibling rank, frontier size), q(x) and log path probability
-    [n], and `top` [m, TOP_K_MASS] of the m proposing distributions (n = m * k)."""
-    n, m = draft_prob.shape[0], top.shape[0]
-    out = np.empty((n, len(DECISION_FEATURES)))
+def decision_matrix(static: np.ndarray, node: np.ndarray, trajectory: list[float]) -> np.ndarray:
+    """The DECISION_FEATURES of one depth's `n` nodes as a float64 [n, F] host array, from
+    `static` [n, 3] (depth, sibling rank, frontier size) and `node` [n, 2 + TOP_K_MASS]: q(x),
+    log path probability, then the top-k probabilities of the distribution that proposed it."""
+    out = np.empty((node.shape[0], len(DECISION_FEATURES)))
     out[:, 0:3] = static
-    out[:, 3] = draft_prob
-    out[:, 4] = log_path_prob
-    stats = out[:, 5:9]
-    if m == n:
-        stats[:, 0:2] = top[:, 0:2]
-        stats[:, 3] = top.sum(-1)
-    else:
-        k = n // m
-        stats[:, 0:2] = np.repeat(top[:, 0:2], k, 0)
-        stats[:, 3] = np.repeat(top.sum(-1), k)
-    stats[:, 2] = stats[:, 0] - stats[:, 1]
+    out[:, 3:7] = node[:, 0:4]  # draft_prob, log_path_prob, q_top1, q_top2
+    out[:, 7] = node[:, 2] - node[:, 3]
+    out[:, 8] = node[:, 2:].sum(1)
     out[:, 9:] = trajectory
     return out

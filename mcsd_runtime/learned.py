@@ -209,6 +209,9 @@ class LearnedStopper:
         self.kind, self.spec, self.model = kind, spec, model
         self.threshold, self.aggregation = float(threshold), aggregation
         self._agg = AGGREGATIONS[aggregation]
+        # depths below it are always drafted without a decision (replay chooses it: a decision
+        # that nearly always says "continue" only costs time)
+        self.min_depth = int(spec.get("min_depth", 1))
         self.pair_fingerprint: dict | None = spec.get("pair_fingerprint")
         self.k_config: tuple[int, ...] | None = (parse_k_config(spec["k_config"])
                                                  if spec.get("k_config") else None)
@@ -270,6 +273,8 @@ class LearnedStopper:
         return self._agg(scores, feats)
 
     def should_continue(self, frontier) -> bool:
+        if frontier.depth < self.min_depth:  # always drafted: no features, no model
+            return True
         return self.frontier_score(frontier) >= self.threshold
 
     def __repr__(self) -> str:

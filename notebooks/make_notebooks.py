@@ -75,11 +75,30 @@ ax.set_xlabel("predicted"); ax.set_ylabel("observed"); ax.legend()"""),
 for name, i in imp.items():
     pd.DataFrame({k: v for k, v in i.items()}).sort_values("gain").plot.barh(
         subplots=True, layout=(1, 2), figsize=(10, 4), legend=False, title=name)"""),
+        ("md", "## Headroom: the oracle and the share of its gain captured (test prompts)\n\n"
+               "`oracle` is the stop plan with the highest replayed tokens/s given every step's "
+               "accepted length (a dynamic program, a true bound for free decisions); "
+               "`oracle-accepted` stops at exactly the accepted length."),
+        ("code", """pd.DataFrame({name: {k: m["headline"].get(k) for k in
+    ("best_static", "best_static_value", "oracle_value", "learned_value",
+     "speedup_vs_best_static", "oracle_gain_captured", "threshold", "min_depth",
+     "replay_decision_us")} for name, m in metrics.items()}).T"""),
+        ("md", "## Replay against end-to-end decoding\n\nThe same test prompts decoded with "
+               "every static depth and the trained stopper (`mcsd train --check-prompts`)."),
+        ("code", """for name, m in metrics.items():
+    check = m.get("replay_check")
+    if check:
+        print(name, "common factor", round(check["common_factor"], 3),
+              "same static order:", check["same_static_order"])
+        display(pd.DataFrame(check["per_stopper"]).T[["replayed", "measured", "error",
+                                                      "relative_error"]])"""),
         ("md", "## Replayed throughput against threshold\n\nStatic depths and the oracle "
-               "(which stops at exactly the accepted length) as lines."),
+               "as lines."),
         ("code", """for p in artifacts:
     rc = json.loads((p / "replay_curve.json").read_text())
     curve = pd.DataFrame(rc["curve"])
+    if "min_depth" in curve:  # the chosen min_depth's curve
+        curve = curve[curve["min_depth"] == rc["chosen"].get("min_depth", 1)]
     fig, ax = plt.subplots()
     for agg, part in curve.groupby("aggregation"):
         ax.plot(part["threshold"], part[rc["metric"]], marker=".", label=f"learned ({agg})")

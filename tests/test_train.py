@@ -354,3 +354,18 @@ def test_rows_without_prompt_hash_split_by_run_and_prompt(rows):
     new = mixed["run_id"] != "old"
     assert fallback == N_PROMPTS and groups[new].equals(mixed.loc[new, "prompt_hash"])
     assert groups[~new].equals(sequence_ids(mixed)[~new])
+
+
+def test_min_depth_skips_decisions_and_their_cost(data, artifacts):
+    """Depths below min_depth are drafted without looking: no decision is charged for them."""
+    folder, summary = artifacts["lightgbm"]
+    assert summary["headline"]["min_depth"] in R.MIN_DEPTHS
+    stopper = load_stopper(folder)
+    stopper.min_depth = 1
+    every = R.replay(data, stopper, PROFILE, decision_s=0.01)
+    stopper.min_depth = 3
+    later = R.replay(data, stopper, PROFILE, decision_s=0.01)
+    assert 0 < later.decisions < every.decisions
+    assert later.drafted_depth >= later.steps * 1  # still drafts at least depth 1 per step
+    static = R.replay(data, "static:2", PROFILE, decision_s=0.01)
+    assert static.decisions == 0  # a stopper that never looks costs no decision time

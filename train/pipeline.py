@@ -233,6 +233,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
         base |= {f"{spec_}(tuned)": R.replay(part, spec_, profile) for spec_ in peers.values()}
         final = load_stopper(out, threshold=chosen["threshold"],
                              aggregation=chosen["aggregation"])
+        final.min_depth = chosen["min_depth"]
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
     test_res = results["test"]
@@ -245,11 +246,13 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                 "replay_mode": data.mode, "best_static": best_static, "best_static_value": b,
                 "oracle_value": o, "learned_value": s, "speedup_vs_best_static": s / b if b else 0,
                 "oracle_gain_captured": capture, "aggregation": chosen["aggregation"],
-                "threshold": chosen["threshold"], "decision_latency_us": latency["median_us"],
+                "threshold": chosen["threshold"], "min_depth": chosen["min_depth"],
+                "decision_latency_us": latency["median_us"],
                 "replay_decision_us": decision_s * 1e6}
     log(f"replay ({data.mode}, {headline['units']}): learned {s:.4g} vs best static "
         f"{best_static} {b:.4g}, oracle {o:.4g}: {capture:.1%} of the oracle's gain; "
-        f"aggregation {chosen['aggregation']}, threshold {chosen['threshold']:g}")
+        f"aggregation {chosen['aggregation']}, threshold {chosen['threshold']:g}, decisions "
+        f"from depth {chosen['min_depth']}")
 
     # 5. plots, metrics, final artifact
     title = (f"{model}/{label} on {fp.get('target') if fp else 'pair'} / "
@@ -272,6 +275,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                "elapsed_s": time.perf_counter() - t_start}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     spec |= {"aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
+             "min_depth": chosen["min_depth"],
              "metrics": {"test": metrics["test"], "headline": headline},
              "training_data": {"runs": [_slim_manifest(m) for m in manifests],
                                "rows": int(len(df)), "seed": seed,

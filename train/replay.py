@@ -322,7 +322,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
                                    step.hidden[s - 1] if step.hidden else None, step.accepted,
                                    (p.key, step.position, s))
                     go = stopper.should_continue(fr)
-                    res.decisions += 1
+                    res.decisions += fr.read  # a decision costs time only if it looked
                     if not go:
                         break
                     s += 1
@@ -357,6 +357,7 @@ class MemoStopper:
         self.learned = learned
         self.cache = {} if cache is None else cache
         self.threshold, self.aggregation = learned.threshold, learned.aggregation
+        self.min_depth = learned.min_depth
 
     def reset(self) -> None:
         self.learned.reset()
@@ -367,6 +368,8 @@ class MemoStopper:
     def should_continue(self, frontier) -> bool:
         from mcsd_runtime.learned import AGGREGATIONS
 
+        if frontier.depth < self.min_depth:
+            return True
         key = (*frontier.key, *frontier._traj)
         hit = self.cache.get(key)
         if hit is None:
@@ -385,19 +388,27 @@ THRESHOLDS = np.round(np.concatenate([np.linspace(0.02, 0.2, 10), np.linspace(0.
                       3)
 
 
+MIN_DEPTHS = (1, 2, 3)
+
+
 def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
-          thresholds=THRESHOLDS, decision_s: float = 0.0, progress: bool = False) -> list[dict]:
-    """Replay the learned stopper at every (aggregation, threshold) (`progress`: on stderr)."""
+          thresholds=THRESHOLDS, decision_s: float = 0.0, progress: bool = False,
+          min_depths=MIN_DEPTHS) -> list[dict]:
+    """Replay the learned stopper at every (aggregation, threshold, min_depth) (`progress`: on
+    stderr); decisions are charged `decision_s` each, where the stopper looked."""
     from mcsd_runtime.progress import progress as progress_bar
 
     cache: dict = {}
     curve = []
-    grid = [(agg, thr) for agg in aggregations for thr in thresholds]
-    for agg, thr in progress_bar(grid, desc="replay sweep", unit="setting", disable=not progress):
+    grid = [(agg, thr, m) for agg in aggregations for thr in thresholds for m in min_depths
+            if m < data.depth or m == 1]
+    for agg, thr, m in progress_bar(grid, desc="replay sweep", unit="setting",
+                                    disable=not progress):
         memo = MemoStopper(learned, cache)
-        memo.aggregation, memo.threshold = agg, float(thr)
-        r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}", decision_s=decision_s)
-        curve.append({"aggregation": agg, "threshold": float(thr)} | r.as_dict())
+        memo.aggregation, memo.threshold, memo.min_depth = agg, float(thr), m
+        r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}/{m}", decision_s=decision_s)
+        curve.append({"aggregation": agg, "threshold": float(thr), "min_depth": m}
+                     | r.as_dict())
     return curve
 
 

@@ -82,9 +82,11 @@ def plot_importance(imp: dict, title: str, path: Path) -> None:
 
 def plot_replay(curve: list[dict], chosen: dict, lines: dict[str, float], metric: str,
                 title: str, path: Path) -> None:
-    """Replayed `metric` against threshold per aggregation; static depths and oracle as lines."""
+    """Replayed `metric` against threshold per aggregation (at the chosen min_depth); static
+    depths and oracle as lines."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    curve = [c for c in curve if c.get("min_depth", 1) == chosen.get("min_depth", 1)]
     for agg in sorted({c["aggregation"] for c in curve}):
         pts = [c for c in curve if c["aggregation"] == agg]
         width = 2.2 if agg == chosen["aggregation"] else 1.0
