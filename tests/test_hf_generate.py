@@ -100,11 +100,14 @@ def lightgbm_stopper(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("k_config", [(4, 2, 2, 1), (1, 1, 1, 1)])
-def test_greedy_with_a_trained_stopper(lightgbm_stopper, k_config):
-    from test_train_data import small_pair
+def test_greedy_with_a_trained_stopper(lightgbm_stopper):
+    from test_train_data import K_CONFIG, small_pair
 
     pair = small_pair()
+    k_config = K_CONFIG  # the tree the stopper was trained on; another one is refused
+    with pytest.raises(MCSDError, match="trained on k-config"):
+        mcsd(pair, prompts(64, n=1, seed=1)[0], k_config=(1, 1, 1, 1),
+             stopper=f"stopper:{lightgbm_stopper}", max_new_tokens=4)
     for prompt in prompts(64, n=4, seed=1):
         ref = reference(pair.target, prompt, max_new_tokens=24)
         out = mcsd(pair, prompt, k_config=k_config, stopper=f"stopper:{lightgbm_stopper}",
