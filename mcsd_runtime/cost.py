@@ -292,8 +292,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="timed rounds over all token counts, each in a random order; the median "
                         "is kept (default %(default)s)")
     p.add_argument("--k-config", default="1,1,1,1,1,1,1,1",
-                   help="tree whose static depths 1..D are run end to end to fit the decoder's "
-                        "per-step and per-depth overheads (default %(default)s)")
+                   help="tree whose static depths 1..D are run end to end: the forwards timed "
+                        "there replace the isolated ones, and the decoder's per-step and "
+                        "per-depth overheads are fitted to them (default %(default)s)")
     p.add_argument("--overhead-prompts", default="toy-code", help="prompt set of those runs; "
                    "'none' to skip (default %(default)s)")
     p.add_argument("--overhead-limit", type=int, default=6,
