@@ -293,13 +293,13 @@ def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]],
                 progress: bool = True, desc: str = "eval") -> list[Record]:
     """Runners (name -> `.generate(ids) -> Record`) on encoded prompts: one warm-up each, then
     prompt by prompt in a rotating order; greedy records are then compared with `hf`'s."""
-    from tqdm import tqdm
+    from mcsd_runtime.progress import progress as progress_bar
 
     for runner in runners.values():  # warm-up
         runner.generate(encoded[0][1])
     records: list[Record] = []
     names = list(runners)
-    bar = tqdm(encoded, desc=desc, unit="prompt", disable=not progress)
+    bar = progress_bar(encoded, desc=desc, unit="prompt", disable=not progress)
     for i, (pid, ids) in enumerate(bar):
         for name in names[i % len(names):] + names[: i % len(names)]:
             rec = runners[name].generate(ids)
