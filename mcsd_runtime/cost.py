@@ -157,6 +157,7 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
     import torch
     from transformers import DynamicCache
 
+    from mcsd_runtime.decoder import causal_bias
     from mcsd_runtime.progress import progress as progress_bar
 
     dev = pair.device
@@ -166,9 +167,7 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
     ctx_ids = torch.randint(0, pair.vocab_size, (1, context), generator=gen).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     n_max = max(tokens)
-    block = torch.zeros(n_max, n_max, dtype=pair.dtype, device=dev).masked_fill_(
-        torch.ones(n_max, n_max, dtype=torch.bool, device=dev).triu(1),
-        torch.finfo(pair.dtype).min)
+    block = causal_bias(n_max, pair.dtype, dev)
     samples = {(name, n): [] for name in ("target", "draft") for n in tokens}
     with torch.inference_mode():
         caches = {}

@@ -359,12 +359,17 @@ def _geo(recs: list[Record], ref: list[Record]) -> dict:
     return metrics.paired_speedup([mine[p] for p in common], [theirs[p] for p in common])
 
 
+def _by_method(records: list[Record]) -> dict[str, list[Record]]:
+    out: dict[str, list[Record]] = {}
+    for r in records:
+        out.setdefault(r.method, []).append(r)
+    return out
+
+
 def best_static(records: list[Record]) -> str | None:
     """The static schedule of the run with the highest geometric-mean speedup over `ar` (over
     the slowest static one when `ar` did not run)."""
-    by_method: dict[str, list[Record]] = {}
-    for r in records:
-        by_method.setdefault(r.method, []).append(r)
+    by_method = _by_method(records)
     statics = [m for m in by_method if is_static(m)]
     if not statics:
         return None
@@ -380,9 +385,7 @@ def summarize(records: list[Record], greedy: bool, reference: str | None = None)
     `hf` (the target's own generate()) when they ran; `hf-generate:S` is also paired with S.
     Every method also gets the geometric mean of its paired per-prompt speedups, with a 95%
     bootstrap CI, over `ar` and over `reference` (default: the run's best static schedule)."""
-    by_method: dict[str, list[Record]] = {}
-    for r in records:
-        by_method.setdefault(r.method, []).append(r)
+    by_method = _by_method(records)
     reference = reference or best_static(records)
     if reference is not None and reference not in by_method:
         raise MCSDError(f"reference method {reference!r} did not run: add it to --methods")

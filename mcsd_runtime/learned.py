@@ -330,9 +330,9 @@ def read_spec(path: str | Path) -> tuple[Path, dict]:
 
 
 def load_stopper(path: str | Path, threshold: float | None = None,
-                 aggregation: str | None = None) -> LearnedStopper:
-    """A stopper from an artifact folder (or its stopper.json); `threshold`/`aggregation`
-    override the artifact's choices."""
+                 aggregation: str | None = None, min_depth: int | None = None) -> LearnedStopper:
+    """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation` and
+    `min_depth` override the artifact's choices."""
     folder, spec = read_spec(path)
     kind = spec["kind"]
     if kind == "lightgbm":
@@ -348,8 +348,11 @@ def load_stopper(path: str | Path, threshold: float | None = None,
     agg = aggregation or spec["aggregation"]
     if agg not in AGGREGATIONS:
         raise MCSDError(f"unknown aggregation {agg!r}: use one of {', '.join(AGGREGATIONS)}")
-    return LearnedStopper(kind, spec, model, spec["threshold"] if threshold is None else threshold,
-                          agg)
+    stopper = LearnedStopper(kind, spec, model,
+                             spec["threshold"] if threshold is None else threshold, agg)
+    if min_depth is not None:
+        stopper.min_depth = int(min_depth)
+    return stopper
 
 
 def check_pair(stopper: Any, pair: Any) -> None:

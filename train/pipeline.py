@@ -232,8 +232,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
         base = R.baselines(part, profile)
         base |= {f"{spec_}(tuned)": R.replay(part, spec_, profile) for spec_ in peers.values()}
         final = load_stopper(out, threshold=chosen["threshold"],
-                             aggregation=chosen["aggregation"])
-        final.min_depth = chosen["min_depth"]
+                             aggregation=chosen["aggregation"], min_depth=chosen["min_depth"])
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
     test_res = results["test"]
