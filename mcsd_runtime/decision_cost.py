@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES
 from mcsd_runtime.stoppers import Stopper, make_stopper
 
 
@@ -75,4 +76,42 @@ def decision_cost(stopper: Stopper | str, vocab_size: int, k_config=(1, 1, 1, 1,
         return {"vocab_size": vocab_size, "decisions": 0}
     return {"vocab_size": vocab_size, "decisions": len(us), "median_us": statistics.median(us),
             "fast_us": statistics.median(us[: max(1, len(us) // 10)]),
+            "threads": torch.get_num_threads()}
+
+
+class _BenchFrontier:
+    """A frontier with given features: the stopper's own cost, without the decoder's."""
+
+    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4) -> None:
+        self._f, self._h, self.depth, self.max_depth = feats, hidden, depth, max_depth
+        self._d = feats[:, [FEATURE_NAMES.index(n) for n in DECISION_FEATURES]].double().numpy()
+
+    def features(self):
+        return self._f
+
+    def decision_features(self):
+        return self._d
+
+    def hidden(self):
+        return self._h
+
+
+def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | None = None,
+                  seed: int = 0) -> dict:
+    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes with given features,
+    on CPU (the model alone; `mcsd_runtime.decision_cost` measures a decision in the decoder)."""
+    gen = torch.Generator().manual_seed(seed)
+    feats = torch.rand(n, len(FEATURE_NAMES), generator=gen)
+    hidden = torch.randn(n, hidden_size, generator=gen) if hidden_size else None
+    fr = _BenchFrontier(feats, hidden)
+    for _ in range(50):
+        stopper.should_continue(fr)
+    chunks = []
+    per = max(repeats // 10, 1)
+    for _ in range(10):
+        t0 = time.perf_counter()
+        for _ in range(per):
+            stopper.should_continue(fr)
+        chunks.append((time.perf_counter() - t0) / per * 1e6)
+    return {"frontier_size": n, "median_us": statistics.median(chunks), "min_us": min(chunks),
             "threads": torch.get_num_threads()}

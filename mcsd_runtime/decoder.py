@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime import verify as V
+from mcsd_runtime.constants import INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import (
     NODE_FEATURES,
@@ -36,8 +37,6 @@ from mcsd_runtime.kv import cache_len, keep_path
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import Stopper, make_stopper
 from mcsd_runtime.tree import Tree, TreeTensors, parse_k_config
-
-INITS = ("draft", "target")
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,9 @@ class DecodeConfig:
             raise MCSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
-        if self.verify not in V.VERIFIERS:
+        if self.verify not in VERIFIERS:
             raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
-                            f"{', '.join(V.VERIFIERS)}")
+                            f"{', '.join(VERIFIERS)}")
         if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
             raise MCSDError("commit_limit must be >= 1 and needs init='draft'")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

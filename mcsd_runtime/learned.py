@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from mcsd_runtime.constants import STOPPER_KINDS as KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION, column
 from mcsd_runtime.tree import parse_k_config
 
 FORMAT = "mcsd-stopper"
-KINDS = ("lightgbm", "mlp", "mlp-hidden")
 MODEL_FILES = {"lightgbm": ("model.txt",), "mlp": ("model.safetensors", "config.json"),
                "mlp-hidden": ("model.safetensors", "config.json")}
 

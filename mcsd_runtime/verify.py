@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import torch
 
-VERIFIERS = ("mcss", "mcss-replacement", "naive")
-
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of `probs` [..., V], without a host sync (exponential race)."""

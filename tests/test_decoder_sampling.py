@@ -16,6 +16,7 @@ from scipy.stats import chisquare
 
 from conftest import make_pair
 from mcsd_runtime import verify as V
+from mcsd_runtime.constants import VERIFIERS
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 
 VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 1000
@@ -99,7 +100,7 @@ def test_low_temperature_q_really_has_small_support():
     assert int((_q("T=0.2") > 0).sum()) < 4  # the case below really has fewer than k=4 tokens
 
 
-@pytest.mark.parametrize("mode", V.VERIFIERS)
+@pytest.mark.parametrize("mode", VERIFIERS)
 @pytest.mark.parametrize("q_kind", ["full", "one-hot", "support-2", "T=0.2"])
 def test_verify_children_outputs_p(mode, q_kind):
     out = verified_tokens(V.verify_children, P_ROW, _q(q_kind), 4, mode)

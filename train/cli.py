@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 
 
@@ -33,7 +34,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", nargs="+", type=Path, metavar="RUN_DIR",
                    help="collection run folders (from `mcsd collect`, full-depth; --dense for "
                         "exact replay)")
-    p.add_argument("--model", default="lightgbm", choices=["lightgbm", "mlp", "mlp-hidden"],
+    p.add_argument("--model", default="lightgbm", choices=STOPPER_KINDS,
                    help="lightgbm (default), mlp on the scalar features, or mlp-hidden (the "
                         "paper's hidden->512->256->1 model on draft hidden states)")
     p.add_argument("--label", default=None, choices=["hard", "soft"],
@@ -116,8 +117,8 @@ def _quiet_lightning() -> None:
 
 
 def _bench(out: Path) -> int:
+    from mcsd_runtime.decision_cost import bench_latency
     from mcsd_runtime.learned import load_stopper
-    from train.pipeline import bench_latency
 
     stopper = load_stopper(out)
     size = stopper.spec.get("hidden_size") if stopper.uses_hidden else None

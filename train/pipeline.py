@@ -4,7 +4,6 @@ and aggregation -> artifact folder. The CLI (`mcsd train`) is a thin layer over 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.decision_cost import bench_latency
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.features import DECISION_FEATURES, SCHEMA_VERSION
 from mcsd_runtime.learned import AGGREGATIONS, FORMAT, load_stopper
 from train import labels as L
 from train import replay as R
@@ -28,7 +29,6 @@ from train.data import (
     split_prompts,
 )
 
-MODELS = ("lightgbm", "mlp", "mlp-hidden")
 LABEL_DOC = {
     "hard": "on_accepted_path and accepted_length > depth (the node is accepted and so is one of "
             "its children)",
@@ -38,46 +38,6 @@ PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "cumprod": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
              "entropy": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "heuristic": (1, 2, 3, 4, 6, 8)}  # its initial depth budget
-
-
-class _BenchFrontier:
-    """A frontier with given features: the stopper's own cost, without the decoder's."""
-
-    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4) -> None:
-        self._f, self._h, self.depth, self.max_depth = feats, hidden, depth, max_depth
-        self._d = feats[:, [FEATURE_NAMES.index(n) for n in DECISION_FEATURES]].double().numpy()
-
-    def features(self):
-        return self._f
-
-    def decision_features(self):
-        return self._d
-
-    def hidden(self):
-        return self._h
-
-
-def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | None = None,
-                  seed: int = 0) -> dict:
-    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes with given features,
-    on CPU (the model alone; `mcsd_runtime.decision_cost` measures a decision in the decoder)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    feats = torch.rand(n, len(FEATURE_NAMES), generator=gen)
-    hidden = torch.randn(n, hidden_size, generator=gen) if hidden_size else None
-    fr = _BenchFrontier(feats, hidden)
-    for _ in range(50):
-        stopper.should_continue(fr)
-    chunks = []
-    per = max(repeats // 10, 1)
-    for _ in range(10):
-        t0 = time.perf_counter()
-        for _ in range(per):
-            stopper.should_continue(fr)
-        chunks.append((time.perf_counter() - t0) / per * 1e6)
-    return {"frontier_size": n, "median_us": statistics.median(chunks), "min_us": min(chunks),
-            "threads": torch.get_num_threads()}
 
 
 def _xy(df: pd.DataFrame, hidden: bool, label: str) -> tuple[np.ndarray, np.ndarray]:
@@ -115,8 +75,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     `progress`: show the fit and the replay sweep on stderr (see mcsd_runtime.progress).
     `check_prompts`: decode that many test prompts end to end with every static depth and the
     trained stopper, and report the replay's error against them (`train.check`)."""
-    if model not in MODELS:
-        raise MCSDError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
+    if model not in STOPPER_KINDS:
+        raise MCSDError(f"unknown model {model!r}: use one of {', '.join(STOPPER_KINDS)}")
     if label not in LABEL_DOC:
         raise MCSDError(f"unknown label {label!r}: use hard or soft")
     hidden = model == "mlp-hidden"

@@ -1,0 +1,7 @@
+"""Names every layer shares, in one torch-free place (CLIs import it without loading torch)."""
+
+from __future__ import annotations
+
+INITS = ("draft", "target")  # the tree's first layer: from the draft (lossless) or the target
+VERIFIERS = ("mcss", "mcss-replacement", "naive")  # see mcsd_runtime.verify
+STOPPER_KINDS = ("lightgbm", "mlp", "mlp-hidden")  # learned stopper models (`stopper.json` kind)
