@@ -34,8 +34,8 @@ class RowRecorder:
         self.tree = Tree(tuple(k_config))
         self.parent = np.asarray(self.tree.parents(), dtype=np.int16).clip(min=0)
         self.run_id, self.init = run_id, init
-        self.wants_hidden = bool(save_hidden)  # read by the decoder
-        self.schema = row_schema(self.wants_hidden)
+        self.needs_hidden = bool(save_hidden)  # read by the decoder (`decoder.Recorder`)
+        self.schema = row_schema(self.needs_hidden)
         self.prompt_id: str | None = None
         self.prompt_hash = ""
         self._parts: list[dict[str, np.ndarray]] = []
@@ -70,7 +70,8 @@ class RowRecorder:
             "node": np.arange(1, c + 1, dtype=np.int16),
             "parent": self.parent[1 : c + 1],
             "token": dense[:, _N + 2].astype(np.int32),
-            "features": np.concatenate([feats, np.broadcast_to(traj, (c, traj.shape[0]))], 1),
+            "node_features": feats,
+            "trajectory": np.broadcast_to(traj, (c, traj.shape[0])),
             "on_accepted_path": on_path,
             "accepted_length": np.full(c, trace.accepted, dtype=np.int16),
             "drafted_depth": np.full(c, trace.drafted, dtype=np.int16),
@@ -78,7 +79,7 @@ class RowRecorder:
             "p_target": p_target.astype(np.float32),
         }
         self._parts.append(part)
-        if self.wants_hidden:
+        if self.needs_hidden:
             if trace.hidden is None:
                 raise RuntimeError("the decoder gave no hidden states although they were asked for")
             self._hidden.append(trace.hidden.to(torch.float16).cpu().numpy())
@@ -101,12 +102,14 @@ class RowRecorder:
         }
         for name in ("step", "position", "node", "parent", "token"):
             cols[name] = pa.array(cat[name])
-        for i, name in enumerate(NODE_FEATURES + TRAJECTORY_FEATURES):
-            cols[name] = pa.array(np.ascontiguousarray(cat["features"][:, i]))
+        for group, names in (("node_features", NODE_FEATURES),
+                             ("trajectory", TRAJECTORY_FEATURES)):
+            for i, name in enumerate(names):
+                cols[name] = pa.array(np.ascontiguousarray(cat[group][:, i]))
         for name in ("on_accepted_path", "accepted_length", "drafted_depth", "soft_label",
                      "p_target"):
             cols[name] = pa.array(cat[name])
-        if self.wants_hidden:
+        if self.needs_hidden:
             h = np.concatenate(hidden)
             offsets = np.arange(0, h.size + 1, h.shape[1], dtype=np.int32)
             cols["hidden"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(h.reshape(-1)))

@@ -5,6 +5,9 @@
 `should_continue` call from the decoder's own frontier: features computed the way the decoder
 computes them, on the distributions it drafted from. Forwards are not timed. The median is
 reported, and the fastest tenth (robust to other load on a shared machine).
+
+`bench_latency(stopper, n)` times the stopper alone, on the decoder's frontier over a random
+draft (`bench_frontier`).
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import time
 
 import torch
 
-from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES
-from mcsd_runtime.stoppers import Stopper, make_stopper
+from mcsd_runtime.features import TOP_K_MASS, Trajectory
+from mcsd_runtime.stoppers import Frontier, Stopper, StopperBase, make_stopper
+from mcsd_runtime.tree import Tree, TreeTensors
 
 
-class _Timed:
+class _Timed(StopperBase):
     """A stopper wrapper that records the seconds of each `should_continue`."""
 
     def __init__(self, inner: Stopper) -> None:
         self.inner, self.seconds = inner, []
+        self.needs_hidden = inner.needs_hidden
 
     def reset(self) -> None:
         self.inner.reset()
@@ -30,14 +35,14 @@ class _Timed:
     def update(self, drafted: int, accepted: int) -> None:
         self.inner.update(drafted, accepted)
 
-    def should_continue(self, frontier) -> bool:
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        self.inner.check_tree(k_config)
+
+    def should_continue(self, frontier: Frontier) -> bool:
         t0 = time.perf_counter()
         go = self.inner.should_continue(frontier)
         self.seconds.append(time.perf_counter() - t0)
         return go
-
-    def __getattr__(self, name: str):  # e.g. uses_hidden, check_tree
-        return getattr(self.inner, name)
 
 
 def random_pair(vocab_size: int, hidden: int = 64, seed: int = 0):
@@ -79,31 +84,32 @@ def decision_cost(stopper: Stopper | str, vocab_size: int, k_config=(1, 1, 1, 1,
             "threads": torch.get_num_threads()}
 
 
-class _BenchFrontier:
-    """A frontier with given features: the stopper's own cost, without the decoder's."""
+def bench_frontier(n: int = 16, hidden_size: int | None = None, depth: int = 4,
+                   vocab_size: int = 256, seed: int = 0) -> Frontier:
+    """The decoder's own frontier over a random draft: `n` nodes at `depth` of the tree
+    (1, ..., 1, n), proposed greedily by one random distribution over `vocab_size` tokens (with
+    a random hidden state of `hidden_size`, if given), after a few steps of trajectory."""
+    from mcsd_runtime.decoder import DraftFrontier, DraftLayer
 
-    def __init__(self, feats, hidden=None, depth: int = 2, max_depth: int = 4) -> None:
-        self._f, self._h, self.depth, self.max_depth = feats, hidden, depth, max_depth
-        self._d = feats[:, [FEATURE_NAMES.index(n) for n in DECISION_FEATURES]].double().numpy()
-
-    def features(self):
-        return self._f
-
-    def decision_features(self):
-        return self._d
-
-    def hidden(self):
-        return self._h
-
-
-def bench_latency(stopper, n: int = 16, repeats: int = 3000, hidden_size: int | None = None,
-                  seed: int = 0) -> dict:
-    """Median cost (µs) of one `should_continue` on a frontier of `n` nodes with given features,
-    on CPU (the model alone; `mcsd_runtime.decision_cost` measures a decision in the decoder)."""
     gen = torch.Generator().manual_seed(seed)
-    feats = torch.rand(n, len(FEATURE_NAMES), generator=gen)
-    hidden = torch.randn(n, hidden_size, generator=gen) if hidden_size else None
-    fr = _BenchFrontier(feats, hidden)
+    tree = Tree((1,) * (depth - 1) + (n,))
+    tt = TreeTensors.build(tree, torch.device("cpu"), torch.float32)
+    q = torch.softmax(3 * torch.randn(1, vocab_size, generator=gen), -1)
+    top, toks = q.topk(max(n, TOP_K_MASS), dim=-1)
+    prob = q.gather(1, toks[:, :n]).view(-1)
+    hidden = torch.randn(1, hidden_size, generator=gen) if hidden_size else None
+    layer = DraftLayer(toks[:, :n].reshape(-1), q, hidden, prob, prob.log() - 0.5 * (depth - 1),
+                       top[:, :TOP_K_MASS])
+    trajectory = Trajectory(tokens_generated=24, prev_accepted=2, steps=8, accepted_sum=16)
+    return DraftFrontier(layer, depth, depth, tt, trajectory)
+
+
+def bench_latency(stopper: Stopper, n: int = 16, repeats: int = 3000,
+                  hidden_size: int | None = None, seed: int = 0) -> dict:
+    """Median cost (µs) of one `should_continue` on a `bench_frontier` of `n` nodes, on CPU, with
+    the frontier's device work cached after the first call: the stopper alone (`decision_cost`
+    measures a decision inside the decoder)."""
+    fr = bench_frontier(n, hidden_size, seed=seed)
     for _ in range(50):
         stopper.should_continue(fr)
     chunks = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -26,7 +27,6 @@ from mcsd_runtime import verify as V
 from mcsd_runtime.constants import INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import (
-    NODE_FEATURES,
     TOP_K_MASS,
     Trajectory,
     decision_matrix,
@@ -156,6 +156,14 @@ class StepTrace:
     drafted: int
 
 
+class Recorder(Protocol):
+    """What the decoder calls after every step (e.g. `collect.recorder.RowRecorder`)."""
+
+    needs_hidden: bool  # the trace carries the draft's hidden states
+
+    def on_step(self, trace: StepTrace) -> None: ...
+
+
 @dataclass
 class _State:
     committed: list[int]
@@ -169,9 +177,107 @@ class _State:
     done: bool = False
 
 
+@dataclass
+class DraftLayer:
+    """The nodes of one tree depth and the distributions that proposed them, one per parent."""
+
+    tokens: torch.Tensor  # [n]
+    proposal: torch.Tensor  # [m, V], n = m * k
+    proposer_hidden: torch.Tensor | None  # [m, H]: the draft's hidden state at each parent
+    prob: torch.Tensor  # [n] q(x) under the node's proposal
+    log_path: torch.Tensor  # [n] sum of log q along the path from the root
+    top: torch.Tensor | None  # [m, TOP_K_MASS] the proposal's largest probabilities (greedy)
+    _node_features: torch.Tensor | None = None  # computed when first asked for
+    _host: np.ndarray | None = None
+
+    def node_features(self, static: torch.Tensor) -> torch.Tensor:
+        """[n, len(NODE_FEATURES)]; `static` [n, 3] are the nodes' rows of the tree's."""
+        if self._node_features is None:
+            self._node_features = node_features(static, self.prob, self.log_path, self.proposal,
+                                                self.top)
+        return self._node_features
+
+    def host(self) -> np.ndarray:
+        """[n, 2 + TOP_K_MASS] float64 on the host: q(x), log path, the proposal's top-k. One
+        device-to-host copy, and no pass over the vocabulary when drafting took the top-k."""
+        if self._host is None:
+            top = self.top
+            if top is None:  # sampled or target-initialized candidates
+                top = self.proposal.topk(TOP_K_MASS, dim=-1).values
+            top = _per_node(top, self.prob.shape[0])
+            self._host = _host(torch.cat([self.prob[:, None], self.log_path[:, None], top], 1))
+        return self._host
+
+    def hidden(self) -> torch.Tensor | None:
+        """[n, H]: the hidden state that proposed each node, or None if not kept."""
+        if self.proposer_hidden is None:
+            return None
+        return _per_node(self.proposer_hidden, self.prob.shape[0])
+
+
+@dataclass
+class _Draft:
+    """The tree drafted in one step."""
+
+    tokens: torch.Tensor  # [1 + num_nodes]: the root (last committed token), then the nodes
+    layers: list[DraftLayer] = field(default_factory=list)  # layers[d - 1] holds depth d
+    forwarded: int = 0  # deepest depth whose nodes are in the draft cache
+    cache_base: int = 0  # draft cache length where depth-1 nodes start
+
+    @property
+    def depth(self) -> int:
+        return len(self.layers)
+
+
+@dataclass
+class _Verdict:
+    """What verification decided: the accepted path and the token after it."""
+
+    path: list[int]  # accepted node indices, root-first (target-init: starting with a root)
+    accepted: int  # drafted tokens accepted (target-init: the chosen root is not drafted)
+    best: int  # the path's last node
+    bonus: int  # the target's token after it (unused with target-init)
+    tokens: list[int]  # the tree's tokens on the host, root first
+    probs: torch.Tensor | None  # per row: the target's distribution after it, when computed
+
+
+class DraftFrontier:
+    """`stoppers.Frontier` served from the tensors the decoder drafted with."""
+
+    def __init__(self, layer: DraftLayer, depth: int, max_depth: int, tt: TreeTensors,
+                 trajectory: Trajectory) -> None:
+        self.depth, self.max_depth = depth, max_depth
+        self._layer, self._tt, self._trajectory = layer, tt, trajectory
+        self._rows = tt.tree.depth_slice(depth)
+
+    def trajectory(self) -> list[float]:
+        return self._trajectory.values()
+
+    def features(self) -> torch.Tensor:
+        static = self._tt.static_features[self._rows]
+        return with_trajectory(self._layer.node_features(static), self.trajectory())
+
+    def decision_features(self) -> np.ndarray:
+        return decision_matrix(self._tt.static_host[self._rows], self._layer.host(),
+                               self.trajectory())
+
+    def hidden(self) -> torch.Tensor:
+        hidden = self._layer.hidden()
+        if hidden is None:
+            raise MCSDError("no draft hidden state for these nodes: a stopper that reads them "
+                            "must set needs_hidden = True, and the first layer of a "
+                            "target-initialized tree has none (use init='draft')")
+        return hidden
+
+
 def _host(t: torch.Tensor) -> np.ndarray:
     """A device tensor as a host array (a view on CPU)."""
     return t.detach().cpu().numpy()
+
+
+def _per_node(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-parent rows repeated for each of the parent's `n // len(rows)` children."""
+    return rows if rows.shape[0] == n else rows.repeat_interleave(n // rows.shape[0], 0)
 
 
 def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -192,32 +298,11 @@ def _apply_commit_hook(st: _State, step: StepRecord,
         step.committed, st.done = min(step.committed, keep), True
 
 
-class _Frontier:
-    """The stopper's view of the depth just drafted, before it goes through the draft;
-    features are computed only if asked for."""
-
-    def __init__(self, draft_step: _DraftStep, depth: int, max_depth: int) -> None:
-        self.draft_step, self.depth, self.max_depth = draft_step, depth, max_depth
-
-    def features(self) -> torch.Tensor:
-        return self.draft_step.features(self.depth)
-
-    def decision_features(self) -> np.ndarray:
-        """DECISION_FEATURES of the frontier nodes, float64 on the host: no pass over the
-        vocabulary beyond drafting's own (greedy), one small copy per depth."""
-        return self.draft_step.decision_features(self.depth)
-
-    def hidden(self) -> torch.Tensor:
-        """The draft's hidden state that proposed each frontier node (stoppers with
-        `uses_hidden`)."""
-        return self.draft_step.hidden_at(self.depth)
-
-
 class MCSDDecoder:
     """Greedy or sampled multi-candidate speculative decoding of one sequence at a time."""
 
     def __init__(self, pair: Pair, config: DecodeConfig | None = None,
-                 stopper: Stopper | str | None = None, recorder=None) -> None:
+                 stopper: Stopper | str | None = None, recorder: Recorder | None = None) -> None:
         self.pair = pair
         self.config = config or DecodeConfig()
         self.stopper = make_stopper(stopper, self.config.k_config)
@@ -227,6 +312,11 @@ class MCSDDecoder:
         if self.tree.depth and max(self.config.k_config) > pair.vocab_size:
             raise MCSDError(f"k-config {self.config.k_config} asks for more candidates than the "
                             f"vocabulary has ({pair.vocab_size})")
+        # Target-init: the target proposes the first layer, so it has already seen the root (no
+        # bonus token pending) and its verification forward starts at node 1.
+        self._target_init = self.config.init == "target"
+        self._needs_hidden = self.stopper.needs_hidden or (recorder is not None
+                                                           and recorder.needs_hidden)
         n = max(self.tree.num_nodes + 1, 8)
         self._causal = causal_bias(n, pair.dtype, pair.device)
         self._ctx = torch.zeros(n, min(pair.max_positions, 1 << 17), dtype=pair.dtype,
@@ -237,31 +327,6 @@ class MCSDDecoder:
         self._eos = set(pair.eos_token_ids if eos is None else eos)
         # (model, new tokens, seconds) of every forward after the prefill, when a list (profiling)
         self.forward_log: list[tuple[str, int, float]] | None = None
-
-    # ----------------------------------------------------------------- forwards
-    def _forward(self, model, cache: DynamicCache, ids: torch.Tensor, pos: torch.Tensor,
-                 block: torch.Tensor, keep: int = 0, hidden: bool = False):
-        """One forward of `ids` at positions `pos` over `cache`. `block` is the additive mask of the
-        new tokens over the last `block.shape[1]` keys; every earlier cache entry is visible."""
-        ctx = cache_len(cache) + block.shape[0] - block.shape[1]
-        mask = torch.cat([self._ctx[: block.shape[0], :ctx], block], -1) if ctx else block
-        if self._sync:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None],
-                    past_key_values=cache, use_cache=True, logits_to_keep=keep,
-                    output_hidden_states=hidden)
-        if self._sync:
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        if self.forward_log is not None and ctx:
-            name = "target" if model is self.pair.target else "draft"
-            self.forward_log.append((name, ids.shape[0], dt))
-        return out, dt
-
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        t = self.config.temperature or 1.0
-        return torch.softmax(logits.float() / t, dim=-1)
 
     # ----------------------------------------------------------------- public API
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -297,31 +362,10 @@ class MCSDDecoder:
         t_start = time.perf_counter()
         st = _State(committed=list(ids), n_prompt=len(ids), t_cache=DynamicCache(),
                     d_cache=DynamicCache(), t_pending=[], d_pending=[])
-        dev = self.pair.device
-        prompt_t = torch.tensor(ids, device=dev)
-        positions = torch.arange(len(ids), device=dev)
-        # Prefill: the target takes the whole prompt when it must supply the first roots, or the
-        # first token (AR: no tree to verify, so no reason to hold the last prompt token back).
-        ar = not self.tree.depth
-        n_t = len(ids) if cfg.init == "target" or ar else len(ids) - 1
-        if n_t:
-            out, dt = self._forward(self.pair.target, st.t_cache, prompt_t[:n_t], positions[:n_t],
-                                    self._causal_block(n_t), keep=1)
-            stats.target_time += dt
-            if cfg.init == "target":
-                st.root_probs = self._probs(out.logits[0, -1:])
-                stats.target_calls += 1
-        st.t_pending = ids[n_t:]
-        if self.tree.depth:
-            n_d = len(ids) - 1
-            if n_d:
-                _, dt = self._forward(self.pair.draft, st.d_cache, prompt_t[:n_d],
-                                      positions[:n_d], self._causal_block(n_d), keep=1)
-                stats.draft_time += dt
-            st.d_pending = ids[n_d:]
+        logits = self._prefill(st, stats)
         stats.prefill_time = time.perf_counter() - t_start
-        if ar:
-            steps.append(self._first_token(st, stats, out.logits[0, -1:]))
+        if not self.tree.depth:  # AR: the prefill's last logits give the first token
+            steps.append(self._first_token(st, stats, logits))
             _apply_commit_hook(st, steps[-1], on_commit)
         while not st.done:
             steps.append(self._step(st, stats))
@@ -331,6 +375,73 @@ class MCSDDecoder:
         stats.new_tokens = len(new)
         text = self.pair.tokenizer.decode(new) if self.pair.tokenizer is not None else None
         return GenerationResult(new, text, steps, stats, cfg.lossless)
+
+    # ----------------------------------------------------------------- forwards
+    def _forward(self, model, cache: DynamicCache, ids: torch.Tensor, pos: torch.Tensor,
+                 block: torch.Tensor, stats: DecodeStats, keep: int = 0, hidden: bool = False,
+                 prefill: bool = False):
+        """One forward of `ids` at positions `pos` over `cache`, timed (and, after the prefill,
+        counted) into `stats`. `block` is the additive mask of the new tokens over the last
+        `block.shape[1]` keys; every earlier cache entry is visible."""
+        ctx = cache_len(cache) + block.shape[0] - block.shape[1]
+        mask = torch.cat([self._ctx[: block.shape[0], :ctx], block], -1) if ctx else block
+        if self._sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None],
+                    past_key_values=cache, use_cache=True, logits_to_keep=keep,
+                    output_hidden_states=hidden)
+        if self._sync:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        is_target = model is self.pair.target
+        if is_target:
+            stats.target_time += dt
+        else:
+            stats.draft_time += dt
+        if not prefill:  # the prefill is timed apart (DecodeStats.prefill_time)
+            if is_target:
+                stats.target_calls += 1
+            else:
+                stats.draft_calls += 1
+            if self.forward_log is not None:
+                self.forward_log.append(("target" if is_target else "draft", ids.shape[0], dt))
+        return out
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        t = self.config.temperature or 1.0
+        return torch.softmax(logits.float() / t, dim=-1)
+
+    def _causal_block(self, n: int) -> torch.Tensor:
+        if n <= self._causal.shape[0]:
+            return self._causal[:n, :n]
+        return causal_bias(n, self.pair.dtype, self.pair.device)  # a long prompt's prefill
+
+    def _prefill(self, st: _State, stats: DecodeStats) -> torch.Tensor | None:
+        """Both models take the prompt but its last token, which stays pending. The target takes
+        it too when it must supply the first roots (target-init) or the first token (AR, which
+        has no tree to verify); returns the target's last logits then."""
+        ids = st.committed
+        dev = self.pair.device
+        prompt = torch.tensor(ids, device=dev)
+        positions = torch.arange(len(ids), device=dev)
+        n_t = len(ids) if self._target_init or not self.tree.depth else len(ids) - 1
+        logits = None
+        if n_t:
+            out = self._forward(self.pair.target, st.t_cache, prompt[:n_t], positions[:n_t],
+                                self._causal_block(n_t), stats, keep=1, prefill=True)
+            logits = out.logits[0, -1:]
+            if self._target_init:
+                st.root_probs = self._probs(logits)
+                stats.target_calls += 1
+        st.t_pending = ids[n_t:]
+        if self.tree.depth:
+            n_d = len(ids) - 1
+            if n_d:
+                self._forward(self.pair.draft, st.d_cache, prompt[:n_d], positions[:n_d],
+                              self._causal_block(n_d), stats, keep=1, prefill=True)
+            st.d_pending = ids[n_d:]
+        return logits
 
     def _first_token(self, st: _State, stats: DecodeStats, logits: torch.Tensor) -> StepRecord:
         """AR: commit the first token from the prefill's last logits, as a step would."""
@@ -348,319 +459,246 @@ class MCSDDecoder:
                           target_cache=cache_len(st.t_cache), draft_cache=0, target_pending=1,
                           draft_pending=0)
 
-    def _causal_block(self, n: int) -> torch.Tensor:
-        if n <= self._causal.shape[0]:
-            return self._causal[:n, :n]
-        return causal_bias(n, self.pair.dtype, self.pair.device)  # a long prompt's prefill
-
     # ----------------------------------------------------------------- one step
     def _step(self, st: _State, stats: DecodeStats) -> StepRecord:
-        cfg, tree, tt = self.config, self.tree, self.tt
-        target_init = cfg.init == "target"
-        remaining = cfg.max_new_tokens - (len(st.committed) - st.n_prompt)
-        # A step commits up to s+1 tokens (s with target-init): never draft past the budget.
-        s_cap = min(tree.depth, remaining if target_init else remaining - 1)
+        """Draft, verify, commit: one target forward."""
+        remaining = self.config.max_new_tokens - (len(st.committed) - st.n_prompt)
+        # A step commits up to s + 1 tokens (s with target-init): never draft past the budget.
+        s_cap = min(self.tree.depth, remaining if self._target_init else remaining - 1)
         root_pos = len(st.committed) - 1
-        trace = self.recorder is not None
+        draft = self._draft(st, stats, root_pos, s_cap)
+        logits = self._target_forward(st, stats, draft, root_pos)
+        verdict = self._verify(st, draft, logits)
+        committed = self._commit(st, draft, verdict, remaining)
+        return self._account(st, stats, draft, verdict, committed)
 
-        # 1. Draft, depth by depth.
-        ds = _DraftStep(self, st, stats, root_pos, trace)
-        s = ds.run(s_cap)
-        c = tree.cum[s]
-
-        # 2. One target forward over (pending root +) the tree.
-        tokens = ds.tokens[: 1 + c]
-        lo = 1 if target_init else 0
-        out, dt = self._forward(self.pair.target, st.t_cache, tokens[lo:],
-                                root_pos + tt.depth[lo : 1 + c], tt.bias[lo : 1 + c, lo : 1 + c])
-        stats.target_time += dt
-        stats.target_calls += 1
-        logits = out.logits[0]
-        t_cache_before = cache_len(st.t_cache) - (1 + c - lo)
-
-        # 3. Verify: each row's accepted child and next token, then the deepest accepted node.
-        greedy = cfg.temperature == 0
-        probs = None
-        if not greedy or trace or target_init:
-            probs = self._probs(logits)
-            if target_init:
-                probs = torch.cat([st.root_probs, probs])
-        parent = tt.parent[1 : 1 + c]
-        if greedy:
-            arg = logits.argmax(-1)
-            if target_init:
-                arg = torch.cat([st.root_probs.argmax(-1), arg])
-            match, nxt = tokens[1:] == arg[parent], arg
+    # -- 1. draft
+    def _draft(self, st: _State, stats: DecodeStats, root_pos: int, s_cap: int) -> _Draft:
+        """Draft up to `s_cap` depths, asking the stopper after each one before forwarding it."""
+        draft = _Draft(torch.empty(1 + self.tree.num_nodes, dtype=torch.long,
+                                   device=self.pair.device))
+        draft.tokens[0] = st.committed[-1]
+        if s_cap <= 0:
+            return draft
+        if self._target_init:
+            self._add_layer(draft, self._target_roots(st))
         else:
-            match, nxt = self._verify_sampled(probs, ds, s)
-        if target_init:  # every root the target can produce is a candidate; the longest wins
-            match[: tree.sizes[0]] = ds.prob[1] > 0
+            q, hidden = self._draft_pending(st, stats, draft, root_pos, extra=0)
+            self._add_layer(draft, self._propose(q, hidden, 1, None))
+        while draft.depth < s_cap and self.stopper.should_continue(DraftFrontier(
+                draft.layers[-1], draft.depth, self.tree.depth, self.tt, st.trajectory)):
+            q, hidden = self._draft_forward_frontier(st, stats, draft, root_pos)
+            self._add_layer(draft, self._propose(q, hidden, draft.depth + 1,
+                                                 draft.layers[-1].log_path))
+        return draft
+
+    def _propose(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
+                 parent_log_path: torch.Tensor | None) -> DraftLayer:
+        """Depth `d`'s candidates from its parents' draft distributions q [m, V]."""
+        cfg, k = self.config, self.config.k_config[d - 1]
+        top = None
+        if cfg.temperature == 0:  # one top-k pass gives the candidates and the features'
+            values, toks = q.topk(max(k, TOP_K_MASS), dim=-1)
+            top, toks = values[:, :TOP_K_MASS], toks[:, :k]
+        elif cfg.verify == "mcss-replacement":
+            toks = V.sample_with_replacement(q, k, self._generator)
+        else:
+            toks = V.sample_without_replacement(q, k, self._generator)
+        prob = q.gather(1, toks).reshape(-1)
+        log_path = prob.clamp_min(1e-30).log()
+        if parent_log_path is not None:
+            log_path = log_path + parent_log_path.repeat_interleave(k)
+        return DraftLayer(toks.reshape(-1), q, hidden, prob, log_path, top)
+
+    def _target_roots(self, st: _State) -> DraftLayer:
+        """Target-init: the first layer from the target's own distribution at the root."""
+        k, p = self.config.k_config[0], st.root_probs
+        if self.config.temperature == 0:
+            toks = p.topk(k, dim=-1).indices
+        else:
+            toks = V.sample_without_replacement(p, k, self._generator)
+        prob = p.gather(1, toks).view(-1)
+        return DraftLayer(toks.view(-1), p, None, prob, prob.clamp_min(1e-30).log(), None)
+
+    def _add_layer(self, draft: _Draft, layer: DraftLayer) -> None:
+        draft.layers.append(layer)
+        draft.tokens[self.tree.depth_slice(draft.depth)] = layer.tokens
+
+    def _draft_pending(self, st: _State, stats: DecodeStats, draft: _Draft, root_pos: int,
+                       extra: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed the draft its pending tokens, plus the first `extra` tree nodes (target-init roots)
+        in the same forward; returns q (and the hidden state) at the last pending token, or at
+        the roots."""
+        dev = self.pair.device
+        m = len(st.d_pending)
+        pending = torch.tensor(st.d_pending, dtype=torch.long, device=dev)
+        first = root_pos - m + 1
+        ids, pos, block = pending, torch.arange(first, first + m, device=dev), self._causal_block(m)
+        keep = extra or 1
+        if extra:
+            ids = torch.cat([pending, draft.tokens[1 : 1 + extra]])
+            pos = torch.cat([pos, self.tt.depth[1 : 1 + extra] + root_pos])
+            block = self._causal_block(m + extra).clone()
+            block[m:, m:] = self.tt.bias[1 : 1 + extra, 1 : 1 + extra]
+        out = self._forward(self.pair.draft, st.d_cache, ids, pos, block, stats, keep=keep,
+                            hidden=self._needs_hidden)
+        st.d_pending = []
+        draft.cache_base = cache_len(st.d_cache) - extra
+        hidden = out.hidden_states[-1][0, -keep:] if self._needs_hidden else None
+        return self._probs(out.logits[0, -keep:]), hidden
+
+    def _draft_forward_frontier(self, st: _State, stats: DecodeStats, draft: _Draft,
+                                root_pos: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the draft over the deepest drafted depth; returns its nodes' distributions (and
+        hidden states): the next depth's proposals."""
+        d = draft.depth
+        draft.forwarded = d
+        if d == 1 and self._target_init:  # the roots go in with the pending tokens
+            return self._draft_pending(st, stats, draft, root_pos, extra=self.tree.sizes[0])
+        rows = self.tree.depth_slice(d)
+        out = self._forward(self.pair.draft, st.d_cache, draft.tokens[rows],
+                            self.tt.depth[rows] + root_pos, self.tt.bias[rows, 1 : rows.stop],
+                            stats, hidden=self._needs_hidden)
+        hidden = out.hidden_states[-1][0] if self._needs_hidden else None
+        return self._probs(out.logits[0]), hidden
+
+    # -- 2. one target forward over (the pending root and) the tree
+    def _target_forward(self, st: _State, stats: DecodeStats, draft: _Draft,
+                        root_pos: int) -> torch.Tensor:
+        c, lo = self.tree.cum[draft.depth], int(self._target_init)
+        out = self._forward(self.pair.target, st.t_cache, draft.tokens[lo : 1 + c],
+                            root_pos + self.tt.depth[lo : 1 + c],
+                            self.tt.bias[lo : 1 + c, lo : 1 + c], stats)
+        return out.logits[0]
+
+    # -- 3. verify
+    def _verify(self, st: _State, draft: _Draft, logits: torch.Tensor) -> _Verdict:
+        """Each row's accepted child and next token, then the deepest node whose whole path was
+        accepted: one walk on the device, one host copy."""
+        tt, c = self.tt, self.tree.cum[draft.depth]
+        tokens = draft.tokens[: 1 + c]
+        greedy = self.config.temperature == 0
+        probs = nxt = None
+        if not greedy or self.recorder is not None or self._target_init:
+            probs = self._probs(logits)
+        if greedy:
+            nxt = logits.argmax(-1)
+        if self._target_init:  # row 0, the root: the target's distribution from the last step
+            probs = torch.cat([st.root_probs, probs])
+            nxt = torch.cat([st.root_probs.argmax(-1), nxt]) if greedy else None
+        if greedy:
+            match = tokens[1:] == nxt[tt.parent[1 : 1 + c]]
+        else:
+            match, nxt = self._verify_sampled(probs, draft)
+        if self._target_init:  # every root the target can produce is a candidate; the longest wins
+            match[: self.tree.sizes[0]] = draft.layers[0].prob > 0
         acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)
         score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
         best = score.argmax()
         host = torch.cat([best.view(1), nxt[best].view(1), tokens]).tolist()
-        best_i, bonus, tok_host = host[0], host[1], host[2:]
-        path = tt.paths[best_i]
-        accepted = len(path) - (1 if target_init else 0)
-        new_tokens = [tok_host[j] for j in path] + ([] if target_init else [bonus])
+        path = tt.paths[host[0]]
+        return _Verdict(path=path, accepted=len(path) - int(self._target_init), best=host[0],
+                        bonus=host[1], tokens=host[2:], probs=probs)
 
-        # 4. Commit, clipped at EOS, max_new_tokens and commit_limit. When clipped, the caches keep
-        # the committed part of the path and its last token becomes the pending one.
-        new_tokens = new_tokens[: min(remaining, cfg.commit_limit or remaining)]
-        verified_path = path
-        if not target_init and len(new_tokens) <= len(path):
-            path, bonus = path[: len(new_tokens) - 1], new_tokens[-1]
-        for i, t in enumerate(new_tokens):
-            if t in self._eos:
-                new_tokens = new_tokens[: i + 1]
-                st.done = True
-                break
-        st.committed.extend(new_tokens)
-        if len(st.committed) - st.n_prompt >= cfg.max_new_tokens:
-            st.done = True
-
-        # 5. Cut both caches to the accepted path; the rest becomes pending.
-        if target_init:
-            keep_path(st.t_cache, t_cache_before, [t_cache_before + j - 1 for j in path])
-            st.t_pending = []
-            st.root_probs = probs[best_i : best_i + 1]
-        else:
-            keep_path(st.t_cache, t_cache_before + 1, [t_cache_before + j for j in path])
-            st.t_pending = [bonus]
-        ds.commit(path, tok_host, [] if target_init else [bonus])
-
-        drafted_depth = s - 1 if target_init and s else s
-        if trace:
-            self.recorder.on_step(ds.make_trace(st.trajectory.steps, probs, verified_path,
-                                                accepted, s))
-        st.trajectory.update(accepted, len(new_tokens))
-        self.stopper.update(drafted_depth, accepted)
-        stats.drafted_tokens += c - (tree.sizes[0] if target_init and s else 0)
-        stats.accepted_tokens += accepted
-        if drafted_depth:
-            stats.drafting_steps += 1
-            stats.acceptance_sum += accepted / drafted_depth
-        return StepRecord(drafted=s, accepted=accepted, committed=len(new_tokens), tree_size=c,
-                          target_cache=cache_len(st.t_cache), draft_cache=cache_len(st.d_cache),
-                          target_pending=len(st.t_pending), draft_pending=len(st.d_pending))
-
-    def _verify_sampled(self, probs: torch.Tensor, ds: _DraftStep, s: int,
+    def _verify_sampled(self, probs: torch.Tensor, draft: _Draft,
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row accepted child and next token for the sampling verifiers."""
         tree, tt = self.tree, self.tt
-        c = tree.cum[s]
+        c = tree.cum[draft.depth]
         rank_rows, next_rows = [], []
-        for d in range(1, s + 1):
-            rows = slice(0, 1) if d == 1 else tt.tree.depth_slice(d - 1)
-            cands = ds.tokens[tt.tree.depth_slice(d)].view(-1, tree.k_config[d - 1])
-            q = ds.q_by_depth[d - 1]
-            if q is None:  # target-init roots: proposed by the target itself
-                rank_rows.append(torch.zeros(1, dtype=torch.long, device=probs.device))
-                next_rows.append(torch.zeros(1, dtype=torch.long, device=probs.device))
+        for d, layer in enumerate(draft.layers, 1):
+            if d == 1 and self._target_init:  # the roots are the target's own: nothing to test
+                zero = torch.zeros(1, dtype=torch.long, device=probs.device)
+                rank_rows.append(zero)
+                next_rows.append(zero)
                 continue
-            rank, nxt = V.verify_children(probs[rows], q, cands, self.config.verify,
+            rows = slice(0, 1) if d == 1 else tree.depth_slice(d - 1)
+            cands = layer.tokens.view(-1, tree.k_config[d - 1])
+            rank, nxt = V.verify_children(probs[rows], layer.proposal, cands, self.config.verify,
                                           self._generator)
             rank_rows.append(rank)
             next_rows.append(nxt)
-        leaves = tt.tree.depth_slice(s) if s else slice(0, 1)
+        leaves = tree.depth_slice(draft.depth) if draft.depth else slice(0, 1)
         next_rows.append(V.sample(probs[leaves], self._generator))
         rank = torch.cat(rank_rows) if rank_rows else probs.new_zeros(0, dtype=torch.long)
         match = tt.sibling_rank[1 : 1 + c] == rank[tt.parent[1 : 1 + c]]
         return match, torch.cat(next_rows)
 
+    # -- 4. commit, then cut both caches to the accepted path
+    def _commit(self, st: _State, draft: _Draft, v: _Verdict, remaining: int) -> list[int]:
+        """Commit the path (and the bonus token), clipped at max_new_tokens, commit_limit and EOS.
+        When clipped, the caches keep the committed part of the path and its last token becomes
+        the pending one. Returns the committed tokens."""
+        cfg, lo = self.config, int(self._target_init)
+        new = [v.tokens[j] for j in v.path] + ([] if lo else [v.bonus])
+        new = new[: min(remaining, cfg.commit_limit or remaining)]
+        path, bonus = v.path, [] if lo else [v.bonus]
+        if not lo and len(new) <= len(path):
+            path, bonus = path[: len(new) - 1], [new[-1]]
+        for i, t in enumerate(new):
+            if t in self._eos:
+                new = new[: i + 1]
+                st.done = True
+                break
+        st.committed.extend(new)
+        if len(st.committed) - st.n_prompt >= cfg.max_new_tokens:
+            st.done = True
 
-class _DraftStep:
-    """The draft phase of one step: tokens, draft distributions and (lazily) features per depth."""
+        # The target saw the pending root (none with target-init) and nodes 1..c.
+        base = cache_len(st.t_cache) - (1 + self.tree.cum[draft.depth] - lo)
+        keep_path(st.t_cache, base + 1 - lo, [base + j - lo for j in path])
+        st.t_pending = bonus
+        if lo:  # the next roots come from the target's distribution after the path
+            st.root_probs = v.probs[v.best : v.best + 1]
+        if self.tree.depth:  # the draft saw the nodes of depths 1..forwarded
+            depth, seen = self.tt.depths, draft.forwarded
+            if seen:
+                keep_path(st.d_cache, draft.cache_base,
+                          [draft.cache_base + j - 1 for j in path if depth[j] <= seen])
+            st.d_pending += [v.tokens[j] for j in path if depth[j] > seen] + bonus
+        return new
 
-    def __init__(self, dec: MCSDDecoder, st: _State, stats: DecodeStats, root_pos: int,
-                 trace: bool) -> None:
-        self.dec, self.st, self.stats, self.root_pos, self.trace = dec, st, stats, root_pos, trace
-        tree = dec.tree
-        dev = dec.pair.device
-        self.tokens = torch.empty(1 + tree.num_nodes, dtype=torch.long, device=dev)
-        self.tokens[0] = st.committed[-1]
-        self.q_by_depth: list[torch.Tensor | None] = [None] * (tree.depth + 1)  # children's q
-        self.prob: list[torch.Tensor | None] = [None] * (tree.depth + 1)  # q(x) per node, depth d
-        self.log_path: list[torch.Tensor | None] = [None] * (tree.depth + 1)
-        self.hidden: list[torch.Tensor | None] = [None] * (tree.depth + 1)
-        self.feats: list[torch.Tensor | None] = [None] * (tree.depth + 1)
-        self.top: list[torch.Tensor | None] = [None] * (tree.depth + 1)  # top-k of the proposal
-        self.host: list[np.ndarray | None] = [None] * (tree.depth + 1)
-        self.forwarded = 0  # deepest depth whose nodes are in the draft cache
-        self.cache_base = 0  # draft cache length where depth-1 nodes start
-        self.want_hidden = (trace and getattr(dec.recorder, "wants_hidden", False)) or getattr(
-            dec.stopper, "uses_hidden", False)
+    # -- 5. account: recorder, trajectory, stopper, statistics
+    def _account(self, st: _State, stats: DecodeStats, draft: _Draft, v: _Verdict,
+                 committed: list[int]) -> StepRecord:
+        s, c = draft.depth, self.tree.cum[draft.depth]
+        roots = self.tree.sizes[0] if self._target_init and s else 0  # the target's, not drafted
+        drafted_depth = s - 1 if roots else s
+        if self.recorder is not None:
+            self.recorder.on_step(self._trace(st, draft, v))
+        st.trajectory.update(v.accepted, len(committed))
+        self.stopper.update(drafted_depth, v.accepted)
+        stats.drafted_tokens += c - roots
+        stats.accepted_tokens += v.accepted
+        if drafted_depth:
+            stats.drafting_steps += 1
+            stats.acceptance_sum += v.accepted / drafted_depth
+        return StepRecord(drafted=s, accepted=v.accepted, committed=len(committed), tree_size=c,
+                          target_cache=cache_len(st.t_cache), draft_cache=cache_len(st.d_cache),
+                          target_pending=len(st.t_pending), draft_pending=len(st.d_pending))
 
-    # -- drafting
-    def run(self, s_cap: int) -> int:
-        """Draft up to `s_cap` depths, asking the stopper after each; returns the depth drafted."""
-        dec = self.dec
-        if s_cap <= 0:
-            return 0
-        if dec.config.init == "target":
-            self._set_depth(1, *self._roots())
-        else:
-            q0 = self._forward_pending(extra=0)
-            self.q_by_depth[0] = q0
-            self._set_depth(1, *self._children(q0, 1))
-        d = 1
-        while d < s_cap and dec.stopper.should_continue(_Frontier(self, d, dec.tree.depth)):
-            self._forward_depth(d)
-            self._set_depth(d + 1, *self._children(self.q_by_depth[d], d + 1))
-            d += 1
-        return d
-
-    def _roots(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target-init: the first layer from the target's own distribution at the root."""
-        dec, k = self.dec, self.dec.config.k_config[0]
-        p = self.st.root_probs
-        if dec.config.temperature == 0:
-            toks = p.topk(k, dim=-1).indices
-        else:
-            toks = V.sample_without_replacement(p, k, dec._generator)
-        return toks.view(-1), p.gather(1, toks).view(-1)
-
-    def _children(self, q: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Candidates for depth `d` from the parents' draft distributions q [n, V]."""
-        dec, k = self.dec, self.dec.config.k_config[d - 1]
-        if dec.config.temperature == 0:  # one top-k pass gives the candidates and the features'
-            top = q.topk(max(k, TOP_K_MASS), dim=-1)
-            self.top[d] = top.values[:, :TOP_K_MASS]
-            toks = top.indices[:, :k]
-        elif dec.config.verify == "mcss-replacement":
-            toks = V.sample_with_replacement(q, k, dec._generator)
-        else:
-            toks = V.sample_without_replacement(q, k, dec._generator)
-        return toks.reshape(-1), q.gather(1, toks).reshape(-1)
-
-    def _set_depth(self, d: int, toks: torch.Tensor, prob: torch.Tensor) -> None:
-        tt = self.dec.tt
-        self.tokens[tt.tree.depth_slice(d)] = toks
-        self.prob[d] = prob
-        logp = prob.clamp_min(1e-30).log()
-        if d > 1:
-            k = tt.tree.k_config[d - 1]
-            logp = logp + self.log_path[d - 1].repeat_interleave(k)
-        self.log_path[d] = logp
-
-    def _forward_pending(self, extra: int) -> torch.Tensor:
-        """Feed the draft its pending tokens, plus the first `extra` tree nodes (target-init
-        roots) in the same forward; returns q at the last pending token, or at the roots."""
-        dec, st = self.dec, self.st
-        dev = dec.pair.device
-        m = len(st.d_pending)
-        pend = torch.tensor(st.d_pending, dtype=torch.long, device=dev)
-        first = self.root_pos - m + 1
-        block = dec._causal_block(m + extra)
-        if extra:
-            ids = torch.cat([pend, self.tokens[1 : 1 + extra]])
-            pos = torch.cat([torch.arange(first, first + m, device=dev),
-                             dec.tt.depth[1 : 1 + extra] + self.root_pos])
-            block = block.clone()
-            block[m:, m:] = dec.tt.bias[1 : 1 + extra, 1 : 1 + extra]
-            keep = extra
-        else:
-            ids, pos, keep = pend, torch.arange(first, first + m, device=dev), 1
-        out, dt = dec._forward(dec.pair.draft, st.d_cache, ids, pos, block, keep=keep,
-                               hidden=self.want_hidden)
-        self.stats.draft_time += dt
-        self.stats.draft_calls += 1
-        st.d_pending = []
-        self.cache_base = cache_len(st.d_cache) - extra
-        if self.want_hidden:
-            self.hidden[1 if extra else 0] = out.hidden_states[-1][0, -keep:]
-        return dec._probs(out.logits[0, -keep:])
-
-    def _forward_depth(self, d: int) -> None:
-        """Run the draft over the nodes of depth `d` (once), giving their children's q."""
-        if self.forwarded >= d:
-            return
-        dec, tt = self.dec, self.dec.tt
-        if d == 1 and dec.config.init == "target":
-            self.q_by_depth[1] = self._forward_pending(extra=tt.tree.sizes[0])
-        else:
-            rows = tt.tree.depth_slice(d)
-            out, dt = dec._forward(dec.pair.draft, self.st.d_cache, self.tokens[rows],
-                                   tt.depth[rows] + self.root_pos,
-                                   tt.bias[rows, 1 : rows.stop], hidden=self.want_hidden)
-            self.stats.draft_time += dt
-            self.stats.draft_calls += 1
-            self.q_by_depth[d] = dec._probs(out.logits[0])
-            if self.want_hidden:
-                self.hidden[d] = out.hidden_states[-1][0]
-        self.forwarded = d
-
-    def proposal(self, d: int) -> torch.Tensor:
-        """The distributions (one per parent) that proposed the nodes of depth `d`."""
-        if d == 1 and self.dec.config.init == "target":
-            return self.st.root_probs
-        return self.q_by_depth[d - 1]
-
-    def hidden_at(self, d: int, strict: bool = True) -> torch.Tensor:
-        """The draft's last hidden state that proposed each node of depth `d` (its parent's);
-        target-initialized roots have none: an error, or zeros when not `strict` (recording)."""
-        if self.hidden[d - 1] is None:
-            if not strict:
-                draft = self.dec.pair.draft
-                return torch.zeros(self.dec.tree.sizes[0], draft.config.hidden_size,
-                                   dtype=draft.dtype, device=draft.device)
-            raise MCSDError("the first layer of a target-initialized tree has no draft hidden "
-                            "state: use init='draft' with hidden-state stoppers")
-        return self.hidden[d - 1].repeat_interleave(self.dec.tree.k_config[d - 1], 0)
-
-    def features(self, d: int) -> torch.Tensor:
-        if self.feats[d] is None:
-            tt = self.dec.tt
-            self.feats[d] = node_features(tt.static_features[tt.tree.depth_slice(d)],
-                                          self.prob[d], self.log_path[d], self.proposal(d),
-                                          self.top[d])
-        return with_trajectory(self.feats[d], self.st.trajectory)
-
-    def decision_features(self, d: int) -> np.ndarray:
-        if self.host[d] is None:  # one device -> host copy per depth: q(x), log path, top-k
-            top = self.top[d]
-            if top is None:  # sampled candidates: one top-k pass for the features
-                top = self.proposal(d).topk(TOP_K_MASS, dim=-1).values
-            n = self.prob[d].shape[0]
-            if top.shape[0] != n:
-                top = top.repeat_interleave(n // top.shape[0], 0)
-            self.host[d] = _host(torch.cat([self.prob[d][:, None], self.log_path[d][:, None],
-                                            top], 1))
-        tt = self.dec.tt
-        return decision_matrix(tt.static_host[tt.tree.depth_slice(d)], self.host[d],
-                               self.st.trajectory.values())
-
-    # -- after verification
-    def commit(self, path: list[int], tok_host: list[int], bonus: list[int]) -> None:
-        """Cut the draft cache to the accepted nodes it has seen; the rest becomes pending."""
-        st, tt = self.st, self.dec.tt
-        if not self.dec.tree.depth:
-            return
-        depth = tt.depths
-        seen = [j for j in path if depth[j] <= self.forwarded]
-        if self.forwarded:
-            keep_path(st.d_cache, self.cache_base, [self.cache_base + j - 1 for j in seen])
-        st.d_pending = st.d_pending + [tok_host[j] for j in path if depth[j] > self.forwarded]
-        st.d_pending += bonus
-
-    def make_trace(self, step: int, probs: torch.Tensor, path: list[int], accepted: int,
-                   s: int) -> StepTrace:
-        tt = self.dec.tt
-        c = tt.tree.cum[s]
-        depths = range(1, s + 1)
-        empty = probs.new_zeros(0)
-        feats = [self.features(d)[:, : len(NODE_FEATURES)] for d in depths]
+    def _trace(self, st: _State, draft: _Draft, v: _Verdict) -> StepTrace:
+        tt, s = self.tt, draft.depth
+        c = self.tree.cum[s]
+        layers = draft.layers
+        empty = v.probs.new_zeros(0)
+        feats = [layer.node_features(tt.static_features[self.tree.depth_slice(d)])
+                 for d, layer in enumerate(layers, 1)]
         hidden = None
-        if self.want_hidden and s:
-            hidden = torch.cat([self.hidden_at(d, strict=False) for d in depths])
+        if self._needs_hidden and s:
+            draft_model = self.pair.draft
+            hidden = torch.cat([
+                h if (h := layer.hidden()) is not None else  # target-init roots: zeros
+                torch.zeros(layer.prob.shape[0], draft_model.config.hidden_size,
+                            dtype=draft_model.dtype, device=draft_model.device)
+                for layer in layers])
         return StepTrace(
-            step=step, tokens=self.tokens[: 1 + c],
+            step=st.trajectory.steps, tokens=draft.tokens[: 1 + c],
             node_features=torch.cat(feats) if s else empty,
-            trajectory=self.st.trajectory.values(),
-            target_prob=probs[tt.parent[1 : 1 + c], self.tokens[1 : 1 + c]],
-            draft_prob=torch.cat([self.prob[d] for d in depths]) if s else empty,
-            hidden=hidden,
-            path=path, accepted=accepted, drafted=s)
+            trajectory=st.trajectory.values(),
+            target_prob=v.probs[tt.parent[1 : 1 + c], draft.tokens[1 : 1 + c]],
+            draft_prob=torch.cat([layer.prob for layer in layers]) if s else empty,
+            hidden=hidden, path=v.path, accepted=v.accepted, drafted=s)
 
 
 class ARDecoder(MCSDDecoder):

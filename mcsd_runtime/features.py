@@ -10,6 +10,7 @@ trajectory, so they are kept apart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,9 +84,10 @@ class Trajectory:
         self.accepted_sum += accepted
 
 
-def with_trajectory(node_feats: torch.Tensor, trajectory: Trajectory) -> torch.Tensor:
-    """Append the trajectory features to every row: the full [n, len(FEATURE_NAMES)] matrix."""
-    traj = torch.tensor(trajectory.values(), device=node_feats.device, dtype=node_feats.dtype)
+def with_trajectory(node_feats: torch.Tensor, trajectory: Sequence[float]) -> torch.Tensor:
+    """The full [n, len(FEATURE_NAMES)] matrix: node features, then the trajectory features'
+    values (`Trajectory.values()`) on every row."""
+    traj = torch.tensor(trajectory, device=node_feats.device, dtype=node_feats.dtype)
     return torch.cat([node_feats, traj.expand(node_feats.shape[0], -1)], dim=-1)
 
 

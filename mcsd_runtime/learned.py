@@ -35,6 +35,7 @@ from torch import nn
 from mcsd_runtime.constants import STOPPER_KINDS as KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION, column
+from mcsd_runtime.stoppers import Frontier, StopperBase
 from mcsd_runtime.tree import parse_k_config
 
 FORMAT = "mcsd-stopper"
@@ -201,7 +202,7 @@ def load_mlp(folder: Path) -> DecisionMLP:
 
 
 # ------------------------------------------------------------------ the stopper
-class LearnedStopper:
+class LearnedStopper(StopperBase):
     """Continue while the aggregated node score of the frontier is >= `threshold`."""
 
     def __init__(self, kind: str, spec: dict, model: Any, threshold: float,
@@ -215,9 +216,9 @@ class LearnedStopper:
         self.pair_fingerprint: dict | None = spec.get("pair_fingerprint")
         self.k_config: tuple[int, ...] | None = (parse_k_config(spec["k_config"])
                                                  if spec.get("k_config") else None)
-        self.uses_hidden = kind == "mlp-hidden"
+        self.needs_hidden = kind == "mlp-hidden"
         # trained on DECISION_FEATURES: read the frontier's cheap host features
-        self.decision = (not self.uses_hidden
+        self.decision = (not self.needs_hidden
                          and tuple(spec.get("feature_names", ())) == DECISION_FEATURES)
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
@@ -237,12 +238,6 @@ class LearnedStopper:
                 f"{_k_text(self.k_config)} or train a stopper on a collection made with "
                 f"--k-config {_k_text(k_config)}")
 
-    def reset(self) -> None:
-        pass
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
-
     @torch.inference_mode()
     def node_scores(self, x: np.ndarray | torch.Tensor) -> np.ndarray:
         """Node scores in [0, 1] for feature rows (or hidden-state rows for `mlp-hidden`)."""
@@ -254,7 +249,7 @@ class LearnedStopper:
             x = torch.from_numpy(np.asarray(x, dtype=np.float32))
         return torch.sigmoid(self.model(x.cpu())).numpy().astype(np.float64)
 
-    def frontier_score(self, frontier) -> float:
+    def frontier_score(self, frontier: Frontier) -> float:
         if self.decision:
             feats = frontier.decision_features()
             return self._agg(self.model.predict(feats) if self.kind == "lightgbm"
@@ -262,17 +257,10 @@ class LearnedStopper:
         feats = frontier.features()
         if isinstance(feats, torch.Tensor):
             feats = feats.detach().cpu().numpy()  # once: the model and the aggregation share it
-        if self.uses_hidden:
-            hidden = getattr(frontier, "hidden", None)
-            if hidden is None:
-                raise MCSDError("this stopper (mlp-hidden) needs the draft's hidden states of the "
-                                "frontier, which this decoder does not expose (Frontier.hidden)")
-            scores = self.node_scores(hidden())
-        else:
-            scores = self.node_scores(feats)
+        scores = self.node_scores(frontier.hidden() if self.needs_hidden else feats)
         return self._agg(scores, feats)
 
-    def should_continue(self, frontier) -> bool:
+    def should_continue(self, frontier: Frontier) -> bool:
         if frontier.depth < self.min_depth:  # always drafted: no features, no model
             return True
         return self.frontier_score(frontier) >= self.threshold

@@ -1,18 +1,21 @@
-"""Early-stop policies. The decoder consults one after each draft depth and tells it each step's
-outcome; it never knows which kind it runs.
+"""Early-stop policies and the two contracts between them and the decoder.
 
-A stopper implements three methods:
+The decoder consults a `Stopper` after each draft depth and tells it each step's outcome; it never
+knows which kind it runs (as with transformers' candidate generators: decide, then learn from the
+outcome). Subclass `StopperBase` and implement `should_continue`:
+
 - `reset()`: a new sequence starts;
-- `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth?
-  It is asked before the frontier goes through the draft, so stopping saves that forward.
-  `frontier.features()` returns the [n, len(FEATURE_NAMES)] feature matrix of the frontier
-  (computed only when called, so stoppers that ignore features cost nothing), and
-  `frontier.hidden()` the draft's last hidden state that proposed each frontier node
-  (for stoppers with `uses_hidden = True`);
-- `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted.
+- `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth? It is
+  asked before the frontier goes through the draft, so stopping saves that forward;
+- `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted;
+- `needs_hidden`: True when `should_continue` reads `frontier.hidden()` (the decoder then keeps the
+  draft's hidden states; recorders use the same name);
+- `check_tree(k_config)`: called once by the decoder with its tree; a stopper tied to one tree
+  shape (a learned one) raises MCSDError for another.
 
-A stopper tied to one tree shape (a learned one) also has `check_tree(k_config)`, which the
-decoder calls once with its k-config and which raises MCSDError for another shape.
+A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
+from the tensors it drafted with, offline replay from collected rows; both compute features only
+when asked, so stoppers that ignore them cost nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from mcsd_runtime.errors import MCSDError
@@ -29,29 +33,62 @@ from mcsd_runtime.features import column
 
 
 class Frontier(Protocol):
+    """The nodes of the depth just drafted, before they go through the draft."""
+
     depth: int  # depth just drafted (1-based)
     max_depth: int  # deepest depth the decoder could still draft in this step
 
-    def features(self) -> torch.Tensor: ...
+    def trajectory(self) -> list[float]:
+        """TRAJECTORY_FEATURES of the run before this step."""
+        ...
+
+    def features(self) -> torch.Tensor:
+        """[n, len(FEATURE_NAMES)] float32: node features, then the trajectory on every row."""
+        ...
+
+    def decision_features(self) -> np.ndarray:
+        """[n, len(DECISION_FEATURES)] float64 on the host: the cheap subset learned stoppers
+        read (no extra pass over the vocabulary)."""
+        ...
+
+    def hidden(self) -> torch.Tensor:
+        """[n, H]: the draft's last hidden state that proposed each node (its parent's);
+        MCSDError where there is none (target-initialized roots, replay without hidden)."""
+        ...
 
 
 class Stopper(Protocol):
+    needs_hidden: bool
+
     def reset(self) -> None: ...
 
     def should_continue(self, frontier: Frontier) -> bool: ...
 
     def update(self, drafted: int, accepted: int) -> None: ...
 
+    def check_tree(self, k_config: tuple[int, ...]) -> None: ...
 
-class _Stateless:
+
+class StopperBase:
+    """Defaults for every `Stopper` member but `should_continue`: stateless, features only, any
+    tree."""
+
+    needs_hidden = False
+
     def reset(self) -> None:
         pass
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        raise NotImplementedError
 
     def update(self, drafted: int, accepted: int) -> None:
         pass
 
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        pass
 
-class StaticStopper(_Stateless):
+
+class StaticStopper(StopperBase):
     """Draft every depth of the k-config (or the first `depth` of them)."""
 
     def __init__(self, depth: int | None = None) -> None:
@@ -61,7 +98,7 @@ class StaticStopper(_Stateless):
         return self.depth is None or frontier.depth < self.depth
 
 
-class ConfidenceStopper(_Stateless):
+class ConfidenceStopper(StopperBase):
     """HF/DISCO style: continue while some frontier token's draft probability is >= T."""
 
     def __init__(self, threshold: float = 0.4) -> None:
@@ -72,7 +109,7 @@ class ConfidenceStopper(_Stateless):
         return bool((prob >= self.threshold).any())
 
 
-class EntropyStopper(_Stateless):
+class EntropyStopper(StopperBase):
     """AdaEDL style: the acceptance lower bound 1 - sqrt(gamma * H) must stay >= lam to
     continue, H being the lowest entropy among the distributions that proposed the frontier."""
 
@@ -85,7 +122,7 @@ class EntropyStopper(_Stateless):
         return bool(bound >= self.lam)
 
 
-class CumprodStopper(_Stateless):
+class CumprodStopper(StopperBase):
     """SpecDec++ style: stop once the estimated probability that the best path has a rejection,
     1 - prod(q) along it, exceeds T (the draft's own probabilities estimate acceptance)."""
 
@@ -97,7 +134,7 @@ class CumprodStopper(_Stateless):
         return bool(1.0 - log_path.max().exp() <= self.threshold)
 
 
-class HeuristicStopper:
+class HeuristicStopper(StopperBase):
     """HF's assisted-generation schedule: a depth budget, +2 after a fully accepted step and
     -1 (not below 1) otherwise. Starts at the tree's depth."""
 
@@ -145,16 +182,21 @@ def stopper_help() -> str:
     return "; ".join(text for text, _ in BUILTIN.values())
 
 
+_MEMBERS = ("reset", "should_continue", "update", "check_tree", "needs_hidden")
+
+
 def make_stopper(spec: str | Stopper | None,
                  k_config: tuple[int, ...] | None = None) -> Stopper:
     """A stopper from a spec string such as `static`, `confidence:0.4`, `heuristic`, or a
-    learned stopper's artifact folder (`stopper:PATH` or a folder holding `stopper.json`).
-    With `k_config` (the decoder's tree), a stopper that knows the tree it was trained on
-    (`check_tree`) refuses any other."""
+    learned stopper's artifact folder (`stopper:PATH` or a folder holding `stopper.json`), or a
+    `Stopper` object as it is. With `k_config` (the decoder's tree), `check_tree` runs."""
     stopper = _build(spec)
-    check_tree = getattr(stopper, "check_tree", None)
-    if k_config is not None and check_tree is not None:
-        check_tree(tuple(k_config))
+    missing = [m for m in _MEMBERS if not hasattr(stopper, m)]
+    if missing:
+        raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
+                        f"{', '.join(missing)}; subclass mcsd_runtime.stoppers.StopperBase")
+    if k_config is not None:
+        stopper.check_tree(tuple(k_config))
     return stopper
 
 

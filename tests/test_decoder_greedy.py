@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_pair
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.stoppers import make_stopper
+from mcsd_runtime.stoppers import StopperBase, make_stopper
 
 K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,), (2, 3), (3, 1, 1, 1, 1, 1)]
 STOPPERS = ["static", "static:2", "confidence:0.2", "entropy:0.45:0.1", "cumprod:0.9",
@@ -32,7 +32,7 @@ def refs(pair):
     return [(p, reference(pair, p, 24)) for p in prompts(pair.vocab_size)]
 
 
-class Counting:
+class Counting(StopperBase):
     """Wraps a stopper and counts its decisions, to show the test exercised early stops."""
 
     def __init__(self, spec: str) -> None:
@@ -166,20 +166,14 @@ def test_commit_limit_one_is_dense_and_lossless(pair, refs):
 def test_hidden_state_stoppers_see_the_frontier(pair, refs):
     """A stopper that asks for hidden states gets one row per frontier node, and stays lossless."""
 
-    class HiddenNorm:
-        uses_hidden = True
+    class HiddenNorm(StopperBase):
+        needs_hidden = True
         seen: list[tuple[int, int]] = []
-
-        def reset(self) -> None:
-            pass
 
         def should_continue(self, frontier) -> bool:
             h = frontier.hidden()
             self.seen.append((frontier.depth, h.shape[0]))
             return bool(h.float().norm(dim=-1).max() > 5.6)
-
-        def update(self, drafted: int, accepted: int) -> None:
-            pass
 
     stopper = HiddenNorm()
     dec = MCSDDecoder(pair, DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=24), stopper)

@@ -13,9 +13,9 @@ from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, s
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES
+from mcsd_runtime.features import DECISION_FEATURES
 from mcsd_runtime.learned import check_pair, load_stopper
-from mcsd_runtime.stoppers import make_stopper
+from mcsd_runtime.stoppers import StopperBase, make_stopper
 from train import replay as R
 from train.data import collected_k_config, prompt_groups, sequence_ids, split_prompts
 from train.labels import add_labels
@@ -177,18 +177,14 @@ def test_artifact_round_trip_same_predictions(artifacts, rows):
 def test_hidden_stopper_needs_hidden_states(artifacts):
     folder, summary = artifacts["mlp-hidden"]
     stopper = load_stopper(folder)
-    assert stopper.uses_hidden and summary["metrics"]["test"]["roc_auc"] > 0.5
+    assert stopper.needs_hidden and summary["metrics"]["test"]["roc_auc"] > 0.5
 
-    class NoHidden:
-        depth, max_depth = 1, 4
+    from mcsd_runtime.decision_cost import bench_frontier
 
-        def features(self):
-            import torch
-
-            return torch.zeros(4, len(FEATURE_NAMES))
-
-    with pytest.raises(MCSDError, match="hidden"):
-        stopper.should_continue(NoHidden())
+    size = stopper.spec["hidden_size"]
+    assert isinstance(stopper.should_continue(bench_frontier(4, hidden_size=size)), bool)
+    with pytest.raises(MCSDError, match="needs_hidden"):  # a frontier that kept none
+        stopper.should_continue(bench_frontier(4))
 
 
 def test_mismatched_or_corrupt_artifacts_refused(artifacts, tmp_path):
@@ -241,16 +237,10 @@ def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
 
     seen = {}
 
-    class Recording:
-        def reset(self):
-            pass
-
-        def update(self, drafted, accepted):
-            pass
-
+    class Recording(StopperBase):
         def should_continue(self, fr):
             if fr.depth == 1:
-                seen[(fr.key[0], fr.key[1])] = tuple(fr._traj)
+                seen[(fr.key[0], fr.key[1])] = tuple(fr.trajectory())
             return True
 
     R.replay(data, Recording())

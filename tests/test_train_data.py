@@ -21,7 +21,7 @@ N_PROMPTS = 18
 
 
 class Recorder:
-    wants_hidden = True
+    needs_hidden = True
 
     def __init__(self, k_config, prompt_id: str, tokens: list[int], run_id: str = "run0") -> None:
         tree = Tree(k_config)

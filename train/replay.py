@@ -11,11 +11,11 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
 - **estimate** (any other collection): each recorded step is replayed in order; throughput is
   expected tokens per step over expected cost per step. Labelled `estimate` in every result.
 
-Cost of a step stopped at depth s (draft-initialized tree, as `_DraftStep.run` does it): one draft
-forward over the pending tokens and one per depth 1..s-1 (the stopper decides before a depth is
-forwarded, so depth s never is; its accepted node stays pending for the next step); one target
-forward over 1 + cum[s] tokens; plus the profile's per-step overhead and, for learned stoppers,
-a per-decision latency.
+Cost of a step stopped at depth s (draft-initialized tree, as `MCSDDecoder._draft` does it):
+one draft forward over the pending tokens and one per depth 1..s-1 (the stopper decides before a
+depth is forwarded, so depth s never is; its accepted node stays pending for the next step); one
+target forward over 1 + cum[s] tokens; plus the profile's per-step overhead and, for learned
+stoppers, a per-decision latency.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.cost import CostProfile, next_pending
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory
-from mcsd_runtime.stoppers import make_stopper
+from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory, with_trajectory
+from mcsd_runtime.stoppers import StopperBase, make_stopper
 from mcsd_runtime.tree import Tree
 from train.data import sequence_ids
 
@@ -89,36 +89,24 @@ class ReplayResult:
                                "acceptance_rate": self.acceptance_rate}
 
 
-class AcceptedOracle:
+class AcceptedOracle(StopperBase):
     """Stops at exactly the step's accepted length (at least depth 1, as the decoder drafts it):
     the bound no stopper can beat on accepted tokens per target call, but NOT on tokens/s (it
     drafts deep whenever a deep path will be accepted, even where that costs more time than it
     saves). Replay only; the speed bound is `oracle` (`optimal_plan`)."""
 
-    def reset(self) -> None:
-        pass
-
-    def should_continue(self, frontier) -> bool:
+    def should_continue(self, frontier: _Frontier) -> bool:
         return frontier.depth < frontier.oracle_accepted
 
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
 
-
-class PlanStopper:
+class PlanStopper(StopperBase):
     """Follows a stop plan {(prompt key, position): depth}, e.g. `optimal_plan`'s."""
 
     def __init__(self, plan: dict[tuple[str, int], int]) -> None:
         self.plan = plan
 
-    def reset(self) -> None:
-        pass
-
-    def should_continue(self, frontier) -> bool:
+    def should_continue(self, frontier: _Frontier) -> bool:
         return frontier.depth < self.plan[frontier.key[:2]]
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
 
 
 def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
@@ -181,18 +169,24 @@ def _plan_prompt(p: Prompt, exact: bool, costs: dict, tree: Tree, profile: CostP
 
 
 class _Frontier:
+    """`stoppers.Frontier` served from collected rows. Replay's own stoppers also read `key`
+    (prompt, position, depth) and `oracle_accepted` (the step's accepted length); `read` records
+    whether the stopper looked at the nodes (a decision costs time only then)."""
+
     __slots__ = ("depth", "max_depth", "oracle_accepted", "read", "_nodes", "_traj", "_hidden",
                  "key")
 
-    def __init__(self, depth, max_depth, nodes, traj, hidden, accepted, key) -> None:
+    def __init__(self, depth: int, max_depth: int, nodes: np.ndarray, traj: list[float],
+                 hidden: np.ndarray | None, accepted: int, key: tuple[str, int, int]) -> None:
         self.depth, self.max_depth, self._nodes, self._traj = depth, max_depth, nodes, traj
         self._hidden, self.oracle_accepted, self.read, self.key = hidden, accepted, False, key
 
+    def trajectory(self) -> list[float]:
+        return self._traj
+
     def features(self) -> torch.Tensor:
         self.read = True
-        n = self._nodes.shape[0]
-        traj = np.broadcast_to(np.asarray(self._traj, dtype=np.float32), (n, len(self._traj)))
-        return torch.from_numpy(np.concatenate([self._nodes, traj], axis=1))
+        return with_trajectory(torch.tensor(self._nodes), self._traj)
 
     def decision_features(self) -> np.ndarray:
         self.read = True
@@ -349,7 +343,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     return res
 
 
-class MemoStopper:
+class MemoStopper(StopperBase):
     """A learned stopper whose node scores are cached by (prompt, position, depth, trajectory),
     so that sweeping thresholds and aggregations costs one model call per distinct frontier."""
 
@@ -358,6 +352,7 @@ class MemoStopper:
         self.cache = {} if cache is None else cache
         self.threshold, self.aggregation = learned.threshold, learned.aggregation
         self.min_depth = learned.min_depth
+        self.needs_hidden = learned.needs_hidden
 
     def reset(self) -> None:
         self.learned.reset()
@@ -365,19 +360,19 @@ class MemoStopper:
     def update(self, drafted: int, accepted: int) -> None:
         self.learned.update(drafted, accepted)
 
-    def should_continue(self, frontier) -> bool:
+    def should_continue(self, frontier: _Frontier) -> bool:
         from mcsd_runtime.learned import AGGREGATIONS
 
         if frontier.depth < self.min_depth:
             return True
-        key = (*frontier.key, *frontier._traj)
+        key = (*frontier.key, *frontier.trajectory())
         hit = self.cache.get(key)
         if hit is None:
             if self.learned.decision:
                 feats = frontier.decision_features()
             else:
                 feats = frontier.features().numpy()
-            x = frontier.hidden() if self.learned.uses_hidden else feats
+            x = frontier.hidden() if self.needs_hidden else feats
             hit = (self.learned.node_scores(x), feats)
             self.cache[key] = hit
         frontier.read = True
