@@ -15,6 +15,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+DEFAULT_PROMPTS = "toy-code-collect"  # the prompt set `mcsd collect` and its bench default to
+DEFAULT_SHARD_PROMPTS = 8  # prompts per Parquet shard (`--shard-prompts`, `CollectJob`)
+
 _EXPORTS = {
     "load_rows": "collect.store",
     "load_manifest": "collect.store",

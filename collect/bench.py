@@ -16,19 +16,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from collect import DEFAULT_PROMPTS
+from mcsd_runtime import metrics
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from mcsd_runtime.cli_args import add_decode_args, add_pair_args
+    from mcsd_runtime.cli_args import add_decode_args, add_pair_args, add_threads_arg
 
     p = argparse.ArgumentParser(prog="python -m collect.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_decode_args(p)
-    p.add_argument("--prompts", default="toy-code-collect", help="default %(default)s")
+    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="default %(default)s")
     p.add_argument("--limit", type=int, default=8, help="prompts (default %(default)s)")
     p.add_argument("--save-hidden", action="store_true")
     p.add_argument("--dense", action="store_true")
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_arg(p)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p
 
@@ -69,25 +72,23 @@ def bench(pair, config, prompts, save_hidden: bool = False) -> dict:
     for name, rs in res.items():
         tok, rows, sec = (sum(r[k] for r in rs) for k in range(3))
         out[name] = {"tokens": tok, "rows": rows, "seconds": round(sec, 3),
-                     "tokens_per_s": tok / sec, "rows_per_s": rows / sec}
-    ratios = [r[0] / r[2] / (p[0] / p[2]) for p, r in zip(res["plain"], res["record"],
-                                                          strict=True)]
+                     "tokens_per_s": metrics.throughput(tok, sec),
+                     "rows_per_s": metrics.throughput(rows, sec)}
+    ratios = [metrics.throughput(r[0], r[2]) / metrics.throughput(p[0], p[2])
+              for p, r in zip(res["plain"], res["record"], strict=True)]
     out["throughput_ratio"] = out["record"]["tokens_per_s"] / out["plain"]["tokens_per_s"]
     out["throughput_ratio_median_per_prompt"] = statistics.median(ratios)
     return out
 
 
 def main(argv=None) -> int:
-    import torch
-
-    from mcsd_runtime.cli_args import decode_config_from_args, pair_from_args
+    from mcsd_runtime.cli_args import apply_threads, decode_config_from_args, pair_from_args
     from mcsd_runtime.errors import MCSDError
     from mcsd_runtime.prompts import load_prompts
 
     args = build_parser().parse_args(argv)
     try:
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        apply_threads(args)
         config = decode_config_from_args(args)
         if args.dense:
             from collect.run import dense_config

@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import re
 
+from collect import DEFAULT_PROMPTS, DEFAULT_SHARD_PROMPTS
+from mcsd_runtime.toy import is_toy_spec
+
 EPILOG = """examples:
   mcsd collect --target toy --prompts toy-code-collect --limit 64
   mcsd collect --target toy --prompts toy-code-collect --dense --out data/runs/dense
@@ -23,12 +26,12 @@ data_dir=DIR) or any Parquet reader; collect.load_manifest(DIR) gives the manife
 
 
 def add_collect_args(p: argparse.ArgumentParser) -> None:
-    from mcsd_runtime.cli_args import add_decode_args, add_pair_args  # imports torch
+    from mcsd_runtime.cli_args import add_decode_args, add_pair_args, add_threads_arg
 
     add_pair_args(p)
     add_decode_args(p)
     g = p.add_argument_group("collection")
-    g.add_argument("--prompts", default="toy-code-collect",
+    g.add_argument("--prompts", default=DEFAULT_PROMPTS,
                    help="prompt set (toy-code-collect, toy-code, mt-bench, alpaca, trivia-qa, "
                         "wmt-de), SET=FILE or a .json/.jsonl/.parquet file (default %(default)s)")
     g.add_argument("--limit", type=int, default=None,
@@ -47,10 +50,10 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
                    help="processes per node (Lightning Fabric DDP; CPU processes or one GPU each)")
     g.add_argument("--num-nodes", type=int, default=1,
                    help="nodes (set MASTER_ADDR, MASTER_PORT, NODE_RANK on each, or use torchrun)")
-    g.add_argument("--shard-prompts", type=int, default=8,
+    g.add_argument("--shard-prompts", type=int, default=DEFAULT_SHARD_PROMPTS,
                    help="prompts per Parquet shard (default %(default)s); an interruption loses "
                         "at most one unfinished shard per process")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    add_threads_arg(g)
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bar (nor, when not on a terminal, progress lines)")
 
@@ -69,7 +72,7 @@ def _slug(text: str) -> str:
 
 
 def default_run_name(args: argparse.Namespace) -> str:
-    target = args.target if args.target.startswith("toy") else args.target.rstrip("/")
+    target = args.target if is_toy_spec(args.target) else args.target.rstrip("/")
     target = target.split("/")[-1]
     prompts = args.prompts.split("=")[0] if "=" in args.prompts else args.prompts
     prompts = prompts.rstrip("/").split("/")[-1].rsplit(".", 1)[0] if "/" in prompts or \
@@ -92,23 +95,14 @@ def job_from_args(args: argparse.Namespace):
     from pathlib import Path
 
     from collect.run import CollectJob
-    from mcsd_runtime.cli_args import decode_config_from_args
+    from mcsd_runtime.cli_args import decode_config_from_args, pair_paths
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts import load_prompts
 
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
     out = Path(args.out) if args.out else runs_dir() / default_run_name(args)
-    target, draft = args.target, args.draft
-    if target.startswith("toy") and (draft is None or draft.startswith("toy")):
-        from mcsd_runtime.toy import toy_pair_dirs
-
-        target, draft = map(str, toy_pair_dirs(target.split(":", 1)[1] if ":" in target
-                                               else "default"))
-    elif draft is None:
-        from mcsd_runtime.errors import MCSDError
-
-        raise MCSDError("--draft is required with a --target other than 'toy'")
+    target, draft = pair_paths(args)
     return CollectJob(prompts=prompts, out=str(out), config=config, prompt_set=args.prompts,
                       limit=args.limit, dense=args.dense, save_hidden=args.save_hidden,
                       run_id=args.run_id, shard_prompts=args.shard_prompts,

@@ -14,23 +14,24 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from collect import store
+from collect import DEFAULT_SHARD_PROMPTS, store
 from collect.recorder import RowRecorder
 from collect.schema import ROW_SCHEMA_VERSION
 from collect.store import now
-from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime import metrics
+from mcsd_runtime.cli_args import set_threads
+from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.prompts import Prompt
 
-DEFAULT_SHARD_PROMPTS = 8
 DEFAULT_SHARD_ROWS = 1 << 18
 
 
@@ -89,6 +90,8 @@ class CollectJob:
     def __post_init__(self) -> None:
         if self.shard_prompts < 1:
             raise MCSDError("--shard-prompts must be >= 1")
+        if self.run_id and "/" in self.run_id:  # training keys a sequence `run_id/prompt_id`
+            raise MCSDError(f"--run-id {self.run_id!r}: a run id may not contain '/'")
         self.prompts = unique_ids(self.prompts)
         if self.save_hidden and self.config.init == "target":
             raise MCSDError("--save-hidden needs --init draft: the target-initialized first "
@@ -176,6 +179,85 @@ class _ShardWriter:
             raise _Interrupted(f"stopped after {len(self.written)} shards")
 
 
+# Per-prompt decoding statistics in each shard's metadata that a `Tally` sums.
+SUMMED = ("rows", "steps", "new_tokens", "target_calls", "acceptance_sum", "drafting_steps",
+          "seconds")
+
+
+def prompt_meta(index: int, prompt_id: str, rows: int, result: GenerationResult,
+                depth: int) -> dict[str, Any]:
+    """One prompt's entry in its shard's metadata: its place, rows and decoding statistics."""
+    st = result.stats
+    hist = [0] * (depth + 1)
+    for s in result.steps:
+        hist[s.accepted] += 1
+    return {"index": index, "id": prompt_id, "rows": rows, "steps": len(result.steps),
+            "new_tokens": st.new_tokens, "target_calls": st.target_calls,
+            "drafted_tokens": st.drafted_tokens, "accepted_tokens": st.accepted_tokens,
+            "acceptance_sum": st.acceptance_sum, "drafting_steps": st.drafting_steps,
+            "accepted_hist": hist, "seconds": st.wall_time}
+
+
+@dataclass
+class Tally:
+    """Statistics summed over prompt metadata (`prompt_meta`): a rank's progress while it
+    decodes, or a whole run's manifest counts, summary and timings."""
+
+    depth: int
+    prompts: int = 0
+    rows: int = 0
+    steps: int = 0
+    new_tokens: int = 0
+    target_calls: int = 0
+    acceptance_sum: float = 0.0
+    drafting_steps: int = 0
+    seconds: float = 0.0
+    accepted_hist: list[int] = field(init=False)  # steps by accepted length 0..depth
+
+    def __post_init__(self) -> None:
+        self.accepted_hist = [0] * (self.depth + 1)
+
+    @classmethod
+    def of(cls, metas: Iterable[dict[str, Any]], depth: int) -> Tally:
+        tally = cls(depth)
+        for meta in metas:
+            tally.add(meta)
+        return tally
+
+    def add(self, meta: dict[str, Any]) -> None:
+        self.prompts += 1
+        for key in SUMMED:
+            setattr(self, key, getattr(self, key) + meta[key])
+        for L, n in enumerate(meta["accepted_hist"]):
+            self.accepted_hist[L] += n
+
+    def rates(self, seconds: float) -> str:
+        """Tokens/s and rows/s over `seconds` of wall time (the progress line)."""
+        seconds = max(seconds, 1e-9)
+        return (f"{metrics.throughput(self.new_tokens, seconds):.1f} tok/s, "
+                f"{metrics.throughput(self.rows, seconds):.0f} rows/s")
+
+    def manifest_fields(self, prompts: int, shards: int, wall_seconds: float) -> dict[str, Any]:
+        """The manifest's `counts`, `summary` and `timings` of a run of `prompts` prompts whose
+        done ones this tally holds, in `shards` shards, over sessions of `wall_seconds`."""
+        hist, rows, seconds = self.accepted_hist, self.rows, self.seconds
+        return {
+            "counts": {"prompts_done": self.prompts, "rows": rows, "steps": self.steps,
+                       "new_tokens": self.new_tokens, "target_calls": self.target_calls,
+                       "shards": shards, "prompts": prompts},
+            "summary": {
+                "tau": metrics.tau(self.new_tokens, self.target_calls),
+                "mean_accepted": sum(L * n for L, n in enumerate(hist)) / max(self.steps, 1),
+                "acceptance_rate": metrics.acceptance_rate(self.acceptance_sum,
+                                                           self.drafting_steps),
+                "accepted_length_histogram": {str(L): n for L, n in enumerate(hist)},
+            },
+            "timings": {"decode_seconds": round(seconds, 3),
+                        "rows_per_decode_s": round(metrics.throughput(rows, seconds), 1),
+                        "wall_seconds": round(wall_seconds, 3)},
+        }
+
+
 def collect_prompts(job: CollectJob, pair: Pair, rank: int = 0, world_size: int = 1,
                     barrier: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run one rank of `job` on `pair`; returns the run's manifest (rank 0) or this rank's
@@ -220,31 +302,20 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
     writer = _ShardWriter(job, recorder, rank)
     from mcsd_runtime.progress import progress
 
+    depth = len(job.config.k_config)
+    tally = Tally(depth)
     bar = progress(total=len(mine), unit="prompt", desc=f"collect {run_id}",
                    disable=not job.progress or rank != 0, file=sys.stderr)
-    tokens = rows = 0
-    decode_s = 0.0
     try:
         for i in mine:
             p = job.prompts[i]
             recorder.begin(p.id, encoded[i])
             res = decoder.generate(encoded[i], seed=prompt_seed(job.config.seed, p.id))
             table = recorder.finish()
-            st = res.stats
-            hist = [0] * (len(job.config.k_config) + 1)
-            for s in res.steps:
-                hist[s.accepted] += 1
-            writer.add(table, {
-                "index": i, "id": p.id, "rows": table.num_rows, "steps": len(res.steps),
-                "new_tokens": st.new_tokens, "target_calls": st.target_calls,
-                "drafted_tokens": st.drafted_tokens, "accepted_tokens": st.accepted_tokens,
-                "acceptance_sum": st.acceptance_sum, "drafting_steps": st.drafting_steps,
-                "accepted_hist": hist, "seconds": st.wall_time})
-            tokens += st.new_tokens
-            rows += table.num_rows
-            decode_s += st.wall_time
-            el = max(bar.elapsed, 1e-9)
-            bar.set_postfix_str(f"{tokens / el:.1f} tok/s, {rows / el:.0f} rows/s", refresh=False)
+            meta = prompt_meta(i, p.id, table.num_rows, res, depth)
+            writer.add(table, meta)
+            tally.add(meta)
+            bar.set_postfix_str(tally.rates(bar.elapsed), refresh=False)
             bar.update(1)
         writer.flush()
     except KeyboardInterrupt:
@@ -253,58 +324,33 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
     finally:
         bar.close()
     barrier()
-    counts = {"rank": rank, "prompts": len(mine), "rows": rows, "new_tokens": tokens}
     if rank != 0:
-        return counts
+        return {"rank": rank, "prompts": tally.prompts, "rows": tally.rows,
+                "new_tokens": tally.new_tokens}
+    return _finish(job, run_dir, before, started=started, t_start=t_start,
+                   world_size=world_size, device=str(pair.device))
+
+
+def _finish(job: CollectJob, run_dir: Path, before: dict[str, dict[str, Any]], *, started: str,
+            t_start: float, world_size: int, device: str) -> dict[str, Any]:
+    """Rank 0, once every rank is done: the manifest with this session (what its new shards
+    hold) and the counts, summary and timings of every shard, written and returned."""
+    depth = len(job.config.k_config)
     after = store.scan_shards(run_dir)
-    manifest = store.read_manifest(run_dir) or {}
-    new_names = [n for n in after if n not in before]
+    new = Tally.of(store.iter_metas({n: m for n, m in after.items() if n not in before}), depth)
     wall = time.perf_counter() - t_start
-    session_rows = sum(after[n]["prompts"][k]["rows"] for n in new_names
-                       for k in range(len(after[n]["prompts"])))
     session = {"started": started, "finished": now(), "wall_seconds": round(wall, 3),
-               "world_size": world_size, "device": str(pair.device),
-               "prompts": sum(len(after[n]["prompt_indices"]) for n in new_names),
-               "rows": session_rows, "rows_per_s": round(session_rows / wall, 1) if wall else 0.0}
-    summary = summarize(after, len(job.config.k_config))
-    complete = summary["prompts_done"] == len(job.prompts)
-    manifest.update({"status": "complete" if complete else "incomplete", "updated": now(),
-                     "counts": {k: summary.pop(k) for k in ("prompts_done", "rows", "steps",
-                                                            "new_tokens", "target_calls",
-                                                            "shards")}
-                     | {"prompts": len(job.prompts)},
-                     "summary": summary})
-    manifest["sessions"] = [*manifest.get("sessions", []), session]
-    manifest["timings"] = {"decode_seconds": summary.pop("decode_seconds"),
-                           "rows_per_decode_s": round(summary.pop("rows_per_decode_s"), 1),
-                           "wall_seconds": round(sum(s["wall_seconds"]
-                                                     for s in manifest["sessions"]), 3)}
+               "world_size": world_size, "device": device, "prompts": new.prompts,
+               "rows": new.rows, "rows_per_s": round(metrics.throughput(new.rows, wall), 1)}
+    manifest = store.read_manifest(run_dir) or {}
+    sessions = [*manifest.get("sessions", []), session]
+    run = Tally.of(store.iter_metas(after), depth)
+    manifest.update({"status": "complete" if run.prompts == len(job.prompts) else "incomplete",
+                     "updated": now(), "sessions": sessions}
+                    | run.manifest_fields(len(job.prompts), len(after),
+                                          sum(s["wall_seconds"] for s in sessions)))
     store.write_manifest(run_dir, manifest)
     return manifest
-
-
-def summarize(shards: dict[str, dict[str, Any]], depth: int) -> dict[str, Any]:
-    metas = list(store.iter_metas(shards))
-    tot = {k: sum(m[k] for m in metas) for k in ("rows", "steps", "new_tokens", "target_calls",
-                                                 "drafted_tokens", "accepted_tokens",
-                                                 "acceptance_sum", "drafting_steps", "seconds")}
-    hist = [0] * (depth + 1)
-    for m in metas:
-        for L, n in enumerate(m["accepted_hist"]):
-            hist[L] += n
-    steps = max(tot["steps"], 1)
-    return {
-        "prompts_done": len(metas), "rows": tot["rows"], "steps": tot["steps"],
-        "new_tokens": tot["new_tokens"], "target_calls": tot["target_calls"],
-        "shards": len(shards),
-        "tau": tot["new_tokens"] / max(tot["target_calls"], 1),
-        "mean_accepted": sum(L * n for L, n in enumerate(hist)) / steps,
-        "acceptance_rate": tot["acceptance_sum"] / tot["drafting_steps"]
-        if tot["drafting_steps"] else 0.0,
-        "accepted_length_histogram": {str(L): n for L, n in enumerate(hist)},
-        "decode_seconds": round(tot["seconds"], 3),
-        "rows_per_decode_s": tot["rows"] / tot["seconds"] if tot["seconds"] else 0.0,
-    }
 
 
 def format_summary(manifest: dict[str, Any]) -> str:
@@ -333,6 +379,9 @@ def format_summary(manifest: dict[str, Any]) -> str:
 
 
 def _load_pair(job: CollectJob, device: str) -> Pair:
+    """This process's pair for `job`, loaded on the job's torch threads (set here, once per
+    process, so that spawned Fabric workers get them too)."""
+    set_threads(job.threads)
     if job.pair_loader is not None:
         return job.pair_loader(device)
     from mcsd_runtime.pair import load_pair
@@ -343,11 +392,7 @@ def _load_pair(job: CollectJob, device: str) -> Pair:
 def _fabric_worker(fabric, job_bytes: bytes) -> dict[str, Any]:
     import pickle
 
-    import torch
-
     job: CollectJob = pickle.loads(job_bytes)
-    if job.threads:
-        torch.set_num_threads(job.threads)
     with ExitStack() as lock:
         error = None
         if fabric.global_rank == 0:  # one lock for the job, taken before any pair is loaded
@@ -385,10 +430,6 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
     if devices < 1 or num_nodes < 1:
         raise MCSDError("--devices and --num-nodes must be >= 1")
     if devices == 1 and num_nodes == 1 and not externally_launched():
-        import torch
-
-        if job.threads:
-            torch.set_num_threads(job.threads)
         from mcsd_runtime.pair import pick_device
 
         with store.run_lock(job.out):  # before the pair loads: a second job is refused at once

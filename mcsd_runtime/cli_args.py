@@ -1,9 +1,11 @@
-"""Command-line arguments shared by every command that runs the decoder."""
+"""Command-line arguments shared by every command that runs the decoder (torch-free to import)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
+
+from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
 
 if TYPE_CHECKING:
     from mcsd_runtime.decoder import DecodeConfig
@@ -23,45 +25,62 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
                    help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")
 
 
-def add_decode_args(parser: argparse.ArgumentParser, k_config: str = "4,2,2,1") -> None:
+def add_decode_args(parser: argparse.ArgumentParser,
+                    k_config: str = ",".join(map(str, DEFAULT_K_CONFIG))) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument("--k-config", default=k_config, help="children per depth (default %(default)s)")
-    g.add_argument("--init", default="draft", choices=["draft", "target"],
+    g.add_argument("--init", default="draft", choices=INITS,
                    help="first tree layer from the draft (lossless) or the target (the paper's "
                         "target-initialized mode, NOT lossless)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--verify", default="mcss", choices=["mcss", "mcss-replacement", "naive"],
+    g.add_argument("--verify", default="mcss", choices=VERIFIERS,
                    help="sampling verifier (default %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="default %(default)s")
     g.add_argument("--seed", type=int, default=0, help="default %(default)s")
 
 
-def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+def add_threads_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--threads`, the one CPU thread option of every command (read by `apply_threads`)."""
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: small models on a shared CPU are "
-                             "fastest and steadiest on one)")
+                        help="torch CPU threads per process, which training also uses (default "
+                             "1: small models on a shared CPU are fastest and steadiest on one; "
+                             "0 keeps torch's own default)")
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    if getattr(args, "threads", None):
+    """Apply `--threads` to this process."""
+    set_threads(getattr(args, "threads", None))
+
+
+def set_threads(threads: int | None) -> None:
+    """Set torch's CPU threads in this process; None or 0 keeps torch's own default."""
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
+
+
+def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
+    """The target and draft that `--target`/`--draft` name: a toy spec (`toy`, `toy:PRESET`,
+    `toy:PRESET:SEED`) as target, with no draft or a toy one, names the embedded pair's folders
+    (built if needed); any other target needs a `--draft`."""
+    from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.toy import is_toy_spec
+
+    target, draft = args.target, args.draft
+    if is_toy_spec(target) and (draft is None or is_toy_spec(draft)):
+        from mcsd_runtime.toy import resolve_toy
+
+        return resolve_toy(target)
+    if draft is None:
+        raise MCSDError("--draft is required with a --target other than 'toy'")
+    return target, draft
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
     from mcsd_runtime.pair import load_pair
 
-    target, draft = args.target, args.draft
-    if target.startswith("toy") and (draft is None or draft.startswith("toy")):
-        from mcsd_runtime.toy import toy_pair_dirs
-
-        preset = target.split(":", 1)[1] if ":" in target else "default"
-        target, draft = toy_pair_dirs(preset)
-    elif draft is None:
-        from mcsd_runtime.errors import MCSDError
-
-        raise MCSDError("--draft is required with a --target other than 'toy'")
+    target, draft = pair_paths(args)
     return load_pair(target, draft, device=args.device, dtype=args.dtype)
 
 

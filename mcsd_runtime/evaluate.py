@@ -15,7 +15,7 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.learned import check_pair
+from mcsd_runtime.learned import check_pair, read_spec
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import BUILTIN, make_stopper
 from mcsd_runtime.tree import parse_k_config
@@ -186,13 +186,28 @@ class DecoderRunner:
 
 
 def check_method(name: str) -> None:
-    """Refuse an unknown method name before anything is loaded."""
+    """Refuse a method that cannot run before any pair is loaded: an unknown name, a bad
+    k-config, a built-in stopper with bad parameters, or a trained stopper folder whose
+    `stopper.json` loading would reject (`stopper:PATH` or the bare folder)."""
     kind, _, arg = name.partition(":")
-    if name in ("ar", "hf", "hf-assisted") or kind in ("mcsd", "mcsd-target-init"):
+    if name in ("ar", "hf", "hf-assisted"):
         return
     spec = arg if kind == "hf-generate" else name  # a stopper spec
-    if spec and (spec.partition(":")[0] in (*BUILTIN, "stopper") or Path(spec).is_dir()):
-        return
+    head, _, path = spec.partition(":")
+    try:
+        if kind in ("mcsd", "mcsd-target-init"):
+            if arg:
+                parse_k_config(arg)
+            return
+        if head in BUILTIN:
+            make_stopper(spec)  # parses the parameters, loads nothing
+            return
+        if head == "stopper" or (spec and Path(spec).is_dir()):
+            folder = Path(path if head == "stopper" else spec)  # as `make_stopper` reads it
+            read_spec(folder / "stopper.json")
+            return
+    except MCSDError as err:
+        raise MCSDError(f"method {name!r}: {err}") from None
     raise MCSDError(
         f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
         f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH")

@@ -14,7 +14,7 @@ def acceptance_rate(acceptance_sum: float, drafting_steps: int) -> float:
 
 
 def throughput(tokens: int, seconds: float) -> float:
-    """Tokens per second."""
+    """Tokens (or any other count: rows, prompts) per second."""
     return tokens / seconds if seconds else 0.0
 
 

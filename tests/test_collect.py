@@ -17,7 +17,7 @@ import torch
 
 from collect import load_manifest, load_rows
 from collect.recorder import RowRecorder
-from collect.run import CollectJob, _Interrupted, collect_prompts
+from collect.run import CollectJob, Tally, _Interrupted, collect_prompts, prompt_seed
 from collect.schema import IDENTITY, prompt_hash, row_schema
 from collect.store import LOCK, run_lock, shard_paths, write_shard
 from conftest import make_pair
@@ -128,6 +128,32 @@ def test_dense_refuses_sampling_and_target_init(tmp_path):
                    config=DecodeConfig(k_config=K, init="target"))
 
 
+def test_run_ids_with_a_slash_are_refused(tmp_path):
+    with pytest.raises(MCSDError, match="may not contain '/'"):
+        CollectJob(prompts=id_prompts(1), out=str(tmp_path), config=DecodeConfig(k_config=K),
+                   run_id="a/b")
+
+
+def test_tally_gives_the_manifest_counts_summary_and_timings():
+    metas = [{"rows": 10, "steps": 4, "new_tokens": 9, "target_calls": 5, "acceptance_sum": 1.5,
+              "drafting_steps": 3, "seconds": 0.5, "accepted_hist": [1, 2, 1, 0]},
+             {"rows": 0, "steps": 1, "new_tokens": 1, "target_calls": 2, "acceptance_sum": 0.0,
+              "drafting_steps": 0, "seconds": 0.25, "accepted_hist": [1, 0, 0, 0]}]
+    tally = Tally.of(metas, depth=3)
+    assert tally.rates(2.0) == "5.0 tok/s, 5 rows/s"
+    assert tally.manifest_fields(prompts=5, shards=2, wall_seconds=2.00049) == {
+        "counts": {"prompts_done": 2, "rows": 10, "steps": 5, "new_tokens": 10,
+                   "target_calls": 7, "shards": 2, "prompts": 5},
+        "summary": {"tau": 10 / 7, "mean_accepted": 4 / 5, "acceptance_rate": 0.5,
+                    "accepted_length_histogram": {"0": 2, "1": 2, "2": 1, "3": 0}},
+        "timings": {"decode_seconds": 0.75, "rows_per_decode_s": 13.3, "wall_seconds": 2.0},
+    }
+    empty = Tally(depth=2).manifest_fields(prompts=1, shards=0, wall_seconds=0.0)
+    assert empty["summary"] == {"tau": 0.0, "mean_accepted": 0.0, "acceptance_rate": 0.0,
+                                "accepted_length_histogram": {"0": 0, "1": 0, "2": 0}}
+    assert empty["timings"]["rows_per_decode_s"] == 0.0
+
+
 def _job(out, prompts, **kw):
     config = kw.pop("config", DecodeConfig(k_config=K, max_new_tokens=16, temperature=0.7,
                                            seed=5))
@@ -155,6 +181,24 @@ def test_resume_after_interruption_gives_the_uninterrupted_rows(pair, tmp_path):
     again = collect_prompts(_job(part, prompts, shard_prompts=2), pair)
     assert again["sessions"][-1]["prompts"] == 0
     pd.testing.assert_frame_equal(a, load_rows(part))
+
+
+def test_manifest_counts_are_the_decoders_statistics(pair, tmp_path):
+    job = _job(tmp_path / "run", id_prompts(3), shard_prompts=2)
+    m = collect_prompts(job, pair)
+    dec = MCSDDecoder(pair, job.config, stopper="static")
+    results = [dec.generate(p.text, seed=prompt_seed(job.config.seed, p.id))
+               for p in job.prompts]
+    stats = [r.stats for r in results]
+    tokens, calls = sum(s.new_tokens for s in stats), sum(s.target_calls for s in stats)
+    assert (m["counts"]["new_tokens"], m["counts"]["target_calls"]) == (tokens, calls)
+    assert m["counts"]["steps"] == sum(len(r.steps) for r in results)
+    assert m["summary"]["tau"] == pytest.approx(tokens / calls)
+    assert m["summary"]["acceptance_rate"] == pytest.approx(
+        sum(s.acceptance_sum for s in stats) / sum(s.drafting_steps for s in stats))
+    session = m["sessions"][-1]
+    assert (session["prompts"], session["rows"]) == (3, m["counts"]["rows"]) and m["counts"]["rows"]
+    assert m["timings"]["wall_seconds"] == session["wall_seconds"]
 
 
 def test_incompatible_reuse_is_refused(pair, tmp_path):

@@ -92,6 +92,40 @@ def test_user_errors(toy_tiny, tmp_path, capsys, argv, message):
     assert not (tmp_path / "x").exists()
 
 
+def test_bad_methods_fail_before_the_pair_loads(tmp_path, capsys, monkeypatch):
+    """A stopper folder is checked the way loading it will be, before prompts or the pair: a
+    bogus --target never gets to fail first."""
+    from mcsd_runtime import pair
+
+    def no_pair(*_, **__):
+        raise AssertionError("the pair was loaded")
+
+    monkeypatch.setattr(pair, "load_pair", no_pair)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "stopper.json").write_text(json.dumps({"format": "something-else"}))
+    cases = {
+        f"stopper:{tmp_path / 'nope'}": f"{tmp_path / 'nope'} is not a stopper artifact: no "
+                                        "stopper.json",
+        str(plain): f"{plain} is not a stopper artifact: no stopper.json",
+        f"hf-generate:stopper:{broken}": "is not a stopper description",
+        f"stopper:{broken / 'stopper.json'}": "is not a stopper artifact",  # loading wants a folder
+        "confidence:high": "parameters must be numbers",
+        "mcsd:4,0": "bad k-config",
+    }
+    for method, message in cases.items():
+        code = mcsd(["eval", "--target", str(tmp_path / "no-such-model"), "--prompts",
+                     str(tmp_path / "no-such-prompts.jsonl"), "--methods", f"ar,{method}",
+                     "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert code == 2, method
+        assert f"method {method!r}: " in err and message in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_empty_prompt_set(toy_tiny, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -110,6 +144,7 @@ def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
         pair_fingerprint = dict(toy_pair.fingerprint, target_config="0" * 16)
 
     monkeypatch.setattr(evaluate, "make_stopper", lambda spec: Foreign())
+    monkeypatch.setattr(evaluate, "read_spec", lambda path: (path.parent, {}))
     with pytest.raises(MCSDError, match="trained for the pair"):
         evaluate.build_method("stopper:elsewhere", toy_pair, DecodeConfig())
 

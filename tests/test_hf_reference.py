@@ -147,12 +147,13 @@ def test_hf_generate_needs_a_stopper_spec():
     from mcsd_runtime.errors import MCSDError
     from mcsd_runtime.evaluate import check_method
 
-    for name in ("hf", "hf-generate:heuristic", "hf-generate:confidence:0.4",
-                 "hf-generate:stopper:/some/artifact"):
+    for name in ("hf", "hf-generate:heuristic", "hf-generate:confidence:0.4"):
         check_method(name)
     for name in ("hf-generate:warp", "hf-generate", "hf-generate:"):
         with pytest.raises(MCSDError, match=f"unknown method '{name}'"):
             check_method(name)
+    with pytest.raises(MCSDError, match="/some/artifact is not a stopper artifact"):
+        check_method("hf-generate:stopper:/some/artifact")  # checked as loading will check it
 
 
 def test_ar_takes_its_first_token_from_the_prefill(pair):

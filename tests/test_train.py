@@ -246,9 +246,9 @@ def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
     R.replay(data, Recording())
     walked = walk_trajectory(rows)
     first = walked[walked["depth"] == 1]
-    got = {(f"{r.run_id}/{r.prompt_id}", int(r.position)):
+    got = {(k, int(r.position)):
            (float(r.tokens_generated), float(r.prev_accepted), float(r.mean_accepted))
-           for r in first.itertuples()}
+           for k, r in zip(sequence_ids(first), first.itertuples(), strict=True)}
     assert seen and all(np.allclose(got[k], v) for k, v in seen.items())
     assert (walked["prev_accepted"] != rows["prev_accepted"]).any()
 
@@ -344,6 +344,15 @@ def test_rows_without_prompt_hash_split_by_run_and_prompt(rows):
     new = mixed["run_id"] != "old"
     assert fallback == N_PROMPTS and groups[new].equals(mixed.loc[new, "prompt_hash"])
     assert groups[~new].equals(sequence_ids(mixed)[~new])
+
+
+def test_sequence_ids_split_back_into_run_and_prompt():
+    from train.data import sequence_parts
+
+    df = pd.DataFrame({"run_id": ["r1", "r2"], "prompt_id": ["json/decoder.py:12", "p0"]})
+    keys = sequence_ids(df)
+    assert list(keys) == ["r1/json/decoder.py:12", "r2/p0"]
+    assert [sequence_parts(k) for k in keys] == [("r1", "json/decoder.py:12"), ("r2", "p0")]
 
 
 def test_min_depth_skips_decisions_and_their_cost(data, artifacts):

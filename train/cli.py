@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from mcsd_runtime.cli_args import add_threads_arg, apply_threads
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 
@@ -61,7 +62,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "stopper, to report the replay's error against reality (needs a measured "
                         "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=None, help="MLP epochs cap (default 40)")
-    p.add_argument("--threads", type=int, default=None, help="torch/LightGBM CPU threads")
+    add_threads_arg(p)
     p.add_argument("--bench-latency", action="store_true",
                    help="measure the decision latency of the artifact in --out (after training, "
                         "or alone without --data)")
@@ -70,10 +71,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     if not args.data:
         if not args.bench_latency:
             raise MCSDError("--data RUN_DIR is required (or --bench-latency with an "

@@ -95,9 +95,19 @@ def collected_k_config(manifests: list[dict]) -> tuple[int, ...] | None:
     return configs.pop() if configs else None
 
 
+SEQUENCE_KEY = ("run_id", "prompt_id")  # the columns naming one decoded sequence
+
+
 def sequence_ids(df: pd.DataFrame) -> pd.Series:
     """`run_id/prompt_id`: the key of one decoded sequence (a prompt within one run)."""
-    return df["run_id"].astype(str) + "/" + df["prompt_id"].astype(str)
+    run, prompt = (df[c].astype(str) for c in SEQUENCE_KEY)
+    return run + "/" + prompt
+
+
+def sequence_parts(key: str) -> tuple[str, str]:
+    """(run_id, prompt_id) of a `sequence_ids` key (prompt ids may hold `/`, run ids do not)."""
+    run, _, prompt = key.partition("/")
+    return run, prompt
 
 
 def prompt_groups(df: pd.DataFrame) -> tuple[pd.Series, int]:

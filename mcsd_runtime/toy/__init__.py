@@ -4,6 +4,7 @@
         the pair folder (target/, draft/, card.json), built if needed
     toy_pair_dirs(preset="default", seed=0) -> (target_dir, draft_dir), built if needed
     resolve_toy("toy" | "toy:tiny" | "toy:default[:seed]") -> (target, draft) or None
+    is_toy_spec(spec) -> whether a model name is such a toy spec (torch-free)
 
 Names are imported lazily so that `mcsd --help` does not load torch.
 """
@@ -24,7 +25,12 @@ _EXPORTS = {
     "Recipe": "mcsd_runtime.toy.recipe",
     "get_recipe": "mcsd_runtime.toy.recipe",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "is_toy_spec"])
+
+
+def is_toy_spec(spec: str) -> bool:
+    """Whether a model name names the toy pair (`toy`, `toy:PRESET`, `toy:PRESET:SEED`)."""
+    return spec == "toy" or spec.startswith("toy:")
 
 
 def __getattr__(name: str) -> Any:

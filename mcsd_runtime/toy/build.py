@@ -23,6 +23,7 @@ import torch
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import models_dir
+from mcsd_runtime.toy import is_toy_spec
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
 from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, _cpu_bf16_ok, get_recipe
 
@@ -92,7 +93,7 @@ def toy_pair_dirs(preset: str = "default", seed: int = 0) -> tuple[Path, Path]:
 def resolve_toy(spec: str) -> tuple[str, str] | None:
     """`toy`, `toy:default`, `toy:tiny` (optionally `toy:<preset>:<seed>`) -> (target dir,
     draft dir) as strings, building if needed; None for any other string (a real model name)."""
-    if spec != "toy" and not spec.startswith("toy:"):
+    if not is_toy_spec(spec):
         return None
     parts = spec.split(":")
     preset = parts[1] if len(parts) > 1 and parts[1] else "default"

@@ -1,0 +1,89 @@
+"""The shared command-line arguments: one `--threads`, the runtime's choices, one pair resolver."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from mcsd_runtime.cli import build_parser
+from mcsd_runtime.cli_args import add_decode_args, apply_threads, pair_paths
+from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
+from mcsd_runtime.errors import MCSDError
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {s: a for a in parser._actions for s in a.option_strings}
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_command_has_the_same_threads_option():
+    from collect.bench import build_parser as collect_bench_parser
+
+    parsers = {name: p for name, p in _subcommands().items() if "--threads" in _options(p)}
+    assert set(parsers) == {"bench", "collect", "eval", "profile", "train"}
+    parsers["collect.bench"] = collect_bench_parser()
+    threads = {name: _options(p)["--threads"] for name, p in parsers.items()}
+    assert {(a.default, a.type, a.help) for a in threads.values()} == {
+        (1, int, threads["eval"].help)}
+
+
+def test_apply_threads_sets_torch_and_zero_keeps_it():
+    before = torch.get_num_threads()
+    try:
+        apply_threads(argparse.Namespace(threads=2))
+        assert torch.get_num_threads() == 2
+        apply_threads(argparse.Namespace(threads=0))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_decode_choices_and_default_tree_come_from_the_constants():
+    p = argparse.ArgumentParser()
+    add_decode_args(p)
+    opts = _options(p)
+    assert tuple(opts["--init"].choices) == INITS and tuple(opts["--verify"].choices) == VERIFIERS
+    assert opts["--k-config"].default == ",".join(map(str, DEFAULT_K_CONFIG))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--verify", "exact"])
+
+
+def test_pair_paths_resolves_toy_specs_once(monkeypatch):
+    from mcsd_runtime.toy import build
+
+    asked = []
+
+    def fake_resolve(spec):
+        asked.append(spec)
+        return ("/t", "/d")
+
+    monkeypatch.setattr(build, "resolve_toy", fake_resolve)
+
+    def ns(target, draft=None):
+        return argparse.Namespace(target=target, draft=draft)
+
+    assert pair_paths(ns("toy:tiny:3")) == ("/t", "/d")
+    assert pair_paths(ns("toy", "toy")) == ("/t", "/d")
+    assert asked == ["toy:tiny:3", "toy"]
+    assert pair_paths(ns("org/target", "org/draft")) == ("org/target", "org/draft")
+    assert pair_paths(ns("toy", "org/draft")) == ("toy", "org/draft")  # a real draft is kept
+    for target in ("org/target", "toyota/model"):  # "toyota/..." is no toy spec
+        with pytest.raises(MCSDError, match="--draft is required"):
+            pair_paths(ns(target))
+    assert asked == ["toy:tiny:3", "toy"]
+
+
+def test_collect_run_name_keeps_toy_presets():
+    from collect.cli import add_collect_args, default_run_name
+
+    p = argparse.ArgumentParser()
+    add_collect_args(p)
+    assert default_run_name(p.parse_args(["--target", "toy:tiny"])).startswith(
+        "collect-toy-tiny-toy-code-collect-k4.2.2.1-draft-T0-m128")
+    assert "-llama-" in default_run_name(p.parse_args(["--target", "org/llama/", "--draft", "d"]))
