@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from mcsd_runtime import metrics
 from mcsd_runtime.errors import MCSDError
 
 FORMAT = "mcsd-cost-profile"
@@ -271,7 +272,8 @@ def static_throughput(runs: list[dict]) -> dict[str, float]:
     out = {}
     for d in sorted({r["depth"] for r in runs}):
         sel = [r for r in runs if r["depth"] == d]
-        out[f"static:{d}"] = sum(r["tokens"] for r in sel) / sum(r["decode_s"] for r in sel)
+        out[f"static:{d}"] = metrics.throughput(sum(r["tokens"] for r in sel),
+                                                sum(r["decode_s"] for r in sel))
     return out
 
 

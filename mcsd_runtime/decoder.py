@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime import verify as V
-from mcsd_runtime.constants import INITS, VERIFIERS
+from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import (
     TOP_K_MASS,
@@ -41,7 +41,7 @@ from mcsd_runtime.tree import Tree, TreeTensors, parse_k_config
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    k_config: tuple[int, ...] = (4, 2, 2, 1)  # () decodes autoregressively
+    k_config: tuple[int, ...] = DEFAULT_K_CONFIG  # () decodes autoregressively
     init: str = "draft"  # "target": the paper's target-initialized first layer (lossy)
     temperature: float = 0.0  # 0 = greedy
     verify: str = "mcss"  # sampling verifier: mcss | mcss-replacement | naive

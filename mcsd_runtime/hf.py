@@ -37,6 +37,7 @@ from transformers.generation import (
     TemperatureLogitsWarper,
 )
 
+from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair
@@ -56,7 +57,7 @@ class MCSDGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
-             generation_config=None, draft_model=None, k_config=(4, 2, 2, 1),
+             generation_config=None, draft_model=None, k_config=DEFAULT_K_CONFIG,
              stopper: str | Stopper = "static", verify: str = "mcss", streamer=None,
              **model_kwargs) -> torch.LongTensor | MCSDGenerateOutput:
     """The decoding loop `generate(custom_generate=generate, draft_model=..., ...)` calls.

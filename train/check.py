@@ -14,10 +14,12 @@ import math
 import random
 import statistics
 
+from mcsd_runtime import metrics
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import progress as progress_bar
 from train import replay as R
+from train.data import sequence_parts
 
 
 def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[tuple[str, str]]:
@@ -28,7 +30,7 @@ def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[t
     texts: dict[str, dict[str, str]] = {}
     out = []
     for key in sorted(data.prompts)[:limit]:
-        run, pid = key.split("/", 1)
+        run, pid = sequence_parts(key)
         m = by_run.get(run)
         if m is None or not m.get("prompt_set"):
             raise MCSDError(f"run {run!r} records no prompt set: the end-to-end check needs "
@@ -80,7 +82,7 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
     for name, stopper in stoppers.items():
         r = R.replay(sub, stopper, profile, name=name,
                      decision_s=(decision_s or {}).get(name, 0.0))
-        measured = tokens[name] / wall[name]
+        measured = metrics.throughput(tokens[name], wall[name])
         rows[name] = {"replayed": r.throughput, "measured": measured,
                       "error": r.throughput / measured - 1, "tokens_replayed": r.tokens,
                       "tokens_measured": tokens[name]}

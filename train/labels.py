@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from train.data import sequence_ids
+from train.data import SEQUENCE_KEY, sequence_ids
 
 DEPTH = "depth"  # the node-feature column
-_KEY = ["run_id", "prompt_id", "step"]
+_KEY = [*SEQUENCE_KEY, "step"]
 
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:

@@ -32,8 +32,9 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory, with_trajectory
 from mcsd_runtime.stoppers import StopperBase, make_stopper
 from mcsd_runtime.tree import Tree
-from train.data import sequence_ids
+from train.data import SEQUENCE_KEY, sequence_ids
 
+MODES = ("exact", "estimate")  # with "auto": exact when the collection is dense
 NODE_COLS = list(NODE_FEATURES)
 _DECISION_NODE_COLS = [NODE_COLS.index(n) for n in DECISION_FEATURES if n in NODE_FEATURES]
 _N_DECISION_NODE = len(_DECISION_NODE_COLS)
@@ -126,7 +127,7 @@ def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
         for p in data.prompts.values():
             tk, sec = _plan_prompt(p, exact, costs, tree, profile, lam, plan)
             tokens, seconds = tokens + tk, seconds + sec
-        new = tokens / seconds if seconds else 0.0
+        new = metrics.throughput(tokens, seconds)
         if new <= lam * (1 + tol):
             break
         lam = new
@@ -216,7 +217,7 @@ class ReplayData:
                             "init='target' steps")
         self.tree = Tree(tuple(k_config) if k_config else _infer_k_config(df))
         self.depth = self.tree.depth
-        df = df.sort_values(["run_id", "prompt_id", "step", "node"], kind="stable")
+        df = df.sort_values([*SEQUENCE_KEY, "step", "node"], kind="stable")
         keys = sequence_ids(df).to_numpy()
         step = df["step"].to_numpy()
         feats = df[NODE_COLS].to_numpy(dtype=np.float32)
@@ -252,7 +253,7 @@ class ReplayData:
         if mode == "exact" and not dense:
             raise MCSDError("exact replay needs a dense greedy collection (one step at every "
                             "position); use mode='estimate'")
-        if mode not in ("exact", "estimate"):
+        if mode not in MODES:
             raise MCSDError(f"unknown replay mode {mode!r}: exact, estimate or auto")
         self.mode = mode
 
