@@ -1,5 +1,5 @@
-"""TrainConfig's checks and each stage of `train.pipeline` on its own, on the small dense
-collection of test_train_data."""
+"""TrainConfig's checks, each stage of `train.pipeline` on its own, and the MLP's Lightning
+checkpoint round trip, on the small dense collection of test_train_data."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from test_train_data import K_CONFIG, N_PROMPTS, dense_rows, small_pair
 
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES
-from mcsd_runtime.learned import load_stopper
+from mcsd_runtime.learned import load_mlp, load_stopper
 from train.config import TrainConfig, default_label
 from train.pipeline import PEER_GRID, choose, fit, prepare, train_stopper, write
 
@@ -224,3 +225,34 @@ def test_train_stopper_is_the_four_stages(prep, fitted, chosen, manifests, tmp_p
     assert ({k: v for k, v in summary["headline"].items() if k not in drop}
             == {k: v for k, v in chosen.headline.items() if k not in drop})
 
+
+# ------------------------------------------------------------------ the MLP's checkpoint
+def test_mlp_checkpoint_round_trip(prep, tmp_path):
+    """The best checkpoint reloads through DecisionModule.load_from_checkpoint: its
+    hyperparameters rebuild the net, the state dict (normalization included) fills it, and it is
+    the net fit_mlp returns and saves in the artifact format load_mlp reads."""
+    from train.lightning_module import DecisionModule
+    from train.models import MLP_LR, fit_mlp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fit_mlp(prep.x["train"], prep.y["train"], prep.x["val"], prep.y["val"], tmp_path,
+                        hidden=(16, 8), seed=0, max_epochs=3)
+    module = DecisionModule.load_from_checkpoint(tmp_path / "checkpoints" / "best.ckpt",
+                                                 weights_only=True)
+    assert dict(module.hparams) == {"in_features": len(DECISION_FEATURES), "hidden": [16, 8],
+                                    "dropout": 0.0, "lr": MLP_LR}
+    assert module.net.hidden == (16, 8)
+    mean = torch.from_numpy(prep.x["train"]).mean(0)
+    assert torch.allclose(module.net.mean, mean) and not torch.equal(module.net.mean,
+                                                                     torch.zeros_like(mean))
+    trained = model.net.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in module.net.state_dict().items())
+    x = torch.from_numpy(prep.x["test"])
+    with torch.inference_mode():
+        assert torch.equal(torch.sigmoid(module.eval()(x)), torch.from_numpy(model.predict(x)))
+    model.save(tmp_path)  # the artifact format: model.safetensors + config.json
+    assert json.loads((tmp_path / "config.json").read_text()) == {
+        "in_features": len(DECISION_FEATURES), "hidden": [16, 8], "dropout": 0.0}
+    with torch.inference_mode():
+        assert torch.equal(load_mlp(tmp_path)(x), module.net(x))
