@@ -22,6 +22,9 @@ from pathlib import Path
 from mcsd_runtime.cli_args import add_threads_arg, apply_threads
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
+from train.config import LABEL_DOC, REPLAY_MODES, TRAJECTORIES, TrainConfig, default_label
+
+D = TrainConfig  # the defaults, read off its fields
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,33 +38,41 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", nargs="+", type=Path, metavar="RUN_DIR",
                    help="collection run folders (from `mcsd collect`, full-depth; --dense for "
                         "exact replay)")
-    p.add_argument("--model", default="lightgbm", choices=STOPPER_KINDS,
-                   help="lightgbm (default), mlp on the scalar features, or mlp-hidden (the "
-                        "paper's hidden->512->256->1 model on draft hidden states)")
-    p.add_argument("--label", default=None, choices=["hard", "soft"],
-                   help="training target (default: hard; soft for mlp-hidden, as in the paper)")
+    p.add_argument("--model", default=D.model, choices=STOPPER_KINDS,
+                   help="lightgbm, mlp on the scalar features, or mlp-hidden (the paper's "
+                        "hidden->512->256->1 model on draft hidden states; default %(default)s)")
+    p.add_argument("--label", default=None, choices=list(LABEL_DOC),
+                   help=f"training target (default: {D.label}; {default_label('mlp-hidden')} "
+                        f"for mlp-hidden, as in the paper)")
     p.add_argument("--out", type=Path, required=True, help="artifact folder to write")
     p.add_argument("--cost-profile", type=Path, default=None,
                    help="forward-latency profile JSON (`mcsd profile`) for replayed throughput")
-    p.add_argument("--seed", type=int, default=0, help="split and model seed (default 0)")
-    p.add_argument("--val-frac", type=float, default=0.2, help="validation prompts (default 0.2)")
-    p.add_argument("--test-frac", type=float, default=0.2, help="test prompts (default 0.2)")
-    p.add_argument("--aggregations", default="max,sum,mean,path",
-                   help="frontier aggregations to try (default %(default)s)")
-    p.add_argument("--replay", default="auto", choices=["auto", "exact", "estimate"],
-                   help="exact walk (dense greedy runs) or per-step estimate (default: auto)")
-    p.add_argument("--trajectory", default="walk", choices=["walk", "stored"],
-                   help="trajectory features of dense runs for training: recomputed along a "
-                        "full-depth walk (default; the stored ones leak the label) or as stored")
-    p.add_argument("--decision-us", type=float, default=None,
+    p.add_argument("--seed", type=int, default=D.seed,
+                   help="split and model seed (default %(default)s)")
+    p.add_argument("--val-frac", type=float, default=D.val_frac,
+                   help="validation prompts (default %(default)s)")
+    p.add_argument("--test-frac", type=float, default=D.test_frac,
+                   help="test prompts (default %(default)s)")
+    p.add_argument("--aggregations", default=D.aggregations,
+                   help="frontier aggregations to try, comma-separated (default: all that "
+                        "mcsd_runtime.learned.AGGREGATIONS defines)")
+    p.add_argument("--replay", default=D.replay_mode, choices=REPLAY_MODES,
+                   help="exact walk (dense greedy runs) or per-step estimate (default: "
+                        "%(default)s)")
+    p.add_argument("--trajectory", default=D.trajectory, choices=TRAJECTORIES,
+                   help="trajectory features of dense runs for training: walk recomputes them "
+                        "along a full-depth walk (the stored ones leak the label), stored keeps "
+                        "them (default %(default)s)")
+    p.add_argument("--decision-us", type=float, default=D.decision_us,
                    help="seconds-profile replay charges this many µs per stopper decision "
                         "(default: benchmarked with the frontier's features computed over the "
                         "target's vocabulary, as in the decoder, where the pair is local)")
-    p.add_argument("--check-prompts", type=int, default=8,
+    p.add_argument("--check-prompts", type=int, default=8,  # the CLI checks; TrainConfig's 0 skips
                    help="test prompts decoded end to end with every static depth and the trained "
                         "stopper, to report the replay's error against reality (needs a measured "
                         "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
-    p.add_argument("--max-epochs", type=int, default=None, help="MLP epochs cap (default 40)")
+    p.add_argument("--max-epochs", type=int, default=D.max_epochs,
+                   help="MLP epochs cap (default: train.models.MLP_EPOCHS)")
     add_threads_arg(p)
     p.add_argument("--bench-latency", action="store_true",
                    help="measure the decision latency of the artifact in --out (after training, "
@@ -81,29 +92,29 @@ def run(args: argparse.Namespace) -> int:
     from train.data import load_runs
     from train.pipeline import train_stopper
 
-    label = args.label or ("soft" if args.model == "mlp-hidden" else "hard")
-    aggs = tuple(a.strip() for a in args.aggregations.split(",") if a.strip())
-    from mcsd_runtime.learned import AGGREGATIONS
-
-    bad = [a for a in aggs if a not in AGGREGATIONS]
-    if bad or not aggs:
-        raise MCSDError(f"unknown aggregation(s) {bad}: use {', '.join(AGGREGATIONS)}")
+    config = config_from_args(args)
     profile = CostProfile.load(args.cost_profile) if args.cost_profile else None
-    df, manifests = load_runs(args.data, hidden=args.model == "mlp-hidden")
+    df, manifests = load_runs(args.data, hidden=config.hidden)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _quiet_lightning()
-        summary = train_stopper(df, manifests, args.out, model=args.model, label=label,
-                                profile=profile, seed=args.seed, val_frac=args.val_frac,
-                                test_frac=args.test_frac, aggregations=aggs,
-                                replay_mode=args.replay, max_epochs=args.max_epochs,
-                                trajectory=args.trajectory, decision_us=args.decision_us,
-                                check_prompts=args.check_prompts)
+        summary = train_stopper(df, manifests, args.out, config, profile=profile)
     print(f"stopper written to {args.out} (decision latency "
           f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
     if args.bench_latency:
         _bench(args.out)
     return 0
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed `mcsd train` arguments (MCSDError when one is invalid)."""
+    aggs = (None if args.aggregations is None
+            else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))
+    return TrainConfig(model=args.model, label=args.label or default_label(args.model),
+                       seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac,
+                       aggregations=aggs, replay_mode=args.replay, max_epochs=args.max_epochs,
+                       trajectory=args.trajectory, decision_us=args.decision_us,
+                       check_prompts=args.check_prompts)
 
 
 def _quiet_lightning() -> None:

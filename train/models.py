@@ -1,4 +1,5 @@
-"""The decision models: LightGBM (native API) and MLPs (a LightningModule and a Trainer).
+"""The decision models: LightGBM (native API) and MLPs (`train.lightning_module.DecisionModule`
+and a Trainer).
 
 Each `fit_*` returns an object whose `save(folder)` writes the artifact's model files in the form
 `mcsd_runtime.learned` reads back.
@@ -17,7 +18,7 @@ LGBM_PARAMS = dict(learning_rate=0.1, num_leaves=31, max_depth=6, min_data_in_le
                    verbose=-1, num_threads=2)
 LGBM_ROUNDS, LGBM_PATIENCE = 300, 30
 MLP_HIDDEN, HIDDEN_MLP_HIDDEN = (64, 64), (512, 256)  # the latter: the paper's decision model
-MLP_EPOCHS, MLP_PATIENCE, MLP_BATCH, MLP_LR = 40, 4, 512, 1e-3
+MLP_EPOCHS, MLP_PATIENCE, MLP_BATCH, MLP_LR, MLP_WEIGHT_DECAY = 40, 4, 512, 1e-3, 1e-4
 
 
 class LightGBMModel:
@@ -60,39 +61,6 @@ def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
     return LightGBMModel(booster)
 
 
-def _lightning_module(net, lr: float):
-    import lightning as L
-    import torch
-    import torch.nn.functional as F
-
-    class DecisionModule(L.LightningModule):
-        """BCE on (soft or hard) targets; the model itself is mcsd_runtime's DecisionMLP."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def forward(self, x):
-            return self.net(x)
-
-        def _loss(self, batch):
-            x, y = batch
-            return F.binary_cross_entropy_with_logits(self.net(x), y)
-
-        def training_step(self, batch, _):
-            loss = self._loss(batch)
-            self.log("train_loss", loss, on_step=False, on_epoch=True)
-            return loss
-
-        def validation_step(self, batch, _):
-            self.log("val_loss", self._loss(batch), on_epoch=True, prog_bar=False)
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=1e-4)
-
-    return DecisionModule()
-
-
 class MLPModel:
     def __init__(self, net) -> None:
         self.net = net.eval()
@@ -124,16 +92,15 @@ def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] =
     from lightning.pytorch.loggers import CSVLogger
     from torch.utils.data import DataLoader, TensorDataset
 
-    from mcsd_runtime.learned import DecisionMLP
     from mcsd_runtime.progress import lightning_progress
+    from train.lightning_module import DecisionModule
 
     L.seed_everything(seed, verbose=False)
     x_train = torch.from_numpy(np.asarray(x_train, np.float32))
     x_val = torch.from_numpy(np.asarray(x_val, np.float32))
-    net = DecisionMLP(x_train.shape[1], hidden)
+    module = DecisionModule(x_train.shape[1], list(hidden), lr=MLP_LR)
     if normalize:
-        net.set_normalization(x_train.mean(0), x_train.std(0))
-    module = _lightning_module(net, MLP_LR)
+        module.net.set_normalization(x_train.mean(0), x_train.std(0))
     train_dl = DataLoader(TensorDataset(x_train, torch.from_numpy(np.asarray(y_train, np.float32))),
                           batch_size=MLP_BATCH, shuffle=True)
     val_dl = DataLoader(TensorDataset(x_val, torch.from_numpy(np.asarray(y_val, np.float32))),
@@ -149,6 +116,6 @@ def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] =
                         enable_model_summary=False, log_every_n_steps=10)
     trainer.fit(module, train_dl, val_dl)
     if ckpt.best_model_path:
-        state = torch.load(ckpt.best_model_path, map_location="cpu", weights_only=True)
-        module.load_state_dict(state["state_dict"])
+        module = DecisionModule.load_from_checkpoint(ckpt.best_model_path, map_location="cpu",
+                                                     weights_only=True)
     return MLPModel(module.net)

@@ -32,9 +32,9 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory, with_trajectory
 from mcsd_runtime.stoppers import StopperBase, make_stopper
 from mcsd_runtime.tree import Tree
+from train.config import REPLAY_MODES
 from train.data import SEQUENCE_KEY, sequence_ids
 
-MODES = ("exact", "estimate")  # with "auto": exact when the collection is dense
 NODE_COLS = list(NODE_FEATURES)
 _DECISION_NODE_COLS = [NODE_COLS.index(n) for n in DECISION_FEATURES if n in NODE_FEATURES]
 _N_DECISION_NODE = len(_DECISION_NODE_COLS)
@@ -248,13 +248,13 @@ class ReplayData:
             last = p.steps[-1]
             extra = 1 if (last.cap == 1 and self.depth > 1) else 0  # budget hit: a 0-depth step
             p.new_tokens = (new_tokens or {}).get(p.key, last.position + 1 + extra)
+        if mode not in REPLAY_MODES:
+            raise MCSDError(f"unknown replay mode {mode!r}: exact, estimate or auto")
         if mode == "auto":
             mode = "exact" if dense else "estimate"
         if mode == "exact" and not dense:
             raise MCSDError("exact replay needs a dense greedy collection (one step at every "
                             "position); use mode='estimate'")
-        if mode not in MODES:
-            raise MCSDError(f"unknown replay mode {mode!r}: exact, estimate or auto")
         self.mode = mode
 
     def subset(self, keys) -> ReplayData:

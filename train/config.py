@@ -1,0 +1,79 @@
+"""`TrainConfig`: the options of one `train_stopper` run, their defaults and their checks.
+
+Torch-free (like `mcsd_runtime.constants`), so that the CLI reads its defaults from here when it
+builds its parser."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mcsd_runtime.constants import STOPPER_KINDS
+from mcsd_runtime.errors import MCSDError
+
+LABEL_DOC = {
+    "hard": "on_accepted_path and accepted_length > depth (the node is accepted and so is one of "
+            "its children)",
+    "soft": "product of min(1, p/q) along the path to the node times the best child's min(1, p/q)",
+}
+REPLAY_MODES = ("auto", "exact", "estimate")  # auto: exact on dense greedy runs, else estimate
+TRAJECTORIES = ("walk", "stored")  # see train.labels.walk_trajectory
+
+
+def default_label(model: str) -> str:
+    """The CLI's label when none is given: soft for mlp-hidden (as in the paper), else hard."""
+    return "soft" if model == "mlp-hidden" else TrainConfig.label
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Options of `train.pipeline.train_stopper`; checked on construction (MCSDError)."""
+
+    model: str = "lightgbm"  # one of STOPPER_KINDS
+    label: str = "hard"  # a key of LABEL_DOC
+    seed: int = 0  # split and model seed
+    val_frac: float = 0.2  # share of prompts for validation (choosing threshold, aggregation)
+    test_frac: float = 0.2  # share of prompts for the held-out report
+    aggregations: tuple[str, ...] | None = None  # None: all of mcsd_runtime.learned.AGGREGATIONS
+    replay_mode: str = "auto"  # one of REPLAY_MODES
+    max_epochs: int | None = None  # MLP epochs cap; None: train.models.MLP_EPOCHS
+    trajectory: str = "walk"  # one of TRAJECTORIES
+    decision_us: float | None = None  # µs charged per decision; None: benchmarked
+    check_prompts: int = 0  # test prompts decoded end to end (train.check); 0 skips
+    progress: bool = True  # fit and replay sweep progress on stderr
+
+    def __post_init__(self) -> None:
+        if self.model not in STOPPER_KINDS:
+            raise MCSDError(f"unknown model {self.model!r}: use one of "
+                            f"{', '.join(STOPPER_KINDS)}")
+        if self.label not in LABEL_DOC:
+            raise MCSDError(f"unknown label {self.label!r}: use {' or '.join(LABEL_DOC)}")
+        if not (0 < self.val_frac < 1 and 0 < self.test_frac < 1
+                and self.val_frac + self.test_frac < 1):
+            raise MCSDError(f"val_frac {self.val_frac:g} and test_frac {self.test_frac:g} must "
+                            f"each lie between 0 and 1 and leave prompts to train on (sum < 1)")
+        if self.replay_mode not in REPLAY_MODES:
+            raise MCSDError(f"unknown replay mode {self.replay_mode!r}: use "
+                            f"{', '.join(REPLAY_MODES)}")
+        if self.trajectory not in TRAJECTORIES:
+            raise MCSDError(f"unknown trajectory {self.trajectory!r}: use "
+                            f"{' or '.join(TRAJECTORIES)}")
+        if self.max_epochs is not None and self.max_epochs < 1:
+            raise MCSDError(f"max_epochs must be at least 1, got {self.max_epochs}")
+        if self.check_prompts < 0:
+            raise MCSDError(f"check_prompts must be 0 (skip) or more, got {self.check_prompts}")
+        if self.decision_us is not None and self.decision_us < 0:
+            raise MCSDError(f"decision_us must not be negative, got {self.decision_us:g}")
+        if self.aggregations is not None:
+            from mcsd_runtime.learned import AGGREGATIONS  # imports torch: only when given
+
+            aggs = tuple(self.aggregations)
+            bad = [a for a in aggs if a not in AGGREGATIONS]
+            if bad or not aggs:
+                raise MCSDError(f"{f'unknown aggregation(s) {bad}' if bad else 'no aggregation'}:"
+                                f" use one or more of {', '.join(AGGREGATIONS)}")
+            object.__setattr__(self, "aggregations", aggs)  # a list given: stored as a tuple
+
+    @property
+    def hidden(self) -> bool:
+        """Whether the model reads the draft's hidden states instead of the scalar features."""
+        return self.model == "mlp-hidden"
