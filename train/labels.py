@@ -16,9 +16,12 @@ not training examples.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
+from mcsd_runtime.features import TRAJECTORY_FEATURES, Trajectory
 from train.data import SEQUENCE_KEY, sequence_ids
 
 DEPTH = "depth"  # the node-feature column
@@ -66,8 +69,7 @@ def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     key = sequence_ids(df)
     first = df[df[DEPTH] == 1].assign(_key=key)
-    prev = np.zeros(len(df), dtype=np.float64)
-    mean = np.zeros(len(df), dtype=np.float64)
+    walked = np.zeros((len(df), len(TRAJECTORY_FEATURES)))
     done = np.zeros(len(df), dtype=bool)
     pos_all = df["position"].to_numpy()
     for k, g in first.groupby("_key", sort=False):
@@ -78,22 +80,20 @@ def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
         acc = g["accepted_length"].to_numpy()
         cap = g["drafted_depth"].to_numpy()
         n = len(positions)
-        p_prev, p_mean = np.zeros(n), np.zeros(n)
-        t, steps, acc_sum, last = 0, 0, 0, 0
+        values = np.zeros((n, len(TRAJECTORY_FEATURES)))
+        traj, t = Trajectory(), 0
         while t < n:
-            p_prev[t] = last
-            p_mean[t] = acc_sum / steps if steps else 0.0
+            values[t] = traj.values()
             a = int(min(acc[t], cap[t]))
-            for j in range(1, a + 1):
-                if t + j < n:
-                    p_prev[t + j] = j - 1
-                    p_mean[t + j] = (acc_sum + j - 1) / (steps + 1)
-            steps, acc_sum, last = steps + 1, acc_sum + a, a
+            for j in range(1, min(a, n - 1 - t) + 1):  # stopped at depth j - 1, all accepted
+                stopped = replace(traj)
+                stopped.update(j - 1, j)
+                values[t + j] = stopped.values()
+            traj.update(a, a + 1)
             t += a + 1
         rows = np.nonzero((key == k).to_numpy())[0]
-        prev[rows] = p_prev[pos_all[rows]]
-        mean[rows] = p_mean[pos_all[rows]]
+        walked[rows] = values[pos_all[rows]]
         done[rows] = True
-    df.loc[done, "prev_accepted"] = prev[done].astype(df["prev_accepted"].dtype)
-    df.loc[done, "mean_accepted"] = mean[done].astype(df["mean_accepted"].dtype)
+    for i, name in enumerate(TRAJECTORY_FEATURES):
+        df.loc[done, name] = walked[done, i].astype(df[name].dtype)
     return df
