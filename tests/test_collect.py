@@ -94,6 +94,19 @@ def test_labels_agree_with_decoder(pair, init, temperature):
     assert df.prompt_id.eq("p").all() and df.run_id.eq("run").all() and df.init.eq(init).all()
 
 
+@pytest.mark.parametrize("init", ["draft", "target"])
+def test_recorded_features_describe_the_proposing_distribution(pair, init):
+    """Greedy candidates are the proposal's top-k, so the first two siblings' q(x) are its top-1
+    and top-2 at every depth; the target-initialized roots' proposal is the target's
+    distribution of that step (not the one committed for the next step)."""
+    config = DecodeConfig(k_config=(4, 2, 2, 1), init=init, max_new_tokens=40)
+    _, df = decode_with_rows(pair, config, [5, 9, 2, 7])
+    first, second = df[df.sibling_rank == 0], df[df.sibling_rank == 1]
+    assert len(first) and len(second)
+    assert np.allclose(first.draft_prob, first.q_top1, rtol=1e-5, atol=1e-7)
+    assert np.allclose(second.draft_prob, second.q_top2, rtol=1e-5, atol=1e-7)
+
+
 def test_dense_greedy_run_walks_the_ar_output(pair, tmp_path):
     prompts = id_prompts(3)
     config = DecodeConfig(k_config=K, max_new_tokens=20)
