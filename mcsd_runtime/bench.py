@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.evaluate import (
         DecoderRunner,
         build_method,
+        check_method,
         encode_prompt,
         markdown_notes,
         run_runners,
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
+    check_method(args.stopper)  # a bad stopper fails before the pair loads
     pair = pair_from_args(args)
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit)

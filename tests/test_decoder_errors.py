@@ -78,3 +78,15 @@ def test_missing_model_folder():
 
     with pytest.raises(MCSDError, match="no model folder at /no/such/model"):
         load_pair("/no/such/model", "/no/such/draft")
+
+
+def test_an_object_without_the_stopper_contract_is_refused(pair):
+    """A stopper object must have every `Stopper` member; the error names what is missing."""
+
+    class Partial:
+        def should_continue(self, frontier) -> bool:
+            return True
+
+    with pytest.raises(MCSDError, match="lacks reset, update, check_tree, needs_hidden.*"
+                                        "StopperBase"):
+        MCSDDecoder(pair, DecodeConfig(k_config=(2, 1)), stopper=Partial())
