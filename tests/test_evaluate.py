@@ -124,8 +124,8 @@ def test_bad_methods_fail_before_the_pair_loads(tmp_path, capsys, monkeypatch):
         assert f"method {method!r}: " in err and message in err, err
         assert "Traceback" not in err
     assert not (tmp_path / "x").exists()
-    code = mcsd(["bench", "--target", str(tmp_path / "no-such-model"), "--stopper",
-                 f"stopper:{plain}"])
+    code = cli.main(["bench", "--target", str(tmp_path / "no-such-model"), "--stopper",
+                     f"stopper:{plain}"])
     err = capsys.readouterr().err
     assert code == 2 and "is not a stopper artifact" in err and "Traceback" not in err
 
