@@ -578,15 +578,15 @@ class MCSDDecoder:
         tt, c = self.tt, self.tree.cum[draft.depth]
         tokens = draft.tokens[: 1 + c]
         greedy = self.config.temperature == 0
-        probs = nxt = None
+        probs = None
         if not greedy or self.recorder is not None or self._target_init:
             probs = self._probs(logits)
-        if greedy:
-            nxt = logits.argmax(-1)
         if self._target_init:  # row 0, the root: the target's distribution from the last step
             probs = torch.cat([st.root_probs, probs])
-            nxt = torch.cat([st.root_probs.argmax(-1), nxt]) if greedy else None
         if greedy:
+            nxt = logits.argmax(-1)
+            if self._target_init:
+                nxt = torch.cat([st.root_probs.argmax(-1), nxt])
             match = tokens[1:] == nxt[tt.parent[1 : 1 + c]]
         else:
             match, nxt = self._verify_sampled(probs, draft)
