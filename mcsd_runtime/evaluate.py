@@ -7,7 +7,7 @@ import json
 import statistics
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -15,9 +15,9 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.learned import check_pair, read_spec
+from mcsd_runtime.learned import check_pair
 from mcsd_runtime.pair import Pair
-from mcsd_runtime.stoppers import BUILTIN, make_stopper
+from mcsd_runtime.stoppers import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
 from mcsd_runtime.tree import parse_k_config
 
 
@@ -187,30 +187,24 @@ class DecoderRunner:
 
 def check_method(name: str) -> None:
     """Refuse a method that cannot run before any pair is loaded: an unknown name, a bad
-    k-config, a built-in stopper with bad parameters, or a trained stopper folder whose
-    `stopper.json` loading would reject (`stopper:PATH` or the bare folder)."""
+    k-config, or a stopper spec that loading would refuse (`StopperSpec.check`: a built-in with
+    bad parameters, a trained stopper folder whose `stopper.json` is bad)."""
     kind, _, arg = name.partition(":")
     if name in ("ar", "hf", "hf-assisted"):
         return
-    spec = arg if kind == "hf-generate" else name  # a stopper spec
-    head, _, path = spec.partition(":")
     try:
         if kind in ("mcsd", "mcsd-target-init"):
             if arg:
                 parse_k_config(arg)
             return
-        if head in BUILTIN:
-            make_stopper(spec)  # parses the parameters, loads nothing
-            return
-        if head == "stopper" or (spec and Path(spec).is_dir()):
-            folder = Path(path if head == "stopper" else spec)  # as `make_stopper` reads it
-            read_spec(folder / "stopper.json")
-            return
+        parse_stopper_spec(arg if kind == "hf-generate" else name).check()
+    except UnknownStopperError:
+        raise MCSDError(
+            f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
+            f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH"
+        ) from None
     except MCSDError as err:
         raise MCSDError(f"method {name!r}: {err}") from None
-    raise MCSDError(
-        f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
-        f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH")
 
 
 def build_method(name: str, pair: Pair, base: DecodeConfig):
@@ -222,20 +216,14 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     if kind in ("mcsd", "mcsd-target-init"):
         k = parse_k_config(arg) if arg else base.k_config
         init = "target" if kind == "mcsd-target-init" else "draft"
-        return DecoderRunner(MCSDDecoder(pair, _replace(base, k_config=k, init=init), "static"))
+        return DecoderRunner(MCSDDecoder(pair, replace(base, k_config=k, init=init), "static"))
     if name in ("hf", "hf-assisted"):
         return HFGenerate(pair, base, assisted=name == "hf-assisted")
     if kind == "hf-generate":
-        return HFCustomGenerate(pair, _replace(base, init="draft"), arg)
+        return HFCustomGenerate(pair, replace(base, init="draft"), arg)
     stopper = make_stopper(name)
     check_pair(stopper, pair)
-    return DecoderRunner(MCSDDecoder(pair, _replace(base, init="draft"), stopper))
-
-
-def _replace(config: DecodeConfig, **kw) -> DecodeConfig:
-    from dataclasses import asdict
-
-    return DecodeConfig(**(asdict(config) | kw))
+    return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
 
 
 def encode_prompt(pair: Pair, text: str, chat: bool) -> list[int]:

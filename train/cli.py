@@ -72,7 +72,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "stopper, to report the replay's error against reality (needs a measured "
                         "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=D.max_epochs,
-                   help="MLP epochs cap (default: train.models.MLP_EPOCHS)")
+                   help="MLP epochs cap (default: train.config.MLP_EPOCHS)")
     add_threads_arg(p)
     p.add_argument("--bench-latency", action="store_true",
                    help="measure the decision latency of the artifact in --out (after training, "

@@ -362,7 +362,7 @@ class MemoStopper(StopperBase):
         self.learned.update(drafted, accepted)
 
     def should_continue(self, frontier: _Frontier) -> bool:
-        from mcsd_runtime.learned import AGGREGATIONS
+        from mcsd_runtime.aggregation import AGGREGATIONS
 
         if frontier.depth < self.min_depth:
             return True
