@@ -303,8 +303,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli_args import apply_threads, pair_from_args
+    from mcsd_runtime.extras import require_toolkit
     from mcsd_runtime.tree import parse_k_config
 
+    require_toolkit("mcsd profile", "sklearn", "scipy")  # the monotone fit, the overhead fit
     if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
            args.overhead_tokens) < 1:
         raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "

@@ -34,6 +34,7 @@ from mcsd_runtime.cli_args import (
     pair_from_args,
 )
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.extras import require_toolkit
 
 DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
 
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
     import torch
 
     from mcsd_runtime.evaluate import (

@@ -11,8 +11,8 @@ Node score: the model's estimate that the node is on the accepted path *and* the
 continues past it (the label `train` fits); `mcsd_runtime.aggregation` turns the frontier's node
 scores into one.
 
-LightGBM predictions go straight to its C API with prepared arguments (`FastLightGBM`): the
-same outputs as `Booster.predict`, without most of its per-call overhead.
+LightGBM models are scored through LightGBM's C library alone (`NativeBooster`): decoding with a
+trained stopper imports neither the `lightgbm` Python package nor scipy.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, check_aggregation
 from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES
+from mcsd_runtime.lightgbm_native import LightGBMError, NativeBooster
 from mcsd_runtime.stopper_contract import Frontier, StopperBase
 
-__all__ = ["AGGREGATIONS", "DecisionMLP", "FastLightGBM", "LearnedStopper", "aggregate",
+__all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
            "check_pair", "load_lightgbm", "load_mlp", "load_stopper", "stopper_from"]
 
 
@@ -73,74 +74,16 @@ class DecisionMLP(nn.Module):
         return self.net((x.float() - self.mean) / self.std).squeeze(-1)
 
 
-# ------------------------------------------------------------------ LightGBM, without overhead
-class FastLightGBM:
-    """`Booster.predict` for small batches: one direct call into LightGBM's C API with the
-    arguments prepared once (single-threaded), the same outputs without the Python-side checks
-    that dominate a 16-row prediction. Falls back to `Booster.predict` if the private API moves."""
-
-    def __init__(self, booster) -> None:
-        self.booster = booster
-        self.num_feature = booster.num_feature()
-        try:
-            import ctypes
-
-            from lightgbm import basic
-
-            self._lib, self._safe_call, self._ct = basic._LIB, basic._safe_call, ctypes
-            self._params = basic._c_str("num_threads=1")
-            self._handle = booster._handle
-            # A single row (a chain's frontier) goes through the single-row fast path, set up
-            # once: several times cheaper than a batch call.
-            self._row_config = ctypes.c_void_p()
-            self._safe_call(self._lib.LGBM_BoosterPredictForMatSingleRowFastInit(
-                self._handle, ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(-1),
-                ctypes.c_int(1), ctypes.c_int32(self.num_feature), self._params,
-                ctypes.byref(self._row_config)))
-            self._fast = True
-        except (AttributeError, ImportError):
-            self._fast = False
-
-    def __del__(self) -> None:
-        config = getattr(self, "_row_config", None)
-        if config is not None and config.value:
-            self._lib.LGBM_FastConfigFree(config)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != self.num_feature:
-            raise MCSDError(f"LightGBM stopper expects {self.num_feature} features per row, "
-                            f"got shape {tuple(x.shape)}")
-        if not self._fast:
-            return self.booster.predict(x, num_threads=1)
-        ct = self._ct
-        out = np.empty(x.shape[0], dtype=np.float64)
-        n_out = ct.c_int64(0)
-        if x.shape[0] == 1:
-            self._safe_call(self._lib.LGBM_BoosterPredictForMatSingleRowFast(
-                self._row_config, x.ctypes.data_as(ct.c_void_p), ct.byref(n_out),
-                out.ctypes.data_as(ct.POINTER(ct.c_double))))
-            return out
-        self._safe_call(self._lib.LGBM_BoosterPredictForMat(
-            self._handle, x.ctypes.data_as(ct.c_void_p), ct.c_int(1),  # C_API_DTYPE_FLOAT64
-            ct.c_int32(x.shape[0]), ct.c_int32(x.shape[1]), ct.c_int(1),  # row-major
-            ct.c_int(0), ct.c_int(0), ct.c_int(-1),  # normal prediction, all iterations
-            self._params, ct.byref(n_out), out.ctypes.data_as(ct.POINTER(ct.c_double))))
-        return out
-
-
-def load_lightgbm(path: Path) -> FastLightGBM:
+# ------------------------------------------------------------------ loading the model files
+def load_lightgbm(path: Path) -> NativeBooster:
     """The model of `model.txt`; MCSDError if the file is missing or corrupt."""
-    import lightgbm as lgb
-
     if not path.is_file():
         raise MCSDError(f"stopper artifact is missing its model file {path}")
     try:
-        booster = lgb.Booster(model_file=str(path))
-    except Exception as err:  # LightGBM raises its own error type for unreadable files
+        return NativeBooster(path)
+    except LightGBMError as err:
         raise MCSDError(f"cannot read LightGBM model {path}: {err}; retrain or restore the "
                         f"artifact") from None
-    return FastLightGBM(booster)
 
 
 def load_mlp(folder: Path) -> DecisionMLP:
@@ -250,7 +193,7 @@ def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> Le
     spec = replace(spec, **overrides)
     if spec.kind == "lightgbm":
         model: Any = load_lightgbm(folder / "model.txt")
-        if model.booster.feature_name() != list(spec.feature_names):
+        if model.feature_names != list(spec.feature_names):
             raise MCSDError(f"{folder / 'model.txt'}: its features differ from stopper.json's "
                             f"{len(spec.feature_names)}; retrain it")
     else:

@@ -22,6 +22,7 @@ from pathlib import Path
 from mcsd_runtime.cli_args import add_threads_arg, apply_threads
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.extras import require_toolkit
 from train.config import LABEL_DOC, REPLAY_MODES, TRAJECTORIES, TrainConfig, default_label
 
 D = TrainConfig  # the defaults, read off its fields
@@ -82,6 +83,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
+    require_toolkit("mcsd train")
     apply_threads(args)
     if not args.data:
         if not args.bench_latency:
