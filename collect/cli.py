@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from collect import DEFAULT_PROMPTS, DEFAULT_SHARD_PROMPTS
+from collect.defaults import DEFAULT_PROMPTS, DEFAULT_SHARD_PROMPTS
 from mcsd_runtime.extras import require_toolkit
 from mcsd_runtime.toy import is_toy_spec
 

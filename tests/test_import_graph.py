@@ -19,14 +19,35 @@ def project_modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (never run)."""
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for stmt in node.body for n in ast.walk(stmt)}
+
+
+def _lazy_exports(tree: ast.AST) -> dict[str, str]:
+    """A package's `_EXPORTS = {name: module}`: what its `__getattr__` imports on use."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values,
+                                                     strict=True)}
+    return {}
+
+
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
-    """Project modules `path` imports anywhere in its body, functions included. `from a import b`
-    counts `a.b` when that is a module, else `a`; a package's own `__init__` is not counted for
-    its submodules (Python runs it, but it imports none of them here)."""
+    """Project modules `path` imports anywhere in its body, functions included, and those its
+    lazy `_EXPORTS` import on use (not those under TYPE_CHECKING, which never run).
+    `from a import b` counts `a.b` when that is a module, else `a`."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    out = {m if m in modules else f"{name}.{m}" for m in _lazy_exports(tree).values()}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name in modules}
         elif isinstance(node, ast.ImportFrom):
@@ -87,3 +108,25 @@ def test_runtime_imports_neither_collect_nor_train():
     for name, deps in import_graph().items():
         if name.startswith("mcsd_runtime"):
             assert not {d for d in deps if d.split(".")[0] in ("collect", "train")}, name
+
+
+def test_lazy_exports_are_visible_to_type_checkers():
+    """Each name a package exports through `__getattr__` is also imported under TYPE_CHECKING,
+    from the module that `__getattr__` imports it from."""
+    import collect
+    import mcsd_runtime
+    import mcsd_runtime.toy
+
+    for package, prefix in ((mcsd_runtime, "mcsd_runtime."), (collect, ""),
+                            (mcsd_runtime.toy, "")):
+        tree = ast.parse(Path(package.__file__).read_text())
+        seen = {}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                    and node.test.id == "TYPE_CHECKING"):
+                for imp in node.body:
+                    seen |= {a.name: imp.module for a in imp.names}
+        want = {name: prefix + module for name, module in package._EXPORTS.items()}
+        assert seen == want, package.__name__
+        for name in package.__all__:
+            assert getattr(package, name) is not None

@@ -12,7 +12,20 @@ Names are imported lazily so that `mcsd --help` does not load torch.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from mcsd_runtime.toy.spec import is_toy_spec as is_toy_spec
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` imports on use
+    from mcsd_runtime.toy.build import build_pair as build_pair
+    from mcsd_runtime.toy.build import pair_dir as pair_dir
+    from mcsd_runtime.toy.build import read_card as read_card
+    from mcsd_runtime.toy.build import resolve_toy as resolve_toy
+    from mcsd_runtime.toy.build import toy_pair_dirs as toy_pair_dirs
+    from mcsd_runtime.toy.build import verify_pair as verify_pair
+    from mcsd_runtime.toy.recipe import PRESETS as PRESETS
+    from mcsd_runtime.toy.recipe import Recipe as Recipe
+    from mcsd_runtime.toy.recipe import get_recipe as get_recipe
 
 _EXPORTS = {
     "build_pair": "mcsd_runtime.toy.build",
@@ -26,11 +39,6 @@ _EXPORTS = {
     "get_recipe": "mcsd_runtime.toy.recipe",
 }
 __all__ = sorted([*_EXPORTS, "is_toy_spec"])
-
-
-def is_toy_spec(spec: str) -> bool:
-    """Whether a model name names the toy pair (`toy`, `toy:PRESET`, `toy:PRESET:SEED`)."""
-    return spec == "toy" or spec.startswith("toy:")
 
 
 def __getattr__(name: str) -> Any:
