@@ -17,9 +17,9 @@ from mcsd_runtime.features import DECISION_FEATURES
 from mcsd_runtime.learned import load_stopper
 from mcsd_runtime.stoppers import make_stopper
 
-# written by `train_stopper` at commit cb537a0 (stopper.json an untyped dict), on the dense rows
+# written by `train_stopper` at commit 4dc8b8a (stopper.json an untyped dict), on the dense rows
 # of test_train_data
-OLD = Path(__file__).parent / "fixtures" / "stoppers-cb537a0"
+OLD = Path(__file__).parent / "fixtures" / "stoppers-4dc8b8a"
 
 
 @pytest.mark.parametrize("kind", ["lightgbm", "mlp"])

@@ -132,7 +132,7 @@ def _bench(out: Path) -> int:
     from mcsd_runtime.learned import load_stopper
 
     stopper = load_stopper(out)
-    size = stopper.spec.get("hidden_size") if stopper.needs_hidden else None
+    size = stopper.spec.hidden_size if stopper.needs_hidden else None
     rows = [bench_latency(stopper, n, hidden_size=size) for n in (4, 16, 64)]
     print(json.dumps({"artifact": str(out), "kind": stopper.kind,
                       "aggregation": stopper.aggregation, "latency": rows}, indent=1))

@@ -89,9 +89,9 @@ def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
             for j in range(1, min(full.accepted, n - 1 - t) + 1):
                 stopped = step_outcome(int(acc[t]), j - 1)  # all accepted: commits j tokens
                 after = replace(traj)
-                after.update(stopped.accepted, stopped.committed)
+                after.update(stopped.accepted, stopped.committed, stopped.depth)
                 values[t + j] = after.values()
-            traj.update(full.accepted, full.committed)
+            traj.update(full.accepted, full.committed, full.depth)
             t += full.committed
         rows = np.nonzero((key == k).to_numpy())[0]
         walked[rows] = values[pos_all[rows]]

@@ -328,7 +328,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
             if s:
                 res.acceptance_sum += out.accepted / s
                 res.drafting_steps += 1
-            traj.update(out.accepted, out.committed)
+            traj.update(out.accepted, out.committed, s)
             stopper.update(s, out.accepted)
             t += out.committed
             pending = out.pending
