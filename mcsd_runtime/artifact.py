@@ -133,14 +133,20 @@ class ArtifactSpec:
     def read(cls, folder: str | Path) -> ArtifactSpec:
         """The checked `stopper.json` of an artifact folder; MCSDError naming the file and the
         problem."""
-        path = Path(folder) / FILE
-        if not path.is_file():
-            raise MCSDError(f"{folder} is not a stopper artifact: no {FILE}")
+        path = description_file(folder)
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise MCSDError(f"cannot read {path}: {err}") from None
         return cls.from_json(data, str(path))
+
+
+def description_file(folder: str | Path) -> Path:
+    """`folder/stopper.json`; MCSDError if `folder` has none."""
+    path = Path(folder) / FILE
+    if not path.is_file():
+        raise MCSDError(f"{folder} is not a stopper artifact: no {FILE}")
+    return path
 
 
 def artifact_folder(path: str | Path) -> Path:

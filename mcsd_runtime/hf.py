@@ -36,6 +36,7 @@ from transformers.generation import (
     TemperatureLogitsWarper,
 )
 
+from mcsd_runtime.artifact import description_file
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
@@ -177,8 +178,8 @@ def _stopper(spec: str | Stopper) -> Stopper:
     if parsed.folder is None:
         return make_stopper(spec)
     try:
-        stamp = (parsed.folder / "stopper.json").stat().st_mtime_ns
-    except OSError:
+        stamp = description_file(parsed.folder).stat().st_mtime_ns
+    except (OSError, MCSDError):
         stamp = None
     return _learned_stopper(spec, stamp)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.artifact import ArtifactSpec
+from mcsd_runtime.artifact import ArtifactSpec, description_file
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import column
 from mcsd_runtime.learned import load_stopper
@@ -162,8 +162,7 @@ class StopperSpec:
 
 def parse_stopper_spec(text: str) -> StopperSpec:
     """`static:4`, `confidence:0.4`, `stopper:PATH` or a bare folder PATH, as a `StopperSpec`;
-    MCSDError for anything else (the artifact folder is only checked to exist as a folder
-    holding stopper.json, its contents by `check` or `build`)."""
+    MCSDError for anything else."""
     name, *args = text.split(":")
     rest = text.partition(":")[2]
     if name in BUILTIN:
@@ -176,8 +175,7 @@ def parse_stopper_spec(text: str) -> StopperSpec:
         raise UnknownStopperError(
             f"unknown stopper {text!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4) "
             f"or stopper:PATH to a trained stopper folder")
-    if not (folder / "stopper.json").is_file():
-        raise MCSDError(f"{folder} is not a stopper artifact: no stopper.json")
+    description_file(folder)  # the folder is an artifact; its contents: `check`, `build`
     return StopperSpec(text, folder=folder)
 
 
