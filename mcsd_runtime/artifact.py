@@ -14,7 +14,8 @@ reader owns the format. Fields, in file order:
     label, label_definition   what the model was fitted to (train.config.LABEL_DOC)
     pair_fingerprint  the model pair of the training collection (mcsd_runtime.pair)
     k_config          the tree it was trained on (null in artifacts older than the field)
-    min_depth         depths below it are drafted without asking the model (absent: 1)
+    min_depth         depths below it are drafted without asking the model (absent: 1)...
+    min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
     metrics, training_data, created   the training run's record (null until `train` writes it)
 
 Unknown keys are ignored, so a newer writer's additions do not stop an older reader.
@@ -56,6 +57,7 @@ class ArtifactSpec:
     pair_fingerprint: dict | None = None
     k_config: tuple[int, ...] | None = None
     min_depth: int = 1
+    min_depth_gate: float = 0.0
     metrics: dict | None = None
     training_data: dict | None = None
     created: str | None = None
@@ -85,6 +87,10 @@ class ArtifactSpec:
         _set_number(self, "min_depth", int, "min_depth must be a positive integer")
         if self.min_depth < 1:
             raise MCSDError(f"min_depth must be a positive integer, got {self.min_depth}")
+        _set_number(self, "min_depth_gate", float, "min_depth_gate must be a number in [0, 1]")
+        if not 0 <= self.min_depth_gate <= 1:
+            raise MCSDError(f"min_depth_gate must be a number in [0, 1], got "
+                            f"{self.min_depth_gate:g}")
         if self.hidden_size is not None:
             _set_number(self, "hidden_size", int, "hidden_size must be an integer or null")
         if self.k_config is not None:

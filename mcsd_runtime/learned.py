@@ -30,12 +30,25 @@ from torch import nn
 from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, check_aggregation
 from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES
+from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.lightgbm_native import LightGBMError, NativeBooster
 from mcsd_runtime.stopper_contract import Frontier, StopperBase
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
-           "check_pair", "load_lightgbm", "load_mlp", "load_stopper", "stopper_from"]
+           "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",
+           "stopper_from"]
+
+_RECENT_RATE = TRAJECTORY_FEATURES.index("accept_rate_recent")
+
+
+def drafts_without_deciding(frontier: Frontier, min_depth: int, gate: float) -> bool:
+    """Whether a learned stopper drafts on from `frontier` without asking its model: below
+    `min_depth`, while the sequence's recent acceptance rate is at least `gate` (0: always).
+    A decision that nearly always says "continue" only costs time; the gate hands the shallow
+    depths back to the model when acceptance drops (another domain, a shift in the text)."""
+    if frontier.depth >= min_depth:
+        return False
+    return gate <= 0 or frontier.trajectory()[_RECENT_RATE] >= gate
 
 
 # ------------------------------------------------------------------ the MLP (train and inference)
@@ -114,9 +127,9 @@ class LearnedStopper(StopperBase):
         self.spec, self.kind, self.model = spec, spec.kind, model
         self.threshold, self.aggregation = spec.threshold, check_aggregation(spec.aggregation)
         self._agg = AGGREGATIONS[spec.aggregation]
-        # depths below it are always drafted without a decision (replay chooses it: a decision
-        # that nearly always says "continue" only costs time)
-        self.min_depth = spec.min_depth
+        # depths below min_depth are drafted without a decision while the recent acceptance
+        # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
+        self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
         self.pair_fingerprint: dict | None = spec.pair_fingerprint
         self.k_config: tuple[int, ...] | None = spec.k_config or None
         self.needs_hidden = spec.kind == "mlp-hidden"
@@ -163,13 +176,14 @@ class LearnedStopper(StopperBase):
         return self._agg(scores, feats)
 
     def should_continue(self, frontier: Frontier) -> bool:
-        if frontier.depth < self.min_depth:  # always drafted: no features, no model
+        if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
         return self.frontier_score(frontier) >= self.threshold
 
     def __repr__(self) -> str:
         return (f"LearnedStopper(kind={self.kind!r}, aggregation={self.aggregation!r}, "
-                f"threshold={self.threshold:.3f})")
+                f"threshold={self.threshold:.3f}, min_depth={self.min_depth}, "
+                f"min_depth_gate={self.min_depth_gate:g})")
 
 
 def _k_text(k_config: tuple[int, ...]) -> str:
@@ -177,18 +191,21 @@ def _k_text(k_config: tuple[int, ...]) -> str:
 
 
 def load_stopper(path: str | Path, threshold: float | None = None,
-                 aggregation: str | None = None, min_depth: int | None = None) -> LearnedStopper:
-    """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation` and
-    `min_depth` override the artifact's choices."""
+                 aggregation: str | None = None, min_depth: int | None = None,
+                 min_depth_gate: float | None = None) -> LearnedStopper:
+    """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation`,
+    `min_depth` and `min_depth_gate` override the artifact's choices."""
     folder = artifact_folder(path)
     spec = ArtifactSpec.read(folder)
-    overrides = {"threshold": threshold, "aggregation": aggregation, "min_depth": min_depth}
+    overrides = {"threshold": threshold, "aggregation": aggregation, "min_depth": min_depth,
+                 "min_depth_gate": min_depth_gate}
     return stopper_from(spec, folder, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> LearnedStopper:
     """The stopper `spec` describes, its model read from `folder` (where `spec` need not be
-    written yet); `overrides`: fields of `spec` to change (threshold, aggregation, min_depth)."""
+    written yet); `overrides`: fields of `spec` to change (threshold, aggregation, min_depth,
+    min_depth_gate)."""
     folder = Path(folder)
     spec = replace(spec, **overrides)
     if spec.kind == "lightgbm":

@@ -17,9 +17,9 @@ from mcsd_runtime.features import DECISION_FEATURES
 from mcsd_runtime.learned import load_stopper
 from mcsd_runtime.stoppers import make_stopper
 
-# written by `train_stopper` at commit 4dc8b8a (stopper.json an untyped dict), on the dense rows
+# written by `train_stopper` at commit 2bef6d0 (stopper.json an untyped dict), on the dense rows
 # of test_train_data
-OLD = Path(__file__).parent / "fixtures" / "stoppers-4dc8b8a"
+OLD = Path(__file__).parent / "fixtures" / "stoppers-2bef6d0"
 
 
 @pytest.mark.parametrize("kind", ["lightgbm", "mlp"])
@@ -45,11 +45,13 @@ def test_descriptions_older_than_min_depth_and_k_config_load(tmp_path):
     folder = tmp_path / "old"
     shutil.copytree(OLD / "lightgbm", folder)
     data = json.loads((folder / FILE).read_text())
-    for key in ("min_depth", "metrics", "training_data", "created", "k_config"):
+    for key in ("min_depth", "min_depth_gate", "metrics", "training_data", "created",
+                "k_config"):
         del data[key]
     (folder / FILE).write_text(json.dumps(data))
     stopper = load_stopper(folder)
-    assert stopper.min_depth == 1 and stopper.k_config is None and stopper.spec.metrics is None
+    assert stopper.min_depth == 1 and stopper.min_depth_gate == 0.0
+    assert stopper.k_config is None and stopper.spec.metrics is None
     with pytest.warns(UserWarning, match="does not record the k-config"):
         stopper.check_tree((4, 2, 2, 1))
 
@@ -74,6 +76,7 @@ def test_write_then_read_is_the_same_description(tmp_path):
     ({"min_depth": 0}, "min_depth must be a positive integer, got 0"),
     ({"min_depth": 1.5}, "min_depth must be a positive integer, got 1.5"),
     ({"k_config": [4, 0]}, r"k_config \[4, 0\] is not a k-config"),
+    ({"min_depth_gate": 1.5}, r"min_depth_gate must be a number in \[0, 1\], got 1.5"),
     ({"inputs": "pixels"}, "inputs 'pixels'"),
     ({"threshold": None}, "non-numeric threshold, got None"),
     ({"feature_names": 5}, "malformed field"),
