@@ -28,7 +28,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mcsd_runtime.aggregation import AGGREGATIONS
+from mcsd_runtime.aggregation import check_aggregation
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
@@ -80,9 +80,7 @@ class ArtifactSpec:
         object.__setattr__(self, "feature_names", names)
         if self.inputs not in INPUTS:
             raise MCSDError(f"inputs {self.inputs!r}: use {' or '.join(INPUTS)}")
-        if self.aggregation not in AGGREGATIONS:
-            raise MCSDError(f"unknown aggregation {self.aggregation!r}: use one of "
-                            f"{', '.join(AGGREGATIONS)}")
+        check_aggregation(self.aggregation)
         _set_number(self, "threshold", float, "missing or non-numeric threshold")
         _set_number(self, "min_depth", int, "min_depth must be a positive integer")
         if self.min_depth < 1:
@@ -99,10 +97,6 @@ class ArtifactSpec:
             except (MCSDError, TypeError, ValueError):
                 raise MCSDError(f"k_config {self.k_config!r} is not a k-config (a list of "
                                 f"positive integers); retrain or restore the artifact") from None
-
-    @property
-    def model_files(self) -> tuple[str, ...]:
-        return MODEL_FILES[self.kind]
 
     def to_json(self) -> dict:
         """The `stopper.json` object, keys in file order."""

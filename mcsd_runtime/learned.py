@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, check_aggregation
+from mcsd_runtime.aggregation import AGGREGATIONS, aggregate
 from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
@@ -125,7 +125,7 @@ class LearnedStopper(StopperBase):
 
     def __init__(self, spec: ArtifactSpec, model: Any) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
-        self.threshold, self.aggregation = spec.threshold, check_aggregation(spec.aggregation)
+        self.threshold, self.aggregation = spec.threshold, spec.aggregation
         self._agg = AGGREGATIONS[spec.aggregation]
         # depths below min_depth are drafted without a decision while the recent acceptance
         # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)

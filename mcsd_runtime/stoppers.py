@@ -26,8 +26,7 @@ from mcsd_runtime.learned import load_stopper
 from mcsd_runtime.stopper_contract import MEMBERS, Frontier, Stopper, StopperBase
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
-           "make_stopper",
-           "parse_stopper_spec", "stopper_help"]
+           "make_stopper", "parse_stopper_spec", "stopper_help"]
 
 
 class StaticStopper(StopperBase):
