@@ -61,20 +61,12 @@ def set_threads(threads: int | None) -> None:
 
 
 def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
-    """The target and draft that `--target`/`--draft` name: a toy spec (`toy`, `toy:PRESET`,
-    `toy:PRESET:SEED`) as target, with no draft or a toy one, names the embedded pair's folders
-    (built if needed); any other target needs a `--draft`."""
-    from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.toy import is_toy_spec
+    """The target and draft that `--target`/`--draft` name (`mcsd_runtime.pair.pair_names`): a
+    toy spec as target brings its own draft (built if needed); any other target needs a
+    `--draft`."""
+    from mcsd_runtime.pair import pair_names
 
-    target, draft = args.target, args.draft
-    if is_toy_spec(target) and (draft is None or is_toy_spec(draft)):
-        from mcsd_runtime.toy import resolve_toy
-
-        return resolve_toy(target)
-    if draft is None:
-        raise MCSDError("--draft is required with a --target other than 'toy'")
-    return target, draft
+    return pair_names(args.target, args.draft)
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
