@@ -18,6 +18,7 @@ from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSD
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair, read_spec
 from mcsd_runtime.pair import Pair
+from mcsd_runtime.paths import short_model_name
 from mcsd_runtime.stoppers import BUILTIN, make_stopper
 from mcsd_runtime.tree import parse_k_config
 
@@ -122,7 +123,7 @@ class HFGenerate:
         kwargs = hf_sampling_kwargs(cfg) | ({"assistant_model": pair.draft} if self.assisted
                                             else {})
         torch.manual_seed(cfg.seed)
-        with ForwardMeter(self.models) as meter:
+        with ForwardMeter(self.models) as meter, _quiet_transformers(self.assisted):
             t0 = time.perf_counter()
             out = pair.target.generate(x, attention_mask=torch.ones_like(x),
                                        max_new_tokens=cfg.max_new_tokens,
@@ -133,6 +134,21 @@ class HFGenerate:
         return Record("", "", new, len(new), wall, meter.calls["target"],
                       meter.calls.get("draft", 0), unknown, unknown, None, True, [],
                       forward_time=meter.seconds)
+
+
+@contextlib.contextmanager
+def _quiet_transformers(quiet: bool = True):
+    """transformers' warnings off for a while: assisted generation warns on every call about
+    arguments it passes itself (`generation_config` with `max_new_tokens`)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 class HFCustomGenerate:
@@ -610,13 +626,13 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     import matplotlib.pyplot as plt
 
     files = []
-    title = textwrap.fill(title, 90)
+    title = textwrap.fill(title, 80, break_on_hyphens=False)
 
     def save(fig, ax, name: str) -> None:
         ax.set_title(title, fontsize=8)
         ax.tick_params(labelsize=7)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        fig.savefig(out / name, dpi=120, bbox_inches="tight")
         files.append(name)
         plt.close(fig)
 
@@ -639,8 +655,8 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     ax.set_xlabel("τ per prompt (tokens / target call)")
     save(fig, ax, "tau.png")
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for m in methods:
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, m in enumerate(methods):
         steps = [s for r in records if r.method == m for s in r.steps]
         depth = max((d for d, _ in steps), default=0)
         xs, ys = [], []
@@ -649,13 +665,25 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
             if reached:
                 xs.append(d)
                 ys.append(sum(a >= d for a in reached) / len(reached))
-        ax.plot(xs, ys, marker="o", label=short_name(m))
+        ax.plot(xs, ys, label=short_name(m), **line_style(i))
     ax.set_xlabel("depth d")
     ax.set_ylabel("P(depth d accepted | d-1 accepted)")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    if methods:  # beside the axes, never over the data
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     save(fig, ax, "acceptance_by_depth.png")
     return files
+
+
+def line_style(i: int) -> dict:
+    """Colour, marker and dash of the i-th line: 10 distinct colours, then the same colours with
+    other markers and dashes, so no two of up to 40 lines look alike."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"].colors
+    return {"color": colours[i % 10], "marker": "os^D"[i // 10 % 4],
+            "linestyle": ("-", "--", "-.", ":")[i // 10 % 4], "markersize": 4}
 
 
 def check_writable(out: Path) -> None:
@@ -700,7 +728,7 @@ def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: 
     notes = markdown_notes(rows, records)
     table += f"\n\n{notes}" if notes else ""
     _atomic(out / "summary.md", table + "\n")
-    title = (f"{short_path(settings['target'])} / {short_path(settings['draft'])} · "
+    title = (f"{short_model_name(settings['target'])} / {short_model_name(settings['draft'])} · "
              f"{settings['prompts']} x{settings['n_prompts']} · T={settings['temperature']} · "
              f"k={settings['k_config']} · {settings['max_new_tokens']} new tokens")
     files = plot(records, rows, out, title)
@@ -727,12 +755,6 @@ unknown, hf-assisted). *target calls*: target forwards over all prompts. *lossle
 keeps the target's output distribution (mcsd-target-init does not). *AR-equal* / *hf-equal*
 (greedy): share of prompts whose output equals ar's / hf's token for token; *AR agreement*:
 mean share of positions carrying the same token."""
-
-
-def short_path(name: str) -> str:
-    """A model folder's last two parts (`.../toy-tiny-abc/target`), a hub name as it is."""
-    parts = Path(name).parts
-    return "/".join(parts[-2:]) if Path(name).is_absolute() else name
 
 
 def stopper_results(methods: list[str]) -> list[dict]:

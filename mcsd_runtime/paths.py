@@ -42,3 +42,9 @@ def legacy_models_dir() -> Path:
 def runs_dir() -> Path:
     """The default parent of run folders: `$MCSD_DATA/runs`."""
     return data_root() / "runs"
+
+
+def short_model_name(name: str | None) -> str:
+    """A model folder's last two parts (`toy-tiny-abc/target`) for titles; a hub name as is."""
+    path = Path(str(name))
+    return "/".join(path.parts[-2:]) if path.is_absolute() else str(name)
