@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # (`TORCH_SPEC=torch make venv` keeps whatever torch is already installed in .venv).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint clean clean-cache
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,8 +17,8 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# The pipeline on the embedded toy pair; every stage reuses or overwrites what earlier runs
-# left in $(DEMO). On a 2-core CPU the stages after the toy pair's build (15-25 minutes, once)
+# The pipeline on the embedded toy pair (built once into the user cache); every stage reuses
+# or overwrites what earlier runs left in $(DEMO). On a 2-core CPU the stages after the toy pair's build (15-25 minutes, once)
 # add up to about 15 minutes (collect 3, profile 1, two stopper trainings with their end-to-end
 # checks 5, eval of 20 methods 5); override the sizes on the command line.
 DEMO := data/runs/demo
@@ -58,5 +58,13 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# `clean` removes the venv and every run; the toy pairs stay in the user cache, where every
+# checkout finds them ($MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd):
+# `make clean-cache` removes them. data/models is where pairs were built before the cache.
+MCSD_CACHE_DIR := $(or $(MCSD_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mcsd)
+
 clean:
 	rm -rf $(VENV) data/models data/runs data/stoppers data/reports data/cache
+
+clean-cache:
+	rm -rf $(MCSD_CACHE_DIR)/models

@@ -636,13 +636,16 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
         files.append(name)
         plt.close(fig)
 
-    named = [r for r in rows if r["speedup_vs_ar"] is not None]
+    named = [r for r in rows if r["geomean_vs_ar"] is not None and None not in r["ci_vs_ar"]]
     fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(named)))
-    ax.barh([short_name(r["method"]) for r in named], [r["speedup_vs_ar"] for r in named],
-            color="tab:blue")
+    geo = [r["geomean_vs_ar"] for r in named]
+    err = [[g - r["ci_vs_ar"][0] for g, r in zip(geo, named, strict=True)],
+           [r["ci_vs_ar"][1] - g for g, r in zip(geo, named, strict=True)]]
+    ax.barh([short_name(r["method"]) for r in named], geo, xerr=err, color="tab:blue",
+            error_kw={"lw": 1, "capsize": 2})
     ax.axvline(1.0, color="gray", lw=1)
     ax.invert_yaxis()
-    ax.set_xlabel("speedup vs AR (median over prompts)")
+    ax.set_xlabel("speedup vs AR: geometric mean of per-prompt ratios, 95% CI")
     save(fig, ax, "speedup.png")
 
     methods = [r["method"] for r in rows if r["method"] not in ("ar", "hf", "hf-assisted")]

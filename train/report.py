@@ -102,14 +102,14 @@ def plot_calibration(cal: dict, title: str, path: Path) -> None:
 
 def plot_importance(imp: dict, title: str, path: Path) -> None:
     plt = _plt()
-    fig, axes = plt.subplots(1, len(imp), figsize=(5 * len(imp), 4.5))
+    fig, axes = plt.subplots(1, len(imp), figsize=(6 * len(imp), 4.5))
     axes = np.atleast_1d(axes)
     for ax, (name, values) in zip(axes, imp.items(), strict=True):
         order = sorted(values, key=values.get)
         ax.barh(order, [values[k] for k in order])
         ax.set_title(IMPORTANCE_TITLES.get(name, name.replace("_", " ")), fontsize=9)
         ax.tick_params(labelsize=8)
-    fig.suptitle(wrap_title(title, 40 * len(imp)), fontsize=9)
+    fig.suptitle(wrap_title(title, 60 * len(imp)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
