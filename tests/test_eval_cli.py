@@ -106,3 +106,11 @@ def test_eval_output_is_short_and_says_what_it_replaces(toy_tiny, tmp_path, caps
     assert all(isinstance(r["text"], str) and r["text"] for r in records)
     assert cli.main(argv) == 0
     assert "replaced the earlier per_prompt.jsonl, summary.json" in capsys.readouterr().out
+
+
+def test_plot_lines_never_repeat_a_style():
+    from mcsd_runtime.evaluate import line_style
+
+    styles = [tuple(sorted(line_style(i).items())) for i in range(40)]
+    assert len(set(styles)) == 40
+    assert line_style(0)["color"] != line_style(1)["color"]  # e.g. static:1 and mcsd:4,2,2,1
