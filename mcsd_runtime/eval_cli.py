@@ -15,6 +15,10 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
                          with the same stopper run directly when both are listed
 
+--k-config defaults to the tree the trained stoppers among the methods were trained on (else
+4,2,2,1). Each method is reported under a label with its defaults spelt out (confidence ->
+confidence:0.4, mcsd -> mcsd:4,2,2,1).
+
 Greedy runs report output equality with ar and with hf; where a lossless output differs from
 hf's, the report gives the first differing position and the target's top-2 logit margin there.
 """

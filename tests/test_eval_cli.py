@@ -114,3 +114,12 @@ def test_plot_lines_never_repeat_a_style():
     styles = [tuple(sorted(line_style(i).items())) for i in range(40)]
     assert len(set(styles)) == 40
     assert line_style(0)["color"] != line_style(1)["color"]  # e.g. static:1 and mcsd:4,2,2,1
+
+
+def test_bench_prints_a_readable_config(toy_tiny, capsys):
+    assert cli.main(["bench", "--target", str(toy_tiny / "target"), "--draft",
+                     str(toy_tiny / "draft"), "--limit", "1", "--max-new-tokens", "4",
+                     "--k-config", "2,1", "--stopper", "confidence"]) == 0
+    out = capsys.readouterr().out
+    assert "k-config 2,1, draft-initialized, greedy, 4 new tokens, seed 0" in out
+    assert "DecodeConfig(" not in out and "mcsd:2,1+confidence:0.4" in out
