@@ -153,9 +153,9 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
     target, draft = str(target), None if draft is None else str(draft)
     for role, name in (("target", target), ("draft", draft)):
         if name is not None and _looks_like_path(name) and not Path(name).expanduser().exists():
-            raise MCSDError(f"no {role} model folder at {name}: pass an existing folder written "
-                            f"by save_pretrained, a hub name such as JackFram/llama-68m, or "
-                            f"toy / toy:tiny for the embedded pair")
+            raise MCSDError(f"no model folder at {name} (the {role}): pass an existing folder "
+                            f"written by save_pretrained, a hub name such as JackFram/llama-68m, "
+                            f"or toy / toy:tiny for the embedded pair")
     toy_draft = draft is not None and is_toy_spec(draft)
     if toy_draft and not (is_toy_spec(target) and parse_toy_spec(draft) == parse_toy_spec(target)):
         raise MCSDError(

@@ -84,9 +84,9 @@ def test_pair_paths_resolves_toy_specs_once(monkeypatch):
     with pytest.raises(MCSDError, match="toy pair's draft"):
         pair_paths(ns("org/target", "toy"))
     # a local-looking path that does not exist fails at once, before any toy pair or hub
-    with pytest.raises(MCSDError, match="no draft model folder at /no/such/folder"):
+    with pytest.raises(MCSDError, match=r"no model folder at /no/such/folder \(the draft\)"):
         pair_paths(ns("toy", "/no/such/folder"))
-    with pytest.raises(MCSDError, match="no target model folder at ./missing"):
+    with pytest.raises(MCSDError, match=r"no model folder at ./missing \(the target\)"):
         pair_paths(ns("./missing", "org/draft"))
     assert asked == []
 

@@ -53,7 +53,7 @@ def test_a_trained_stoppers_tree_is_the_default(monkeypatch, tmp_path):
     (["--methods", "ar,static:9", "--k-config", "4,2,2,1"], "static:9 needs a tree"),
     (["--methods", "ar,confidence,confidence:0.4"], "run the same thing"),
     (["--target", "toy", "--draft", "toy:tiny"], "pass the target 'toy:tiny' alone"),
-    (["--draft", "/no/such/folder"], "no draft model folder at /no/such/folder"),
+    (["--draft", "/no/such/folder"], "no model folder at /no/such/folder (the draft)"),
 ])
 @pytest.mark.parametrize("command", ["eval", "bench"])
 def test_silent_acceptance_is_refused(command, argv, message, tmp_path, capsys, monkeypatch):

@@ -54,15 +54,20 @@ def pair_dir(preset: str = "default", seed: int = 0, precision: str = "auto") ->
     return _default_dir(recipe)
 
 
+_NOTED: set[Path] = set()  # old-location pairs already pointed out in this process
+
+
 def _default_dir(recipe: Recipe) -> Path:
     """The cache folder of `recipe`'s pair, or its pre-cache folder under `$MCSD_DATA/models`
     when only that one holds it (a note on stderr says how to move it)."""
     name = f"toy-{recipe.preset}-{recipe.hash12()}"
     cached, legacy = models_dir() / name, legacy_models_dir() / name
     if not _holds(cached) and _holds(legacy) and legacy.resolve() != cached.resolve():
-        print(f"note: using the toy pair at {legacy} (the old location, $MCSD_DATA/models); "
-              f"move it into the cache to use it from any directory: mkdir -p {models_dir()} "
-              f"&& mv {legacy} {models_dir()}/", file=sys.stderr)
+        if legacy not in _NOTED:
+            _NOTED.add(legacy)
+            print(f"note: using the toy pair at {legacy} (the old location, "
+                  f"$MCSD_DATA/models); move it into the cache to use it from any directory: "
+                  f"mkdir -p {models_dir()} && mv {legacy} {models_dir()}/", file=sys.stderr)
         return legacy
     return cached
 
