@@ -19,6 +19,12 @@ Methods (comma-separated; a k-config's commas are kept with its method):
 4,2,2,1). Each method is reported under a label with its defaults spelt out (confidence ->
 confidence:0.4, mcsd -> mcsd:4,2,2,1).
 
+Several prompt sets (`--prompts toy-code,pkg-code,pkg-prose,toy-shift`) give one interleaved
+run per set, each in its own subfolder, and a table across domains (domains.md): every method
+against ar, against the static schedule a user would deploy (--deploy; by default the one a
+listed stopper recorded from its training collection), against each domain's hindsight best
+static schedule and against the tuned heuristic (--heuristic), and each method's worst domain.
+
 Greedy runs report output equality with ar and with hf; where a lossless output differs from
 hf's, the report gives the first differing position and the target's top-2 logit margin there.
 """
@@ -54,9 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_pair_args(p)
     add_decode_args(p, k_config=FROM_STOPPER)
     p.set_defaults(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
-    p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
+    p.add_argument("--prompts", default="toy-code",
+                   help="prompt set or file, or several separated by commas for an evaluation "
+                        "across domains (default %(default)s; `mcsd prompts --list`)")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
-                   help="number of prompts, a seeded sample (default %(default)s; 0: all)")
+                   help="number of prompts per set, a seeded sample (default %(default)s; "
+                        "0: all)")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated, see above; each runs under a label with its defaults "
                         "spelt out, e.g. confidence -> confidence:0.4 (default: %(default)s)")
@@ -64,6 +73,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="method every other is compared with (paired per-prompt geometric mean "
                         "and 95%% CI); default: the run's best static schedule (mcsd[:K] or "
                         "static:D) by its geometric-mean speedup over ar")
+    p.add_argument("--deploy", default=None, metavar="METHOD",
+                   help="across domains: the static schedule a user would deploy; default: the "
+                        "deploy_static recorded by the first listed stopper:PATH (added to the "
+                        "methods if missing)")
+    p.add_argument("--heuristic", default=None, metavar="METHOD",
+                   help="across domains: the tuned heuristic to compare with; default: the first "
+                        "listed heuristic method")
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
@@ -74,11 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from mcsd_runtime.evaluate import (
         check_method,
         check_writable,
+        explicit_label,
         explicit_methods,
         markdown_notes,
         run_eval,
@@ -98,28 +113,28 @@ def run(args: argparse.Namespace) -> int:
         check_method(m)
     k_config, why = tree_for(given, args.k_config, DEFAULT_K_CONFIG)
     methods = explicit_methods(given, k_config)
-    reference = args.reference
-    if reference is not None:
-        if reference not in given and reference not in methods:
-            raise MCSDError(f"--reference {reference!r} is not among --methods; add it there")
-        reference = methods[given.index(reference)] if reference in given else reference
+    for option in ("reference", "deploy", "heuristic"):  # named as given, or as labelled
+        name = getattr(args, option)
+        if name is not None:
+            setattr(args, option, methods[given.index(name)] if name in given
+                    else explicit_label(name, k_config))
+    if args.reference is not None and args.reference not in methods:
+        raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     base = decode_config_from_args(args, k_config=k_config)
+    print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
+    if "," in args.prompts:
+        return run_domains(args, methods, base)
     prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
     if not prompts:
         raise MCSDError(f"the prompt set {args.prompts!r} is empty")
     out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
     check_writable(out)
     pair = pair_from_args(args)
-    print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens, "
-          f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
+    print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
+          flush=True)
     records = run_eval(pair, prompts, methods, base, chat=args.chat)
-    rows = summarize(records, greedy=base.temperature == 0, reference=reference)
-    settings = {"target": pair.target_name, "draft": pair.draft_name, "prompts": args.prompts,
-                "n_prompts": len(prompts), "temperature": base.temperature,
-                "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
-                "max_new_tokens": base.max_new_tokens, "seed": base.seed,
-                "device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads()}
+    rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
+    settings = _settings(args, pair, base, args.prompts, len(prompts))
     replaced = write_outputs(records, rows, out, settings, tokenizer=pair.tokenizer,
                              stoppers=stopper_results(methods))
     print(short_table(rows))
@@ -130,3 +145,74 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nreplaced the earlier {', '.join(replaced)} in {out}")
     print(f"\nwrote {out}/report.md (every column, a legend, plots)")
     return 0
+
+
+def domain_baselines(args: argparse.Namespace, methods: list[str]) -> tuple[str | None, str | None]:
+    """The deploy static and the heuristic of an evaluation across domains (see --help); the
+    deploy static joins `methods` when it is not there."""
+    from mcsd_runtime.domain_report import deploy_static_of
+
+    deploy = args.deploy
+    if deploy is None:
+        recorded = [deploy_static_of(m.split(":", 1)[1]) for m in methods
+                    if m.startswith("stopper:")]
+        deploy = next((d for d in recorded if d), None)
+    if deploy is not None and deploy not in methods:
+        methods.append(deploy)
+    heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
+    if heuristic is not None and heuristic not in methods:
+        raise MCSDError(f"--heuristic {heuristic!r} is not among --methods; add it there")
+    return deploy, heuristic
+
+
+def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
+    """One interleaved run per prompt set, each written to its own subfolder, then the table
+    across domains (domains.md, domains.json)."""
+    import torch
+
+    from mcsd_runtime import domain_report
+    from mcsd_runtime.evaluate import (
+        check_writable,
+        run_eval,
+        stopper_results,
+        summarize,
+        write_outputs,
+    )
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    specs = [s.strip() for s in args.prompts.split(",") if s.strip()]
+    if len(set(specs)) != len(specs):
+        raise MCSDError(f"--prompts names a set twice: {args.prompts!r}")
+    deploy, heuristic = domain_baselines(args, methods)
+    sets = {spec: load_prompts(spec, limit=args.limit or None, seed=args.seed) for spec in specs}
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    check_writable(out)
+    pair = pair_from_args(args)
+    by_domain = {}
+    for spec, prompts in sets.items():
+        name = Path(spec).stem if "/" in spec or "=" in spec else spec
+        print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
+        records = run_eval(pair, prompts, methods, base, chat=args.chat)
+        rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
+        write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)),
+                      tokenizer=pair.tokenizer, stoppers=stopper_results(methods))
+        by_domain[name] = records
+    rows = domain_report.domain_rows(by_domain, deploy, heuristic)
+    worst = domain_report.worst_domains(rows)
+    settings = _settings(args, pair, base, args.prompts, sum(map(len, sets.values())))
+    settings |= {"deploy": deploy, "heuristic": heuristic, "threads": torch.get_num_threads()}
+    print(domain_report.write(rows, worst, out, settings))
+    print(f"wrote {out}/domains.md")
+    return 0
+
+
+def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int) -> dict:
+    import torch
+
+    return {"target": pair.target_name, "draft": pair.draft_name, "prompts": prompts,
+            "n_prompts": n_prompts, "temperature": base.temperature,
+            "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
+            "max_new_tokens": base.max_new_tokens, "seed": base.seed,
+            "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
+            "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}

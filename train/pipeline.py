@@ -221,11 +221,16 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
     return latency
 
 
+def deploy_static(results: dict[str, dict]) -> str:
+    """The static depth a user would deploy: the best replayed one on validation prompts."""
+    statics = {k: v for k, v in results.items() if k.startswith("static:")}
+    return max(statics, key=lambda k: statics[k][METRIC])
+
+
 def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: dict,
               decision_s: float) -> dict:
     test = results["test"]
-    statics = {k: v for k, v in test.items() if k.startswith("static:")}
-    best_static = max(statics, key=lambda k: statics[k][METRIC])
+    best_static = deploy_static(test)
     b, o, s = test[best_static][METRIC], test["oracle"][METRIC], test["learned"][METRIC]
     return {"metric": METRIC, "units": "tokens/s" if measured else "relative (no profile)",
             "replay_mode": mode, "best_static": best_static, "best_static_value": b,
@@ -320,7 +325,8 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     summary = {"model": config.model, "label": config.label, "headline": choice.headline,
                "metrics": fitted.metrics, "calibration": fitted.calibration,
                "importance": fitted.importance, "replay": choice.results,
-               "peers": choice.peers, "latency": choice.latency, "fit_s": fitted.fit_s,
+               "peers": choice.peers, "deploy_static": deploy_static(choice.results["val"]),
+               "latency": choice.latency, "fit_s": fitted.fit_s,
                "profile": {"measured": choice.measured, "note": profile.note,
                            "device": profile.device},
                "elapsed_s": time.perf_counter() - started if started is not None else None}

@@ -337,7 +337,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
             if s:
                 res.acceptance_sum += a / s
                 res.drafting_steps += 1
-            traj.update(a, committed)
+            traj.update(a, committed, s)
             stopper.update(s, a)
             t += committed
     res.cost_s += decision_s * res.decisions
