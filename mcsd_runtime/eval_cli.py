@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         run_eval,
         short_table,
         split_methods,
+        stopper_lines,
         stopper_results,
         summarize,
         tree_for,
@@ -135,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
     records = run_eval(pair, prompts, methods, base, chat=args.chat)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
     settings = _settings(args, pair, base, args.prompts, len(prompts))
+    stoppers = stopper_results(methods)
     replaced = write_outputs(records, rows, out, settings, tokenizer=pair.tokenizer,
-                             stoppers=stopper_results(methods))
+                             stoppers=stoppers)
     print(short_table(rows))
+    for line in stopper_lines(stoppers):
+        print(line)
     notes = markdown_notes(rows, records)
     if notes:
         print(f"\n{notes}")

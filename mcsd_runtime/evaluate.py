@@ -794,6 +794,18 @@ def stopper_results(methods: list[str]) -> list[dict]:
     return out
 
 
+def stopper_lines(stoppers: list[dict]) -> list[str]:
+    """One line per trained stopper for the terminal (the table is in report.md)."""
+    lines = []
+    for s in stoppers:
+        vs = s["replay_vs_best_static"]
+        lines.append(f"{short_name(s['method'])} offline, on its collection's test prompts: "
+                     f"ROC-AUC {_fmt(s['roc_auc'])}, replayed "
+                     + (f"{vs:.3f}x {s['best_static']}" if vs is not None else "–")
+                     + f", {_fmt(s['oracle_gain_captured'], pct=True)} of the oracle's gain")
+    return lines
+
+
 def stopper_table(stoppers: list[dict]) -> str:
     lines = ["| stopper | model | ROC-AUC | PR-AUC | replayed vs best static | oracle's gain "
              "captured | replay vs end to end, worst error |", "|---|---|---|---|---|---|---|"]

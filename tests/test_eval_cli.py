@@ -123,3 +123,23 @@ def test_bench_prints_a_readable_config(toy_tiny, capsys):
     out = capsys.readouterr().out
     assert "k-config 2,1, draft-initialized, greedy, 4 new tokens, seed 0" in out
     assert "DecodeConfig(" not in out and "mcsd:2,1+confidence:0.4" in out
+
+
+def test_trained_stoppers_bring_their_training_results(tmp_path):
+    from mcsd_runtime.evaluate import stopper_lines, stopper_results, stopper_table
+
+    folder = tmp_path / "lgbm"
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps({
+        "model": "lightgbm", "metrics": {"test": {"roc_auc": 0.836, "pr_auc": 0.76}},
+        "headline": {"speedup_vs_best_static": 1.065, "best_static": "static:4",
+                     "oracle_gain_captured": 0.203, "units": "tokens/s"},
+        "replay_check": {"prompts": 16, "max_abs_relative_error": 0.028}}))
+    found = stopper_results(["ar", "heuristic", f"stopper:{folder}", f"stopper:{tmp_path}"])
+    assert [s["method"] for s in found] == [f"stopper:{folder}"]  # no metrics.json: left out
+    row = stopper_table(found).splitlines()[2]
+    assert "| stopper:lgbm | lightgbm | 0.84 | 0.76 | 1.065x (static:4, tokens/s) | 20.3% |" in row
+    assert "2.8% on 16 prompts" in row
+    assert stopper_lines(found) == ["stopper:lgbm offline, on its collection's test prompts: "
+                                    "ROC-AUC 0.84, replayed 1.065x static:4, 20.3% of the "
+                                    "oracle's gain"]
