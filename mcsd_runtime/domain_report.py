@@ -28,6 +28,23 @@ HEADERS = {"ar": "vs AR", "deploy": "vs deploy", "best_static": "vs best static"
            "heuristic": "vs heuristic"}
 
 
+def read_records(run: Path) -> list[Record]:
+    """The per-prompt records of a finished `mcsd eval` folder (its per_prompt.jsonl)."""
+    from dataclasses import fields
+
+    from mcsd_runtime.errors import MCSDError
+
+    path = Path(run) / "per_prompt.jsonl"
+    names = {f.name for f in fields(Record)}
+    try:
+        lines = path.read_text().splitlines()
+        return [Record(**{k: v for k, v in json.loads(line).items() if k in names})
+                for line in lines if line.strip()]
+    except (OSError, ValueError, TypeError) as err:
+        raise MCSDError(f"cannot read eval records from {path}: {err}; point --from-runs at "
+                        f"folders written by mcsd eval") from None
+
+
 def deploy_static_of(stopper_path: str | Path) -> str | None:
     """The `deploy_static` a trained stopper's metrics.json records (None if it has none)."""
     path = Path(stopper_path) / "metrics.json"

@@ -80,6 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heuristic", default=None, metavar="METHOD",
                    help="across domains: the tuned heuristic to compare with; default: the first "
                         "listed heuristic method")
+    p.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="EVAL_DIR",
+                   help="build the table across domains from finished eval folders (one per "
+                        "domain, e.g. run in parallel) instead of decoding; writes to --out")
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
@@ -122,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.reference is not None and args.reference not in methods:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     base = decode_config_from_args(args, k_config=k_config)
+    if args.from_runs:
+        return combine_runs(args, methods)
     print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
     if "," in args.prompts:
         return run_domains(args, methods, base)
@@ -220,3 +225,20 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
             "max_new_tokens": base.max_new_tokens, "seed": base.seed,
             "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
             "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}
+
+
+def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
+    """The table across domains from finished eval folders (`--from-runs`), named by folder."""
+    from mcsd_runtime import domain_report
+
+    if args.out is None:
+        raise MCSDError("--from-runs needs --out, the folder for domains.md and domains.json")
+    by_domain = {Path(d).name: domain_report.read_records(d) for d in args.from_runs}
+    ran = {r.method for records in by_domain.values() for r in records}
+    deploy, heuristic = domain_baselines(args, [m for m in methods if m in ran])
+    settings = {"from_runs": [str(d) for d in args.from_runs], "deploy": deploy,
+                "heuristic": heuristic}
+    rows = domain_report.domain_rows(by_domain, deploy, heuristic)
+    print(domain_report.write(rows, domain_report.worst_domains(rows), args.out, settings))
+    print(f"wrote {args.out}/domains.md")
+    return 0

@@ -237,7 +237,8 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
             "oracle_value": o, "learned_value": s, "speedup_vs_best_static": s / b if b else 0,
             "oracle_gain_captured": (s - b) / (o - b) if o > b else float("nan"),
             "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-            "min_depth": chosen["min_depth"], "decision_latency_us": latency["median_us"],
+            "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
+            "decision_latency_us": latency["median_us"],
             "replay_decision_us": decision_s * 1e6}
 
 
@@ -267,7 +268,9 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     val, test = data.subset(keys["val"]), data.subset(keys["test"])
     curve = R.sweep(val, stopper, profile, config.aggregations or tuple(AGGREGATIONS),
                     decision_s=decision_s, progress=config.progress)
-    chosen = max(curve, key=lambda c: (c[METRIC], c["tau"]))
+    chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
+    gated = R.sweep_gates(val, stopper, profile, chosen, decision_s=decision_s)
+    chosen = max([chosen, *gated], key=lambda c: c[METRIC])  # ties keep the ungated choice
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
@@ -277,7 +280,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         base = R.baselines(part, profile)
         base |= {f"{p}(tuned)": R.replay(part, p, profile) for p in peers.values()}
         final = load_stopper(out, threshold=chosen["threshold"],
-                             aggregation=chosen["aggregation"], min_depth=chosen["min_depth"])
+                             aggregation=chosen["aggregation"], min_depth=chosen["min_depth"],
+                             min_depth_gate=chosen["min_depth_gate"])
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
     headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
@@ -285,7 +289,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         f"best static {headline['best_static']} {headline['best_static_value']:.4g}, oracle "
         f"{headline['oracle_value']:.4g}: {headline['oracle_gain_captured']:.1%} of the "
         f"oracle's gain; aggregation {chosen['aggregation']}, threshold "
-        f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']}")
+        f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
+        f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1")
     return Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
                   peers, results, headline)
 
@@ -334,7 +339,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     chosen = choice.chosen
     spec = choice.spec | {
         "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-        "min_depth": chosen["min_depth"],
+        "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
         "metrics": {"test": fitted.metrics["test"], "headline": choice.headline},
         "training_data": {"runs": [_slim_manifest(m) for m in manifests],
                           "rows": int(len(prep.df)), "seed": config.seed,
