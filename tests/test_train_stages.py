@@ -28,7 +28,7 @@ SUMMARY_KEYS = ["model", "label", "headline", "metrics", "calibration", "importa
                 "peers", "deploy_static", "latency", "fit_s", "profile", "elapsed_s"]
 SPEC_KEYS = ["format", "kind", "schema_version", "feature_names", "inputs", "hidden_size",
              "aggregation", "threshold", "label", "label_definition", "pair_fingerprint",
-             "k_config", "min_depth", "metrics", "training_data", "created"]
+             "k_config", "min_depth", "min_depth_gate", "metrics", "training_data", "created"]
 
 
 def quiet(*_: object) -> None:
