@@ -3,6 +3,7 @@ runs it on the default pair, then every notebook executed top to bottom on its o
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -42,17 +43,22 @@ def demo(toy_tiny, tmp_path_factory) -> Path:
             assert mcsd(["train", "--data", str(root / "collect"), "--model", model,
                          "--cost-profile", str(root / "cost.json"), "--max-epochs", "3",
                          "--out", str(root / "stoppers" / model)]) == 0
-    assert mcsd(["eval", *pair, "--prompts", "toy-code", "--limit", "2", "--k-config",
-                 "2,1,1,1", "--max-new-tokens", "16", "--out", str(root), "--methods",
-                 f"ar,mcsd,stopper:{root / 'stoppers' / 'lightgbm'},"
+    assert mcsd(["eval", *pair, "--prompts", "toy-code,toy-shift", "--limit", "2",
+                 "--k-config", "2,1,1,1", "--max-new-tokens", "16", "--out",
+                 str(root / "eval-t0"), "--methods",
+                 f"ar,mcsd,heuristic,stopper:{root / 'stoppers' / 'lightgbm'},"
                  f"stopper:{root / 'stoppers' / 'mlp'}"]) == 0
     return root
 
 
 def test_pipeline_outputs(demo):
-    assert (demo / "report.md").is_file()
-    text = (demo / "report.md").read_text()
+    text = (demo / "eval-t0" / "toy-code" / "report.md").read_text()
     assert "stopper:" in text and "| ar |" in text
+    report = json.loads((demo / "eval-t0" / "domains.json").read_text())
+    deploy = json.loads((demo / "stoppers" / "lightgbm" / "metrics.json").read_text())[
+        "deploy_static"]
+    assert report["settings"]["deploy"] == deploy  # read from the stopper, run beside the rest
+    assert {r["method"] for r in report["rows"]} >= {"ar", "heuristic", deploy}
     for model in ("lightgbm", "mlp"):
         assert (demo / "stoppers" / model / "stopper.json").is_file()
 
