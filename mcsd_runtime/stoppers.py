@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.artifact import ArtifactSpec, description_file
+from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import column
-from mcsd_runtime.learned import load_stopper
+from mcsd_runtime.learned import stopper_from
 from mcsd_runtime.stopper_contract import MEMBERS, Frontier, Stopper, StopperBase
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
@@ -37,6 +37,14 @@ class StaticStopper(StopperBase):
 
     def should_continue(self, frontier: Frontier) -> bool:
         return self.depth is None or frontier.depth < self.depth
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        """Refuse a depth the tree does not have (it would silently draft the whole tree)."""
+        if self.depth is not None and not 1 <= self.depth <= len(k_config):
+            raise MCSDError(
+                f"static:{self.depth} needs a tree of at least {self.depth} depths, but the "
+                f"k-config {','.join(map(str, k_config)) or '()'} has {len(k_config)}; use "
+                f"static:1..{len(k_config)} or a deeper --k-config")
 
 
 class ConfidenceStopper(StopperBase):
@@ -146,8 +154,8 @@ class StopperSpec:
 
     def build(self) -> Stopper:
         """The stopper it names (a learned one is loaded from its folder)."""
-        if self.folder is not None:
-            return load_stopper(self.folder)
+        if self.folder is not None:  # a folder, as `check` reads it (not its stopper.json)
+            return stopper_from(ArtifactSpec.read(self.folder), self.folder)
         return BUILTIN[self.name][1](list(self.args), self.text)
 
     def check(self) -> None:
@@ -161,7 +169,8 @@ class StopperSpec:
 
 def parse_stopper_spec(text: str) -> StopperSpec:
     """`static:4`, `confidence:0.4`, `stopper:PATH` or a bare folder PATH, as a `StopperSpec`;
-    MCSDError for anything else."""
+    UnknownStopperError for anything else. Only the syntax: `check` and `build` read the
+    folder (MCSDError where it is no stopper artifact)."""
     name, *args = text.split(":")
     rest = text.partition(":")[2]
     if name in BUILTIN:
@@ -174,7 +183,6 @@ def parse_stopper_spec(text: str) -> StopperSpec:
         raise UnknownStopperError(
             f"unknown stopper {text!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4) "
             f"or stopper:PATH to a trained stopper folder")
-    description_file(folder)  # the folder is an artifact; its contents: `check`, `build`
     return StopperSpec(text, folder=folder)
 
 

@@ -17,9 +17,9 @@ from mcsd_runtime.features import DECISION_FEATURES
 from mcsd_runtime.learned import load_stopper
 from mcsd_runtime.stoppers import make_stopper
 
-# written by `train_stopper` at commit 2bef6d0 (stopper.json an untyped dict), on the dense rows
+# written by `train_stopper` at commit b8df3aa (stopper.json an untyped dict), on the dense rows
 # of test_train_data
-OLD = Path(__file__).parent / "fixtures" / "stoppers-2bef6d0"
+OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 
 
 @pytest.mark.parametrize("kind", ["lightgbm", "mlp"])

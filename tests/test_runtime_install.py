@@ -13,7 +13,7 @@ from mcsd_runtime.cli import build_parser, run_parser
 from mcsd_runtime.extras import TOOLKIT_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
-ARTIFACT = ROOT / "tests" / "fixtures" / "stoppers-2bef6d0" / "lightgbm"  # trained on make_pair()
+ARTIFACT = ROOT / "tests" / "fixtures" / "stoppers-b8df3aa" / "lightgbm"  # trained on make_pair()
 
 # Runs with every toolkit package unimportable (None in sys.modules: `import pandas` raises,
 # `importlib.util.find_spec("pandas")` answers None, as when it is not installed).

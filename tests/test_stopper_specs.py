@@ -21,7 +21,7 @@ from mcsd_runtime.stoppers import (
     parse_stopper_spec,
 )
 
-ARTIFACT = Path(__file__).parent / "fixtures" / "stoppers-2bef6d0" / "lightgbm"
+ARTIFACT = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 
 
 def test_builtins_and_folders_parse_by_one_set_of_rules(tmp_path):

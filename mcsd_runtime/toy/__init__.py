@@ -5,6 +5,7 @@
     toy_pair_dirs(preset="default", seed=0) -> (target_dir, draft_dir), built if needed
     resolve_toy("toy" | "toy:tiny" | "toy:default[:seed]") -> (target, draft) or None
     is_toy_spec(spec) -> whether a model name is such a toy spec (torch-free)
+    parse_toy_spec(spec) -> (preset, seed) of a toy spec (torch-free)
 
 Names are imported lazily so that `mcsd --help` does not load torch.
 """
@@ -15,6 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from mcsd_runtime.toy.spec import is_toy_spec as is_toy_spec
+from mcsd_runtime.toy.spec import parse_toy_spec as parse_toy_spec
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` imports on use
     from mcsd_runtime.toy.build import build_pair as build_pair
@@ -38,7 +40,7 @@ _EXPORTS = {
     "Recipe": "mcsd_runtime.toy.recipe",
     "get_recipe": "mcsd_runtime.toy.recipe",
 }
-__all__ = sorted([*_EXPORTS, "is_toy_spec"])
+__all__ = sorted([*_EXPORTS, "is_toy_spec", "parse_toy_spec"])
 
 
 def __getattr__(name: str) -> Any:
