@@ -45,11 +45,15 @@ def run(args: argparse.Namespace) -> int:
         run_runners,
         summarize,
     )
+    from mcsd_runtime.learned import check_pair
     from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.stoppers import make_stopper
 
     apply_threads(args)
     check_method(args.stopper)  # a bad stopper fails before the pair loads
     pair = pair_from_args(args)
+    stopper = make_stopper(args.stopper)
+    check_pair(stopper, pair)  # a learned stopper must come from this pair's collections
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit)
     greedy = config.temperature == 0
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stopper != "static":
         sd_name += f"+{args.stopper}"
     runners = {"ar": build_method("ar", pair, config), "hf": build_method("hf", pair, config),
-               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=args.stopper))}
+               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=stopper))}
     encoded = [(p.id, encode_prompt(pair, p.text, chat=False)) for p in prompts]
     records = run_runners(pair, runners, encoded, greedy, desc="bench")
     rows = {r["method"]: r for r in summarize(records, greedy)}

@@ -230,6 +230,19 @@ def test_mismatched_or_corrupt_artifacts_refused(artifacts, tmp_path):
         check_pair(load_stopper(src), other)
 
 
+def test_bench_refuses_a_stopper_trained_on_another_pair(artifacts, toy_tiny, capsys):
+    """`mcsd bench --stopper stopper:PATH` checks the pair, as eval and generate() do."""
+    from mcsd_runtime.cli import main
+
+    folder, _ = artifacts["lightgbm"]
+    code = main(["bench", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--stopper", f"stopper:{folder}", "--limit", "1",
+                 "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "this stopper was trained for the pair" in err and "differs in: target_config" in err
+
+
 def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
     """Dense rows' trajectory features, recomputed for training, are those the decoder would see
     at the positions a full-depth walk visits (the stored ones follow the one-token dense walk)."""
