@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from collect import load_manifest, load_rows
+from collect import run as collect_run
 from collect.recorder import RowRecorder
-from collect.run import CollectJob, Tally, _Interrupted, collect_prompts, prompt_seed
+from collect.run import CollectJob, Tally, collect_prompts, prompt_seed
 from collect.schema import IDENTITY, prompt_hash, row_schema
 from collect.store import LOCK, run_lock, shard_paths, write_shard
 from conftest import make_pair
@@ -174,14 +175,31 @@ def _job(out, prompts, **kw):
                       run_id="r", prompt_set="ids", **kw)
 
 
-def test_resume_after_interruption_gives_the_uninterrupted_rows(pair, tmp_path):
+class _Crash(Exception):
+    """A crash between two shards, injected by `crash_after_shards`."""
+
+
+def crash_after_shards(monkeypatch, n: int) -> None:
+    """Make a collect job crash once it has written `n` shards."""
+    flush = collect_run._ShardWriter.flush
+
+    def flush_then_crash(self) -> None:
+        flush(self)
+        if len(self.written) >= n:
+            raise _Crash(f"crashed after {len(self.written)} shards")
+
+    monkeypatch.setattr(collect_run._ShardWriter, "flush", flush_then_crash)
+
+
+def test_resume_after_interruption_gives_the_uninterrupted_rows(pair, tmp_path, monkeypatch):
     prompts = id_prompts(7)
     full = collect_prompts(_job(tmp_path / "full", prompts, shard_prompts=2), pair)
     assert full["counts"]["prompts_done"] == 7 and full["status"] == "complete"
 
     part = tmp_path / "part"
-    with pytest.raises(_Interrupted):
-        collect_prompts(_job(part, prompts, shard_prompts=2, stop_after=2), pair)
+    with monkeypatch.context() as m, pytest.raises(_Crash):
+        crash_after_shards(m, 2)
+        collect_prompts(_job(part, prompts, shard_prompts=2), pair)
     assert len(shard_paths(part)) == 2
     (part / ".tmp-train-000004-r000.parquet.999").write_bytes(b"half a shard")  # a kill -9
     resumed = collect_prompts(_job(part, prompts, shard_prompts=2), pair)
@@ -281,12 +299,15 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     bad.write_text("{not json")
     assert mcsd(["collect", "--prompts", str(bad), "--out", str(tmp_path / "c")]) == 2
     assert "cannot read prompt file" in capsys.readouterr().err
-    if os.getuid() != 0:  # root reads anything
-        locked = tmp_path / "locked.jsonl"
+    locked = tmp_path / "locked.jsonl"  # a file that is there but cannot be read
+    if Path("/proc/self/mem").exists():  # Linux: EIO at offset 0, even for root (as CI runs)
+        locked.symlink_to("/proc/self/mem")
+    else:
         locked.write_text(json.dumps({"prompt": "x"}))
         locked.chmod(0)
-        assert mcsd(["collect", "--prompts", str(locked), "--out", str(tmp_path / "d")]) == 2
-        assert "cannot read prompt file" in capsys.readouterr().err
+        assert not os.access(locked, os.R_OK), "run as a user that file modes apply to"
+    assert mcsd(["collect", "--prompts", str(locked), "--out", str(tmp_path / "d")]) == 2
+    assert "cannot read prompt file" in capsys.readouterr().err
     assert not any(Path(tmp_path).glob("*/manifest.json"))
 
 
