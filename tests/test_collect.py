@@ -66,6 +66,34 @@ def test_schema_round_trip(pair, tmp_path):
             assert len(h) == table.num_rows and len(h[0]) == pair.draft.config.hidden_size
 
 
+def plain_forward_probs(pair, committed: list[int], g: pd.DataFrame, temperature: float,
+                        init: str) -> tuple[np.ndarray, np.ndarray]:
+    """p_target(x) and q(x) of one step's rows from plain forwards of each model over the
+    node's own context (the committed tokens, then its ancestors): no tree mask, no cache.
+    The proposal of a target-initialized root is the target's distribution."""
+    token, parent = dict(zip(g.node, g.token, strict=True)), dict(zip(g.node, g.parent,
+                                                                      strict=True))
+    dists: dict = {}
+
+    def dist(model, node: int) -> torch.Tensor:
+        chain, n = [], parent[node]
+        while n:
+            chain.append(token[n])
+            n = parent[n]
+        ctx = tuple(committed + chain[::-1])
+        if (model, ctx) not in dists:
+            with torch.no_grad():
+                logits = model(torch.tensor([ctx])).logits[0, -1]
+            dists[model, ctx] = torch.softmax(logits.double() / (temperature or 1.0), -1)
+        return dists[model, ctx]
+
+    rows = list(zip(g.node, g.token, g.depth, strict=True))
+    p = [float(dist(pair.target, n)[x]) for n, x, _ in rows]
+    q = [float(dist(pair.target if init == "target" and d == 1 else pair.draft, n)[x])
+         for n, x, d in rows]
+    return np.array(p), np.array(q)
+
+
 @pytest.mark.parametrize("init,temperature", [("draft", 0.0), ("draft", 0.9), ("target", 0.0),
                                               ("target", 0.9)])
 def test_labels_agree_with_decoder(pair, init, temperature):
@@ -88,8 +116,9 @@ def test_labels_agree_with_decoder(pair, init, temperature):
         # the accepted drafts (for target-init: the chosen root first) are the tokens committed
         pos, n = int(g.position.iloc[0]), min(len(path), rec.committed)
         assert path.token.tolist()[:n] == tokens[pos : pos + n]
-        assert ((g.soft_label >= 0) & (g.soft_label <= 1)).all()
-        assert np.allclose(g.soft_label, np.minimum(1, g.p_target / g.draft_prob))
+        p, q = plain_forward_probs(pair, [5, 9, 2, 7] + tokens[:pos], g, temperature, init)
+        assert np.allclose(g.p_target, p, rtol=1e-5) and np.allclose(g.draft_prob, q, rtol=1e-5)
+        assert np.allclose(g.soft_label, np.minimum(1, p / q), rtol=1e-5)
         if temperature == 0 and init == "draft":
             assert (g[g.on_accepted_path].soft_label > 0).all()
     assert df.prompt_id.eq("p").all() and df.run_id.eq("run").all() and df.init.eq(init).all()

@@ -3,6 +3,7 @@ runs it on the default pair, then every notebook executed top to bottom on its o
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -50,11 +51,27 @@ def demo(toy_tiny, tmp_path_factory) -> Path:
 
 
 def test_pipeline_outputs(demo):
-    assert (demo / "report.md").is_file()
+    """Each stage's output says what the next relies on: exact replay checked against end-to-end
+    decoding (every output's length replayed as decoded), stoppers that stay lossless in eval."""
+    statics = {f"static:{d}" for d in range(1, 5)}
+    for model in ("lightgbm", "mlp"):
+        folder = demo / "stoppers" / model
+        spec = json.loads((folder / "stopper.json").read_text())
+        assert spec["kind"] == model and spec["k_config"] == [2, 1, 1, 1]
+        summary = json.loads((folder / "metrics.json").read_text())
+        assert summary["headline"]["replay_mode"] == "exact" and summary["profile"]["measured"]
+        check = summary["replay_check"]
+        assert check["prompts"] > 0 and set(check["per_stopper"]) == statics | {"learned"}
+        for name, r in check["per_stopper"].items():
+            assert r["tokens_replayed"] == r["tokens_measured"] > 0, (model, name)
+    rows = {m["method"]: m for m in json.loads((demo / "summary.json").read_text())["methods"]}
+    assert set(rows) == {"ar", "mcsd"} | {f"stopper:{demo / 'stoppers' / m}"
+                                          for m in ("lightgbm", "mlp")}
+    for method, row in rows.items():
+        assert row["lossless"] and row["ar_equal_share"] == 1.0, method
+        assert row["new_tokens"] == rows["ar"]["new_tokens"], method
     text = (demo / "report.md").read_text()
     assert "stopper:" in text and "| ar |" in text
-    for model in ("lightgbm", "mlp"):
-        assert (demo / "stoppers" / model / "stopper.json").is_file()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
