@@ -99,9 +99,14 @@ def test_exact_replay_matches_decoder(data, spec):
     assert r.tau == pytest.approx(tokens / calls)
 
 
-def test_exact_replay_matches_decoder_for_learned_stopper(data, artifacts):
-    folder, _ = artifacts["lightgbm"]
+@pytest.mark.parametrize("model", ["lightgbm", "mlp", "mlp-hidden"])
+def test_exact_replay_matches_decoder_for_learned_stopper(data, rows, artifacts, model):
+    """Replay and decoder agree for each model kind (mlp-hidden: both read the draft's real
+    hidden states), and each stopper really decides: it drafts between static:1 and static:4."""
+    folder, _ = artifacts[model]
     stopper = load_stopper(folder)
+    if model == "mlp-hidden":
+        data = R.ReplayData(rows, hidden=True)
     r = R.replay(data, stopper)
     tokens = calls = drafts = 0
     for ids in prompts():
@@ -111,6 +116,8 @@ def test_exact_replay_matches_decoder_for_learned_stopper(data, artifacts):
         tokens, calls, drafts = tokens + st.new_tokens, calls + st.target_calls, \
             drafts + st.draft_calls
     assert (r.tokens, r.steps, r.draft_forwards) == (tokens, calls, drafts)
+    assert (R.replay(data, "static:1").drafted_depth < r.drafted_depth
+            < R.replay(data, "static:4").drafted_depth)
 
 
 def test_accepted_oracle_never_worse_per_call(data):
