@@ -109,21 +109,23 @@ def test_unknown_verifier_is_refused(pair):
         run(pair, do_sample=True, top_k=0, verify="exact")
 
 
-def _artifact(folder, threshold: float) -> None:
-    """A LightGBM stopper artifact for tree K (a model fit on random rows: it scores in
-    (0, 1), so threshold 0 always continues and threshold 2 always stops)."""
+def _artifact(folder, threshold: float, k_config=K) -> None:
+    """A LightGBM stopper artifact for `k_config` trees, fit on random rows to continue where
+    the draft's q(x) exceeds 0.4 (its scores lie in (0, 1): threshold 0 always continues,
+    threshold 2 always stops)."""
     import lightgbm as lgb
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(200, len(DECISION_FEATURES)))
+    x = rng.uniform(size=(400, len(DECISION_FEATURES)))
+    y = (x[:, DECISION_FEATURES.index("draft_prob")] > 0.4).astype(float)
     booster = lgb.train({"objective": "binary", "verbose": -1, "num_threads": 1},
-                        lgb.Dataset(x, (x[:, 0] > 0).astype(float),
+                        lgb.Dataset(x, y,
                                     feature_name=list(DECISION_FEATURES)), num_boost_round=3)
     folder.mkdir(exist_ok=True)
     booster.save_model(str(folder / "model.txt"))
     spec = {"format": FORMAT, "kind": "lightgbm", "schema_version": SCHEMA_VERSION,
             "feature_names": list(DECISION_FEATURES), "aggregation": "max",
-            "threshold": threshold, "k_config": list(K)}
+            "threshold": threshold, "k_config": list(k_config)}
     (folder / "stopper.json").write_text(json.dumps(spec))
 
 

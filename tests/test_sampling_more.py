@@ -48,12 +48,14 @@ def exact_triple(pair, temperature: float) -> torch.Tensor:
 
 class Rotating:
     """A different adaptive stopper for each sampled output (one per seed): every one of them
-    must leave the output distributed as the target's, so their mixture must too."""
+    must leave the output distributed as the target's, so their mixture must too. `learned`:
+    a LightGBM stopper artifact's folder, added to the built-in ones."""
 
-    def __init__(self) -> None:
-        self.stoppers = [make_stopper(s) for s in ADAPTIVE]
+    def __init__(self, learned) -> None:
+        self.names = [*ADAPTIVE, "learned"]
+        self.stoppers = [make_stopper(s) for s in ADAPTIVE] + [make_stopper(f"stopper:{learned}")]
         self.current = self.stoppers[0]
-        self.needs_hidden, self.decisions = False, {s: [0, 0] for s in ADAPTIVE}
+        self.needs_hidden, self.decisions = False, {s: [0, 0] for s in self.names}
 
     def use(self, i: int) -> None:
         self.current = self.stoppers[i % len(self.stoppers)]
@@ -69,7 +71,7 @@ class Rotating:
 
     def should_continue(self, frontier) -> bool:
         go = self.current.should_continue(frontier)
-        self.decisions[ADAPTIVE[self.stoppers.index(self.current)]][go] += 1
+        self.decisions[self.names[self.stoppers.index(self.current)]][go] += 1
         return go
 
 
@@ -84,14 +86,18 @@ def _triple_counts(pair, stopper: Rotating) -> torch.Tensor:
     return counts
 
 
-def test_adaptive_stoppers_on_a_deeper_tree_keep_three_tokens_exact(micro, monkeypatch):
-    stopper = Rotating()
+def test_adaptive_stoppers_on_a_deeper_tree_keep_three_tokens_exact(micro, monkeypatch,
+                                                                   tmp_path):
+    from test_hf_generate_inputs import _artifact
+
+    _artifact(tmp_path / "learned", threshold=0.6, k_config=(2, 2, 2))
+    stopper = Rotating(tmp_path / "learned")
     exact = exact_triple(micro, 1.0)
     assert p_value(_triple_counts(micro, stopper), exact) > ALPHA
     for spec, (stops, goes) in stopper.decisions.items():  # each really adapted its depth
         assert stops > 0 and goes > 0, spec
     monkeypatch.setattr(V, "verify_children", residual_from_p)  # the same test, a biased verifier
-    assert p_value(_triple_counts(micro, Rotating()), exact) < ALPHA
+    assert p_value(_triple_counts(micro, Rotating(tmp_path / "learned")), exact) < ALPHA
 
 
 @pytest.mark.parametrize("verify", ["naive", "mcss-replacement"])
