@@ -32,8 +32,9 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
     add_decode_args(p)
     g = p.add_argument_group("collection")
     g.add_argument("--prompts", default=DEFAULT_PROMPTS,
-                   help="prompt set (toy-code-collect, toy-code, mt-bench, alpaca, trivia-qa, "
-                        "wmt-de), SET=FILE or a .json/.jsonl/.parquet file (default %(default)s)")
+                   help="prompt set (`mcsd prompts --list`: toy-code-collect, toy-doc-collect, "
+                        "mt-bench, ...), SET=FILE or a .json/.jsonl/.parquet file (default "
+                        "%(default)s); train on your own traffic, evaluate on other sets")
     g.add_argument("--limit", type=int, default=None,
                    help="a seeded random sample of this many prompts (default: all)")
     g.add_argument("--out", default=None,

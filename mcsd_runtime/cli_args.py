@@ -38,6 +38,10 @@ def add_decode_args(parser: argparse.ArgumentParser,
                    help="sampling verifier (default %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="default %(default)s")
     g.add_argument("--seed", type=int, default=0, help="default %(default)s")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="decode --max-new-tokens tokens whatever the model emits (as serving "
+                        "benchmarks do): at temperature > 0 every method then decodes the same "
+                        "number of tokens, so speed ratios compare decoding, not output lengths")
 
 
 def add_threads_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -103,4 +107,6 @@ def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfi
 
     values = dict(k_config=args.k_config, init=args.init, temperature=args.temperature,
                   verify=args.verify, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if getattr(args, "ignore_eos", False):
+        values["eos_token_ids"] = ()
     return DecodeConfig(**(values | override))

@@ -100,7 +100,8 @@ def bench_frontier(n: int = 16, hidden_size: int | None = None, depth: int = 4,
     hidden = torch.randn(1, hidden_size, generator=gen) if hidden_size else None
     layer = DraftLayer(toks[:, :n].reshape(-1), q, hidden, prob, prob.log() - 0.5 * (depth - 1),
                        top[:, :TOP_K_MASS])
-    trajectory = Trajectory(tokens_generated=24, prev_accepted=2, steps=8, accepted_sum=16)
+    trajectory = Trajectory(tokens_generated=24, prev_accepted=2, accepted=16, tried=20,
+                            recent_accepted=5, recent_tried=7)
     return DraftFrontier(layer, depth, depth, tt, trajectory)
 
 

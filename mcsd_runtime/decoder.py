@@ -453,7 +453,7 @@ class MCSDDecoder:
         st.t_pending = [token]
         st.done = token in self._eos or self.config.max_new_tokens == 1
         stats.target_calls += 1
-        st.trajectory.update(0, 1)
+        st.trajectory.update(0, 1, 0)
         self.stopper.update(0, 0)
         return StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
                           target_cache=cache_len(st.t_cache), draft_cache=0, target_pending=1,
@@ -666,7 +666,7 @@ class MCSDDecoder:
         drafted_depth = s - 1 if roots else s
         if self.recorder is not None:
             self.recorder.on_step(self._trace(st, draft, v))
-        st.trajectory.update(v.accepted, len(committed))
+        st.trajectory.update(v.accepted, len(committed), drafted_depth)
         self.stopper.update(drafted_depth, v.accepted)
         stats.drafted_tokens += c - roots
         stats.accepted_tokens += v.accepted

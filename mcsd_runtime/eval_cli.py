@@ -15,6 +15,12 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
                          with the same stopper run directly when both are listed
 
+Several prompt sets (`--prompts toy-code,pkg-code,pkg-prose,toy-shift`) give one interleaved
+run per set, each in its own subfolder, and a table across domains (domains.md): every method
+against ar, against the static schedule a user would deploy (--deploy; by default the one a
+listed stopper recorded from its training collection), against each domain's hindsight best
+static schedule and against the tuned heuristic (--heuristic), and each method's worst domain.
+
 Greedy runs report output equality with ar and with hf; where a lossless output differs from
 hf's, the report gives the first differing position and the target's top-2 logit margin there.
 """
@@ -43,13 +49,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_decode_args(p)
-    p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
+    p.add_argument("--prompts", default="toy-code",
+                   help="prompt set or file, or several separated by commas for an evaluation "
+                        "across domains (default %(default)s; `mcsd prompts --list`)")
     p.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
     p.add_argument("--methods", default=DEFAULT_METHODS, help="default: %(default)s")
     p.add_argument("--reference", default=None,
                    help="method every other is compared with (paired per-prompt geometric mean "
                         "and 95%% CI); default: the run's best static schedule (mcsd[:K] or "
                         "static:D) by its speedup over ar")
+    p.add_argument("--deploy", default=None, metavar="METHOD",
+                   help="across domains: the static schedule a user would deploy; default: the "
+                        "deploy_static recorded by the first listed stopper:PATH (added to the "
+                        "methods if missing)")
+    p.add_argument("--heuristic", default=None, metavar="METHOD",
+                   help="across domains: the tuned heuristic to compare with; default: the first "
+                        "listed heuristic method")
+    p.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="EVAL_DIR",
+                   help="build the table across domains from finished eval folders (one per "
+                        "domain, e.g. run in parallel) instead of decoding; writes to --out")
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
@@ -59,7 +77,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from mcsd_runtime.evaluate import (
         check_method,
@@ -81,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     if args.reference is not None and args.reference not in methods:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     base = decode_config_from_args(args)
+    if args.from_runs:
+        return combine_runs(args, methods)
+    if "," in args.prompts:
+        return run_domains(args, methods, base)
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
     if not prompts:
         raise MCSDError(f"the prompt set {args.prompts!r} is empty")
@@ -89,16 +110,92 @@ def run(args: argparse.Namespace) -> int:
     pair = pair_from_args(args)
     records = run_eval(pair, prompts, methods, base, chat=args.chat)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
-    settings = {"target": pair.target_name, "draft": pair.draft_name, "prompts": args.prompts,
-                "n_prompts": len(prompts), "temperature": base.temperature,
-                "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
-                "max_new_tokens": base.max_new_tokens, "seed": base.seed,
-                "device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads()}
+    settings = _settings(args, pair, base, args.prompts, len(prompts))
     write_outputs(records, rows, out, settings)
     print(markdown_table(rows))
     notes = markdown_notes(rows, records)
     if notes:
         print(f"\n{notes}")
     print(f"\nwrote {out}/report.md")
+    return 0
+
+
+def domain_baselines(args: argparse.Namespace, methods: list[str]) -> tuple[str | None, str | None]:
+    """The deploy static and the heuristic of an evaluation across domains (see --help); the
+    deploy static joins `methods` when it is not there."""
+    from mcsd_runtime.domain_report import deploy_static_of
+
+    deploy = args.deploy
+    if deploy is None:
+        recorded = [deploy_static_of(m.split(":", 1)[1]) for m in methods
+                    if m.startswith("stopper:")]
+        deploy = next((d for d in recorded if d), None)
+    if deploy is not None and deploy not in methods:
+        methods.append(deploy)
+    heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
+    if heuristic is not None and heuristic not in methods:
+        raise MCSDError(f"--heuristic {heuristic!r} is not among --methods; add it there")
+    return deploy, heuristic
+
+
+def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
+    """One interleaved run per prompt set, each written to its own subfolder, then the table
+    across domains (domains.md, domains.json)."""
+    import torch
+
+    from mcsd_runtime import domain_report
+    from mcsd_runtime.evaluate import check_writable, run_eval, summarize, write_outputs
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    specs = [s.strip() for s in args.prompts.split(",") if s.strip()]
+    if len(set(specs)) != len(specs):
+        raise MCSDError(f"--prompts names a set twice: {args.prompts!r}")
+    deploy, heuristic = domain_baselines(args, methods)
+    sets = {spec: load_prompts(spec, limit=args.limit, seed=args.seed) for spec in specs}
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    check_writable(out)
+    pair = pair_from_args(args)
+    by_domain = {}
+    for spec, prompts in sets.items():
+        name = Path(spec).stem if "/" in spec or "=" in spec else spec
+        print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
+        records = run_eval(pair, prompts, methods, base, chat=args.chat)
+        rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
+        write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)))
+        by_domain[name] = records
+    rows = domain_report.domain_rows(by_domain, deploy, heuristic)
+    worst = domain_report.worst_domains(rows)
+    settings = _settings(args, pair, base, args.prompts, sum(map(len, sets.values())))
+    settings |= {"deploy": deploy, "heuristic": heuristic, "threads": torch.get_num_threads()}
+    print(domain_report.write(rows, worst, out, settings))
+    print(f"wrote {out}/domains.md")
+    return 0
+
+
+def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int) -> dict:
+    import torch
+
+    return {"target": pair.target_name, "draft": pair.draft_name, "prompts": prompts,
+            "n_prompts": n_prompts, "temperature": base.temperature,
+            "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
+            "max_new_tokens": base.max_new_tokens, "seed": base.seed,
+            "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
+            "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}
+
+
+def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
+    """The table across domains from finished eval folders (`--from-runs`), named by folder."""
+    from mcsd_runtime import domain_report
+
+    if args.out is None:
+        raise MCSDError("--from-runs needs --out, the folder for domains.md and domains.json")
+    by_domain = {Path(d).name: domain_report.read_records(d) for d in args.from_runs}
+    ran = {r.method for records in by_domain.values() for r in records}
+    deploy, heuristic = domain_baselines(args, [m for m in methods if m in ran])
+    settings = {"from_runs": [str(d) for d in args.from_runs], "deploy": deploy,
+                "heuristic": heuristic}
+    rows = domain_report.domain_rows(by_domain, deploy, heuristic)
+    print(domain_report.write(rows, domain_report.worst_domains(rows), args.out, settings))
+    print(f"wrote {args.out}/domains.md")
     return 0

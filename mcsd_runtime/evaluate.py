@@ -96,6 +96,11 @@ def hf_sampling_kwargs(config: DecodeConfig) -> dict:
     return {"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0}
 
 
+def _eos_kwargs(config: DecodeConfig) -> dict:
+    """generate() arguments for a config that ignores EOS (`eos_token_ids=()`)."""
+    return {"eos_token_id": None} if config.eos_token_ids == () else {}
+
+
 def clip_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
     for i, t in enumerate(tokens):
         if t in eos:
@@ -120,14 +125,16 @@ class HFGenerate:
         x = torch.tensor([ids], device=pair.device)
         kwargs = hf_sampling_kwargs(cfg) | ({"assistant_model": pair.draft} if self.assisted
                                             else {})
+        eos = list(pair.eos_token_ids if cfg.eos_token_ids is None else cfg.eos_token_ids)
         torch.manual_seed(cfg.seed)
         with ForwardMeter(self.models) as meter:
             t0 = time.perf_counter()
             out = pair.target.generate(x, attention_mask=torch.ones_like(x),
                                        max_new_tokens=cfg.max_new_tokens,
-                                       pad_token_id=(pair.eos_token_ids or [0])[0], **kwargs)
+                                       pad_token_id=(pair.eos_token_ids or [0])[0],
+                                       **kwargs | _eos_kwargs(cfg))
             wall = time.perf_counter() - t0
-        new = clip_at_eos(out[0, len(ids):].tolist(), pair.eos_token_ids)
+        new = clip_at_eos(out[0, len(ids):].tolist(), eos)
         unknown = None if self.assisted else 0
         return Record("", "", new, len(new), wall, meter.calls["target"],
                       meter.calls.get("draft", 0), unknown, unknown, None, True, [],
@@ -157,7 +164,7 @@ class HFCustomGenerate:
                                    custom_generate=mcsd_generate, draft_model=pair.draft,
                                    k_config=cfg.k_config, stopper=self.stopper, verify=cfg.verify,
                                    max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True,
-                                   **hf_sampling_kwargs(cfg))
+                                   **hf_sampling_kwargs(cfg) | _eos_kwargs(cfg))
         wall = time.perf_counter() - t0
         rec = _from_result(out.mcsd, roots=0)
         rec.wall_time = wall

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4  # 3 was an experiment that never shipped
 TOP_K_MASS = 4  # top-k mass of the proposing distribution uses this k
 
 NODE_FEATURES: tuple[str, ...] = (
@@ -34,7 +34,8 @@ NODE_FEATURES: tuple[str, ...] = (
 TRAJECTORY_FEATURES: tuple[str, ...] = (
     "tokens_generated",  # new tokens committed before this step
     "prev_accepted",  # accepted length of the previous step (0 at the first step)
-    "mean_accepted",  # running mean of accepted length over previous steps (0 at first)
+    "accept_rate",  # this sequence's per-token acceptance so far (see Trajectory)
+    "accept_rate_recent",  # the same over the last few steps (decay RECENT_DECAY per step)
 )
 FEATURE_NAMES: tuple[str, ...] = NODE_FEATURES + TRAJECTORY_FEATURES
 # What learned stoppers read: every feature that drafting already computed (the top-k pass that
@@ -64,24 +65,48 @@ def node_features(static: torch.Tensor, draft_prob: torch.Tensor, log_path_prob:
     return torch.cat([static, draft_prob[:, None], log_path_prob[:, None], stats], -1).float()
 
 
+# Prior of the acceptance rates, in pseudo-counts (accepted, tried): 0.5, worth two drafted tokens.
+ACCEPT_PRIOR = (1.0, 2.0)
+RECENT_DECAY = 0.7  # accept_rate_recent: a step's weight decays by this factor per later step
+
+
 @dataclass
 class Trajectory:
-    """Running state behind the trajectory features; updated once per step."""
+    """Running state behind the trajectory features; updated once per step.
+
+    The acceptance rates count, over the sequence's drafted tokens, how many the target accepted
+    out of those it judged: a step that accepted L of `drafted` depths judged L + 1 of them if
+    one was rejected (L < drafted) and L if all were accepted. A stopper that drafts shallow
+    therefore does not read its own caution as low acceptance (a step that stopped at depth 2
+    with both accepted counts 2 of 2), so the rates mean the same under any stopper, the
+    collection's full-depth one included. Both start from ACCEPT_PRIOR.
+    """
 
     tokens_generated: int = 0
     prev_accepted: int = 0
     steps: int = 0
-    accepted_sum: int = 0
+    accepted: float = 0.0
+    tried: float = 0.0
+    recent_accepted: float = 0.0
+    recent_tried: float = 0.0
 
     def values(self) -> list[float]:
-        mean = self.accepted_sum / self.steps if self.steps else 0.0
-        return [float(self.tokens_generated), float(self.prev_accepted), mean]
+        a0, n0 = ACCEPT_PRIOR
+        return [float(self.tokens_generated), float(self.prev_accepted),
+                (self.accepted + a0) / (self.tried + n0),
+                (self.recent_accepted + a0) / (self.recent_tried + n0)]
 
-    def update(self, accepted: int, committed: int) -> None:
+    def update(self, accepted: int, committed: int, drafted: int) -> None:
+        """A step drafted `drafted` depths, `accepted` of them were accepted, and it committed
+        `committed` tokens."""
+        tried = accepted + (accepted < drafted)
         self.tokens_generated += committed
         self.prev_accepted = accepted
         self.steps += 1
-        self.accepted_sum += accepted
+        self.accepted += accepted
+        self.tried += tried
+        self.recent_accepted = RECENT_DECAY * self.recent_accepted + accepted
+        self.recent_tried = RECENT_DECAY * self.recent_tried + tried
 
 
 def with_trajectory(node_feats: torch.Tensor, trajectory: Sequence[float]) -> torch.Tensor:

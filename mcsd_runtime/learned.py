@@ -34,7 +34,13 @@ from torch import nn
 
 from mcsd_runtime.constants import STOPPER_KINDS as KINDS
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION, column
+from mcsd_runtime.features import (
+    DECISION_FEATURES,
+    FEATURE_NAMES,
+    SCHEMA_VERSION,
+    TRAJECTORY_FEATURES,
+    column,
+)
 from mcsd_runtime.stoppers import Frontier, StopperBase
 from mcsd_runtime.tree import parse_k_config
 
@@ -43,6 +49,17 @@ MODEL_FILES = {"lightgbm": ("model.txt",), "mlp": ("model.safetensors", "config.
                "mlp-hidden": ("model.safetensors", "config.json")}
 
 _LOG_PATH = column("log_path_prob")
+_RECENT_RATE = TRAJECTORY_FEATURES.index("accept_rate_recent")
+
+
+def drafts_without_deciding(frontier: Frontier, min_depth: int, gate: float) -> bool:
+    """Whether a learned stopper drafts on from `frontier` without asking its model: below
+    `min_depth`, while the sequence's recent acceptance rate is at least `gate` (0: always).
+    A decision that nearly always says "continue" only costs time; the gate hands the shallow
+    depths back to the model when acceptance drops (another domain, a shift in the text)."""
+    if frontier.depth >= min_depth:
+        return False
+    return gate <= 0 or frontier.trajectory()[_RECENT_RATE] >= gate
 
 
 # ------------------------------------------------------------------ aggregation over the frontier
@@ -210,9 +227,10 @@ class LearnedStopper(StopperBase):
         self.kind, self.spec, self.model = kind, spec, model
         self.threshold, self.aggregation = float(threshold), aggregation
         self._agg = AGGREGATIONS[aggregation]
-        # depths below it are always drafted without a decision (replay chooses it: a decision
-        # that nearly always says "continue" only costs time)
+        # depths below min_depth are drafted without a decision while the recent acceptance
+        # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
         self.min_depth = int(spec.get("min_depth", 1))
+        self.min_depth_gate = float(spec.get("min_depth_gate", 0.0))
         self.pair_fingerprint: dict | None = spec.get("pair_fingerprint")
         self.k_config: tuple[int, ...] | None = (parse_k_config(spec["k_config"])
                                                  if spec.get("k_config") else None)
@@ -261,13 +279,14 @@ class LearnedStopper(StopperBase):
         return self._agg(scores, feats)
 
     def should_continue(self, frontier: Frontier) -> bool:
-        if frontier.depth < self.min_depth:  # always drafted: no features, no model
+        if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
         return self.frontier_score(frontier) >= self.threshold
 
     def __repr__(self) -> str:
         return (f"LearnedStopper(kind={self.kind!r}, aggregation={self.aggregation!r}, "
-                f"threshold={self.threshold:.3f})")
+                f"threshold={self.threshold:.3f}, min_depth={self.min_depth}, "
+                f"min_depth_gate={self.min_depth_gate:g})")
 
 
 def _k_text(k_config: tuple[int, ...]) -> str:
@@ -318,9 +337,10 @@ def read_spec(path: str | Path) -> tuple[Path, dict]:
 
 
 def load_stopper(path: str | Path, threshold: float | None = None,
-                 aggregation: str | None = None, min_depth: int | None = None) -> LearnedStopper:
-    """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation` and
-    `min_depth` override the artifact's choices."""
+                 aggregation: str | None = None, min_depth: int | None = None,
+                 min_depth_gate: float | None = None) -> LearnedStopper:
+    """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation`,
+    `min_depth` and `min_depth_gate` override the artifact's choices."""
     folder, spec = read_spec(path)
     kind = spec["kind"]
     if kind == "lightgbm":
@@ -340,6 +360,8 @@ def load_stopper(path: str | Path, threshold: float | None = None,
                              spec["threshold"] if threshold is None else threshold, agg)
     if min_depth is not None:
         stopper.min_depth = int(min_depth)
+    if min_depth_gate is not None:
+        stopper.min_depth_gate = float(min_depth_gate)
     return stopper
 
 

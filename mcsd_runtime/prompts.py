@@ -4,6 +4,8 @@
 
 - `toy-code`: code prompts cut from the toy pair's held-out `eval` stdlib files (evaluation);
 - `toy-code-collect`: the same cut from the disjoint held-out `collect` files (collection);
+- the other offline domains of `mcsd_runtime.domains` (`toy-doc`, `toy-shift`, `pkg-code`,
+  `pkg-prose`, ...): prose, shifting and foreign-code prompts for evaluation across domains;
 - `mt-bench`, `alpaca`, `trivia-qa`, `wmt-de`: the benchmarks, from the Hugging Face hub;
 - `SET=PATH` (e.g. `mt-bench=question.jsonl`): a local .json/.jsonl/.parquet file in that set's
   own format;
@@ -14,27 +16,16 @@ With `limit`, a seeded sample of that many prompts is returned (in their origina
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from mcsd_runtime.domains import DOMAIN_SETS, Prompt, cut_code, domain_prompts, toy_code_prompts
 from mcsd_runtime.errors import MCSDError
 
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt: a stable id, the text given to the model, and the set it came from."""
-
-    id: str
-    text: str
-    source: str
-
+__all__ = ["KNOWN_SETS", "Prompt", "cut_code", "load_prompts", "toy_code_prompts"]
 
 Record = dict[str, Any]
 
@@ -49,7 +40,7 @@ TOY_SETS = {"toy-code": "eval", "toy-code-collect": "collect"}
 GENERIC_FIELDS = ("prompt", "text", "instruction", "question")
 WMT_TEMPLATE = "Translate English to German: {en}\nGerman:"
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
-KNOWN_SETS = (*TOY_SETS, *HUB_SETS)
+KNOWN_SETS = (*TOY_SETS, *DOMAIN_SETS, *HUB_SETS)
 
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 0) -> list[Prompt]:
@@ -59,6 +50,8 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 0) -> list[Pro
         raise MCSDError(f"--limit must be a positive number of prompts, got {limit}")
     if spec in TOY_SETS:
         prompts = toy_code_prompts(TOY_SETS[spec], source=spec)
+    elif spec in DOMAIN_SETS:
+        prompts = list(domain_prompts(spec))
     elif spec in HUB_SETS:
         prompts = _parse_records(spec, _load_hub(spec), origin=f"hub:{HUB_SETS[spec][0]}")
     elif "=" in spec and not Path(spec).exists():
@@ -83,75 +76,6 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 0) -> list[Pro
         keep = sorted(random.Random(seed).sample(range(len(prompts)), limit))
         prompts = [prompts[i] for i in keep]
     return prompts
-
-
-# --- toy code prompts ----------------------------------------------------------------------
-
-MIN_CHARS, MAX_CHARS = 220, 640  # about 64-200 tokens of the toy tokenizer (~3.2 chars/token)
-MAX_PER_FILE = 12
-
-
-def toy_code_prompts(split: str, source: str | None = None) -> list[Prompt]:
-    """Prompts cut from the held-out stdlib files of corpus `split` (`eval` or `collect`)."""
-    return list(_toy_code_prompts(split, source or split))
-
-
-@lru_cache(maxsize=4)
-def _toy_code_prompts(split: str, source: str) -> tuple[Prompt, ...]:
-    from mcsd_runtime.toy.corpus import read_source, source_files
-
-    prompts = []
-    for file in source_files(split):
-        for line, text in cut_code(read_source(file), file.rel):
-            prompts.append(Prompt(id=f"{file.rel}:{line}", text=text, source=source))
-    return tuple(prompts)
-
-
-def cut_code(source: str, key: str = "") -> list[tuple[int, str]]:
-    """Code prompts from one file: each ends just before a statement inside a function body
-    (so the continuation is more of that function), at a line end without the newline, and
-    starts at a line boundary some 220-640 characters earlier. Prompts do not overlap; the cut
-    points and lengths are fixed by a hash of `key` and the line number. Returns (1-based line
-    where the continuation starts, text) pairs."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    lines = source.splitlines(keepends=True)
-    funcs = sorted(
-        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)),
-        key=lambda n: n.lineno,
-    )
-    out: list[tuple[int, str]] = []
-    last_end = 0  # lines before this index are used
-    for func in funcs:
-        if len(out) >= MAX_PER_FILE:
-            break
-        stmts = [s for s in func.body if s.lineno > func.lineno]
-        if len(stmts) < 2:
-            continue
-        h = int(hashlib.sha256(f"{key}:{func.lineno}".encode()).hexdigest()[:8], 16)
-        cut = stmts[1 + h % (len(stmts) - 1)].lineno - 1  # 0-based index of the next line
-        if _decorated_or_blank(lines, cut):
-            continue
-        want = MIN_CHARS + (h >> 8) % (MAX_CHARS - MIN_CHARS)
-        start, size = cut, 0
-        while start > last_end and size < want:
-            start -= 1
-            size += len(lines[start])
-        while size > MAX_CHARS and start < cut - 1:
-            size -= len(lines[start])
-            start += 1
-        text = "".join(lines[start:cut]).rstrip("\n")
-        if not (MIN_CHARS <= len(text) <= MAX_CHARS) or not text.strip():
-            continue
-        out.append((cut + 1, text))
-        last_end = cut
-    return out
-
-
-def _decorated_or_blank(lines: list[str], cut: int) -> bool:
-    return cut >= len(lines) or not lines[cut].strip() or lines[cut].lstrip().startswith("@")
 
 
 # --- benchmark formats ---------------------------------------------------------------------
@@ -320,7 +244,9 @@ def register(subparsers: Any) -> None:
             "text, instruction or question field). See data/prompts/README.md."
         ),
     )
-    parser.add_argument("spec", metavar="SPEC", help="prompt set or file")
+    parser.add_argument("spec", metavar="SPEC", nargs="?", help="prompt set or file")
+    parser.add_argument("--list", action="store_true",
+                        help="list the named prompt sets with what they hold and their sizes")
     parser.add_argument("--limit", type=int, default=None,
                         help="a seeded random sample of this many prompts")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
@@ -329,7 +255,23 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run_prompts)
 
 
+def list_sets() -> list[tuple[str, str]]:
+    """(name, description) of every named prompt set."""
+    toy = {"toy-code": "stdlib code, held-out eval files (evaluation)",
+           "toy-code-collect": "stdlib code, held-out collect files (stopper training)"}
+    hub = {name: f"benchmark {ds} from the Hugging Face hub, or SET=FILE offline"
+           for name, (ds, _, _) in HUB_SETS.items()}
+    return [*toy.items(), *((n, text) for n, (text, _) in DOMAIN_SETS.items()), *hub.items()]
+
+
 def run_prompts(args: Any) -> int:
+    if args.list:
+        for name, text in list_sets():
+            size = "" if name in HUB_SETS else f" ({len(load_prompts(name))} prompts)"
+            print(f"{name:18} {text}{size}")
+        return 0
+    if args.spec is None:
+        raise MCSDError("name a prompt set or file to preview (SPEC), or --list the sets")
     prompts = load_prompts(args.spec, limit=args.limit, seed=args.seed)
     if args.jsonl is not None:
         try:

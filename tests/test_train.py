@@ -13,7 +13,7 @@ from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, s
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES
+from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.learned import check_pair, load_stopper
 from mcsd_runtime.stoppers import StopperBase, make_stopper
 from train import replay as R
@@ -292,8 +292,7 @@ def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
     R.replay(data, Recording())
     walked = walk_trajectory(rows)
     first = walked[walked["depth"] == 1]
-    got = {(k, int(r.position)):
-           (float(r.tokens_generated), float(r.prev_accepted), float(r.mean_accepted))
+    got = {(k, int(r.position)): tuple(float(getattr(r, n)) for n in TRAJECTORY_FEATURES)
            for k, r in zip(sequence_ids(first), first.itertuples(), strict=True)}
     assert seen and all(np.allclose(got[k], v) for k, v in seen.items())
     assert (walked["prev_accepted"] != rows["prev_accepted"]).any()

@@ -73,6 +73,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=D.max_epochs,
                    help="MLP epochs cap (default: train.models.MLP_EPOCHS)")
+    p.add_argument("--domains", nargs="+", type=Path, default=[], metavar="RUN_DIR",
+                   help="dense collections of other domains (never trained on): report the "
+                        "stopper's calibration (ECE) and replayed speed on each against the "
+                        "deploy static, the domain's best static and the tuned heuristic "
+                        "(metrics.json `domains`, calibration_domains.png)")
     add_threads_arg(p)
     p.add_argument("--bench-latency", action="store_true",
                    help="measure the decision latency of the artifact in --out (after training, "
@@ -99,11 +104,33 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         _quiet_lightning()
         summary = train_stopper(df, manifests, args.out, config, profile=profile)
+    if args.domains:
+        _check_domains(args.domains, args.out, summary, profile)
     print(f"stopper written to {args.out} (decision latency "
           f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
     if args.bench_latency:
         _bench(args.out)
     return 0
+
+
+def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> None:
+    """Add the stopper's figures on other domains to metrics.json, with their reliability plot."""
+    import json
+
+    from mcsd_runtime.cost import CostProfile
+    from mcsd_runtime.learned import load_stopper
+    from train import report
+    from train.domain_check import check_domains, format_domains
+
+    domains = check_domains(run_dirs, load_stopper(out), summary,
+                            profile or CostProfile.relative())
+    print(format_domains(domains))
+    summary["domains"] = domains
+    (out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    curves = {"training (test prompts)": summary["calibration"]}
+    curves |= {f"{name} (ECE {d['ece']:.3f})": d["calibration"] for name, d in domains.items()}
+    report.plot_calibration_domains(curves, "reliability of node scores by domain",
+                                    out / "calibration_domains.png")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

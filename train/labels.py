@@ -87,9 +87,9 @@ def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
             a = int(min(acc[t], cap[t]))
             for j in range(1, min(a, n - 1 - t) + 1):  # stopped at depth j - 1, all accepted
                 stopped = replace(traj)
-                stopped.update(j - 1, j)
+                stopped.update(j - 1, j, j - 1)
                 values[t + j] = stopped.values()
-            traj.update(a, a + 1)
+            traj.update(a, a + 1, int(cap[t]))
             t += a + 1
         rows = np.nonzero((key == k).to_numpy())[0]
         walked[rows] = values[pos_all[rows]]

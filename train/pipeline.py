@@ -221,18 +221,24 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
     return latency
 
 
+def deploy_static(results: dict[str, dict]) -> str:
+    """The static depth a user would deploy: the best replayed one on validation prompts."""
+    statics = {k: v for k, v in results.items() if k.startswith("static:")}
+    return max(statics, key=lambda k: statics[k][METRIC])
+
+
 def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: dict,
               decision_s: float) -> dict:
     test = results["test"]
-    statics = {k: v for k, v in test.items() if k.startswith("static:")}
-    best_static = max(statics, key=lambda k: statics[k][METRIC])
+    best_static = deploy_static(test)
     b, o, s = test[best_static][METRIC], test["oracle"][METRIC], test["learned"][METRIC]
     return {"metric": METRIC, "units": "tokens/s" if measured else "relative (no profile)",
             "replay_mode": mode, "best_static": best_static, "best_static_value": b,
             "oracle_value": o, "learned_value": s, "speedup_vs_best_static": s / b if b else 0,
             "oracle_gain_captured": (s - b) / (o - b) if o > b else float("nan"),
             "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-            "min_depth": chosen["min_depth"], "decision_latency_us": latency["median_us"],
+            "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
+            "decision_latency_us": latency["median_us"],
             "replay_decision_us": decision_s * 1e6}
 
 
@@ -263,7 +269,9 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     val, test = data.subset(keys["val"]), data.subset(keys["test"])
     curve = R.sweep(val, stopper, profile, config.aggregations or tuple(AGGREGATIONS),
                     decision_s=decision_s, progress=config.progress)
-    chosen = max(curve, key=lambda c: (c[METRIC], c["tau"]))
+    chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
+    gated = R.sweep_gates(val, stopper, profile, chosen, decision_s=decision_s)
+    chosen = max([chosen, *gated], key=lambda c: c[METRIC])  # ties keep the ungated choice
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
@@ -273,7 +281,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         base = R.baselines(part, profile)
         base |= {f"{p}(tuned)": R.replay(part, p, profile) for p in peers.values()}
         final = load_stopper(out, threshold=chosen["threshold"],
-                             aggregation=chosen["aggregation"], min_depth=chosen["min_depth"])
+                             aggregation=chosen["aggregation"], min_depth=chosen["min_depth"],
+                             min_depth_gate=chosen["min_depth_gate"])
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
     headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
@@ -281,7 +290,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         f"best static {headline['best_static']} {headline['best_static_value']:.4g}, oracle "
         f"{headline['oracle_value']:.4g}: {headline['oracle_gain_captured']:.1%} of the "
         f"oracle's gain; aggregation {chosen['aggregation']}, threshold "
-        f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']}")
+        f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
+        f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1")
     return Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
                   peers, results, headline)
 
@@ -312,7 +322,8 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     summary = {"model": config.model, "label": config.label, "headline": choice.headline,
                "metrics": fitted.metrics, "calibration": fitted.calibration,
                "importance": fitted.importance, "replay": choice.results,
-               "peers": choice.peers, "latency": choice.latency, "fit_s": fitted.fit_s,
+               "peers": choice.peers, "deploy_static": deploy_static(choice.results["val"]),
+               "latency": choice.latency, "fit_s": fitted.fit_s,
                "profile": {"measured": choice.measured, "note": profile.note,
                            "device": profile.device},
                "elapsed_s": time.perf_counter() - started if started is not None else None}
@@ -320,7 +331,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     chosen = choice.chosen
     spec = choice.spec | {
         "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-        "min_depth": chosen["min_depth"],
+        "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
         "metrics": {"test": fitted.metrics["test"], "headline": choice.headline},
         "training_data": {"runs": [_slim_manifest(m) for m in manifests],
                           "rows": int(len(prep.df)), "seed": config.seed,

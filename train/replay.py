@@ -341,7 +341,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
             if s:
                 res.acceptance_sum += a / s
                 res.drafting_steps += 1
-            traj.update(a, committed)
+            traj.update(a, committed, s)
             stopper.update(s, a)
             t += committed
     res.cost_s += decision_s * res.decisions
@@ -356,7 +356,7 @@ class MemoStopper(StopperBase):
         self.learned = learned
         self.cache = {} if cache is None else cache
         self.threshold, self.aggregation = learned.threshold, learned.aggregation
-        self.min_depth = learned.min_depth
+        self.min_depth, self.min_depth_gate = learned.min_depth, learned.min_depth_gate
         self.needs_hidden = learned.needs_hidden
 
     def reset(self) -> None:
@@ -366,9 +366,9 @@ class MemoStopper(StopperBase):
         self.learned.update(drafted, accepted)
 
     def should_continue(self, frontier: _Frontier) -> bool:
-        from mcsd_runtime.learned import AGGREGATIONS
+        from mcsd_runtime.learned import AGGREGATIONS, drafts_without_deciding
 
-        if frontier.depth < self.min_depth:
+        if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
         key = (*frontier.key, *frontier.trajectory())
         hit = self.cache.get(key)
@@ -389,6 +389,8 @@ THRESHOLDS = np.round(np.concatenate([np.linspace(0.02, 0.2, 10), np.linspace(0.
 
 
 MIN_DEPTHS = (1, 2, 3)
+# min_depth_gate values tried for the chosen setting (0: depths below min_depth always drafted)
+GATES = (0.0, 0.4, 0.5, 0.6, 0.7)
 
 
 def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
@@ -409,6 +411,24 @@ def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
         r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}/{m}", decision_s=decision_s)
         curve.append({"aggregation": agg, "threshold": float(thr), "min_depth": m}
                      | r.as_dict())
+    return curve
+
+
+def sweep_gates(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
+                gates=GATES, decision_s: float = 0.0, min_depths=MIN_DEPTHS) -> list[dict]:
+    """Replay the chosen aggregation and threshold at every (min_depth, min_depth_gate); gates
+    apply below a min_depth above 1 only."""
+    cache: dict = {}
+    curve = []
+    for m in (m for m in min_depths if 1 < m < data.depth):
+        for gate in gates:
+            memo = MemoStopper(learned, cache)
+            memo.aggregation, memo.threshold = chosen["aggregation"], chosen["threshold"]
+            memo.min_depth, memo.min_depth_gate = m, float(gate)
+            r = replay(data, memo, profile, decision_s=decision_s,
+                       name=f"learned:{memo.aggregation}@{memo.threshold:g}/{m}/{gate:g}")
+            curve.append({"aggregation": memo.aggregation, "threshold": memo.threshold,
+                          "min_depth": m, "min_depth_gate": float(gate)} | r.as_dict())
     return curve
 
 

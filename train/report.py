@@ -66,6 +66,21 @@ def plot_calibration(cal: dict, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_calibration_domains(curves: dict[str, dict], title: str, path: Path) -> None:
+    """Reliability curves (label -> `calibration()` output) on one set of axes."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.plot([0, 1], [0, 1], ls=":", c="grey", label="perfect")
+    for label, cal in curves.items():
+        ax.plot(cal["mean_predicted"], cal["fraction_positive"], marker="o", label=label)
+    ax.set(xlabel="predicted probability (node score)", ylabel="observed frequency",
+           title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_importance(imp: dict, title: str, path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, len(imp), figsize=(5 * len(imp), 4.5))

@@ -1,0 +1,95 @@
+"""A trained stopper on collections of other domains, never trained on: how well its node scores
+are calibrated there (reliability, ECE) and its replayed speed against the static depth a user
+would deploy (the best one on the training collection's validation prompts), the domain's
+hindsight best static depth and the tuned heuristic.
+
+Replay on another domain's dense collection is exact (as on the training collection), so this
+is a cheap first look at transfer; `mcsd eval` over the same prompt sets is the measurement.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.features import DECISION_FEATURES
+from train import labels as L
+from train import replay as R
+from train import report
+from train.data import load_runs
+
+METRIC = "throughput"
+
+
+def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
+    """ECE with equal-width bins: the mean |predicted - observed| weighted by the bin's rows."""
+    y, p = np.asarray(y, dtype=np.float64), np.clip(np.asarray(p, dtype=np.float64), 0, 1)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        mask = which == b
+        if mask.any():
+            total += mask.sum() * abs(p[mask].mean() - y[mask].mean())
+    return float(total / max(len(y), 1))
+
+
+def _scored_rows(df: pd.DataFrame, stopper) -> tuple[np.ndarray, np.ndarray]:
+    """Hard labels and the stopper's node scores on a collection's decision rows, with the
+    trajectory features a decoder would have seen (as training recomputes them)."""
+    df = L.walk_trajectory(L.add_labels(df))
+    rows = df[df["decision"].to_numpy()]
+    x = rows[list(DECISION_FEATURES)].to_numpy(np.float32)
+    return rows["label_hard"].to_numpy(), stopper.node_scores(x)
+
+
+def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
+                 profile: CostProfile, decision_s: float) -> dict:
+    """Calibration and replayed speed of `stopper` on one domain's dense collection."""
+    df, _ = load_runs([run_dir])
+    y, p = _scored_rows(df, stopper)
+    data = R.ReplayData(df, stopper.k_config, mode="auto")
+    statics = {f"static:{d}": R.replay(data, f"static:{d}", profile).as_dict()
+               for d in range(1, data.depth + 1)}
+    best = max(statics, key=lambda k: statics[k][METRIC])
+    learned = R.replay(data, stopper, profile, name="learned", decision_s=decision_s).as_dict()
+    heur = R.replay(data, heuristic, profile).as_dict()
+    oracle = R.replay(data, "oracle", profile).as_dict()
+    value = learned[METRIC]
+    return {
+        "prompts": len(data.prompts), "replay_mode": data.mode,
+        "metrics": report.classification_metrics(y, p),
+        "ece": expected_calibration_error(y, p), "calibration": report.calibration(y, p),
+        "best_static": best, "deploy": deploy, "heuristic": heuristic,
+        "learned_vs_deploy": value / statics[deploy][METRIC],
+        "learned_vs_best_static": value / statics[best][METRIC],
+        "learned_vs_heuristic": value / heur[METRIC],
+        "heuristic_vs_best_static": heur[METRIC] / statics[best][METRIC],
+        "oracle_vs_best_static": oracle[METRIC] / statics[best][METRIC],
+        "learned_drafted_per_token": learned["drafted_tokens"] / max(learned["tokens"], 1),
+        "replay": {"learned": learned, "heuristic": heur, "oracle": oracle} | statics,
+    }
+
+
+def check_domains(run_dirs: list[Path], stopper, summary: dict, profile: CostProfile) -> dict:
+    """`check_domain` for each run folder (keyed by its name), with the deploy static, the tuned
+    heuristic and the decision cost of the training summary (metrics.json)."""
+    decision_s = summary["headline"]["replay_decision_us"] * 1e-6
+    return {Path(d).name: check_domain(d, stopper, summary["deploy_static"],
+                                       summary["peers"]["heuristic"], profile, decision_s)
+            for d in run_dirs}
+
+
+def format_domains(domains: dict) -> str:
+    """One line per domain for the training log."""
+    lines = []
+    for name, d in domains.items():
+        lines.append(
+            f"domain {name}: ROC-AUC {d['metrics'].get('roc_auc', float('nan')):.3f} ECE "
+            f"{d['ece']:.3f}; replayed learned vs deploy {d['deploy']} "
+            f"{d['learned_vs_deploy']:.3f}x, vs best static {d['best_static']} "
+            f"{d['learned_vs_best_static']:.3f}x, vs {d['heuristic']} "
+            f"{d['learned_vs_heuristic']:.3f}x")
+    return "\n".join(lines)
