@@ -48,9 +48,14 @@ def eos_pair():
 
 
 @pytest.fixture(scope="module")
-def chosen(eos_pair, tmp_path_factory):
-    """The pipeline's choice (its ReplayData) on a dense collection of the EOS pair."""
-    root = tmp_path_factory.mktemp("eos")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("eos")
+
+
+@pytest.fixture(scope="module")
+def chosen(eos_pair, root):
+    """The pipeline's choice (its ReplayData) on a dense collection of the EOS pair (in
+    root/run; the fitted model in root/model)."""
     job = CollectJob(prompts=[Prompt(id=f"p{i}", text=ids, source="test")
                               for i, ids in enumerate(prompts())],
                      out=str(root / "run"), config=DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
@@ -90,3 +95,19 @@ def test_replay_matches_the_decoder_per_prompt_when_outputs_end_in_eos(eos_pair,
                          stopper=stopper).generate(ids).stats
         assert (r.tokens, r.steps, r.draft_forwards, r.drafted_tokens) == (
             st.new_tokens, st.target_calls, st.draft_calls, st.drafted_tokens), key
+
+
+def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root):
+    """`mcsd train --domains` replays another collection through the same lengths."""
+    from mcsd_runtime.learned import load_stopper
+    from train.domain_check import check_domain
+
+    result = check_domain(root / "run", load_stopper(root / "model"), "static:3", "heuristic",
+                          PROFILE, 0.0)
+    for spec in ("static:1", "static:3", "heuristic"):
+        dec = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
+                          stopper=spec)
+        stats = [dec.generate(ids).stats for ids in prompts()]
+        replayed = result["replay"][spec]
+        assert (replayed["tokens"], replayed["steps"]) == (
+            sum(s.new_tokens for s in stats), sum(s.target_calls for s in stats)), spec
