@@ -25,10 +25,10 @@ PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2,
 # decision_us=0: the replay charges no benchmarked (timing-dependent) decision cost
 CONFIG = TrainConfig(aggregations=("max", "sum"), decision_us=0.0, progress=False)
 SUMMARY_KEYS = ["model", "label", "headline", "metrics", "calibration", "importance", "replay",
-                "peers", "latency", "fit_s", "profile", "elapsed_s"]
+                "peers", "deploy_static", "latency", "fit_s", "profile", "elapsed_s"]
 SPEC_KEYS = ["format", "kind", "schema_version", "feature_names", "inputs", "hidden_size",
              "aggregation", "threshold", "label", "label_definition", "pair_fingerprint",
-             "k_config", "min_depth", "metrics", "training_data", "created"]
+             "k_config", "min_depth", "min_depth_gate", "metrics", "training_data", "created"]
 
 
 def quiet(*_: object) -> None:
