@@ -45,6 +45,14 @@ def read_records(run: Path) -> list[Record]:
                         f"folders written by mcsd eval") from None
 
 
+def run_settings(run: Path) -> dict:
+    """The settings a finished `mcsd eval` folder recorded (its summary.json), or {}."""
+    try:
+        return json.loads((Path(run) / "summary.json").read_text()).get("settings", {})
+    except (OSError, ValueError):
+        return {}
+
+
 def deploy_static_of(stopper_path: str | Path) -> str | None:
     """The `deploy_static` a trained stopper's metrics.json records (None if it has none)."""
     path = Path(stopper_path) / "metrics.json"
@@ -55,7 +63,7 @@ def deploy_static_of(stopper_path: str | Path) -> str | None:
 
 
 def domain_rows(by_domain: dict[str, list[Record]], deploy: str | None,
-                heuristic: str | None) -> list[dict]:
+                heuristic: str | None, greedy: bool = True) -> list[dict]:
     """One row per (domain, method): paired speedups against each of BASELINES, τ, drafted
     tokens per committed token and, for greedy runs, whether every output equals `ar`'s."""
     rows = []
@@ -73,7 +81,7 @@ def domain_rows(by_domain: dict[str, list[Record]], deploy: str | None,
             tokens = sum(r.new_tokens for r in recs)
             calls = sum(r.target_calls for r in recs)
             drafted = [r.drafted_tokens for r in recs]
-            ar = {r.prompt_id: r.token_ids for r in by_method.get("ar", [])}
+            ar = {r.prompt_id: r.token_ids for r in by_method.get("ar", [])} if greedy else {}
             row |= {"tau": tau(tokens, calls) if calls else None,
                     "drafted_per_token": (sum(drafted) / tokens
                                           if tokens and None not in drafted else None),

@@ -164,7 +164,7 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
         write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)))
         by_domain[name] = records
-    rows = domain_report.domain_rows(by_domain, deploy, heuristic)
+    rows = domain_report.domain_rows(by_domain, deploy, heuristic, base.temperature == 0)
     worst = domain_report.worst_domains(rows)
     settings = _settings(args, pair, base, args.prompts, sum(map(len, sets.values())))
     settings |= {"deploy": deploy, "heuristic": heuristic, "threads": torch.get_num_threads()}
@@ -195,7 +195,8 @@ def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
     deploy, heuristic = domain_baselines(args, [m for m in methods if m in ran])
     settings = {"from_runs": [str(d) for d in args.from_runs], "deploy": deploy,
                 "heuristic": heuristic}
-    rows = domain_report.domain_rows(by_domain, deploy, heuristic)
+    greedy = all(domain_report.run_settings(d).get("temperature", 0) == 0 for d in args.from_runs)
+    rows = domain_report.domain_rows(by_domain, deploy, heuristic, greedy)
     print(domain_report.write(rows, domain_report.worst_domains(rows), args.out, settings))
     print(f"wrote {args.out}/domains.md")
     return 0

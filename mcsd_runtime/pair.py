@@ -72,8 +72,18 @@ def tokenizer_hash(tokenizer) -> str:
     return _sha(json.dumps([vocab, specials]))
 
 
+# Config fields that say how a model was saved or is run, not what it computes: the
+# fingerprint leaves them out, so a pair keeps its fingerprint across transformers versions,
+# folders and dtypes.
+VOLATILE_CONFIG = frozenset({"transformers_version", "_name_or_path", "dtype", "torch_dtype",
+                             "use_cache", "output_attentions", "output_hidden_states",
+                             "return_dict"})
+
+
 def config_hash(model: PreTrainedModel) -> str:
-    return _sha(model.config.to_json_string(use_diff=False))
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    return _sha(json.dumps({k: v for k, v in config.items() if k not in VOLATILE_CONFIG},
+                           sort_keys=True))
 
 
 def check_same_vocab(target_tok, draft_tok, target_name: str = "target",

@@ -90,3 +90,18 @@ def test_an_object_without_the_stopper_contract_is_refused(pair):
     with pytest.raises(MCSDError, match="lacks reset, update, check_tree, needs_hidden.*"
                                         "StopperBase"):
         MCSDDecoder(pair, DecodeConfig(k_config=(2, 1)), stopper=Partial())
+
+
+def test_config_fingerprint_ignores_how_a_model_was_saved_not_what_it_computes():
+    """A pair keeps its fingerprint across transformers versions, folders and dtypes (a stopper
+    collected under one version loads under another); an architecture change alters it."""
+    from mcsd_runtime.pair import config_hash
+
+    model = tiny_llama(64, 2, 32, seed=0)
+    before = config_hash(model)
+    model.config.transformers_version = "0.0.1"
+    model.config._name_or_path = "/somewhere/else"
+    model.config.use_cache = False
+    assert config_hash(model) == before
+    model.config.num_hidden_layers = 3
+    assert config_hash(model) != before

@@ -43,16 +43,18 @@ def demo(toy_tiny, tmp_path_factory) -> Path:
             assert mcsd(["train", "--data", str(root / "collect"), "--model", model,
                          "--cost-profile", str(root / "cost.json"), "--max-epochs", "3",
                          "--out", str(root / "stoppers" / model)]) == 0
-    assert mcsd(["eval", *pair, "--prompts", "toy-code", "--limit", "2", "--k-config",
-                 "2,1,1,1", "--max-new-tokens", "16", "--out", str(root), "--methods",
-                 f"ar,mcsd,stopper:{root / 'stoppers' / 'lightgbm'},"
+    assert mcsd(["eval", *pair, "--prompts", "toy-code,toy-shift", "--limit", "2",
+                 "--k-config", "2,1,1,1", "--max-new-tokens", "16", "--out",
+                 str(root / "eval-t0"), "--methods",
+                 f"ar,mcsd,heuristic,stopper:{root / 'stoppers' / 'lightgbm'},"
                  f"stopper:{root / 'stoppers' / 'mlp'}"]) == 0
     return root
 
 
 def test_pipeline_outputs(demo):
     """Each stage's output says what the next relies on: exact replay checked against end-to-end
-    decoding (every output's length replayed as decoded), stoppers that stay lossless in eval."""
+    decoding (every output's length replayed as decoded), stoppers that stay lossless in eval
+    in every domain, the deploy static read from the stopper and run beside the rest."""
     statics = {f"static:{d}" for d in range(1, 5)}
     for model in ("lightgbm", "mlp"):
         folder = demo / "stoppers" / model
@@ -64,13 +66,20 @@ def test_pipeline_outputs(demo):
         assert check["prompts"] > 0 and set(check["per_stopper"]) == statics | {"learned"}
         for name, r in check["per_stopper"].items():
             assert r["tokens_replayed"] == r["tokens_measured"] > 0, (model, name)
-    rows = {m["method"]: m for m in json.loads((demo / "summary.json").read_text())["methods"]}
-    assert set(rows) == {"ar", "mcsd"} | {f"stopper:{demo / 'stoppers' / m}"
-                                          for m in ("lightgbm", "mlp")}
-    for method, row in rows.items():
-        assert row["lossless"] and row["ar_equal_share"] == 1.0, method
-        assert row["new_tokens"] == rows["ar"]["new_tokens"], method
-    text = (demo / "report.md").read_text()
+    report = json.loads((demo / "eval-t0" / "domains.json").read_text())
+    deploy = json.loads((demo / "stoppers" / "lightgbm" / "metrics.json").read_text())[
+        "deploy_static"]
+    assert report["settings"]["deploy"] == deploy  # read from the stopper, run beside the rest
+    assert {r["method"] for r in report["rows"]} >= {"ar", "heuristic", deploy}
+    stoppers = {f"stopper:{demo / 'stoppers' / m}" for m in ("lightgbm", "mlp")}
+    for domain in ("toy-code", "toy-shift"):
+        summary = json.loads((demo / "eval-t0" / domain / "summary.json").read_text())
+        rows = {m["method"]: m for m in summary["methods"]}
+        assert {"ar", "mcsd", "heuristic"} | stoppers <= set(rows), domain
+        for method, row in rows.items():
+            assert row["lossless"] and row["ar_equal_share"] == 1.0, (domain, method)
+            assert row["new_tokens"] == rows["ar"]["new_tokens"], (domain, method)
+    text = (demo / "eval-t0" / "toy-code" / "report.md").read_text()
     assert "stopper:" in text and "| ar |" in text
 
 

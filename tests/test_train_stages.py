@@ -201,8 +201,10 @@ def test_write_alone_finishes_the_artifact(prep, fitted, chosen, manifests):
         json.dumps(chosen.headline, default=float))
     spec = json.loads((out / "stopper.json").read_text())
     assert list(spec) == SPEC_KEYS
-    assert (spec["threshold"], spec["aggregation"], spec["min_depth"]) == (
-        chosen.chosen["threshold"], chosen.chosen["aggregation"], chosen.chosen["min_depth"])
+    assert (spec["threshold"], spec["aggregation"], spec["min_depth"], spec["min_depth_gate"]) == (
+        chosen.chosen["threshold"], chosen.chosen["aggregation"], chosen.chosen["min_depth"],
+        chosen.chosen["min_depth_gate"])
+    assert summary["deploy_static"] in {f"static:{d}" for d in range(1, chosen.data.depth + 1)}
     assert spec["training_data"]["rows"] == len(prep.df)
     assert {k: set(v) for k, v in spec["training_data"]["prompts"].items()} == chosen.sequences
     stopper = load_stopper(out)
