@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # (`TORCH_SPEC=torch make venv` keeps whatever torch is already installed in .venv).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint clean clean-cache
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,13 +17,13 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# The pipeline on the embedded toy pair, as a user would run it: collect and train on
-# standard-library code (the user's own traffic), then evaluate on other domains: held-out stdlib
-# code, other packages' code, English prose and a workload that shifts between code and prose.
-# Every stage reuses or overwrites what earlier runs left in $(DEMO). On a 2-core CPU the stages
-# after the toy pair's build (15-25 minutes, once) take about 18 minutes (collect 4, profile 1,
-# two stopper trainings with their end-to-end and domain checks 5, two evals across domains 8);
-# override the sizes on the command line.
+# The pipeline on the embedded toy pair (built once into the user cache), as a user would run
+# it: collect and train on standard-library code (the user's own traffic), then evaluate on
+# other domains: held-out stdlib code, other packages' code, English prose and a workload that
+# shifts between code and prose. Every stage reuses or overwrites what earlier runs left in
+# $(DEMO). On a 2-core CPU the stages after the toy pair's build (15-25 minutes, once) take
+# about 18 minutes (collect 4, profile 1, two stopper trainings with their end-to-end and
+# domain checks 5, two evals across domains 8); override the sizes on the command line.
 DEMO := data/runs/demo
 DEMO_K := 1,1,1,1,1,1,1,1
 DEMO_COLLECT := 160
@@ -72,5 +72,13 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# `clean` removes the venv and every run; the toy pairs stay in the user cache, where every
+# checkout finds them ($MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd):
+# `make clean-cache` removes them. data/models is where pairs were built before the cache.
+MCSD_CACHE_DIR := $(or $(MCSD_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mcsd)
+
 clean:
 	rm -rf $(VENV) data/models data/runs data/stoppers data/reports data/cache
+
+clean-cache:
+	rm -rf $(MCSD_CACHE_DIR)/models

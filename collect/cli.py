@@ -38,7 +38,8 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--limit", type=int, default=None,
                    help="a seeded random sample of this many prompts (default: all)")
     g.add_argument("--out", default=None,
-                   help="run folder (default: data/runs/<name from the options>); an existing "
+                   help="run folder (default: $MCSD_DATA/runs/<name from the options>, MCSD_DATA "
+                        "defaulting to ./data); an existing "
                         "run folder with the same options is resumed")
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: the "
                                                    "folder name)")

@@ -297,8 +297,11 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
 
     depth = len(job.config.k_config)
     tally = Tally(depth)
+    if not todo and rank == 0:
+        print(f"all {len(job.prompts)} prompts already collected in {run_dir}; nothing to do",
+              file=sys.stderr)
     bar = progress(total=len(mine), unit="prompt", desc=f"collect {run_id}",
-                   disable=not job.progress or rank != 0, file=sys.stderr)
+                   disable=not job.progress or rank != 0 or not todo, file=sys.stderr)
     try:
         for i in mine:
             p = job.prompts[i]

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from mcsd_runtime.cli_args import (
+    FROM_STOPPER,
     add_decode_args,
     add_pair_args,
     add_threads_arg,
@@ -19,13 +21,14 @@ from mcsd_runtime.cli_args import (
     decode_config_from_args,
     pair_from_args,
 )
+from mcsd_runtime.constants import DEFAULT_K_CONFIG
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark AR (ours and generate()) against MCSD",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
-    add_decode_args(p)
+    add_decode_args(p, k_config=FROM_STOPPER)
     p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
     p.add_argument("--limit", type=int, default=12, help="number of prompts (default %(default)s)")
     p.add_argument("--stopper", default="static", help="stopper spec (default %(default)s)")
@@ -41,9 +44,12 @@ def run(args: argparse.Namespace) -> int:
         build_method,
         check_method,
         encode_prompt,
+        explicit_label,
         markdown_notes,
         run_runners,
+        short_name,
         summarize,
+        tree_for,
     )
     from mcsd_runtime.learned import check_pair
     from mcsd_runtime.prompts import load_prompts
@@ -51,21 +57,23 @@ def run(args: argparse.Namespace) -> int:
 
     apply_threads(args)
     check_method(args.stopper)  # a bad stopper fails before the pair loads
+    k_config, why = tree_for([args.stopper], args.k_config, DEFAULT_K_CONFIG)
+    stopper = explicit_label(args.stopper, k_config)
+    config = decode_config_from_args(args, k_config=k_config)
     pair = pair_from_args(args)
-    stopper = make_stopper(args.stopper)
-    check_pair(stopper, pair)  # a learned stopper must come from this pair's collections
-    config = decode_config_from_args(args)
+    built = make_stopper(stopper)
+    check_pair(built, pair)  # a learned stopper must come from this pair's collections
     prompts = load_prompts(args.prompts, limit=args.limit)
     greedy = config.temperature == 0
     sd_name = f"mcsd:{','.join(map(str, config.k_config))}"
-    if args.stopper != "static":
-        sd_name += f"+{args.stopper}"
+    if stopper != f"static:{len(k_config)}":
+        sd_name += f"+{short_name(stopper)}"
     runners = {"ar": build_method("ar", pair, config), "hf": build_method("hf", pair, config),
-               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=stopper))}
+               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=built))}
     encoded = [(p.id, encode_prompt(pair, p.text, chat=False)) for p in prompts]
     records = run_runners(pair, runners, encoded, greedy, desc="bench")
     rows = {r["method"]: r for r in summarize(records, greedy)}
-    report = {"pair": pair.fingerprint, "config": str(config), "stopper": args.stopper,
+    report = {"pair": pair.fingerprint, "config": asdict(config), "stopper": stopper,
               "prompts": args.prompts, "n_prompts": len(prompts), "methods": {}}
     for name in runners:
         mine = [r for r in records if r.method == name]
@@ -82,12 +90,14 @@ def run(args: argparse.Namespace) -> int:
         }
     report["hf_divergences"] = [{"method": r.method, "prompt_id": r.prompt_id} | r.hf_divergence
                                 for r in records if r.hf_divergence]
-    print(f"pair: {pair.target_name} / {pair.draft_name}   prompts: {args.prompts} "
-          f"x{len(prompts)}   {config}")
-    print(f"{'method':<24}{'tok/s (median)':>16}{'vs ar':>8}{'vs hf':>8}{'tau':>7}"
+    print(f"pair: {pair.target_name} / {pair.draft_name}")
+    print(f"prompts: {args.prompts} x{len(prompts)}; {describe_config(config)} (k-config: "
+          f"{why}); stopper {stopper}")
+    w = max(24, *(len(name) + 2 for name in runners))
+    print(f"{'method':<{w}}{'tok/s (median)':>16}{'vs ar':>8}{'vs hf':>8}{'tau':>7}"
           f"{'in forwards':>13}{'ar-equal':>10}{'hf-equal':>10}")
     for name, m in report["methods"].items():
-        print(f"{name:<24}{m['tokens_per_s_median']:>16.1f}{m['speedup_vs_ar']:>7.2f}x"
+        print(f"{name:<{w}}{m['tokens_per_s_median']:>16.1f}{m['speedup_vs_ar']:>7.2f}x"
               f"{m['speedup_vs_hf']:>7.2f}x{m['tau']:>7.2f}{m['forward_fraction']:>12.1%}"
               f"{_share(m['ar_equal_share']):>10}{_share(m['hf_equal_share']):>10}")
     notes = markdown_notes(list(rows.values()), records)
@@ -97,6 +107,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def describe_config(config) -> str:
+    """A DecodeConfig as a reader wants it: `k-config 4,2,2,1, greedy, 128 new tokens, ...`."""
+    k = ",".join(map(str, config.k_config)) or "() (autoregressive)"
+    sampling = "greedy" if config.temperature == 0 else (
+        f"temperature {config.temperature:g} (verifier {config.verify})")
+    init = "draft-initialized" if config.init == "draft" else "target-initialized (NOT lossless)"
+    return (f"k-config {k}, {init}, {sampling}, {config.max_new_tokens} new tokens, "
+            f"seed {config.seed}")
 
 
 def _share(v: float | None) -> str:

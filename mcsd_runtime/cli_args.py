@@ -26,10 +26,19 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
                    help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")
 
 
-def add_decode_args(parser: argparse.ArgumentParser,
-                    k_config: str = ",".join(map(str, DEFAULT_K_CONFIG))) -> None:
+DEFAULT_K_TEXT = ",".join(map(str, DEFAULT_K_CONFIG))
+FROM_STOPPER = None  # `--k-config` default of eval and bench: the trained stopper's own tree
+
+
+def add_decode_args(parser: argparse.ArgumentParser, k_config: str | None = DEFAULT_K_TEXT
+                    ) -> None:
+    """Decoding options; `k_config=FROM_STOPPER` leaves `--k-config` unset by default, for
+    commands that take the tree a trained stopper records (`k_config_from_stoppers`)."""
     g = parser.add_argument_group("decoding")
-    g.add_argument("--k-config", default=k_config, help="children per depth (default %(default)s)")
+    g.add_argument("--k-config", default=k_config,
+                   help="children per depth of the draft tree, e.g. 4,2,2,1 (default "
+                        + ("%(default)s)" if k_config is not None else
+                           f"the tree the trained stopper was trained on, else {DEFAULT_K_TEXT})"))
     g.add_argument("--init", default="draft", choices=INITS,
                    help="first tree layer from the draft (lossless) or the target (the paper's "
                         "target-initialized mode, NOT lossless)")
@@ -79,19 +88,12 @@ def set_threads(threads: int | None) -> None:
 
 
 def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
-    """The target and draft that `--target`/`--draft` name: a toy spec (`toy`, `toy:PRESET`,
-    `toy:PRESET:SEED`) as target, with no draft or a toy one, names the embedded pair's folders
-    (built if needed); any other target needs a `--draft`."""
-    from mcsd_runtime.toy import is_toy_spec
+    """The target and draft that `--target`/`--draft` name (`mcsd_runtime.pair.pair_names`): a
+    toy spec as target brings its own draft (built if needed); any other target needs a
+    `--draft`."""
+    from mcsd_runtime.pair import pair_names
 
-    target, draft = args.target, args.draft
-    if is_toy_spec(target) and (draft is None or is_toy_spec(draft)):
-        from mcsd_runtime.toy import resolve_toy
-
-        return resolve_toy(target)
-    if draft is None:
-        raise MCSDError("--draft is required with a --target other than 'toy'")
-    return target, draft
+    return pair_names(args.target, args.draft)
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
@@ -105,7 +107,8 @@ def pair_from_args(args: argparse.Namespace) -> Pair:
 def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfig:
     from mcsd_runtime.decoder import DecodeConfig
 
-    values = dict(k_config=args.k_config, init=args.init, temperature=args.temperature,
+    k_config = DEFAULT_K_CONFIG if args.k_config is None else args.k_config
+    values = dict(k_config=k_config, init=args.init, temperature=args.temperature,
                   verify=args.verify, max_new_tokens=args.max_new_tokens, seed=args.seed)
     if getattr(args, "ignore_eos", False):
         values["eos_token_ids"] = ()

@@ -278,7 +278,7 @@ def static_throughput(runs: list[dict]) -> dict[str, float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli_args import add_pair_args, add_threads_arg
+    from mcsd_runtime.cli_args import DEFAULT_K_TEXT, add_pair_args, add_threads_arg
 
     p = sub.add_parser(
         "profile", help="measure forward latency against tokens processed (cost profile JSON)",
@@ -292,10 +292,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", "--repeats", type=int, default=7, dest="rounds",
                    help="timed rounds over all token counts, each in a random order; the median "
                         "is kept (default %(default)s)")
-    p.add_argument("--k-config", default="1,1,1,1,1,1,1,1",
+    p.add_argument("--k-config", default=DEFAULT_K_TEXT,
                    help="tree whose static depths 1..D are run end to end: the forwards timed "
                         "there replace the isolated ones, and the decoder's per-step and "
-                        "per-depth overheads are fitted to them (default %(default)s)")
+                        "per-depth overheads are fitted to them; use the collection's tree "
+                        "(default %(default)s, as collect's)")
     p.add_argument("--overhead-prompts", default="toy-code", help="prompt set of those runs; "
                    "'none' to skip (default %(default)s)")
     p.add_argument("--overhead-limit", type=int, default=6,

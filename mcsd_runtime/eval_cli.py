@@ -15,6 +15,10 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
                          with the same stopper run directly when both are listed
 
+--k-config defaults to the tree the trained stoppers among the methods were trained on (else
+4,2,2,1). Each method is reported under a label with its defaults spelt out (confidence ->
+confidence:0.4, mcsd -> mcsd:4,2,2,1).
+
 Several prompt sets (`--prompts toy-code,pkg-code,pkg-prose,toy-shift`) give one interleaved
 run per set, each in its own subfolder, and a table across domains (domains.md): every method
 against ar, against the static schedule a user would deploy (--deploy; by default the one a
@@ -32,6 +36,7 @@ import time
 from pathlib import Path
 
 from mcsd_runtime.cli_args import (
+    FROM_STOPPER,
     add_decode_args,
     add_pair_args,
     add_threads_arg,
@@ -39,25 +44,35 @@ from mcsd_runtime.cli_args import (
     decode_config_from_args,
     pair_from_args,
 )
+from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
 
-DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence:0.4,heuristic,hf-assisted"
+DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence,heuristic,hf-assisted"
+# A first try in about a minute on the tiny toy pair (a few on the default one); `make demo`
+# and the README's results pass their own sizes.
+DEFAULT_LIMIT = 16
+DEFAULT_MAX_NEW_TOKENS = 64
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate methods and stoppers end to end",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
-    add_decode_args(p)
+    add_decode_args(p, k_config=FROM_STOPPER)
+    p.set_defaults(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--prompts", default="toy-code",
                    help="prompt set or file, or several separated by commas for an evaluation "
                         "across domains (default %(default)s; `mcsd prompts --list`)")
-    p.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="default: %(default)s")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                   help="number of prompts per set, a seeded sample (default %(default)s; "
+                        "0: all)")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma-separated, see above; each runs under a label with its defaults "
+                        "spelt out, e.g. confidence -> confidence:0.4 (default: %(default)s)")
     p.add_argument("--reference", default=None,
                    help="method every other is compared with (paired per-prompt geometric mean "
                         "and 95%% CI); default: the run's best static schedule (mcsd[:K] or "
-                        "static:D) by its speedup over ar")
+                        "static:D) by its geometric-mean speedup over ar")
     p.add_argument("--deploy", default=None, metavar="METHOD",
                    help="across domains: the static schedule a user would deploy; default: the "
                         "deploy_static recorded by the first listed stopper:PATH (added to the "
@@ -71,52 +86,73 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: data/runs/eval-<time>)")
+                   help="output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA "
+                        "defaulting to ./data); an existing one has its reports replaced")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-
     from mcsd_runtime.evaluate import (
         check_method,
         check_writable,
+        explicit_label,
+        explicit_methods,
         markdown_notes,
-        markdown_table,
         run_eval,
+        short_table,
         split_methods,
+        stopper_lines,
+        stopper_results,
         summarize,
+        tree_for,
         write_outputs,
     )
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
-    methods = split_methods(args.methods)
-    for m in methods:
+    given = split_methods(args.methods)
+    for m in given:
         check_method(m)
+    k_config, why = tree_for(given, args.k_config, DEFAULT_K_CONFIG)
+    methods = explicit_methods(given, k_config)
+    for option in ("reference", "deploy", "heuristic"):  # named as given, or as labelled
+        name = getattr(args, option)
+        if name is not None:
+            setattr(args, option, methods[given.index(name)] if name in given
+                    else explicit_label(name, k_config))
     if args.reference is not None and args.reference not in methods:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
-    base = decode_config_from_args(args)
+    base = decode_config_from_args(args, k_config=k_config)
     if args.from_runs:
         return combine_runs(args, methods)
+    print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
     if "," in args.prompts:
         return run_domains(args, methods, base)
-    prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
+    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
     if not prompts:
         raise MCSDError(f"the prompt set {args.prompts!r} is empty")
     out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
     check_writable(out)
     pair = pair_from_args(args)
+    print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
+          flush=True)
     records = run_eval(pair, prompts, methods, base, chat=args.chat)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
     settings = _settings(args, pair, base, args.prompts, len(prompts))
-    write_outputs(records, rows, out, settings)
-    print(markdown_table(rows))
+    stoppers = stopper_results(methods)
+    replaced = write_outputs(records, rows, out, settings, tokenizer=pair.tokenizer,
+                             stoppers=stoppers)
+    print(short_table(rows))
+    for line in stopper_lines(stoppers):
+        print(line)
     notes = markdown_notes(rows, records)
     if notes:
         print(f"\n{notes}")
-    print(f"\nwrote {out}/report.md")
+    if replaced:
+        print(f"\nreplaced the earlier {', '.join(replaced)} in {out}")
+    print(f"\nwrote {out}/report.md (every column, a legend, plots)")
     return 0
 
 
@@ -144,7 +180,13 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     import torch
 
     from mcsd_runtime import domain_report
-    from mcsd_runtime.evaluate import check_writable, run_eval, summarize, write_outputs
+    from mcsd_runtime.evaluate import (
+        check_writable,
+        run_eval,
+        stopper_results,
+        summarize,
+        write_outputs,
+    )
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts import load_prompts
 
@@ -152,7 +194,7 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     if len(set(specs)) != len(specs):
         raise MCSDError(f"--prompts names a set twice: {args.prompts!r}")
     deploy, heuristic = domain_baselines(args, methods)
-    sets = {spec: load_prompts(spec, limit=args.limit, seed=args.seed) for spec in specs}
+    sets = {spec: load_prompts(spec, limit=args.limit or None, seed=args.seed) for spec in specs}
     out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
     check_writable(out)
     pair = pair_from_args(args)
@@ -162,7 +204,8 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
         print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
         records = run_eval(pair, prompts, methods, base, chat=args.chat)
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
-        write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)))
+        write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)),
+                      tokenizer=pair.tokenizer, stoppers=stopper_results(methods))
         by_domain[name] = records
     rows = domain_report.domain_rows(by_domain, deploy, heuristic, base.temperature == 0)
     worst = domain_report.worst_domains(rows)

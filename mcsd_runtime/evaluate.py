@@ -3,6 +3,7 @@ the summary every report number comes from, tables, plots and the report."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import textwrap
@@ -17,6 +18,7 @@ from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSD
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair, read_spec
 from mcsd_runtime.pair import Pair
+from mcsd_runtime.paths import short_model_name
 from mcsd_runtime.stoppers import BUILTIN, make_stopper
 from mcsd_runtime.tree import parse_k_config
 
@@ -127,7 +129,7 @@ class HFGenerate:
                                             else {})
         eos = list(pair.eos_token_ids if cfg.eos_token_ids is None else cfg.eos_token_ids)
         torch.manual_seed(cfg.seed)
-        with ForwardMeter(self.models) as meter:
+        with ForwardMeter(self.models) as meter, _quiet_transformers(self.assisted):
             t0 = time.perf_counter()
             out = pair.target.generate(x, attention_mask=torch.ones_like(x),
                                        max_new_tokens=cfg.max_new_tokens,
@@ -139,6 +141,21 @@ class HFGenerate:
         return Record("", "", new, len(new), wall, meter.calls["target"],
                       meter.calls.get("draft", 0), unknown, unknown, None, True, [],
                       forward_time=meter.seconds)
+
+
+@contextlib.contextmanager
+def _quiet_transformers(quiet: bool = True):
+    """transformers' warnings off for a while: assisted generation warns on every call about
+    arguments it passes itself (`generation_config` with `max_new_tokens`)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 class HFCustomGenerate:
@@ -218,6 +235,82 @@ def check_method(name: str) -> None:
     raise MCSDError(
         f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
         f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH")
+
+
+def _stopper_folder(method: str) -> Path | None:
+    """The trained stopper folder a method runs (`stopper:PATH`, a bare folder, or either
+    inside `hf-generate:`), else None."""
+    kind, _, arg = method.partition(":")
+    spec = arg if kind == "hf-generate" else method
+    head, _, path = spec.partition(":")
+    if head == "stopper":
+        return Path(path)
+    return Path(spec) if head not in BUILTIN and spec and Path(spec).is_dir() else None
+
+
+def stopper_trees(methods: list[str]) -> dict[str, tuple[int, ...]]:
+    """The k-config each trained stopper among `methods` records (those that record one)."""
+    trees = {}
+    for m in methods:
+        folder = _stopper_folder(m)
+        if folder is not None:
+            k = read_spec(folder / "stopper.json")[1].get("k_config")
+            if k:
+                trees[m] = parse_k_config(k)
+    return trees
+
+
+def tree_for(methods: list[str], k_config: str | None,
+             default: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """The tree to decode with and why: `k_config` when given, else the one tree the trained
+    stoppers among `methods` were trained on, else `default`."""
+    if k_config is not None:
+        return parse_k_config(k_config), "--k-config"
+    trees = stopper_trees(methods)
+    if len(set(trees.values())) > 1:
+        listed = "; ".join(f"{m}: {','.join(map(str, k))}" for m, k in trees.items())
+        raise MCSDError(f"the trained stoppers were trained on different trees ({listed}); "
+                        f"pass --k-config and keep only the stoppers trained on it")
+    if trees:
+        method, k = next(iter(trees.items()))
+        return k, f"the tree {short_name(method)} was trained on"
+    return default, "the default"
+
+
+def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
+    """The name a method runs under with its defaults spelt out (`mcsd` -> `mcsd:4,2,2,1`,
+    `confidence` -> `confidence:0.4`, `static` -> `static:4`), after checking a built-in
+    stopper against the tree (`static:9` on a 4-deep tree is refused)."""
+    import inspect
+    import itertools
+
+    kind, _, arg = method.partition(":")
+    if kind in ("mcsd", "mcsd-target-init") and not arg:
+        return f"{kind}:{','.join(map(str, k_config))}"
+    if kind == "hf-generate":
+        return f"{kind}:{explicit_label(arg, k_config)}"
+    if kind not in BUILTIN:
+        return method
+    try:
+        stopper = make_stopper(method, k_config)
+    except MCSDError as err:
+        raise MCSDError(f"method {method!r}: {err}") from None
+    if kind == "static":
+        return f"static:{stopper.depth or len(k_config)}"
+    values = [getattr(stopper, p) for p in inspect.signature(type(stopper)).parameters]
+    values = list(itertools.takewhile(lambda v: v is not None, values))
+    return ":".join([kind, *(f"{v:g}" for v in values)])
+
+
+def explicit_methods(methods: list[str], k_config: tuple[int, ...]) -> list[str]:
+    """`explicit_label` of every method, refusing two that name the same run."""
+    labels = [explicit_label(m, k_config) for m in methods]
+    for label in set(labels):
+        same = [m for m, lab in zip(methods, labels, strict=True) if lab == label]
+        if len(same) > 1:
+            raise MCSDError(f"--methods lists {' and '.join(map(repr, same))}, which run the same "
+                            f"thing ({label}); keep one")
+    return labels
 
 
 def build_method(name: str, pair: Pair, base: DecodeConfig):
@@ -492,6 +585,20 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def short_table(rows: list[dict]) -> str:
+    """The few columns a first look needs: tokens/s, speedups over AR and over the reference
+    (geometric means of paired per-prompt ratios, 95% CI), τ and output equality with AR."""
+    ref = next((r["reference"] for r in rows if r.get("reference")), None)
+    head = ["method", "tok/s", "vs AR [95% CI]", f"vs {ref or 'reference'} [95% CI]", "τ",
+            "= AR"]
+    body = [[short_name(r["method"]), f"{r['tokens_per_s_median']:.1f}",
+             _ci(r["geomean_vs_ar"], r["ci_vs_ar"]),
+             _ci(r["geomean_vs_reference"], r["ci_vs_reference"]), _fmt(r["tau"]),
+             _fmt(r["ar_equal_share"], pct=True)] for r in rows]
+    return "\n".join("| " + " | ".join(cells) + " |"
+                     for cells in [head, ["---"] * len(head), *body])
+
+
 def _times(v: float | None) -> str:
     return f"{v:.2f}x" if v is not None else _fmt(v)
 
@@ -526,23 +633,26 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     import matplotlib.pyplot as plt
 
     files = []
-    title = textwrap.fill(title, 90)
+    title = textwrap.fill(title, 80, break_on_hyphens=False)
 
     def save(fig, ax, name: str) -> None:
         ax.set_title(title, fontsize=8)
         ax.tick_params(labelsize=7)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        fig.savefig(out / name, dpi=120, bbox_inches="tight")
         files.append(name)
         plt.close(fig)
 
-    named = [r for r in rows if r["speedup_vs_ar"] is not None]
+    named = [r for r in rows if r["geomean_vs_ar"] is not None and None not in r["ci_vs_ar"]]
     fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(named)))
-    ax.barh([short_name(r["method"]) for r in named], [r["speedup_vs_ar"] for r in named],
-            color="tab:blue")
+    geo = [r["geomean_vs_ar"] for r in named]
+    err = [[g - r["ci_vs_ar"][0] for g, r in zip(geo, named, strict=True)],
+           [r["ci_vs_ar"][1] - g for g, r in zip(geo, named, strict=True)]]
+    ax.barh([short_name(r["method"]) for r in named], geo, xerr=err, color="tab:blue",
+            error_kw={"lw": 1, "capsize": 2})
     ax.axvline(1.0, color="gray", lw=1)
     ax.invert_yaxis()
-    ax.set_xlabel("speedup vs AR (median over prompts)")
+    ax.set_xlabel("speedup vs AR: geometric mean of per-prompt ratios, 95% CI")
     save(fig, ax, "speedup.png")
 
     methods = [r["method"] for r in rows if r["method"] not in ("ar", "hf", "hf-assisted")]
@@ -555,8 +665,8 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     ax.set_xlabel("τ per prompt (tokens / target call)")
     save(fig, ax, "tau.png")
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for m in methods:
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, m in enumerate(methods):
         steps = [s for r in records if r.method == m for s in r.steps]
         depth = max((d for d, _ in steps), default=0)
         xs, ys = [], []
@@ -565,17 +675,31 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
             if reached:
                 xs.append(d)
                 ys.append(sum(a >= d for a in reached) / len(reached))
-        ax.plot(xs, ys, marker="o", label=short_name(m))
+        ax.plot(xs, ys, label=short_name(m), **line_style(i))
     ax.set_xlabel("depth d")
     ax.set_ylabel("P(depth d accepted | d-1 accepted)")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    if methods:  # beside the axes, never over the data
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     save(fig, ax, "acceptance_by_depth.png")
     return files
 
 
+def line_style(i: int) -> dict:
+    """Colour, marker and dash of the i-th line: 10 distinct colours, then the same colours with
+    other markers and dashes, so no two of up to 40 lines look alike."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"].colors
+    return {"color": colours[i % 10], "marker": "os^D"[i // 10 % 4],
+            "linestyle": ("-", "--", "-.", ":")[i // 10 % 4], "markersize": 4}
+
+
 def check_writable(out: Path) -> None:
-    """Refuse an output folder that cannot be written, before any decoding."""
+    """Refuse an output folder that cannot be written, before any decoding; folders created
+    for the check are removed again, so a run refused later leaves nothing behind."""
+    created = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -583,30 +707,119 @@ def check_writable(out: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise MCSDError(f"cannot write to {out}: {err.strerror}; pass a writable --out") from None
+    finally:
+        for folder in created:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
-def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: dict) -> None:
-    """Per-prompt JSONL, summary CSV/JSON/Markdown, plots and report.md, each written whole."""
+OUTPUTS = ("per_prompt.jsonl", "summary.json", "summary.csv", "summary.md", "report.md",
+           "speedup.png", "tau.png", "acceptance_by_depth.png")
+
+
+def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: dict,
+                  tokenizer=None, stoppers: list[dict] | None = None) -> list[str]:
+    """Per-prompt JSONL (with the decoded text when a tokenizer is given), summary
+    CSV/JSON/Markdown, plots and report.md, each written whole. Returns the files it replaced."""
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / "per_prompt.jsonl", "".join(
-        json.dumps({k: v for k, v in vars(r).items()} | {"tokens_per_s": r.tokens_per_s}) + "\n"
-        for r in records))
-    _atomic(out / "summary.json", json.dumps({"settings": settings, "methods": rows}, indent=2))
+    replaced = [name for name in OUTPUTS if (out / name).exists()]
+
+    def record(r: Record) -> dict:
+        text = {"text": tokenizer.decode(r.token_ids)} if tokenizer is not None else {}
+        return vars(r) | text | {"tokens_per_s": r.tokens_per_s}
+
+    _atomic(out / "per_prompt.jsonl", "".join(json.dumps(record(r)) + "\n" for r in records))
+    _atomic(out / "summary.json", json.dumps({"settings": settings, "methods": rows,
+                                              "stoppers": stoppers or []}, indent=2))
     _atomic(out / "summary.csv", pd.DataFrame(rows).to_csv(index=False))
     table = markdown_table(rows)
     notes = markdown_notes(rows, records)
     table += f"\n\n{notes}" if notes else ""
     _atomic(out / "summary.md", table + "\n")
-    title = (f"{settings['target']} / {settings['draft']} · {settings['prompts']} "
-             f"x{settings['n_prompts']} · T={settings['temperature']} · "
-             f"k={settings['k_config']}")
+    title = (f"{short_model_name(settings['target'])} / {short_model_name(settings['draft'])} · "
+             f"{settings['prompts']} x{settings['n_prompts']} · T={settings['temperature']} · "
+             f"k={settings['k_config']} · {settings['max_new_tokens']} new tokens")
     files = plot(records, rows, out, title)
-    report = [f"# Evaluation: {title}", "", table, "",
-              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
+    report = [f"# Evaluation: {title}", "", short_table(rows), "", "## Every column", "", table,
+              "", LEGEND]
+    if stoppers:
+        report += ["", "## The trained stoppers, offline (from their metrics.json)", "",
+                   stopper_table(stoppers)]
+    report += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
     report += [f"![{f}]({f})" for f in files]
     _atomic(out / "report.md", "\n".join(report) + "\n")
+    return replaced
+
+
+LEGEND = """Columns: *tok/s* is the median over prompts of new tokens per second (*IQR*: its
+25th-75th percentiles). *speedup vs AR* and *speedup vs hf* are medians of the per-prompt
+ratios of tokens/s (paired: the same prompt, interleaved); *vs AR, geomean* and *vs REFERENCE,
+geomean* are geometric means of the same paired ratios with a 95% bootstrap CI over prompts.
+The two statistics differ when the ratios are skewed (a few prompts much faster or slower
+than the rest); the reference (best static schedule) is chosen by the geometric mean, which
+the short table shows. *τ*: committed tokens per target call. *acceptance*: per drafting step,
+accepted / drafted depth, averaged. *drafted/token*: drafted tokens per committed token (–:
+unknown, hf-assisted). *target calls*: target forwards over all prompts. *lossless*: the method
+keeps the target's output distribution (mcsd-target-init does not). *AR-equal* / *hf-equal*
+(greedy): share of prompts whose output equals ar's / hf's token for token; *AR agreement*:
+mean share of positions carrying the same token."""
+
+
+def stopper_results(methods: list[str]) -> list[dict]:
+    """Training results of the trained stoppers among `methods`, read from each folder's
+    metrics.json (held-out AUCs, replayed speed against the best static depth and the oracle,
+    the replay's end-to-end check); stoppers without one are left out."""
+    out = []
+    for m in methods:
+        folder = _stopper_folder(m)
+        path = folder / "metrics.json" if folder is not None else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            metrics_ = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        head, test = metrics_.get("headline", {}), metrics_.get("metrics", {}).get("test", {})
+        check = metrics_.get("replay_check") or {}
+        out.append({"method": m, "model": metrics_.get("model"),
+                    "roc_auc": test.get("roc_auc"), "pr_auc": test.get("pr_auc"),
+                    "replay_vs_best_static": head.get("speedup_vs_best_static"),
+                    "best_static": head.get("best_static"),
+                    "oracle_gain_captured": head.get("oracle_gain_captured"),
+                    "replay_units": head.get("units"),
+                    "check_prompts": check.get("prompts"),
+                    "check_max_error": check.get("max_abs_relative_error")})
+    return out
+
+
+def stopper_lines(stoppers: list[dict]) -> list[str]:
+    """One line per trained stopper for the terminal (the table is in report.md)."""
+    lines = []
+    for s in stoppers:
+        vs = s["replay_vs_best_static"]
+        lines.append(f"{short_name(s['method'])} offline, on its collection's test prompts: "
+                     f"ROC-AUC {_fmt(s['roc_auc'])}, replayed "
+                     + (f"{vs:.3f}x {s['best_static']}" if vs is not None else "–")
+                     + f", {_fmt(s['oracle_gain_captured'], pct=True)} of the oracle's gain")
+    return lines
+
+
+def stopper_table(stoppers: list[dict]) -> str:
+    lines = ["| stopper | model | ROC-AUC | PR-AUC | replayed vs best static | oracle's gain "
+             "captured | replay vs end to end, worst error |", "|---|---|---|---|---|---|---|"]
+    for s in stoppers:
+        vs = s["replay_vs_best_static"]
+        vs = f"{vs:.3f}x ({s['best_static']}, {s['replay_units']})" if vs is not None else "–"
+        check = (f"{s['check_max_error']:.1%} on {s['check_prompts']} prompts"
+                 if s["check_max_error"] is not None else "not checked")
+        lines.append(f"| {short_name(s['method'])} | {s['model']} | {_fmt(s['roc_auc'])} | "
+                     f"{_fmt(s['pr_auc'])} | {vs} | {_fmt(s['oracle_gain_captured'], pct=True)} "
+                     f"| {check} |")
+    return "\n".join(lines + ["", "AUCs on the collection's test prompts; replayed figures "
+                               "there too; the check decodes some of those prompts end to end "
+                               "(after dividing out a common factor)."])
 
 
 def _atomic(path: Path, text: str) -> None:

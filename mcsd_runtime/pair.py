@@ -175,6 +175,35 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1
 
 
+def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str, str]:
+    """The target and draft to load for `load_pair(target, draft)`: a toy spec (`toy`,
+    `toy:PRESET`, `toy:PRESET:SEED`) names the embedded pair's folders (built if needed) and
+    brings its own draft; any other target needs a draft. A local-looking path that does not
+    exist, or a toy draft that is not the toy target's, is refused before anything loads."""
+    from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
+
+    target, draft = str(target), None if draft is None else str(draft)
+    for role, name in (("target", target), ("draft", draft)):
+        if name is not None and _looks_like_path(name) and not Path(name).expanduser().exists():
+            raise MCSDError(f"no model folder at {name} (the {role}): pass an existing folder "
+                            f"written by save_pretrained, a hub name such as JackFram/llama-68m, "
+                            f"or toy / toy:tiny for the embedded pair")
+    toy_draft = draft is not None and is_toy_spec(draft)
+    if toy_draft and not (is_toy_spec(target) and parse_toy_spec(draft) == parse_toy_spec(target)):
+        raise MCSDError(
+            f"draft {draft!r} is the toy pair's draft, which goes with its own target: pass the "
+            f"target {draft!r} alone (e.g. --target {draft}, or load_pair({draft!r}))")
+    if is_toy_spec(target):
+        from mcsd_runtime.toy.build import resolve_toy
+
+        toy_target, toy_draft_dir = resolve_toy(target)
+        return toy_target, toy_draft_dir if draft is None or toy_draft else draft
+    if draft is None:
+        raise MCSDError(f"a draft model is required with target {target!r} (only the toy pair "
+                        f"brings its own): pass --draft, or load_pair(target, draft)")
+    return target, draft
+
+
 def _load_tokenizer(name: str):
     if _looks_like_path(name) and not Path(name).expanduser().is_dir():
         raise MCSDError(f"no model folder at {name}: pass an existing folder written by "
@@ -184,11 +213,15 @@ def _load_tokenizer(name: str):
     except OSError as err:
         raise MCSDError(
             f"cannot load the tokenizer of {name!r}: {err}. Pass a local model folder or a hub "
-            f"name reachable from this machine"
+            f"name reachable from this machine (or toy / toy:tiny for the embedded pair)"
         ) from None
 
 
 def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars on every command are noise
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=attn)
     except OSError as err:
@@ -196,14 +229,19 @@ def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
             f"cannot load model {name!r}: {err}. Pass a local model folder or a hub name "
             f"reachable from this machine"
         ) from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model.to(device)
 
 
-def load_pair(target: str | Path, draft: str | Path, device: str = "auto", dtype: str = "auto",
-              attn_implementation: str = "sdpa") -> Pair:
-    """Load a target/draft pair (hub names or local folders), refusing mismatched vocabularies
-    before any weights are loaded."""
-    target, draft = str(target), str(draft)
+def load_pair(target: str | Path, draft: str | Path | None = None, device: str = "auto",
+              dtype: str = "auto", attn_implementation: str = "sdpa") -> Pair:
+    """Load a target/draft pair, refusing mismatched vocabularies before any weights are loaded.
+
+    `target` and `draft` are hub names or local folders; `load_pair("toy")` (or `"toy:tiny"`)
+    is the embedded toy pair, built on first use into the user cache (`mcsd_runtime.paths`)."""
+    target, draft = pair_names(target, draft)
     t_tok, d_tok = _load_tokenizer(target), _load_tokenizer(draft)
     check_same_vocab(t_tok, d_tok, target, draft)
     dev = pick_device(device)

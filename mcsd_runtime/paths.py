@@ -1,22 +1,50 @@
-"""Where generated outputs go: under `$MCSD_DATA` (default `./data`), in git-ignored folders."""
+"""Where things live.
+
+- Built models (the toy pairs) go to a per-user cache, as Hugging Face caches hub models:
+  `$MCSD_CACHE`, else `$XDG_CACHE_HOME/mcsd`, else `~/.cache/mcsd`; a pair built once is found
+  from any directory.
+- Runs (collections, evaluations) go where `--out` points, by default under `$MCSD_DATA/runs`
+  (`MCSD_DATA` defaults to `./data`, the repository's git-ignored folder).
+- Before the cache existed, pairs were built under `$MCSD_DATA/models`; `legacy_models_dir()`
+  is still searched so that such a build is not stranded.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+CACHE_HELP = "$MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd"
+
+
+def cache_root() -> Path:
+    """The per-user cache of built models (see the module docstring)."""
+    if os.environ.get("MCSD_CACHE"):
+        return Path(os.environ["MCSD_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mcsd"
+
 
 def data_root() -> Path:
-    return Path(os.environ.get("MCSD_DATA", "data"))
+    return Path(os.environ.get("MCSD_DATA", "data")).expanduser()
 
 
 def models_dir() -> Path:
+    """Where toy pairs are built: `<cache>/models`."""
+    return cache_root() / "models"
+
+
+def legacy_models_dir() -> Path:
+    """Where toy pairs were built before the cache: `$MCSD_DATA/models` (searched, not written)."""
     return data_root() / "models"
 
 
 def runs_dir() -> Path:
+    """The default parent of run folders: `$MCSD_DATA/runs`."""
     return data_root() / "runs"
 
 
-def stoppers_dir() -> Path:
-    return data_root() / "stoppers"
+def short_model_name(name: str | None) -> str:
+    """A model folder's last two parts (`toy-tiny-abc/target`) for titles; a hub name as is."""
+    path = Path(str(name))
+    return "/".join(path.parts[-2:]) if path.is_absolute() else str(name)

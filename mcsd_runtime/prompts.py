@@ -62,9 +62,10 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 0) -> list[Pro
                 f"unknown prompt set {name!r} in {spec!r}; a file can be read in the format of "
                 f"{', '.join(HUB_SETS)} or generic, e.g. mt-bench=/path/question.jsonl"
             )
-        prompts = _parse_records(name, read_records(Path(path.strip())), origin=path.strip())
+        prompts = _parse_records(name, *read_records_lines(Path(path.strip())),
+                                 origin=path.strip())
     elif _looks_like_path(spec):
-        prompts = _parse_records("generic", read_records(Path(spec)), origin=spec)
+        prompts = _parse_records("generic", *read_records_lines(Path(spec)), origin=spec)
     else:
         raise MCSDError(
             f"unknown prompt set {spec!r}; use one of {', '.join(KNOWN_SETS)}, a local "
@@ -142,13 +143,21 @@ EXPECTED = {
 }
 
 
-def _parse_records(name: str, records: list[Record], origin: str) -> list[Prompt]:
+def _parse_records(name: str, records: list[Record], lines: list[int] | None = None, *,
+                   origin: str) -> list[Prompt]:
+    """Prompts of `records` in set `name`'s format. Hub sets skip a record without a prompt;
+    a local file (`lines`: each record's line in it, or None for no lines) refuses it."""
     text_of, id_fields = PARSERS[name]
     source = name if name != "generic" else Path(origin).stem
+    strict = not origin.startswith("hub:")
     prompts = []
     for i, rec in enumerate(records):
         text = text_of(rec) if isinstance(rec, dict) else None
         if text is None or not text.strip():
+            if strict and (prompts or i + 1 < len(records)):  # one bad record among good ones
+                where = f"line {lines[i]}" if lines else f"record {i + 1}"
+                raise MCSDError(f"{origin}, {where}: no usable prompt field; a {name} file "
+                                f"needs {EXPECTED[name]} in every record")
             continue
         rid = next((rec[f] for f in id_fields if rec.get(f) not in (None, "")), i)
         prompts.append(Prompt(id=str(rid), text=text, source=source))
@@ -167,6 +176,24 @@ def _looks_like_path(spec: str) -> bool:
 
 def read_records(path: Path) -> list[Record]:
     """Records of a .json (a list, or an object holding one list), .jsonl or .parquet file."""
+    return read_records_lines(path)[0]
+
+
+def _jsonl(text: str, path: Path) -> tuple[list[Record], list[int]]:
+    records, lines = [], []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise MCSDError(f"cannot read prompt file {path}, line {n}: {err.msg} (column "
+                                f"{err.colno}); one JSON object per line") from None
+            lines.append(n)
+    return records, lines
+
+
+def read_records_lines(path: Path) -> tuple[list[Record], list[int] | None]:
+    """`read_records`, with each record's line in the file for JSONL (else None)."""
     if not path.is_file():
         raise MCSDError(f"prompt file {path} does not exist (or is not a file)")
     suffix = path.suffix.lower()
@@ -174,10 +201,10 @@ def read_records(path: Path) -> list[Record]:
         if suffix == ".parquet":
             import pandas as pd
 
-            return [_plain(r) for r in pd.read_parquet(path).to_dict(orient="records")]
+            return [_plain(r) for r in pd.read_parquet(path).to_dict(orient="records")], None
         text = path.read_text(encoding="utf-8")
         if suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
+            return _jsonl(text, path)
         if suffix == ".json":
             data = json.loads(text)
             if isinstance(data, dict):
@@ -185,7 +212,7 @@ def read_records(path: Path) -> list[Record]:
                 data = lists[0] if len(lists) == 1 else [data]
             if not isinstance(data, list):
                 raise MCSDError(f"{path}: expected a JSON list of records")
-            return data
+            return data, None
     except MCSDError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as err:

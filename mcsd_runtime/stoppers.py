@@ -97,6 +97,14 @@ class StaticStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         return self.depth is None or frontier.depth < self.depth
 
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        """Refuse a depth the tree does not have (it would silently draft the whole tree)."""
+        if self.depth is not None and not 1 <= self.depth <= len(k_config):
+            raise MCSDError(
+                f"static:{self.depth} needs a tree of at least {self.depth} depths, but the "
+                f"k-config {','.join(map(str, k_config)) or '()'} has {len(k_config)}; use "
+                f"static:1..{len(k_config)} or a deeper --k-config")
+
 
 class ConfidenceStopper(StopperBase):
     """HF/DISCO style: continue while some frontier token's draft probability is >= T."""

@@ -20,14 +20,18 @@ from mcsd_runtime.errors import MCSDError
 
 
 def parse_k_config(spec: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    """`"4,2,2,1"` or `(4, 2, 2, 1)` -> `(4, 2, 2, 1)`; an empty config means autoregressive."""
+    """`"4,2,2,1"` or `(4, 2, 2, 1)` -> `(4, 2, 2, 1)`. An empty tuple means autoregressive; a
+    string must name at least one depth and no empty one (`""` and `"4,,2"` are refused)."""
     if isinstance(spec, str):
-        parts = [p for p in spec.replace("(", "").replace(")", "").split(",") if p.strip()]
+        parts = spec.strip().removeprefix("(").removesuffix(")").split(",")
+        if parts and not parts[-1].strip() and len(parts) > 1:
+            parts.pop()  # "(4, 2,)": a tuple's trailing comma
         try:
             values = tuple(int(p) for p in parts)
         except ValueError:
             raise MCSDError(
-                f"bad k-config {spec!r}: use comma-separated positive integers, e.g. 4,2,2,1"
+                f"bad k-config {spec!r}: use comma-separated positive integers, e.g. 4,2,2,1 "
+                f"(every depth named; for autoregressive decoding use the method ar)"
             ) from None
     else:
         values = tuple(spec)

@@ -70,11 +70,14 @@ for name, m in metrics.items():
     ax.plot(cal["mean_predicted"], cal["fraction_positive"], marker="o", label=name)
 ax.plot([0, 1], [0, 1], color="gray", lw=1)
 ax.set_xlabel("predicted"); ax.set_ylabel("observed"); ax.legend()"""),
-        ("md", "## Feature importance (LightGBM gain and mean |SHAP|)"),
+        ("md", "## Feature importance (LightGBM: gain and mean |SHAP|; MLP: ROC-AUC drop when "
+               "a feature is shuffled)"),
         ("code", """imp = {name: m["importance"] for name, m in metrics.items() if m.get("importance")}
 for name, i in imp.items():
-    pd.DataFrame({k: v for k, v in i.items()}).sort_values("gain").plot.barh(
-        subplots=True, layout=(1, 2), figsize=(10, 4), legend=False, title=name)"""),
+    df = pd.DataFrame(i)
+    df.sort_values(df.columns[0]).plot.barh(subplots=True, layout=(1, len(df.columns)),
+                                            figsize=(5 * len(df.columns), 4), legend=False,
+                                            title=name)"""),
         ("md", "## Headroom: the oracle and the share of its gain captured (test prompts)\n\n"
                "`oracle` is the stop plan with the highest replayed tokens/s given every step's "
                "accepted length (a dynamic program, a true bound for free decisions); "

@@ -70,13 +70,25 @@ def test_pair_paths_resolves_toy_specs_once(monkeypatch):
 
     assert pair_paths(ns("toy:tiny:3")) == ("/t", "/d")
     assert pair_paths(ns("toy", "toy")) == ("/t", "/d")
-    assert asked == ["toy:tiny:3", "toy"]
+    assert pair_paths(ns("toy", "toy:default:0")) == ("/t", "/d")  # the same pair, spelt out
+    assert asked == ["toy:tiny:3", "toy", "toy"]
     assert pair_paths(ns("org/target", "org/draft")) == ("org/target", "org/draft")
-    assert pair_paths(ns("toy", "org/draft")) == ("toy", "org/draft")  # a real draft is kept
+    assert pair_paths(ns("toy", "org/draft")) == ("/t", "org/draft")  # a real draft is kept
+    asked.clear()
     for target in ("org/target", "toyota/model"):  # "toyota/..." is no toy spec
-        with pytest.raises(MCSDError, match="--draft is required"):
+        with pytest.raises(MCSDError, match="draft model is required"):
             pair_paths(ns(target))
-    assert asked == ["toy:tiny:3", "toy"]
+    # another toy pair's draft is refused, not ignored
+    with pytest.raises(MCSDError, match=r"pass the target 'toy:tiny' alone"):
+        pair_paths(ns("toy", "toy:tiny"))
+    with pytest.raises(MCSDError, match="toy pair's draft"):
+        pair_paths(ns("org/target", "toy"))
+    # a local-looking path that does not exist fails at once, before any toy pair or hub
+    with pytest.raises(MCSDError, match=r"no model folder at /no/such/folder \(the draft\)"):
+        pair_paths(ns("toy", "/no/such/folder"))
+    with pytest.raises(MCSDError, match=r"no model folder at ./missing \(the target\)"):
+        pair_paths(ns("./missing", "org/draft"))
+    assert asked == []
 
 
 def test_collect_run_name_keeps_toy_presets():

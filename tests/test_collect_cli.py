@@ -90,6 +90,10 @@ def test_kill_9_then_rerun_completes_the_missing_prompts_only(setup, capsys):
     assert manifest["sessions"][-1]["prompts"] == N_PROMPTS - done
     assert manifest["counts"] == ref_manifest["counts"]
     pd.testing.assert_frame_equal(load_rows(out), ref_rows)
+    # a finished run says so, with no empty progress bar
+    assert mcsd(["collect", *[a for a in args if a != "--no-progress"], "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"all {N_PROMPTS} prompts already collected" in err and "stopped" not in err
 
 
 def test_two_fabric_processes_cover_every_prompt_once(setup):

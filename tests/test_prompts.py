@@ -148,3 +148,18 @@ def test_cli_exports_jsonl_readable_back(tmp_path, capsys):
     back = load_prompts(str(out))
     assert [p.text for p in back] == [p.text for p in load_prompts("toy-code", limit=5)]
     assert "wrote 5 prompts" in capsys.readouterr().out
+
+
+def test_a_record_without_a_prompt_is_refused_with_its_line(tmp_path):
+    """One bad record among good ones is an error naming its line, not a silently shorter set;
+    a JSON error names the file's line, not line 1 of the record."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"text": "one"}\n\n{"answer": "x"}\n{"text": "three"}\n')
+    with pytest.raises(MCSDError, match=r"p.jsonl, line 3: no usable prompt field"):
+        load_prompts(str(path))
+    path.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "thr\n')
+    with pytest.raises(MCSDError, match=r"p.jsonl, line 3: Unterminated string"):
+        load_prompts(str(path))
+    (tmp_path / "p.json").write_text('[{"text": "one"}, {"answer": 2}]')
+    with pytest.raises(MCSDError, match=r"p.json, record 2: no usable prompt field"):
+        load_prompts(str(tmp_path / "p.json"))

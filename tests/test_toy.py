@@ -118,11 +118,21 @@ def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
     assert (root / "target/model.safetensors").stat().st_mtime_ns == stamp
     assert mcsd(["toy", "build", "--preset", "tiny", "--out", str(root)]) == 0
     assert "already built" in capsys.readouterr().out
-    # The default location: models_dir()/toy-tiny-<hash>, found by the API and `toy` specs.
-    monkeypatch.setenv("MCSD_DATA", str(tmp_path))
+    # The default location: <cache>/models/toy-tiny-<hash>, found by the API and `toy` specs.
+    monkeypatch.setenv("MCSD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCSD_DATA", str(tmp_path / "data"))
     cached = pair_dir("tiny")
-    assert cached.parent == tmp_path / "models" and cached.name.startswith("toy-tiny-")
-    shutil.copytree(root, cached)
+    assert cached.parent == tmp_path / "cache" / "models" and cached.name.startswith("toy-tiny-")
+    assert mcsd(["toy", "info", "--preset", "tiny"]) == 2  # says where it looked, naming both
+    err = capsys.readouterr().err
+    assert "MCSD_CACHE" in err and "MCSD_DATA" in err and str(tmp_path / "cache") in err
+    # A pair built before the cache, under $MCSD_DATA/models, is still found, with a note.
+    legacy = tmp_path / "data" / "models" / cached.name
+    shutil.copytree(root, legacy)
+    assert toy_pair_dirs("tiny") == (legacy / "target", legacy / "draft")
+    assert f"mv {legacy}" in capsys.readouterr().err
+    cached.parent.mkdir(parents=True)
+    legacy.rename(cached)
     target, draft = toy_pair_dirs("tiny")
     assert (target, draft) == (cached / "target", cached / "draft")
     assert resolve_toy("toy:tiny") == (str(target), str(draft))
@@ -133,6 +143,12 @@ def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
         resolve_toy("toy:tiny:x")
     assert mcsd(["toy", "info", "--preset", "tiny"]) == 0
     assert str(cached) in capsys.readouterr().out
+    # From Python as from the command line: load_pair("toy:tiny"), the draft coming with it.
+    from mcsd_runtime.pair import load_pair
+
+    pair = load_pair("toy:tiny", device="cpu")
+    assert (pair.target_name, pair.draft_name) == (str(target), str(draft))
+    assert "Loading weights" not in capsys.readouterr().err
 
 
 def test_same_seed_same_weights_and_force_rebuilds(tmp_path):

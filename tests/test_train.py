@@ -175,6 +175,11 @@ def test_models_beat_constant_on_held_out_auc(artifacts):
         assert head["oracle_value"] >= head["best_static_value"]
     assert (artifacts["lightgbm"][0] / "importance.png").is_file()
     assert set(artifacts["lightgbm"][1]["importance"]["mean_abs_shap"]) == set(DECISION_FEATURES)
+    # the MLP's importance.png, promised by `train --help`: permutation importance on test rows
+    assert (artifacts["mlp"][0] / "importance.png").is_file()
+    drop = artifacts["mlp"][1]["importance"]["roc_auc_drop"]
+    assert set(drop) == set(DECISION_FEATURES) and max(drop.values()) > 0
+    assert not (artifacts["mlp-hidden"][0] / "importance.png").exists()
 
 
 def test_artifact_round_trip_same_predictions(artifacts, rows):

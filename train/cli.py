@@ -1,6 +1,7 @@
 """`mcsd train`: fit a stopper's decision model on collected runs, choose its aggregation and
 threshold by replayed throughput on validation prompts, and write the artifact folder
-(stopper.json, the model, metrics.json, replay_curve.json/png, calibration.png, importance.png).
+(stopper.json, the model, metrics.json, replay_curve.json/png, calibration.png and, except for
+mlp-hidden, importance.png: LightGBM's gain and SHAP, an MLP's permutation importance).
 
 Prompts are split train/validation/test (grouped: no prompt in two splits, seeded). Labels: a
 frontier node at depth d is positive when it is on the accepted path and the path continues past
@@ -8,9 +9,13 @@ it (`hard`), or the product of soft acceptance probabilities min(1, p/q) along t
 (`soft`). Without --cost-profile, throughput is relative (a draft forward costs 0.1 of a target
 forward); measure one with `mcsd profile`.
 
-    mcsd train --data runs/toy-dense --model lightgbm --label hard --out stoppers/lgbm \\
-        --cost-profile profiles/toy-cpu.json
-    mcsd train --bench-latency --out stoppers/lgbm      # decision latency of an artifact
+    mcsd collect --target toy --prompts toy-code-collect --dense --k-config 1,1,1,1,1,1,1,1 \\
+        --max-new-tokens 64 --out data/runs/dense
+    mcsd profile --target toy --k-config 1,1,1,1,1,1,1,1 --out data/runs/cost.json
+    mcsd train --data data/runs/dense --model lightgbm --cost-profile data/runs/cost.json \\
+        --out data/runs/stoppers/lightgbm
+    mcsd eval --target toy --methods ar,static:4,heuristic,stopper:data/runs/stoppers/lightgbm
+    mcsd train --bench-latency --out data/runs/stoppers/lightgbm  # decision latency
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class Fit:
     fit_s: float
     metrics: dict  # "test"/"val" -> report.classification_metrics
     calibration: dict  # on test
-    importance: dict | None  # LightGBM only
+    importance: dict | None  # on test rows; None for mlp-hidden (its inputs are hidden states)
 
 
 def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) -> Fit:
@@ -166,8 +166,9 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
     metrics = {"test": report.classification_metrics(y_te_hard, p_te, y_te_soft),
                "val": report.classification_metrics(prep.parts["val"]["label_hard"].to_numpy(),
                                                     model.predict(x_va))}
-    importance = (report.lightgbm_importance(model.booster, x_te)
-                  if config.model == "lightgbm" else None)
+    importance = (report.lightgbm_importance(model.booster, x_te) if config.model == "lightgbm"
+                  else None if config.hidden
+                  else report.permutation_importance(model, x_te, y_te_hard, config.seed))
     log(f"fit {fit_s:.1f}s; held-out ROC-AUC {metrics['test'].get('roc_auc', float('nan')):.3f} "
         f"PR-AUC {metrics['test'].get('pr_auc', float('nan')):.3f} "
         f"(positive rate {metrics['test']['positive_rate']:.3f})")
@@ -297,23 +298,32 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
 
 
 # ------------------------------------------------------------------ 4. write
+
 def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], out: str | Path,
           config: TrainConfig, log: Log = print, started: float | None = None) -> dict:
     """Plots, replay_curve.json, metrics.json and the final stopper.json in `out`, then the
     optional end-to-end check (config.check_prompts); returns the summary (metrics.json).
     `started`: the run's time.perf_counter() start, for elapsed_s."""
     out, data, fp = Path(out), choice.data, choice.spec["pair_fingerprint"]
-    title = (f"{config.model}/{config.label} on {fp.get('target') if fp else 'pair'} / "
-             f"{fp.get('draft') if fp else ''}, k={data.tree.k_config}, "
-             f"{prep.n_prompts['val']} validation prompts ({data.mode} replay)")
+    from mcsd_runtime.paths import short_model_name as short
+
+    pair = f"{short(fp.get('target'))} / {short(fp.get('draft'))}" if fp else "pair"
+    k = ",".join(map(str, data.tree.k_config))
+    what = f"{config.model} ({config.label} labels), {pair}, k={k}"
     lines = {k: v[METRIC] for k, v in choice.results["val"].items()
              if k.startswith("static:") or k == "oracle"}
-    report.plot_replay(choice.curve, choice.chosen, lines, METRIC, title, out / "replay_curve.png")
+    report.plot_replay(
+        choice.curve, choice.chosen, lines, METRIC,
+        f"Choosing the threshold: replay on {prep.n_prompts['val']} VALIDATION prompts "
+        f"({data.mode}; metrics.json's headline is on the {prep.n_prompts['test']} test "
+        f"prompts)\n{what}", out / "replay_curve.png",
+        units=choice.headline["units"])
     report.plot_calibration(fitted.calibration,
-                            f"calibration, {prep.n_prompts['test']} test prompts",
+                            f"calibration on {prep.n_prompts['test']} test prompts: {what}",
                             out / "calibration.png")
     if fitted.importance:
-        report.plot_importance(fitted.importance, f"feature importance: {title}",
+        report.plot_importance(fitted.importance, f"feature importance, "
+                               f"{prep.n_prompts['test']} test prompts: {what}",
                                out / "importance.png")
     _write_json(out / "replay_curve.json",
                 {"metric": METRIC, "mode": data.mode, "curve": choice.curve,

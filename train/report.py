@@ -45,6 +45,39 @@ def lightgbm_importance(booster, x: np.ndarray) -> dict:
             "mean_abs_shap": dict(zip(DECISION_FEATURES, map(float, shap), strict=True))}
 
 
+def permutation_importance(model, x: np.ndarray, y_hard: np.ndarray, seed: int = 0,
+                           max_rows: int = 20_000) -> dict | None:
+    """How much held-out ROC-AUC drops when one feature's column is shuffled (scikit-learn's
+    permutation importance), for models without importances of their own (the MLPs)."""
+    from sklearn.inspection import permutation_importance as permute
+    from sklearn.metrics import roc_auc_score
+
+    y = np.asarray(y_hard).astype(int)
+    if not 0 < y.sum() < len(y):
+        return None
+    class Fitted:  # scikit-learn wants an estimator: one that is already fitted
+        def fit(self, *_):
+            return self
+
+    rows = np.random.default_rng(seed).permutation(len(y))[:max_rows]
+    res = permute(Fitted(), np.asarray(x)[rows], y[rows], n_repeats=3, random_state=seed,
+                  scoring=lambda _, xs, ys: roc_auc_score(ys, model.predict(xs)))
+    return {"roc_auc_drop": dict(zip(DECISION_FEATURES, map(float, res.importances_mean),
+                                     strict=True))}
+
+
+IMPORTANCE_TITLES = {"gain": "total gain in training (LightGBM)",
+                     "mean_abs_shap": "mean |SHAP| on test rows (logit)",
+                     "roc_auc_drop": "ROC-AUC drop on test rows when shuffled"}
+
+
+def wrap_title(title: str, width: int = 70) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.fill(part, width, break_on_hyphens=False)
+                     for part in title.split("\n"))
+
+
 def _plt():
     import matplotlib
 
@@ -59,10 +92,11 @@ def plot_calibration(cal: dict, title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(4.5, 4.5))
     ax.plot([0, 1], [0, 1], ls=":", c="grey", label="perfect")
     ax.plot(cal["mean_predicted"], cal["fraction_positive"], marker="o", label="stopper")
-    ax.set(xlabel="predicted probability", ylabel="observed frequency", title=title)
+    ax.set(xlabel="predicted probability", ylabel="observed frequency")
+    ax.set_title(wrap_title(title, 50), fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -83,24 +117,25 @@ def plot_calibration_domains(curves: dict[str, dict], title: str, path: Path) ->
 
 def plot_importance(imp: dict, title: str, path: Path) -> None:
     plt = _plt()
-    fig, axes = plt.subplots(1, len(imp), figsize=(5 * len(imp), 4.5))
+    fig, axes = plt.subplots(1, len(imp), figsize=(6 * len(imp), 4.5))
     axes = np.atleast_1d(axes)
     for ax, (name, values) in zip(axes, imp.items(), strict=True):
         order = sorted(values, key=values.get)
         ax.barh(order, [values[k] for k in order])
-        ax.set(title=name.replace("_", " "))
-    fig.suptitle(title, fontsize=9)
+        ax.set_title(IMPORTANCE_TITLES.get(name, name.replace("_", " ")), fontsize=9)
+        ax.tick_params(labelsize=8)
+    fig.suptitle(wrap_title(title, 60 * len(imp)), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
 def plot_replay(curve: list[dict], chosen: dict, lines: dict[str, float], metric: str,
-                title: str, path: Path) -> None:
-    """Replayed `metric` against threshold per aggregation (at the chosen min_depth); static
-    depths and oracle as lines."""
+                title: str, path: Path, units: str = "") -> None:
+    """Replayed `metric` (in `units`) against threshold per aggregation (at the chosen
+    min_depth); static depths and oracle as lines."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     curve = [c for c in curve if c.get("min_depth", 1) == chosen.get("min_depth", 1)]
     for agg in sorted({c["aggregation"] for c in curve}):
         pts = [c for c in curve if c["aggregation"] == agg]
@@ -111,9 +146,13 @@ def plot_replay(curve: list[dict], chosen: dict, lines: dict[str, float], metric
     for (name, value), col in zip(lines.items(), colors, strict=True):
         style = "--" if name == "oracle" else ":"
         ax.axhline(value, ls=style, c="tab:red" if name == "oracle" else col, lw=1, label=name)
+        ax.annotate(name, (0, value), xycoords=("axes fraction", "data"), xytext=(2, 2),
+                    textcoords="offset points", fontsize=7, color="dimgrey")
     ax.scatter([chosen["threshold"]], [chosen[metric]], c="k", zorder=5, label="chosen")
-    ax.set(xlabel="threshold", ylabel=metric, title=title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_xlabel(f"threshold (decisions from depth {chosen.get('min_depth', 1)})")
+    ax.set_ylabel(f"replayed {metric.replace('_', ' ')}" + (f" ({units})" if units else ""))
+    ax.set_title(wrap_title(title), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

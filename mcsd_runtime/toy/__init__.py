@@ -5,6 +5,7 @@
     toy_pair_dirs(preset="default", seed=0) -> (target_dir, draft_dir), built if needed
     resolve_toy("toy" | "toy:tiny" | "toy:default[:seed]") -> (target, draft) or None
     is_toy_spec(spec) -> whether a model name is such a toy spec (torch-free)
+    parse_toy_spec(spec) -> (preset, seed) of a toy spec (torch-free)
 
 Names are imported lazily so that `mcsd --help` does not load torch.
 """
@@ -25,12 +26,29 @@ _EXPORTS = {
     "Recipe": "mcsd_runtime.toy.recipe",
     "get_recipe": "mcsd_runtime.toy.recipe",
 }
-__all__ = sorted([*_EXPORTS, "is_toy_spec"])
+__all__ = sorted([*_EXPORTS, "is_toy_spec", "parse_toy_spec"])
 
 
 def is_toy_spec(spec: str) -> bool:
     """Whether a model name names the toy pair (`toy`, `toy:PRESET`, `toy:PRESET:SEED`)."""
     return spec == "toy" or spec.startswith("toy:")
+
+
+def parse_toy_spec(spec: str) -> tuple[str, int]:
+    """`toy` -> ("default", 0); `toy:tiny` -> ("tiny", 0); `toy:tiny:3` -> ("tiny", 3)."""
+    from mcsd_runtime.errors import MCSDError
+
+    parts = spec.split(":")
+    if not is_toy_spec(spec) or len(parts) > 3:
+        raise MCSDError(
+            f"bad toy model spec {spec!r}; use toy, toy:<preset> or toy:<preset>:<seed>")
+    preset = parts[1] if len(parts) > 1 and parts[1] else "default"
+    try:
+        seed = int(parts[2]) if len(parts) > 2 else 0
+    except ValueError:
+        raise MCSDError(f"bad toy model spec {spec!r}: the seed must be an integer, "
+                        "e.g. toy:default:0") from None
+    return preset, seed
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,10 @@
 """Build, cache, verify and locate the toy target/draft pair.
 
 A pair lives in one folder: `target/` and `draft/` (each a `save_pretrained` model with the
-shared tokenizer) and `card.json`. The default folder is `models_dir()/toy-<preset>-<hash12>`,
-where the hash covers the recipe, the seed, the code version and the stdlib version. A build
+shared tokenizer) and `card.json`. The default folder is `models_dir()/toy-<preset>-<hash12>`
+in the user cache (`mcsd_runtime.paths`), where the hash covers the recipe, the seed, the code
+version and the stdlib version; a pair built before the cache, under `$MCSD_DATA/models`, is
+still found there. A build
 writes into a temporary sibling folder and renames it at the end, so an interrupted build never
 looks complete; the card records a SHA-256 of every file, so a damaged pair is detected.
 """
@@ -16,14 +18,15 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import models_dir
-from mcsd_runtime.toy import is_toy_spec
+from mcsd_runtime.paths import CACHE_HELP, legacy_models_dir, models_dir
+from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
 from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, _cpu_bf16_ok, get_recipe
 
@@ -48,7 +51,31 @@ def pair_dir(preset: str = "default", seed: int = 0, precision: str = "auto") ->
     `precision` other than "auto" names the pair of that recipe override."""
     recipe = get_recipe(preset, seed, **({} if precision == "auto" else
                                           {"precision": precision}))
-    return models_dir() / f"toy-{preset}-{recipe.hash12()}"
+    return _default_dir(recipe)
+
+
+_NOTED: set[Path] = set()  # old-location pairs already pointed out in this process
+
+
+def _default_dir(recipe: Recipe) -> Path:
+    """The cache folder of `recipe`'s pair, or its pre-cache folder under `$MCSD_DATA/models`
+    when only that one holds it (a note on stderr says how to move it)."""
+    name = f"toy-{recipe.preset}-{recipe.hash12()}"
+    cached, legacy = models_dir() / name, legacy_models_dir() / name
+    if not _holds(cached) and _holds(legacy) and legacy.resolve() != cached.resolve():
+        if legacy not in _NOTED:
+            _NOTED.add(legacy)
+            print(f"note: using the toy pair at {legacy} (the old location, "
+                  f"$MCSD_DATA/models); move it into the cache to use it from any directory: "
+                  f"mkdir -p {models_dir()} && mv {legacy} {models_dir()}/", file=sys.stderr)
+        return legacy
+    return cached
+
+
+def where_looked() -> str:
+    """Where a missing toy pair was looked for, naming the variables that move it."""
+    return (f"looked in {models_dir()} ({CACHE_HELP}) and in {legacy_models_dir()} "
+            f"($MCSD_DATA/models, the old location)")
 
 
 def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 0,
@@ -61,10 +88,13 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
     recipe entirely (experiments and tests).
     """
     recipe = (recipe or get_recipe(preset, seed)).resolved()
-    dest = Path(out) if out is not None else models_dir() / f"toy-{recipe.preset}-{recipe.hash12()}"
+    dest = Path(out) if out is not None else _default_dir(recipe)
     if dest.exists() and not force and not _empty_dir(dest):
         verify_pair(dest, recipe)
         return dest
+    if progress:
+        print(f"building the toy pair ({recipe.preset}, seed {recipe.seed}) into {dest}"
+              + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
     tmp = _make_tmp(dest)
     from transformers.utils import logging as hf_logging
 
@@ -95,19 +125,7 @@ def resolve_toy(spec: str) -> tuple[str, str] | None:
     draft dir) as strings, building if needed; None for any other string (a real model name)."""
     if not is_toy_spec(spec):
         return None
-    parts = spec.split(":")
-    preset = parts[1] if len(parts) > 1 and parts[1] else "default"
-    seed = 0
-    if len(parts) > 2:
-        try:
-            seed = int(parts[2])
-        except ValueError:
-            raise MCSDError(f"bad toy model spec {spec!r}: the seed must be an integer, "
-                            "e.g. toy:default:0") from None
-    if len(parts) > 3:
-        raise MCSDError(
-            f"bad toy model spec {spec!r}; use toy, toy:<preset> or toy:<preset>:<seed>"
-        )
+    preset, seed = parse_toy_spec(spec)
     target, draft = toy_pair_dirs(preset, seed)
     return str(target), str(draft)
 
@@ -317,6 +335,11 @@ def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: 
     return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
 
 
+def _holds(path: Path) -> bool:
+    """Whether `path` is a folder with something in it."""
+    return path.is_dir() and any(path.iterdir())
+
+
 def _empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
 
@@ -364,7 +387,7 @@ def _make_tmp(dest: Path) -> Path:
         why = (f"{blocker} is not a folder" if blocker is not None and not blocker.is_dir()
                else err.strerror or str(err))
         raise MCSDError(f"cannot write the toy pair to {dest}: {why}; "
-                        "choose a writable folder with --out (or set MCSD_DATA)") from None
+                        "choose a writable folder with --out (or set MCSD_CACHE)") from None
     return tmp
 
 

@@ -37,8 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Build the toy pair: train the tokenizer, the target and the draft (distilled from "
             "the target) with Lightning on CPU, then write target/, draft/ and card.json "
             "(held-out losses, greedy agreement, decode latencies). The pair is cached under "
-            "$MCSD_DATA/models/toy-<preset>-<hash> (hash of the recipe, seed, code and stdlib "
-            "version), so building again is instant. Presets: tiny (seconds, for tests), "
+            "<cache>/models/toy-<preset>-<hash> (the cache: $MCSD_CACHE, else "
+            "$XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd; the hash covers the recipe, seed, code "
+            "and stdlib version), so building again is instant and any directory finds it. "
+            "Presets: tiny (seconds, for tests), "
             "default (about 10-15 minutes on a 2-core CPU, for demos and benchmarks)."
         ),
     )
@@ -62,7 +64,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="model sizes and training budget (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the pair instead of the cache under $MCSD_DATA/models")
+                        help="folder for the pair instead of the cache (<cache>/models)")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="training precision: auto (bf16 autocast where the CPU has native "
                              "bf16 kernels, else fp32) or 32-true (fp32 everywhere); a pair "
@@ -94,11 +96,13 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_info(args: argparse.Namespace) -> int:
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.toy.build import pair_dir, summary, verify_pair
+    from mcsd_runtime.toy.build import pair_dir, summary, verify_pair, where_looked
 
     dest = args.out if args.out is not None else pair_dir(args.preset, args.seed, args.precision)
     if not dest.exists():
-        raise MCSDError(f"no toy pair at {dest}; build it with `mcsd toy build --preset "
+        where = (f"no toy pair at {dest}" if args.out
+                 else f"no toy pair {dest.name}: {where_looked()}")
+        raise MCSDError(f"{where}; build it with `mcsd toy build --preset "
                         f"{args.preset}" + (f" --out {dest}" if args.out else "")
                         + (f" --precision {args.precision}" if args.precision != "auto" else "")
                         + "`")
