@@ -13,10 +13,21 @@ Names are imported lazily so that `mcsd --help` does not load torch.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-DEFAULT_PROMPTS = "toy-code-collect"  # the prompt set `mcsd collect` and its bench default to
-DEFAULT_SHARD_PROMPTS = 8  # prompts per Parquet shard (`--shard-prompts`, `CollectJob`)
+from collect.defaults import DEFAULT_PROMPTS as DEFAULT_PROMPTS
+from collect.defaults import DEFAULT_SHARD_PROMPTS as DEFAULT_SHARD_PROMPTS
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` imports on use
+    from collect.recorder import RowRecorder as RowRecorder
+    from collect.run import CollectJob as CollectJob
+    from collect.run import collect_prompts as collect_prompts
+    from collect.run import format_summary as format_summary
+    from collect.run import run_job as run_job
+    from collect.schema import row_schema as row_schema
+    from collect.store import IDENTITY_FIELDS as IDENTITY_FIELDS
+    from collect.store import load_manifest as load_manifest
+    from collect.store import load_rows as load_rows
 
 _EXPORTS = {
     "load_rows": "collect.store",

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collect import DEFAULT_PROMPTS
+from collect.defaults import DEFAULT_PROMPTS
 from mcsd_runtime import metrics
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import re
 
-from collect import DEFAULT_PROMPTS, DEFAULT_SHARD_PROMPTS
+from collect.defaults import DEFAULT_PROMPTS, DEFAULT_SHARD_PROMPTS
+from mcsd_runtime.extras import require_toolkit
 from mcsd_runtime.toy import is_toy_spec
 
 EPILOG = """examples:
@@ -117,6 +118,7 @@ def job_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    require_toolkit("mcsd collect")
     from collect.run import format_summary, run_job
 
     job = job_from_args(args)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from collect import DEFAULT_SHARD_PROMPTS, store
+from collect import store
+from collect.defaults import DEFAULT_SHARD_PROMPTS
 from collect.recorder import RowRecorder
 from collect.schema import ROW_SCHEMA_VERSION
 from collect.store import now

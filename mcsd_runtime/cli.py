@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.extras import missing_extra_message
 
 Register = Callable[[argparse._SubParsersAction], None]
 
@@ -30,7 +31,8 @@ def build_parser(registers: Sequence[Register] | None = None,
             try:
                 registers.append(ep.load())
             except ImportError as err:  # a broken plugin must not take the other commands down
-                print(f"{prog}: warning: command {ep.name!r} unavailable: {err}", file=sys.stderr)
+                print(f"{prog}: warning: command {ep.name!r} unavailable: "
+                      f"{missing_extra_message(err) or err}", file=sys.stderr)
     for register in registers:
         register(sub)
     return parser
@@ -43,6 +45,13 @@ def run_parser(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> i
         code = args.func(args)
     except MCSDError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:  # a package of an extra that is not installed
+        message = missing_extra_message(err)
+        if message is None:
+            raise
+        command = " ".join(filter(None, (parser.prog, getattr(args, "command", None))))
+        print(f"{parser.prog}: error: {command}: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from mcsd_runtime import metrics
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.step_model import step_forwards
 
 FORMAT = "mcsd-cost-profile"
 DEFAULT_TOKENS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)
@@ -92,15 +93,15 @@ class CostProfile:
         """Seconds of a step's first draft forward, over `n` pending tokens."""
         return self._at(self.draft_first_s or self.draft_s, n)
 
-    def step_seconds(self, tree, s: int, pending: int, drafts: bool) -> float:
+    def step_seconds(self, tree, s: int, pending: int) -> float:
         """Seconds of one decoder step stopped at depth `s` of `tree` with `pending` tokens the
-        draft has not seen: the draft forward over them and over depths 1..s-1 (`drafts`: the
-        step drafts at all; depth s is never forwarded, the stopper decides first), the target
-        forward over 1 + cum[s] tokens, and the per-step and per-depth overheads."""
-        cost = self.target(1 + tree.cum[s]) + self.step_overhead_s + self.depth_overhead_s * s
-        if drafts:
-            cost += self.draft_first(pending) + sum(self.draft(tree.sizes[d - 1])
-                                                    for d in range(1, s))
+        draft has not seen: its forwards (`mcsd_runtime.step_model.step_forwards`) plus the
+        per-step and per-depth overheads."""
+        forwards = step_forwards(tree, s, pending)
+        cost = self.target(forwards.target) + self.step_overhead_s + self.depth_overhead_s * s
+        if forwards.draft:
+            first, *rest = forwards.draft
+            cost += self.draft_first(first) + sum(self.draft(n) for n in rest)
         return cost
 
     def to_json(self) -> dict:
@@ -132,12 +133,6 @@ class CostProfile:
         tokens = [1, 64]
         return cls(tokens=tokens, target_s=[1.0, 1.63], draft_s=[draft_ratio, draft_ratio * 1.63],
                    note=f"relative stand-in (draft/target = {draft_ratio}), not measured")
-
-
-def next_pending(pending: int, drafts: bool, accepted: int, s: int) -> int:
-    """Draft-pending tokens after a step: the bonus token, plus the deepest accepted node when it
-    lies at the never-forwarded depth s."""
-    return (0 if drafts else pending) + 1 + (1 if s and accepted >= s else 0)
 
 
 def monotone(values: list[float]) -> list[float]:
@@ -309,8 +304,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli_args import apply_threads, pair_from_args
+    from mcsd_runtime.extras import require_toolkit
     from mcsd_runtime.tree import parse_k_config
 
+    require_toolkit("mcsd profile", "sklearn", "scipy")  # the monotone fit, the overhead fit
     if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
            args.overhead_tokens) < 1:
         raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -706,4 +706,4 @@ class ARDecoder(MCSDDecoder):
 
     def __init__(self, pair: Pair, config: DecodeConfig | None = None) -> None:
         config = config or DecodeConfig()
-        super().__init__(pair, DecodeConfig(**(asdict(config) | {"k_config": (), "init": "draft"})))
+        super().__init__(pair, replace(config, k_config=(), init="draft"))

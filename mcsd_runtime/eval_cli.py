@@ -46,6 +46,7 @@ from mcsd_runtime.cli_args import (
 )
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.extras import require_toolkit
 
 DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence,heuristic,hf-assisted"
 # A first try in about a minute on the tiny toy pair (a few on the default one); `make demo`
@@ -93,6 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
+
     from mcsd_runtime.evaluate import (
         check_method,
         check_writable,

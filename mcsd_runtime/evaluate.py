@@ -8,18 +8,19 @@ import json
 import statistics
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from mcsd_runtime import metrics
+from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.learned import check_pair, read_spec
+from mcsd_runtime.learned import check_pair
 from mcsd_runtime.pair import Pair
 from mcsd_runtime.paths import short_model_name
-from mcsd_runtime.stoppers import BUILTIN, make_stopper
+from mcsd_runtime.stoppers import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
 from mcsd_runtime.tree import parse_k_config
 
 
@@ -211,41 +212,34 @@ class DecoderRunner:
 
 def check_method(name: str) -> None:
     """Refuse a method that cannot run before any pair is loaded: an unknown name, a bad
-    k-config, a built-in stopper with bad parameters, or a trained stopper folder whose
-    `stopper.json` loading would reject (`stopper:PATH` or the bare folder)."""
+    k-config, or a stopper spec that loading would refuse (`StopperSpec.check`: a built-in with
+    bad parameters, a trained stopper folder whose `stopper.json` is bad)."""
     kind, _, arg = name.partition(":")
     if name in ("ar", "hf", "hf-assisted"):
         return
-    spec = arg if kind == "hf-generate" else name  # a stopper spec
-    head, _, path = spec.partition(":")
     try:
         if kind in ("mcsd", "mcsd-target-init"):
             if arg:
                 parse_k_config(arg)
             return
-        if head in BUILTIN:
-            make_stopper(spec)  # parses the parameters, loads nothing
-            return
-        if head == "stopper" or (spec and Path(spec).is_dir()):
-            folder = Path(path if head == "stopper" else spec)  # as `make_stopper` reads it
-            read_spec(folder / "stopper.json")
-            return
+        parse_stopper_spec(arg if kind == "hf-generate" else name).check()
+    except UnknownStopperError:
+        raise MCSDError(
+            f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
+            f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH"
+        ) from None
     except MCSDError as err:
         raise MCSDError(f"method {name!r}: {err}") from None
-    raise MCSDError(
-        f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
-        f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH")
 
 
 def _stopper_folder(method: str) -> Path | None:
     """The trained stopper folder a method runs (`stopper:PATH`, a bare folder, or either
     inside `hf-generate:`), else None."""
     kind, _, arg = method.partition(":")
-    spec = arg if kind == "hf-generate" else method
-    head, _, path = spec.partition(":")
-    if head == "stopper":
-        return Path(path)
-    return Path(spec) if head not in BUILTIN and spec and Path(spec).is_dir() else None
+    try:
+        return parse_stopper_spec(arg if kind == "hf-generate" else method).folder
+    except UnknownStopperError:  # ar, hf, mcsd:K, ...
+        return None
 
 
 def stopper_trees(methods: list[str]) -> dict[str, tuple[int, ...]]:
@@ -253,10 +247,8 @@ def stopper_trees(methods: list[str]) -> dict[str, tuple[int, ...]]:
     trees = {}
     for m in methods:
         folder = _stopper_folder(m)
-        if folder is not None:
-            k = read_spec(folder / "stopper.json")[1].get("k_config")
-            if k:
-                trees[m] = parse_k_config(k)
+        if folder is not None and (k := ArtifactSpec.read(folder).k_config):
+            trees[m] = k
     return trees
 
 
@@ -322,20 +314,14 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     if kind in ("mcsd", "mcsd-target-init"):
         k = parse_k_config(arg) if arg else base.k_config
         init = "target" if kind == "mcsd-target-init" else "draft"
-        return DecoderRunner(MCSDDecoder(pair, _replace(base, k_config=k, init=init), "static"))
+        return DecoderRunner(MCSDDecoder(pair, replace(base, k_config=k, init=init), "static"))
     if name in ("hf", "hf-assisted"):
         return HFGenerate(pair, base, assisted=name == "hf-assisted")
     if kind == "hf-generate":
-        return HFCustomGenerate(pair, _replace(base, init="draft"), arg)
+        return HFCustomGenerate(pair, replace(base, init="draft"), arg)
     stopper = make_stopper(name)
     check_pair(stopper, pair)
-    return DecoderRunner(MCSDDecoder(pair, _replace(base, init="draft"), stopper))
-
-
-def _replace(config: DecodeConfig, **kw) -> DecodeConfig:
-    from dataclasses import asdict
-
-    return DecodeConfig(**(asdict(config) | kw))
+    return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
 
 
 def encode_prompt(pair: Pair, text: str, chat: bool) -> list[int]:

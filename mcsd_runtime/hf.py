@@ -25,7 +25,6 @@ import functools
 import sys
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, GenerationMixin
@@ -37,12 +36,13 @@ from transformers.generation import (
     TemperatureLogitsWarper,
 )
 
+from mcsd_runtime.artifact import description_file
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.learned import check_pair
 from mcsd_runtime.pair import Pair, check_same_vocab
-from mcsd_runtime.stoppers import BUILTIN, Stopper, make_stopper
+from mcsd_runtime.stoppers import Stopper, make_stopper, parse_stopper_spec
 
 _HINTS = {"TopKLogitsWarper": "pass top_k=0 (the generation config's default is 50)",
           "TopPLogitsWarper": "pass top_p=1.0"}
@@ -172,11 +172,14 @@ def _tokenizer(name: str):
 
 def _stopper(spec: str | Stopper) -> Stopper:
     """`make_stopper`, with trained artifacts loaded once (again when stopper.json changes)."""
-    if not isinstance(spec, str) or spec.split(":")[0] in BUILTIN:
+    if not isinstance(spec, str):
+        return make_stopper(spec)
+    parsed = parse_stopper_spec(spec)
+    if parsed.folder is None:
         return make_stopper(spec)
     try:
-        stamp = (Path(spec.removeprefix("stopper:")) / "stopper.json").stat().st_mtime_ns
-    except OSError:
+        stamp = description_file(parsed.folder).stat().st_mtime_ns
+    except (OSError, MCSDError):
         stamp = None
     return _learned_stopper(spec, stamp)
 

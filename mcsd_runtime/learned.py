@@ -1,30 +1,25 @@
 """Learned stoppers at inference: load an artifact folder, score the frontier's nodes, aggregate
 the node scores into one continue-probability, compare it with the artifact's threshold.
 
-An artifact folder holds `stopper.json` (kind, feature schema, aggregation, threshold, pair
-fingerprint, the k-config it was trained on, metrics, training-data manifest) and the model:
-`model.txt` (LightGBM) or `model.safetensors` plus `config.json` (MLP). `train` writes them;
-this module only reads them, so the runtime never imports `train`. The MLP module is defined
-here and `train` imports it.
+An artifact folder holds `stopper.json` (`mcsd_runtime.artifact.ArtifactSpec`: kind, feature
+schema, aggregation, threshold, pair fingerprint, the k-config it was trained on, metrics) and
+the model: `model.txt` (LightGBM) or `model.safetensors` plus `config.json` (MLP). `train`
+writes them; this module only reads them, so the runtime never imports `train`. The MLP module
+is defined here and `train` imports it.
 
 Node score: the model's estimate that the node is on the accepted path *and* the accepted path
-continues past it (the label `train` fits). Aggregations over the frontier:
+continues past it (the label `train` fits); `mcsd_runtime.aggregation` turns the frontier's node
+scores into one.
 
-- `max`: the paper's rule, continue while any node scores above the threshold;
-- `sum`: the sum of node scores, clipped at 1. At most one frontier node lies on the accepted
-  path, so the node events are exclusive and their probabilities add up to P(L > depth);
-- `mean`: the plain mean;
-- `path`: the mean weighted by each node's draft path probability.
-
-LightGBM predictions go straight to its C API with prepared arguments (`FastLightGBM`): the
-same outputs as `Booster.predict`, without most of its per-call overhead.
+LightGBM models are scored through LightGBM's C library alone (`NativeBooster`): decoding with a
+trained stopper imports neither the `lightgbm` Python package nor scipy.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +27,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from mcsd_runtime.constants import STOPPER_KINDS as KINDS
+from mcsd_runtime.aggregation import AGGREGATIONS, aggregate
+from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import (
-    DECISION_FEATURES,
-    FEATURE_NAMES,
-    SCHEMA_VERSION,
-    TRAJECTORY_FEATURES,
-    column,
-)
-from mcsd_runtime.stoppers import Frontier, StopperBase
-from mcsd_runtime.tree import parse_k_config
+from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.lightgbm_native import LightGBMError, NativeBooster
+from mcsd_runtime.stopper_contract import Frontier, StopperBase
 
-FORMAT = "mcsd-stopper"
-MODEL_FILES = {"lightgbm": ("model.txt",), "mlp": ("model.safetensors", "config.json"),
-               "mlp-hidden": ("model.safetensors", "config.json")}
+__all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
+           "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",
+           "stopper_from"]
 
-_LOG_PATH = column("log_path_prob")
 _RECENT_RATE = TRAJECTORY_FEATURES.index("accept_rate_recent")
 
 
@@ -60,36 +49,6 @@ def drafts_without_deciding(frontier: Frontier, min_depth: int, gate: float) -> 
     if frontier.depth >= min_depth:
         return False
     return gate <= 0 or frontier.trajectory()[_RECENT_RATE] >= gate
-
-
-# ------------------------------------------------------------------ aggregation over the frontier
-def _agg_max(p: np.ndarray, feats: np.ndarray) -> float:
-    return float(p.max())
-
-
-def _agg_sum(p: np.ndarray, feats: np.ndarray) -> float:
-    return float(min(1.0, p.sum()))
-
-
-def _agg_mean(p: np.ndarray, feats: np.ndarray) -> float:
-    return float(p.mean())
-
-
-def _agg_path(p: np.ndarray, feats: np.ndarray) -> float:
-    logw = feats[:, _LOG_PATH].astype(np.float64)
-    w = np.exp(logw - logw.max())
-    return float((p * w).sum() / w.sum())
-
-
-AGGREGATIONS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "max": _agg_max, "sum": _agg_sum, "mean": _agg_mean, "path": _agg_path}
-
-
-def aggregate(name: str, scores: np.ndarray, feats: np.ndarray) -> float:
-    """The frontier's continue-score from its node scores (`feats`: the frontier's features)."""
-    if name not in AGGREGATIONS:
-        raise MCSDError(f"unknown aggregation {name!r}: use one of {', '.join(AGGREGATIONS)}")
-    return AGGREGATIONS[name](np.asarray(scores, dtype=np.float64), np.asarray(feats))
 
 
 # ------------------------------------------------------------------ the MLP (train and inference)
@@ -128,74 +87,16 @@ class DecisionMLP(nn.Module):
         return self.net((x.float() - self.mean) / self.std).squeeze(-1)
 
 
-# ------------------------------------------------------------------ LightGBM, without overhead
-class FastLightGBM:
-    """`Booster.predict` for small batches: one direct call into LightGBM's C API with the
-    arguments prepared once (single-threaded), the same outputs without the Python-side checks
-    that dominate a 16-row prediction. Falls back to `Booster.predict` if the private API moves."""
-
-    def __init__(self, booster) -> None:
-        self.booster = booster
-        self.num_feature = booster.num_feature()
-        try:
-            import ctypes
-
-            from lightgbm import basic
-
-            self._lib, self._safe_call, self._ct = basic._LIB, basic._safe_call, ctypes
-            self._params = basic._c_str("num_threads=1")
-            self._handle = booster._handle
-            # A single row (a chain's frontier) goes through the single-row fast path, set up
-            # once: several times cheaper than a batch call.
-            self._row_config = ctypes.c_void_p()
-            self._safe_call(self._lib.LGBM_BoosterPredictForMatSingleRowFastInit(
-                self._handle, ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(-1),
-                ctypes.c_int(1), ctypes.c_int32(self.num_feature), self._params,
-                ctypes.byref(self._row_config)))
-            self._fast = True
-        except (AttributeError, ImportError):
-            self._fast = False
-
-    def __del__(self) -> None:
-        config = getattr(self, "_row_config", None)
-        if config is not None and config.value:
-            self._lib.LGBM_FastConfigFree(config)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != self.num_feature:
-            raise MCSDError(f"LightGBM stopper expects {self.num_feature} features per row, "
-                            f"got shape {tuple(x.shape)}")
-        if not self._fast:
-            return self.booster.predict(x, num_threads=1)
-        ct = self._ct
-        out = np.empty(x.shape[0], dtype=np.float64)
-        n_out = ct.c_int64(0)
-        if x.shape[0] == 1:
-            self._safe_call(self._lib.LGBM_BoosterPredictForMatSingleRowFast(
-                self._row_config, x.ctypes.data_as(ct.c_void_p), ct.byref(n_out),
-                out.ctypes.data_as(ct.POINTER(ct.c_double))))
-            return out
-        self._safe_call(self._lib.LGBM_BoosterPredictForMat(
-            self._handle, x.ctypes.data_as(ct.c_void_p), ct.c_int(1),  # C_API_DTYPE_FLOAT64
-            ct.c_int32(x.shape[0]), ct.c_int32(x.shape[1]), ct.c_int(1),  # row-major
-            ct.c_int(0), ct.c_int(0), ct.c_int(-1),  # normal prediction, all iterations
-            self._params, ct.byref(n_out), out.ctypes.data_as(ct.POINTER(ct.c_double))))
-        return out
-
-
-def load_lightgbm(path: Path) -> FastLightGBM:
+# ------------------------------------------------------------------ loading the model files
+def load_lightgbm(path: Path) -> NativeBooster:
     """The model of `model.txt`; MCSDError if the file is missing or corrupt."""
-    import lightgbm as lgb
-
     if not path.is_file():
         raise MCSDError(f"stopper artifact is missing its model file {path}")
     try:
-        booster = lgb.Booster(model_file=str(path))
-    except Exception as err:  # LightGBM raises its own error type for unreadable files
+        return NativeBooster(path)
+    except LightGBMError as err:
         raise MCSDError(f"cannot read LightGBM model {path}: {err}; retrain or restore the "
                         f"artifact") from None
-    return FastLightGBM(booster)
 
 
 def load_mlp(folder: Path) -> DecisionMLP:
@@ -222,22 +123,18 @@ def load_mlp(folder: Path) -> DecisionMLP:
 class LearnedStopper(StopperBase):
     """Continue while the aggregated node score of the frontier is >= `threshold`."""
 
-    def __init__(self, kind: str, spec: dict, model: Any, threshold: float,
-                 aggregation: str) -> None:
-        self.kind, self.spec, self.model = kind, spec, model
-        self.threshold, self.aggregation = float(threshold), aggregation
-        self._agg = AGGREGATIONS[aggregation]
+    def __init__(self, spec: ArtifactSpec, model: Any) -> None:
+        self.spec, self.kind, self.model = spec, spec.kind, model
+        self.threshold, self.aggregation = spec.threshold, spec.aggregation
+        self._agg = AGGREGATIONS[spec.aggregation]
         # depths below min_depth are drafted without a decision while the recent acceptance
         # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
-        self.min_depth = int(spec.get("min_depth", 1))
-        self.min_depth_gate = float(spec.get("min_depth_gate", 0.0))
-        self.pair_fingerprint: dict | None = spec.get("pair_fingerprint")
-        self.k_config: tuple[int, ...] | None = (parse_k_config(spec["k_config"])
-                                                 if spec.get("k_config") else None)
-        self.needs_hidden = kind == "mlp-hidden"
+        self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
+        self.pair_fingerprint: dict | None = spec.pair_fingerprint
+        self.k_config: tuple[int, ...] | None = spec.k_config or None
+        self.needs_hidden = spec.kind == "mlp-hidden"
         # trained on DECISION_FEATURES: read the frontier's cheap host features
-        self.decision = (not self.needs_hidden
-                         and tuple(spec.get("feature_names", ())) == DECISION_FEATURES)
+        self.decision = not self.needs_hidden and spec.feature_names == DECISION_FEATURES
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         """Refuse a decoder tree other than the one this stopper was trained on. An artifact
@@ -293,76 +190,35 @@ def _k_text(k_config: tuple[int, ...]) -> str:
     return ",".join(map(str, k_config)) or "() (autoregressive)"
 
 
-def read_spec(path: str | Path) -> tuple[Path, dict]:
-    """The artifact folder and its validated `stopper.json`."""
-    path = Path(path)
-    folder = path.parent if path.name == "stopper.json" else path
-    spec_path = folder / "stopper.json"
-    if not spec_path.is_file():
-        raise MCSDError(f"{folder} is not a stopper artifact: no stopper.json")
-    try:
-        spec = json.loads(spec_path.read_text())
-    except (OSError, ValueError) as err:
-        raise MCSDError(f"cannot read {spec_path}: {err}") from None
-    if not isinstance(spec, dict) or spec.get("format") != FORMAT:
-        raise MCSDError(f"{spec_path} is not a stopper description (format {FORMAT!r})")
-    kind = spec.get("kind")
-    if kind not in KINDS:
-        raise MCSDError(f"{spec_path}: unknown stopper kind {kind!r} (known: {', '.join(KINDS)})")
-    if spec.get("schema_version") != SCHEMA_VERSION:
-        raise MCSDError(f"{spec_path} was trained on feature schema version "
-                        f"{spec.get('schema_version')!r}, this runtime computes version "
-                        f"{SCHEMA_VERSION}; retrain it on a collection made with this version")
-    names = spec.get("feature_names")
-    if names not in (list(FEATURE_NAMES), list(DECISION_FEATURES)):
-        extra = sorted(set(names or []) - set(FEATURE_NAMES))
-        missing = sorted(set(DECISION_FEATURES) - set(names or []))
-        raise MCSDError(f"{spec_path}: its feature list differs from the runtime's "
-                        f"(unknown: {extra or 'none'}, missing: {missing or 'none'}, or another "
-                        f"order); retrain it on a collection made with this version")
-    if spec.get("aggregation") not in AGGREGATIONS:
-        raise MCSDError(f"{spec_path}: unknown aggregation {spec.get('aggregation')!r}")
-    try:
-        float(spec["threshold"])
-    except (KeyError, TypeError, ValueError):
-        raise MCSDError(f"{spec_path}: missing or non-numeric threshold") from None
-    if spec.get("k_config") is not None:
-        try:
-            parse_k_config(spec["k_config"])
-        except (MCSDError, TypeError):
-            raise MCSDError(f"{spec_path}: k_config {spec['k_config']!r} is not a k-config (a "
-                            f"list of positive integers); retrain or restore the artifact"
-                            ) from None
-    return folder, spec
-
-
 def load_stopper(path: str | Path, threshold: float | None = None,
                  aggregation: str | None = None, min_depth: int | None = None,
                  min_depth_gate: float | None = None) -> LearnedStopper:
     """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation`,
     `min_depth` and `min_depth_gate` override the artifact's choices."""
-    folder, spec = read_spec(path)
-    kind = spec["kind"]
-    if kind == "lightgbm":
+    folder = artifact_folder(path)
+    spec = ArtifactSpec.read(folder)
+    overrides = {"threshold": threshold, "aggregation": aggregation, "min_depth": min_depth,
+                 "min_depth_gate": min_depth_gate}
+    return stopper_from(spec, folder, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> LearnedStopper:
+    """The stopper `spec` describes, its model read from `folder` (where `spec` need not be
+    written yet); `overrides`: fields of `spec` to change (threshold, aggregation, min_depth,
+    min_depth_gate)."""
+    folder = Path(folder)
+    spec = replace(spec, **overrides)
+    if spec.kind == "lightgbm":
         model: Any = load_lightgbm(folder / "model.txt")
-        if model.booster.feature_name() != spec["feature_names"]:
+        if model.feature_names != list(spec.feature_names):
             raise MCSDError(f"{folder / 'model.txt'}: its features differ from stopper.json's "
-                            f"{len(spec['feature_names'])}; retrain it")
+                            f"{len(spec.feature_names)}; retrain it")
     else:
         model = load_mlp(folder)
-        want = len(spec["feature_names"]) if kind == "mlp" else spec.get("hidden_size")
+        want = len(spec.feature_names) if spec.kind == "mlp" else spec.hidden_size
         if want is not None and model.in_features != want:
             raise MCSDError(f"{folder}: the MLP takes {model.in_features} inputs, expected {want}")
-    agg = aggregation or spec["aggregation"]
-    if agg not in AGGREGATIONS:
-        raise MCSDError(f"unknown aggregation {agg!r}: use one of {', '.join(AGGREGATIONS)}")
-    stopper = LearnedStopper(kind, spec, model,
-                             spec["threshold"] if threshold is None else threshold, agg)
-    if min_depth is not None:
-        stopper.min_depth = int(min_depth)
-    if min_depth_gate is not None:
-        stopper.min_depth_gate = float(min_depth_gate)
-    return stopper
+    return LearnedStopper(spec, model)
 
 
 def check_pair(stopper: Any, pair: Any) -> None:

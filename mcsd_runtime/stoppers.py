@@ -1,91 +1,32 @@
-"""Early-stop policies and the two contracts between them and the decoder.
+"""The built-in early-stop policies, and stopper specs: the strings that name a stopper, parsed
+in one place with one set of rules (`make_stopper`, `parse_stopper_spec`).
 
-The decoder consults a `Stopper` after each draft depth and tells it each step's outcome; it never
-knows which kind it runs (as with transformers' candidate generators: decide, then learn from the
-outcome). Subclass `StopperBase` and implement `should_continue`:
+Every stopper keeps the contract of `mcsd_runtime.stopper_contract` (`Stopper`, `Frontier`,
+`StopperBase`; importable from here too). A spec is one of
 
-- `reset()`: a new sequence starts;
-- `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth? It is
-  asked before the frontier goes through the draft, so stopping saves that forward;
-- `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted;
-- `needs_hidden`: True when `should_continue` reads `frontier.hidden()` (the decoder then keeps the
-  draft's hidden states; recorders use the same name);
-- `check_tree(k_config)`: called once by the decoder with its tree; a stopper tied to one tree
-  shape (a learned one) raises MCSDError for another.
-
-A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
-from the tensors it drafted with, offline replay from collected rows; both compute features only
-when asked, so stoppers that ignore them cost nothing.
+- `NAME[:P[:P]]`: a built-in of `BUILTIN` with its numeric parameters (`static:4`,
+  `confidence:0.4`, `heuristic`);
+- `stopper:PATH`, or a bare PATH that is a folder: a trained stopper's artifact folder, which must
+  hold `stopper.json` (`mcsd_runtime.learned`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-import numpy as np
 import torch
 
+from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import column
+from mcsd_runtime.learned import stopper_from
+from mcsd_runtime.stopper_contract import MEMBERS, Frontier, Stopper, StopperBase
 
-
-class Frontier(Protocol):
-    """The nodes of the depth just drafted, before they go through the draft."""
-
-    depth: int  # depth just drafted (1-based)
-    max_depth: int  # deepest depth the decoder could still draft in this step
-
-    def trajectory(self) -> list[float]:
-        """TRAJECTORY_FEATURES of the run before this step."""
-        ...
-
-    def features(self) -> torch.Tensor:
-        """[n, len(FEATURE_NAMES)] float32: node features, then the trajectory on every row."""
-        ...
-
-    def decision_features(self) -> np.ndarray:
-        """[n, len(DECISION_FEATURES)] float64 on the host: the cheap subset learned stoppers
-        read (no extra pass over the vocabulary)."""
-        ...
-
-    def hidden(self) -> torch.Tensor:
-        """[n, H]: the draft's last hidden state that proposed each node (its parent's);
-        MCSDError where there is none (target-initialized roots, replay without hidden)."""
-        ...
-
-
-class Stopper(Protocol):
-    needs_hidden: bool
-
-    def reset(self) -> None: ...
-
-    def should_continue(self, frontier: Frontier) -> bool: ...
-
-    def update(self, drafted: int, accepted: int) -> None: ...
-
-    def check_tree(self, k_config: tuple[int, ...]) -> None: ...
-
-
-class StopperBase:
-    """Defaults for every `Stopper` member but `should_continue`: stateless, features only, any
-    tree."""
-
-    needs_hidden = False
-
-    def reset(self) -> None:
-        pass
-
-    def should_continue(self, frontier: Frontier) -> bool:
-        raise NotImplementedError
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
-
-    def check_tree(self, k_config: tuple[int, ...]) -> None:
-        pass
+__all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
+           "make_stopper", "parse_stopper_spec", "stopper_help"]
 
 
 class StaticStopper(StopperBase):
@@ -186,42 +127,80 @@ BUILTIN: dict[str, tuple[str, Builder]] = {
                   lambda a, s: HeuristicStopper(*(int(x) for x in _floats(a, s, 1)))),
 }
 
+
 def stopper_help() -> str:
     return "; ".join(text for text, _ in BUILTIN.values())
 
 
-_MEMBERS = ("reset", "should_continue", "update", "check_tree", "needs_hidden")
+LEARNED = "stopper"  # `stopper:PATH`
+
+
+class UnknownStopperError(MCSDError):
+    """A spec that names no built-in stopper and no folder."""
+
+
+@dataclass(frozen=True)
+class StopperSpec:
+    """A parsed stopper spec: a built-in's `name` and `args`, or a learned stopper's `folder`."""
+
+    text: str
+    name: str = LEARNED
+    args: tuple[str, ...] = ()
+    folder: Path | None = None
+
+    @property
+    def learned(self) -> bool:
+        return self.folder is not None
+
+    def build(self) -> Stopper:
+        """The stopper it names (a learned one is loaded from its folder)."""
+        if self.folder is not None:  # a folder, as `check` reads it (not its stopper.json)
+            return stopper_from(ArtifactSpec.read(self.folder), self.folder)
+        return BUILTIN[self.name][1](list(self.args), self.text)
+
+    def check(self) -> None:
+        """Refuse what `build` would refuse, without loading a model: a built-in's parameters,
+        a learned stopper's `stopper.json`."""
+        if self.folder is not None:
+            ArtifactSpec.read(self.folder)
+        else:
+            self.build()
+
+
+def parse_stopper_spec(text: str) -> StopperSpec:
+    """`static:4`, `confidence:0.4`, `stopper:PATH` or a bare folder PATH, as a `StopperSpec`;
+    UnknownStopperError for anything else. Only the syntax: `check` and `build` read the
+    folder (MCSDError where it is no stopper artifact)."""
+    name, *args = text.split(":")
+    rest = text.partition(":")[2]
+    if name in BUILTIN:
+        return StopperSpec(text, name, tuple(args))
+    if name == LEARNED and rest:
+        folder = Path(rest)
+    elif text and Path(text).is_dir():
+        folder = Path(text)
+    else:
+        raise UnknownStopperError(
+            f"unknown stopper {text!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4) "
+            f"or stopper:PATH to a trained stopper folder")
+    return StopperSpec(text, folder=folder)
 
 
 def make_stopper(spec: str | Stopper | None,
                  k_config: tuple[int, ...] | None = None) -> Stopper:
-    """A stopper from a spec string such as `static`, `confidence:0.4`, `heuristic`, or a
-    learned stopper's artifact folder (`stopper:PATH` or a folder holding `stopper.json`), or a
-    `Stopper` object as it is. With `k_config` (the decoder's tree), `check_tree` runs."""
-    stopper = _build(spec)
-    missing = [m for m in _MEMBERS if not hasattr(stopper, m)]
+    """A stopper from a spec string (see the module docstring), or a `Stopper` object as it is;
+    None: the static full-depth stopper. With `k_config` (the decoder's tree), `check_tree`
+    runs."""
+    if spec is None:
+        stopper: Stopper = StaticStopper()
+    elif isinstance(spec, str):
+        stopper = parse_stopper_spec(spec).build()
+    else:
+        stopper = spec
+    missing = [m for m in MEMBERS if not hasattr(stopper, m)]
     if missing:
         raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
                         f"{', '.join(missing)}; subclass mcsd_runtime.stoppers.StopperBase")
     if k_config is not None:
         stopper.check_tree(tuple(k_config))
     return stopper
-
-
-def _build(spec: str | Stopper | None) -> Stopper:
-    if spec is None:
-        return StaticStopper()
-    if not isinstance(spec, str):
-        return spec
-    name, *args = spec.split(":")
-    if name in BUILTIN:
-        return BUILTIN[name][1](args, spec)
-    path = Path(spec.split(":", 1)[1] if name == "stopper" else spec)
-    if (path / "stopper.json").is_file():
-        from mcsd_runtime.learned import load_stopper
-
-        return load_stopper(path)
-    raise MCSDError(
-        f"unknown stopper {spec!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4) or "
-        f"stopper:PATH to a trained stopper folder"
-    )

@@ -115,8 +115,8 @@ def test_step_seconds_counts_the_forwards_of_a_step():
                     depth_overhead_s=0.001)
     tree = Tree((2, 1))  # depth 1: 2 nodes, depth 2: 2 nodes
     # stopped at depth 2 with 2 pending: draft over 2 pending + depth 1 (2 nodes), target 1+4
-    assert p.step_seconds(tree, 2, 2, True) == pytest.approx(0.2 + 0.2 + 1.4 + 0.01 + 0.002)
-    assert p.step_seconds(tree, 0, 3, False) == pytest.approx(1.0 + 0.01)
+    assert p.step_seconds(tree, 2, 2) == pytest.approx(0.2 + 0.2 + 1.4 + 0.01 + 0.002)
+    assert p.step_seconds(tree, 0, 3) == pytest.approx(1.0 + 0.01)
 
 
 def test_paired_speedup_geomean_and_ci():

@@ -4,10 +4,12 @@ labels with their defaults spelt out, refusals that name the fix, readable outpu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from mcsd_runtime import cli, evaluate
+from mcsd_runtime import cli
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate import check_writable, explicit_methods, tree_for
@@ -30,11 +32,13 @@ def test_labels_spell_out_defaults():
 
 
 def test_a_trained_stoppers_tree_is_the_default(monkeypatch, tmp_path):
+    from mcsd_runtime.artifact import ArtifactSpec
+
     trees = {"a": [1, 1, 1], "b": [1, 1, 1], "c": [2, 1]}
-    for name in trees:
+    spec = ArtifactSpec.read(Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm")
+    for name, k in trees.items():
         (tmp_path / name).mkdir()
-    monkeypatch.setattr(evaluate, "read_spec",
-                        lambda p: (p.parent, {"k_config": trees[p.parent.name]}))
+        replace(spec, k_config=k).write(tmp_path / name)
     a, b, c = (f"stopper:{tmp_path / n}" for n in "abc")
     assert tree_for(["ar", a], None, DEFAULT_K_CONFIG) == ((1, 1, 1), "the tree stopper:a was "
                                                                       "trained on")

@@ -219,7 +219,7 @@ def test_hidden_stopper_needs_hidden_states(artifacts):
 
     from mcsd_runtime.decision_cost import bench_frontier
 
-    size = stopper.spec["hidden_size"]
+    size = stopper.spec.hidden_size
     assert isinstance(stopper.should_continue(bench_frontier(4, hidden_size=size)), bool)
     with pytest.raises(MCSDError, match="needs_hidden"):  # a frontier that kept none
         stopper.should_continue(bench_frontier(4))

@@ -12,6 +12,7 @@ import pytest
 import torch
 from test_train_data import K_CONFIG, N_PROMPTS, dense_rows, small_pair
 
+from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
@@ -165,9 +166,10 @@ def test_fit_alone_writes_the_model_and_scores_it(prep, fitted):
 def test_choose_alone_picks_the_best_validation_setting(prep, fitted, chosen):
     out, _ = fitted
     c = chosen
-    provisional = json.loads((out / "stopper.json").read_text())
+    assert not (out / "stopper.json").exists()  # the provisional description stays in memory
+    provisional = c.spec.to_json()
     assert provisional["threshold"] == 0.5 and provisional["aggregation"] == "max"
-    assert c.spec == provisional and c.spec["k_config"] == list(K_CONFIG)
+    assert c.spec == ArtifactSpec.from_json(provisional) and c.spec.k_config == K_CONFIG
     assert c.measured and c.decision_s == 0.0 and c.headline["replay_decision_us"] == 0.0
     assert {p["aggregation"] for p in c.curve} == {"max", "sum"}
     assert c.chosen["throughput"] == max(p["throughput"] for p in c.curve)

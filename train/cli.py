@@ -27,6 +27,7 @@ from pathlib import Path
 from mcsd_runtime.cli_args import add_threads_arg, apply_threads
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.extras import require_toolkit
 from train.config import LABEL_DOC, REPLAY_MODES, TRAJECTORIES, TrainConfig, default_label
 
 D = TrainConfig  # the defaults, read off its fields
@@ -77,7 +78,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "stopper, to report the replay's error against reality (needs a measured "
                         "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=D.max_epochs,
-                   help="MLP epochs cap (default: train.models.MLP_EPOCHS)")
+                   help="MLP epochs cap (default: train.config.MLP_EPOCHS)")
     p.add_argument("--domains", nargs="+", type=Path, default=[], metavar="RUN_DIR",
                    help="dense collections of other domains (never trained on): report the "
                         "stopper's calibration (ECE) and replayed speed on each against the "
@@ -92,6 +93,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
+    require_toolkit("mcsd train")
     apply_threads(args)
     if not args.data:
         if not args.bench_latency:
@@ -162,7 +164,7 @@ def _bench(out: Path) -> int:
     from mcsd_runtime.learned import load_stopper
 
     stopper = load_stopper(out)
-    size = stopper.spec.get("hidden_size") if stopper.needs_hidden else None
+    size = stopper.spec.hidden_size if stopper.needs_hidden else None
     rows = [bench_latency(stopper, n, hidden_size=size) for n in (4, 16, 64)]
     print(json.dumps({"artifact": str(out), "kind": stopper.kind,
                       "aggregation": stopper.aggregation, "latency": rows}, indent=1))

@@ -15,6 +15,13 @@ LABEL_DOC = {
             "its children)",
     "soft": "product of min(1, p/q) along the path to the node times the best child's min(1, p/q)",
 }
+# the models' hyper-parameters (train.models, train.lightning_module)
+LGBM_PARAMS = dict(learning_rate=0.1, num_leaves=31, max_depth=6, min_data_in_leaf=40,
+                   feature_fraction=0.9, bagging_fraction=0.9, bagging_freq=1, lambda_l2=1.0,
+                   verbose=-1, num_threads=2)
+LGBM_ROUNDS, LGBM_PATIENCE = 300, 30
+MLP_HIDDEN, HIDDEN_MLP_HIDDEN = (64, 64), (512, 256)  # the latter: the paper's decision model
+MLP_EPOCHS, MLP_PATIENCE, MLP_BATCH, MLP_LR, MLP_WEIGHT_DECAY = 40, 4, 512, 1e-3, 1e-4
 REPLAY_MODES = ("auto", "exact", "estimate")  # auto: exact on dense greedy runs, else estimate
 TRAJECTORIES = ("walk", "stored")  # see train.labels.walk_trajectory
 
@@ -35,7 +42,7 @@ class TrainConfig:
     test_frac: float = 0.2  # share of prompts for the held-out report
     aggregations: tuple[str, ...] | None = None  # None: all of mcsd_runtime.learned.AGGREGATIONS
     replay_mode: str = "auto"  # one of REPLAY_MODES
-    max_epochs: int | None = None  # MLP epochs cap; None: train.models.MLP_EPOCHS
+    max_epochs: int | None = None  # MLP epochs cap; None: MLP_EPOCHS
     trajectory: str = "walk"  # one of TRAJECTORIES
     decision_us: float | None = None  # µs charged per decision; None: benchmarked
     check_prompts: int = 0  # test prompts decoded end to end (train.check); 0 skips
@@ -64,7 +71,7 @@ class TrainConfig:
         if self.decision_us is not None and self.decision_us < 0:
             raise MCSDError(f"decision_us must not be negative, got {self.decision_us:g}")
         if self.aggregations is not None:
-            from mcsd_runtime.learned import AGGREGATIONS  # imports torch: only when given
+            from mcsd_runtime.aggregation import AGGREGATIONS  # imports torch: only when given
 
             aggs = tuple(self.aggregations)
             bad = [a for a in aggs if a not in AGGREGATIONS]

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from mcsd_runtime.features import TRAJECTORY_FEATURES, Trajectory
+from mcsd_runtime.step_model import step_outcome
 from train.data import SEQUENCE_KEY, sequence_ids
 
 DEPTH = "depth"  # the node-feature column
@@ -84,13 +85,14 @@ def walk_trajectory(df: pd.DataFrame) -> pd.DataFrame:
         traj, t = Trajectory(), 0
         while t < n:
             values[t] = traj.values()
-            a = int(min(acc[t], cap[t]))
-            for j in range(1, min(a, n - 1 - t) + 1):  # stopped at depth j - 1, all accepted
-                stopped = replace(traj)
-                stopped.update(j - 1, j, j - 1)
-                values[t + j] = stopped.values()
-            traj.update(a, a + 1, int(cap[t]))
-            t += a + 1
+            full = step_outcome(int(acc[t]), int(cap[t]))
+            for j in range(1, min(full.accepted, n - 1 - t) + 1):
+                stopped = step_outcome(int(acc[t]), j - 1)  # all accepted: commits j tokens
+                after = replace(traj)
+                after.update(stopped.accepted, stopped.committed, stopped.depth)
+                values[t + j] = after.values()
+            traj.update(full.accepted, full.committed, full.depth)
+            t += full.committed
         rows = np.nonzero((key == k).to_numpy())[0]
         walked[rows] = values[pos_all[rows]]
         done[rows] = True

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mcsd_runtime.learned import DecisionMLP
-from train.models import MLP_HIDDEN, MLP_LR, MLP_WEIGHT_DECAY
+from train.config import MLP_HIDDEN, MLP_LR, MLP_WEIGHT_DECAY
 
 
 class DecisionModule(L.LightningModule):

@@ -1,5 +1,5 @@
 """The decision models: LightGBM (native API) and MLPs (`train.lightning_module.DecisionModule`
-and a Trainer).
+and a Trainer); their hyper-parameters live in `train.config`.
 
 Each `fit_*` returns an object whose `save(folder)` writes the artifact's model files in the form
 `mcsd_runtime.learned` reads back.
@@ -12,13 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from mcsd_runtime.features import DECISION_FEATURES
-
-LGBM_PARAMS = dict(learning_rate=0.1, num_leaves=31, max_depth=6, min_data_in_leaf=40,
-                   feature_fraction=0.9, bagging_fraction=0.9, bagging_freq=1, lambda_l2=1.0,
-                   verbose=-1, num_threads=2)
-LGBM_ROUNDS, LGBM_PATIENCE = 300, 30
-MLP_HIDDEN, HIDDEN_MLP_HIDDEN = (64, 64), (512, 256)  # the latter: the paper's decision model
-MLP_EPOCHS, MLP_PATIENCE, MLP_BATCH, MLP_LR, MLP_WEIGHT_DECAY = 40, 4, 512, 1e-3, 1e-4
+from train.config import (
+    LGBM_PARAMS,
+    LGBM_PATIENCE,
+    LGBM_ROUNDS,
+    MLP_BATCH,
+    MLP_EPOCHS,
+    MLP_HIDDEN,
+    MLP_LR,
+    MLP_PATIENCE,
+)
 
 
 class LightGBMModel:

@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from mcsd_runtime.aggregation import AGGREGATIONS
+from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.decision_cost import bench_latency
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, SCHEMA_VERSION
-from mcsd_runtime.learned import AGGREGATIONS, FORMAT, LearnedStopper, load_stopper
+from mcsd_runtime.learned import LearnedStopper, load_stopper, stopper_from
 from train import labels as L
 from train import replay as R
 from train import report
@@ -151,7 +153,8 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
                              seed=config.seed, threads=torch.get_num_threads(),
                              progress=config.progress)
     else:
-        from train.models import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN, fit_mlp
+        from train.config import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN
+        from train.models import fit_mlp
 
         model = fit_mlp(x_tr, y_tr, x_va, y_va, out,
                         hidden=HIDDEN_MLP_HIDDEN if config.hidden else MLP_HIDDEN,
@@ -181,7 +184,7 @@ class Choice:
     """The replay's verdict: aggregation, threshold and min_depth chosen on validation prompts,
     every method replayed on validation and test prompts, and the headline."""
 
-    spec: dict  # the provisional stopper.json (aggregation max, threshold 0.5)
+    spec: ArtifactSpec  # the provisional stopper.json (aggregation max, threshold 0.5)
     data: R.ReplayData  # every prompt; its mode, tree and depth
     sequences: dict[str, set]  # split -> sequence ids
     profile: CostProfile  # the given one, or a relative one
@@ -196,14 +199,14 @@ class Choice:
 
 
 def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
-                      k_config: tuple[int, ...]) -> dict:
-    return {"format": FORMAT, "kind": config.model, "schema_version": SCHEMA_VERSION,
-            "feature_names": list(DECISION_FEATURES),
-            "inputs": "hidden" if config.hidden else "features",
-            "hidden_size": prep.n_inputs if config.hidden else None,
-            "aggregation": "max", "threshold": 0.5, "label": config.label,
-            "label_definition": LABEL_DOC[config.label], "pair_fingerprint": fp,
-            "k_config": list(k_config)}
+                      k_config: tuple[int, ...]) -> ArtifactSpec:
+    return ArtifactSpec(kind=config.model, schema_version=SCHEMA_VERSION,
+                        feature_names=DECISION_FEATURES,
+                        inputs="hidden" if config.hidden else "features",
+                        hidden_size=prep.n_inputs if config.hidden else None,
+                        aggregation="max", threshold=0.5, label=config.label,
+                        label_definition=LABEL_DOC[config.label], pair_fingerprint=fp,
+                        k_config=k_config)
 
 
 def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
@@ -245,8 +248,8 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
 
 def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: TrainConfig,
            profile: CostProfile | None = None, log: Log = print) -> Choice:
-    """Write a provisional stopper.json beside the fitted model in `out`, then choose the
-    aggregation, threshold and min_depth by replayed throughput on validation prompts, tune the
+    """With a provisional stopper description (in memory) of the fitted model in `out`, choose
+    the aggregation, threshold and min_depth by replayed throughput on validation prompts, tune the
     built-in peers there, and replay everything on validation and test prompts."""
     out = Path(out)
     measured = profile is not None
@@ -255,8 +258,7 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     data = R.ReplayData(prep.df, prep.k_config, mode=config.replay_mode, hidden=config.hidden,
                         new_tokens=output_lengths(manifests))
     spec = _provisional_spec(prep, config, fp, data.tree.k_config)
-    _write_json(out / "stopper.json", spec)
-    stopper = load_stopper(out)
+    stopper = stopper_from(spec, out)
     latency = _latency(stopper, prep.n_inputs if config.hidden else None, fp, prep.k_config)
     # decisions cost real seconds: only added to a measured (seconds) profile; `decision_us`
     # overrides the benchmark (e.g. a per-decision cost measured inside the decoder)
@@ -281,7 +283,7 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     for split, part in (("val", val), ("test", test)):
         base = R.baselines(part, profile)
         base |= {f"{p}(tuned)": R.replay(part, p, profile) for p in peers.values()}
-        final = load_stopper(out, threshold=chosen["threshold"],
+        final = stopper_from(spec, out, threshold=chosen["threshold"],
                              aggregation=chosen["aggregation"], min_depth=chosen["min_depth"],
                              min_depth_gate=chosen["min_depth_gate"])
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
@@ -304,7 +306,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     """Plots, replay_curve.json, metrics.json and the final stopper.json in `out`, then the
     optional end-to-end check (config.check_prompts); returns the summary (metrics.json).
     `started`: the run's time.perf_counter() start, for elapsed_s."""
-    out, data, fp = Path(out), choice.data, choice.spec["pair_fingerprint"]
+    out, data, fp = Path(out), choice.data, choice.spec.pair_fingerprint
     from mcsd_runtime.paths import short_model_name as short
 
     pair = f"{short(fp.get('target'))} / {short(fp.get('draft'))}" if fp else "pair"
@@ -339,15 +341,15 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
                "elapsed_s": time.perf_counter() - started if started is not None else None}
     _write_json(out / "metrics.json", summary)
     chosen = choice.chosen
-    spec = choice.spec | {
-        "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-        "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
-        "metrics": {"test": fitted.metrics["test"], "headline": choice.headline},
-        "training_data": {"runs": [_slim_manifest(m) for m in manifests],
-                          "rows": int(len(prep.df)), "seed": config.seed,
-                          "prompts": {k: sorted(v) for k, v in choice.sequences.items()}},
-        "created": datetime.now(UTC).isoformat(timespec="seconds")}
-    _write_json(out / "stopper.json", spec)
+    spec = replace(
+        choice.spec, aggregation=chosen["aggregation"], threshold=chosen["threshold"],
+        min_depth=chosen["min_depth"], min_depth_gate=chosen["min_depth_gate"],
+        metrics={"test": fitted.metrics["test"], "headline": choice.headline},
+        training_data={"runs": [_slim_manifest(m) for m in manifests],
+                       "rows": int(len(prep.df)), "seed": config.seed,
+                       "prompts": {k: sorted(v) for k, v in choice.sequences.items()}},
+        created=datetime.now(UTC).isoformat(timespec="seconds"))
+    spec.write(out)
     final = load_stopper(out)  # the final artifact must load
     if config.check_prompts and choice.measured and not config.hidden:
         from train.check import end_to_end_check, format_check

@@ -11,11 +11,9 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
 - **estimate** (any other collection): each recorded step is replayed in order; throughput is
   expected tokens per step over expected cost per step. Labelled `estimate` in every result.
 
-Cost of a step stopped at depth s (draft-initialized tree, as `MCSDDecoder._draft` does it):
-one draft forward over the pending tokens and one per depth 1..s-1 (the stopper decides before a
-depth is forwarded, so depth s never is; its accepted node stays pending for the next step); one
-target forward over 1 + cum[s] tokens; plus the profile's per-step overhead and, for learned
-stoppers, a per-decision latency.
+What a step stopped at depth s accepts, commits and leaves pending, and which forwards it runs,
+are the rules of `mcsd_runtime.step_model`; the profile prices those forwards
+(`CostProfile.step_seconds`), and learned stoppers add a per-decision latency.
 """
 
 from __future__ import annotations
@@ -27,9 +25,16 @@ import pandas as pd
 import torch
 
 from mcsd_runtime import metrics
-from mcsd_runtime.cost import CostProfile, next_pending
+from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory, with_trajectory
+from mcsd_runtime.step_model import (
+    FIRST_PENDING,
+    PENDING_STATES,
+    StepOutcome,
+    step_forwards,
+    step_outcome,
+)
 from mcsd_runtime.stoppers import StopperBase, make_stopper
 from mcsd_runtime.tree import Tree
 from train.config import REPLAY_MODES
@@ -118,14 +123,14 @@ def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
     Throughput is a ratio, so this is Dinkelbach's method: for a rate `lam`, a dynamic program
     over (position, draft-pending tokens) maximises tokens - lam * seconds; `lam` is then set
     to the plan's throughput, until it no longer rises (a few rounds)."""
-    tree, exact = data.tree, data.mode == "exact"
-    costs = {(s, pend): profile.step_seconds(tree, s, pend, True)
-             for s in range(1, data.depth + 1) for pend in (1, 2)}
+    tree = data.tree
+    costs = {(s, pend): profile.step_seconds(tree, s, pend)
+             for s in range(data.depth + 1) for pend in PENDING_STATES}
     lam, plan = 0.0, {}
     for _ in range(100):
         plan, tokens, seconds = {}, 0.0, 0.0
         for p in data.prompts.values():
-            tk, sec = _plan_prompt(p, exact, costs, tree, profile, lam, plan)
+            tk, sec = _plan_prompt(p, data.mode == "exact", costs, lam, plan)
             tokens, seconds = tokens + tk, seconds + sec
         new = metrics.throughput(tokens, seconds)
         if new <= lam * (1 + tol):
@@ -134,39 +139,38 @@ def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
     return plan
 
 
-def _plan_prompt(p: Prompt, exact: bool, costs: dict, tree: Tree, profile: CostProfile,
-                 lam: float, plan: dict) -> tuple[float, float]:
+def _plan_prompt(p: Prompt, exact: bool, costs: dict, lam: float,
+                 plan: dict) -> tuple[float, float]:
     """Best plan of one prompt at rate `lam` (into `plan`); returns its tokens and seconds."""
     steps = ([p.by_position.get(t) for t in range(p.new_tokens)] if exact else p.steps)
     n = len(steps)
-    best = [[(0.0, 0.0, 0.0, 0)] * 3 for _ in range(n + 1)]  # [i][pending]: value, tok, sec, s
-    for i in range(n - 1, -1, -1):
+
+    def outcome(i: int, s: int, pend: int) -> tuple[StepOutcome, int]:
+        """Step i stopped at depth s, and the index of the step after it."""
         step = steps[i]
-        for pend in (1, 2):
-            if step is None:  # budget-capped last token: the decoder drafts nothing
-                sec = profile.step_seconds(tree, 0, pend, False)
-                best[i][pend] = (1 - lam * sec, 1.0, sec, 0)
-                continue
+        out = step_outcome(step.accepted if step else 0, s, pend,
+                           p.new_tokens - step.position if exact and step else None)
+        return out, (min(i + out.committed, n) if exact else i + 1)
+
+    best = [dict.fromkeys(PENDING_STATES, (0.0, 0.0, 0.0, 0)) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):  # best[i][pending]: value, tokens, seconds, depth
+        depths = range(1, steps[i].cap + 1) if steps[i] else (0,)  # None: nothing drafted
+        for pend in PENDING_STATES:
             options = []
-            for s in range(1, step.cap + 1):
-                a = min(step.accepted, s)
-                tok = min(a + 1, p.new_tokens - step.position) if exact else a + 1
-                nxt = min(i + tok, n) if exact else i + 1
-                after = best[nxt][next_pending(pend, True, a, s)]
+            for s in depths:
+                out, nxt = outcome(i, s, pend)
+                after = best[nxt][out.pending] if s else (0.0, 0.0, 0.0, 0)  # 0: the last step
                 sec = costs[(s, pend)]
-                options.append((tok - lam * sec + after[0], tok + after[1], sec + after[2], s))
+                options.append((out.committed - lam * sec + after[0], out.committed + after[1],
+                                sec + after[2], s))
             best[i][pend] = max(options, key=lambda o: o[0])
-    i, pend = 0, 1
-    while i < n:
-        step = steps[i]
-        if step is None:
-            break
+    i, pend = 0, FIRST_PENDING
+    while i < n and steps[i] is not None:
         s = best[i][pend][3]
-        plan[(p.key, step.position)] = s
-        a = min(step.accepted, s)
-        tok = min(a + 1, p.new_tokens - step.position) if exact else a + 1
-        i, pend = (i + tok if exact else i + 1), next_pending(pend, True, a, s)
-    return best[0][1][1], best[0][1][2]
+        plan[(p.key, steps[i].position)] = s
+        out, i = outcome(i, s, pend)
+        pend = out.pending
+    return best[0][FIRST_PENDING][1], best[0][FIRST_PENDING][2]
 
 
 class _Frontier:
@@ -298,7 +302,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     for p in data.prompts.values():
         stopper.reset()
         traj = Trajectory()
-        pending = 1  # the prompt's last token: the draft prefill takes all but it
+        pending = FIRST_PENDING
         t = 0
         it = iter(p.steps)
         while True:
@@ -312,40 +316,45 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
                 step = next(it, None)
                 if step is None:
                     break
-            if step is None:  # last token of a budget-capped output: no drafting (s_cap = 0)
-                s, a, forwarded, cap = 0, 0, 0, 0
-            else:
-                cap, s = step.cap, 1
-                while s < cap:
-                    fr = _Frontier(s, D, step.nodes[s - 1], traj.values(),
-                                   step.hidden[s - 1] if step.hidden else None, step.accepted,
-                                   (p.key, step.position, s))
-                    go = stopper.should_continue(fr)
-                    res.decisions += fr.read  # a decision costs time only if it looked
-                    if not go:
-                        break
-                    s += 1
-                a = min(step.accepted, s)
-                forwarded = s - 1
-            committed = min(a + 1, p.new_tokens - t) if exact else a + 1
-            c = tree.cum[s]
-            res.cost_s += profile.step_seconds(tree, s, pending, cap > 0)
-            res.draft_forwards += 1 + forwarded if cap > 0 else 0
-            pending = next_pending(pending, cap > 0, a, s)
-            res.tokens += committed
+            # the last token of a budget-capped output drafts nothing (depth 0)
+            s = _stop_depth(stopper, step, p.key, traj, D, res) if step else 0
+            out = step_outcome(step.accepted if step else 0, s, pending,
+                               p.new_tokens - t if exact else None)
+            forwards = step_forwards(tree, s, pending)
+            res.cost_s += profile.step_seconds(tree, s, pending)
+            res.draft_forwards += len(forwards.draft)
+            res.tokens += out.committed
             res.steps += 1
-            res.accepted += a
+            res.accepted += out.accepted
             res.drafted_depth += s
-            res.drafted_tokens += c
-            res.target_tokens += 1 + c
+            res.drafted_tokens += forwards.target - 1
+            res.target_tokens += forwards.target
             if s:
-                res.acceptance_sum += a / s
+                res.acceptance_sum += out.accepted / s
                 res.drafting_steps += 1
-            traj.update(a, committed, s)
-            stopper.update(s, a)
-            t += committed
+            traj.update(out.accepted, out.committed, s)
+            stopper.update(s, out.accepted)
+            t += out.committed
+            pending = out.pending
     res.cost_s += decision_s * res.decisions
     return res
+
+
+def _stop_depth(stopper, step: Step, key: str, traj: Trajectory, max_depth: int,
+                res: ReplayResult) -> int:
+    """The depth `stopper` stops `step` at (at least 1, at most the step's cap), counting the
+    decisions that looked at the frontier in `res`."""
+    s = 1
+    while s < step.cap:
+        fr = _Frontier(s, max_depth, step.nodes[s - 1], traj.values(),
+                       step.hidden[s - 1] if step.hidden else None, step.accepted,
+                       (key, step.position, s))
+        go = stopper.should_continue(fr)
+        res.decisions += fr.read  # a decision costs time only if it looked
+        if not go:
+            break
+        s += 1
+    return s
 
 
 class MemoStopper(StopperBase):
@@ -366,7 +375,8 @@ class MemoStopper(StopperBase):
         self.learned.update(drafted, accepted)
 
     def should_continue(self, frontier: _Frontier) -> bool:
-        from mcsd_runtime.learned import AGGREGATIONS, drafts_without_deciding
+        from mcsd_runtime.aggregation import AGGREGATIONS
+        from mcsd_runtime.learned import drafts_without_deciding
 
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True

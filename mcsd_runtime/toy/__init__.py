@@ -13,7 +13,21 @@ Names are imported lazily so that `mcsd --help` does not load torch.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from mcsd_runtime.toy.spec import is_toy_spec as is_toy_spec
+from mcsd_runtime.toy.spec import parse_toy_spec as parse_toy_spec
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` imports on use
+    from mcsd_runtime.toy.build import build_pair as build_pair
+    from mcsd_runtime.toy.build import pair_dir as pair_dir
+    from mcsd_runtime.toy.build import read_card as read_card
+    from mcsd_runtime.toy.build import resolve_toy as resolve_toy
+    from mcsd_runtime.toy.build import toy_pair_dirs as toy_pair_dirs
+    from mcsd_runtime.toy.build import verify_pair as verify_pair
+    from mcsd_runtime.toy.recipe import PRESETS as PRESETS
+    from mcsd_runtime.toy.recipe import Recipe as Recipe
+    from mcsd_runtime.toy.recipe import get_recipe as get_recipe
 
 _EXPORTS = {
     "build_pair": "mcsd_runtime.toy.build",
@@ -27,28 +41,6 @@ _EXPORTS = {
     "get_recipe": "mcsd_runtime.toy.recipe",
 }
 __all__ = sorted([*_EXPORTS, "is_toy_spec", "parse_toy_spec"])
-
-
-def is_toy_spec(spec: str) -> bool:
-    """Whether a model name names the toy pair (`toy`, `toy:PRESET`, `toy:PRESET:SEED`)."""
-    return spec == "toy" or spec.startswith("toy:")
-
-
-def parse_toy_spec(spec: str) -> tuple[str, int]:
-    """`toy` -> ("default", 0); `toy:tiny` -> ("tiny", 0); `toy:tiny:3` -> ("tiny", 3)."""
-    from mcsd_runtime.errors import MCSDError
-
-    parts = spec.split(":")
-    if not is_toy_spec(spec) or len(parts) > 3:
-        raise MCSDError(
-            f"bad toy model spec {spec!r}; use toy, toy:<preset> or toy:<preset>:<seed>")
-    preset = parts[1] if len(parts) > 1 and parts[1] else "default"
-    try:
-        seed = int(parts[2]) if len(parts) > 2 else 0
-    except ValueError:
-        raise MCSDError(f"bad toy model spec {spec!r}: the seed must be an integer, "
-                        "e.g. toy:default:0") from None
-    return preset, seed
 
 
 def __getattr__(name: str) -> Any:

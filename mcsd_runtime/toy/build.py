@@ -26,9 +26,9 @@ import torch
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import CACHE_HELP, legacy_models_dir, models_dir
-from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
 from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, _cpu_bf16_ok, get_recipe
+from mcsd_runtime.toy.spec import is_toy_spec, parse_toy_spec
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-toy-pair"

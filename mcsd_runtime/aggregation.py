@@ -1,0 +1,56 @@
+"""How a learned stopper turns its frontier's node scores into one continue-score.
+
+- `max`: the paper's rule, continue while any node scores above the threshold;
+- `sum`: the sum of node scores, clipped at 1. At most one frontier node lies on the accepted
+  path, so the node events are exclusive and their probabilities add up to P(L > depth);
+- `mean`: the plain mean;
+- `path`: the mean weighted by each node's draft path probability.
+
+Numpy only: the stopper artifact's reader checks names against it without loading a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import column
+
+_LOG_PATH = column("log_path_prob")
+
+
+def _agg_max(p: np.ndarray, feats: np.ndarray) -> float:
+    return float(p.max())
+
+
+def _agg_sum(p: np.ndarray, feats: np.ndarray) -> float:
+    return float(min(1.0, p.sum()))
+
+
+def _agg_mean(p: np.ndarray, feats: np.ndarray) -> float:
+    return float(p.mean())
+
+
+def _agg_path(p: np.ndarray, feats: np.ndarray) -> float:
+    logw = feats[:, _LOG_PATH].astype(np.float64)
+    w = np.exp(logw - logw.max())
+    return float((p * w).sum() / w.sum())
+
+
+AGGREGATIONS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "max": _agg_max, "sum": _agg_sum, "mean": _agg_mean, "path": _agg_path}
+
+
+def check_aggregation(name: str) -> str:
+    """`name` if it is an aggregation, else MCSDError naming the known ones."""
+    if name not in AGGREGATIONS:
+        raise MCSDError(f"unknown aggregation {name!r}: use one of {', '.join(AGGREGATIONS)}")
+    return name
+
+
+def aggregate(name: str, scores: np.ndarray, feats: np.ndarray) -> float:
+    """The frontier's continue-score from its node scores (`feats`: the frontier's features)."""
+    return AGGREGATIONS[check_aggregation(name)](np.asarray(scores, dtype=np.float64),
+                                                 np.asarray(feats))

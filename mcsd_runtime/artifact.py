@@ -1,0 +1,165 @@
+"""`stopper.json`, the description of a trained stopper's artifact folder, as one typed contract.
+
+`ArtifactSpec` is read by the runtime (`mcsd_runtime.learned`) and written by `train`; the
+reader owns the format. Fields, in file order:
+
+    format            "mcsd-stopper"
+    kind              the model: one of STOPPER_KINDS (its files: MODEL_FILES[kind])
+    schema_version    the feature schema it was trained on (mcsd_runtime.features)
+    feature_names     FEATURE_NAMES or DECISION_FEATURES, in that order
+    inputs            "features" or "hidden" (the draft's last hidden state)
+    hidden_size       width of the hidden state (inputs "hidden"), else null
+    aggregation       how node scores become one frontier score (mcsd_runtime.aggregation)
+    threshold         continue while the frontier score is >= it
+    label, label_definition   what the model was fitted to (train.config.LABEL_DOC)
+    pair_fingerprint  the model pair of the training collection (mcsd_runtime.pair)
+    k_config          the tree it was trained on (null in artifacts older than the field)
+    min_depth         depths below it are drafted without asking the model (absent: 1)...
+    min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
+    metrics, training_data, created   the training run's record (null until `train` writes it)
+
+Unknown keys are ignored, so a newer writer's additions do not stop an older reader.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from mcsd_runtime.aggregation import check_aggregation
+from mcsd_runtime.constants import STOPPER_KINDS
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.tree import parse_k_config
+
+FORMAT = "mcsd-stopper"
+FILE = "stopper.json"
+MODEL_FILES = {"lightgbm": ("model.txt",), "mlp": ("model.safetensors", "config.json"),
+               "mlp-hidden": ("model.safetensors", "config.json")}
+INPUTS = ("features", "hidden")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArtifactSpec:
+    """The contents of `stopper.json`, checked on construction (MCSDError naming the field)."""
+
+    kind: str
+    schema_version: int
+    feature_names: tuple[str, ...]
+    inputs: str = "features"
+    hidden_size: int | None = None
+    aggregation: str
+    threshold: float
+    label: str | None = None
+    label_definition: str | None = None
+    pair_fingerprint: dict | None = None
+    k_config: tuple[int, ...] | None = None
+    min_depth: int = 1
+    min_depth_gate: float = 0.0
+    metrics: dict | None = None
+    training_data: dict | None = None
+    created: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STOPPER_KINDS:
+            raise MCSDError(f"unknown stopper kind {self.kind!r} (known: "
+                            f"{', '.join(STOPPER_KINDS)})")
+        if self.schema_version != SCHEMA_VERSION:
+            raise MCSDError(f"trained on feature schema version {self.schema_version!r}, this "
+                            f"runtime computes version {SCHEMA_VERSION}; retrain it on a "
+                            f"collection made with this version")
+        names = tuple(self.feature_names or ())
+        if names not in (FEATURE_NAMES, DECISION_FEATURES):
+            extra = sorted(set(names) - set(FEATURE_NAMES))
+            missing = sorted(set(DECISION_FEATURES) - set(names))
+            raise MCSDError(f"its feature list differs from the runtime's (unknown: "
+                            f"{extra or 'none'}, missing: {missing or 'none'}, or another "
+                            f"order); retrain it on a collection made with this version")
+        object.__setattr__(self, "feature_names", names)
+        if self.inputs not in INPUTS:
+            raise MCSDError(f"inputs {self.inputs!r}: use {' or '.join(INPUTS)}")
+        check_aggregation(self.aggregation)
+        _set_number(self, "threshold", float, "missing or non-numeric threshold")
+        _set_number(self, "min_depth", int, "min_depth must be a positive integer")
+        if self.min_depth < 1:
+            raise MCSDError(f"min_depth must be a positive integer, got {self.min_depth}")
+        _set_number(self, "min_depth_gate", float, "min_depth_gate must be a number in [0, 1]")
+        if not 0 <= self.min_depth_gate <= 1:
+            raise MCSDError(f"min_depth_gate must be a number in [0, 1], got "
+                            f"{self.min_depth_gate:g}")
+        if self.hidden_size is not None:
+            _set_number(self, "hidden_size", int, "hidden_size must be an integer or null")
+        if self.k_config is not None:
+            try:
+                object.__setattr__(self, "k_config", parse_k_config(self.k_config))
+            except (MCSDError, TypeError, ValueError):
+                raise MCSDError(f"k_config {self.k_config!r} is not a k-config (a list of "
+                                f"positive integers); retrain or restore the artifact") from None
+
+    def to_json(self) -> dict:
+        """The `stopper.json` object, keys in file order."""
+        out = {"format": FORMAT} | asdict(self)
+        out["feature_names"] = list(self.feature_names)
+        out["k_config"] = list(self.k_config) if self.k_config is not None else None
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = FILE) -> ArtifactSpec:
+        """From a parsed `stopper.json` (read from `source`); MCSDError naming the bad field."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise MCSDError(f"{source} is not a stopper description (format {FORMAT!r})")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in data]
+        known = {f.name for f in fields(cls)}
+        try:
+            if missing:
+                raise MCSDError(f"missing field(s) {', '.join(missing)}; retrain or restore the "
+                                f"artifact")
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except MCSDError as err:
+            raise MCSDError(f"{source}: {err}") from None
+        except (TypeError, ValueError) as err:  # a wrongly typed field
+            raise MCSDError(f"{source}: malformed field ({err}); retrain or restore the "
+                            f"artifact") from None
+
+    def write(self, folder: str | Path) -> Path:
+        """Write `folder/stopper.json`; returns its path."""
+        path = Path(folder) / FILE
+        path.write_text(json.dumps(self.to_json(), indent=1, default=float) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, folder: str | Path) -> ArtifactSpec:
+        """The checked `stopper.json` of an artifact folder; MCSDError naming the file and the
+        problem."""
+        path = description_file(folder)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise MCSDError(f"cannot read {path}: {err}") from None
+        return cls.from_json(data, str(path))
+
+
+def description_file(folder: str | Path) -> Path:
+    """`folder/stopper.json`; MCSDError if `folder` has none."""
+    path = Path(folder) / FILE
+    if not path.is_file():
+        raise MCSDError(f"{folder} is not a stopper artifact: no {FILE}")
+    return path
+
+
+def artifact_folder(path: str | Path) -> Path:
+    """An artifact folder given as the folder or as its `stopper.json`."""
+    path = Path(path)
+    return path.parent if path.name == FILE else path
+
+
+def _set_number(spec: ArtifactSpec, name: str, kind: type, message: str) -> None:
+    value = getattr(spec, name)
+    try:
+        if isinstance(value, bool) or (kind is int and float(value) != int(value)):
+            raise ValueError
+        object.__setattr__(spec, name, kind(value))
+    except (TypeError, ValueError):
+        raise MCSDError(f"{message}, got {value!r}") from None

@@ -1,0 +1,88 @@
+"""The two contracts between early-stop policies and the decoder: `Stopper` (what the decoder
+asks) and `Frontier` (what a stopper sees).
+
+The decoder consults a `Stopper` after each draft depth and tells it each step's outcome; it never
+knows which kind it runs (as with transformers' candidate generators: decide, then learn from the
+outcome). Subclass `StopperBase` and implement `should_continue`:
+
+- `reset()`: a new sequence starts;
+- `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth? It is
+  asked before the frontier goes through the draft, so stopping saves that forward;
+- `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted;
+- `needs_hidden`: True when `should_continue` reads `frontier.hidden()` (the decoder then keeps the
+  draft's hidden states; recorders use the same name);
+- `check_tree(k_config)`: called once by the decoder with its tree; a stopper tied to one tree
+  shape (a learned one) raises MCSDError for another.
+
+A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
+from the tensors it drafted with, offline replay from collected rows; both compute features only
+when asked, so stoppers that ignore them cost nothing.
+
+The built-in stoppers and the spec strings that name them live in `mcsd_runtime.stoppers`; learned
+ones in `mcsd_runtime.learned`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+MEMBERS = ("reset", "should_continue", "update", "check_tree", "needs_hidden")
+
+
+class Frontier(Protocol):
+    """The nodes of the depth just drafted, before they go through the draft."""
+
+    depth: int  # depth just drafted (1-based)
+    max_depth: int  # deepest depth the decoder could still draft in this step
+
+    def trajectory(self) -> list[float]:
+        """TRAJECTORY_FEATURES of the run before this step."""
+        ...
+
+    def features(self) -> torch.Tensor:
+        """[n, len(FEATURE_NAMES)] float32: node features, then the trajectory on every row."""
+        ...
+
+    def decision_features(self) -> np.ndarray:
+        """[n, len(DECISION_FEATURES)] float64 on the host: the cheap subset learned stoppers
+        read (no extra pass over the vocabulary)."""
+        ...
+
+    def hidden(self) -> torch.Tensor:
+        """[n, H]: the draft's last hidden state that proposed each node (its parent's);
+        MCSDError where there is none (target-initialized roots, replay without hidden)."""
+        ...
+
+
+class Stopper(Protocol):
+    needs_hidden: bool
+
+    def reset(self) -> None: ...
+
+    def should_continue(self, frontier: Frontier) -> bool: ...
+
+    def update(self, drafted: int, accepted: int) -> None: ...
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None: ...
+
+
+class StopperBase:
+    """Defaults for every `Stopper` member but `should_continue`: stateless, features only, any
+    tree."""
+
+    needs_hidden = False
+
+    def reset(self) -> None:
+        pass
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        raise NotImplementedError
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        pass
