@@ -78,10 +78,10 @@ def test_oracle_program_totals_equal_a_replay_of_its_plan(data, profile):
     that replaying the plan it wrote gives."""
     lam = R.replay(data, "oracle", profile).throughput
     tree = data.tree
-    costs = {(s, pend): profile.step_seconds(tree, s, pend, True)
-             for s in range(1, data.depth + 1) for pend in (1, 2)}
+    costs = {(s, pend): profile.step_seconds(tree, s, pend)
+             for s in range(data.depth + 1) for pend in R.PENDING_STATES}
     for p in data.prompts.values():
         plan: dict = {}
-        tokens, seconds = R._plan_prompt(p, True, costs, tree, profile, lam, plan)
+        tokens, seconds = R._plan_prompt(p, True, costs, lam, plan)
         r = R.replay(data.subset([p.key]), R.PlanStopper(plan), profile)
         assert (r.tokens, r.cost_s) == (pytest.approx(tokens), pytest.approx(seconds))

@@ -99,11 +99,11 @@ def test_replay_matches_the_decoder_per_prompt_when_outputs_end_in_eos(eos_pair,
 
 def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root):
     """`mcsd train --domains` replays another collection through the same lengths."""
-    from mcsd_runtime.learned import load_stopper
+    from mcsd_runtime.learned import stopper_from
     from train.domain_check import check_domain
 
-    result = check_domain(root / "run", load_stopper(root / "model"), "static:3", "heuristic",
-                          PROFILE, 0.0)
+    result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",
+                          "heuristic", PROFILE, 0.0)
     for spec in ("static:1", "static:3", "heuristic"):
         dec = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
                           stopper=spec)
