@@ -98,10 +98,13 @@ def job_from_args(args: argparse.Namespace):
     from pathlib import Path
 
     from collect.run import CollectJob
-    from mcsd_runtime.cli_args import decode_config_from_args, pair_paths
+    from mcsd_runtime.cli_args import check_threads, decode_config_from_args, pair_paths
+    from mcsd_runtime.pair import pick_device
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts import load_prompts
 
+    check_threads(args.threads)
+    pick_device(args.device)  # fails before prompts load or a toy pair is built
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
     out = Path(args.out) if args.out else runs_dir() / default_run_name(args)

@@ -86,7 +86,6 @@ class CollectJob:
     # How each rank gets its pair: pair_loader(device) if given, else load_pair(**pair_args).
     pair_args: dict[str, Any] = field(default_factory=dict)
     pair_loader: Callable[[str], Pair] | None = None
-    stop_after: int | None = None  # testing: raise after writing this many shards
 
     def __post_init__(self) -> None:
         if self.shard_prompts < 1:
@@ -140,10 +139,6 @@ def identity(job: CollectJob, pair: Pair) -> dict[str, Any]:
     }
 
 
-class _Interrupted(Exception):
-    """Raised by `stop_after` to simulate a crash between two shards."""
-
-
 class _ShardWriter:
     def __init__(self, job: CollectJob, recorder: RowRecorder, rank: int) -> None:
         self.job, self.recorder, self.rank = job, recorder, rank
@@ -176,8 +171,6 @@ class _ShardWriter:
             store.write_empty_marker(self.dir / name, meta)
         self.written.append(name)
         self.tables, self.metas, self.rows = [], [], 0
-        if self.job.stop_after is not None and len(self.written) >= self.job.stop_after:
-            raise _Interrupted(f"stopped after {len(self.written)} shards")
 
 
 # Per-prompt decoding statistics in each shard's metadata that a `Tally` sums.

@@ -288,10 +288,27 @@ def _acquire(path: Path) -> None:
                 f"{holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}); "
                 f"wait for it to finish or choose another --out. If that job is not running, "
                 f"delete {path} and rerun")
-        if _read_lock(path) == holder:  # still the dead job's lock: take it over
-            path.unlink(missing_ok=True)
+        if holder is not None:
+            _take_over(path, holder)
     raise MCSDError(f"could not take the lock {path}: other jobs keep taking it; run one job per "
                     f"run folder")
+
+
+def _take_over(path: Path, dead: dict[str, Any]) -> None:
+    """Remove `path` if it still holds the `dead` job's lock. Moved aside in one atomic rename
+    and read there, so that of two jobs taking over at once, neither deletes the lock the other
+    just took (checking, then deleting, would); a live lock moved aside is put back."""
+    aside = path.with_name(f"{path.name}.stale.{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:  # another job moved it first
+        return
+    try:
+        if _read_lock(aside) != dead:  # a new holder's lock: restore it
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)
 
 
 def _create_exclusive(path: Path, text: str) -> bool:

@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         summarize,
         tree_for,
     )
+    from mcsd_runtime.learned import check_pair
     from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.stoppers import make_stopper
 
     apply_threads(args)
     check_method(args.stopper)  # a bad stopper fails before the pair loads
@@ -59,13 +61,15 @@ def run(args: argparse.Namespace) -> int:
     stopper = explicit_label(args.stopper, k_config)
     config = decode_config_from_args(args, k_config=k_config)
     pair = pair_from_args(args)
+    built = make_stopper(stopper)
+    check_pair(built, pair)  # a learned stopper must come from this pair's collections
     prompts = load_prompts(args.prompts, limit=args.limit)
     greedy = config.temperature == 0
     sd_name = f"mcsd:{','.join(map(str, config.k_config))}"
     if stopper != f"static:{len(k_config)}":
         sd_name += f"+{short_name(stopper)}"
     runners = {"ar": build_method("ar", pair, config), "hf": build_method("hf", pair, config),
-               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=args.stopper))}
+               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=built))}
     encoded = [(p.id, encode_prompt(pair, p.text, chat=False)) for p in prompts]
     records = run_runners(pair, runners, encoded, greedy, desc="bench")
     rows = {r["method"]: r for r in summarize(records, greedy)}

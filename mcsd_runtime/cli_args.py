@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
+from mcsd_runtime.errors import MCSDError
 
 if TYPE_CHECKING:
     from mcsd_runtime.decoder import DecodeConfig
@@ -61,12 +62,25 @@ def add_threads_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """Apply `--threads` to this process."""
+    """Apply `--threads` to this process, and check `--device` where the command has one: every
+    command calls this first, so bad values fail before any work (MCSDError)."""
     set_threads(getattr(args, "threads", None))
+    if getattr(args, "device", "auto") != "auto":
+        from mcsd_runtime.pair import pick_device
+
+        pick_device(args.device)
+
+
+def check_threads(threads: int | None) -> None:
+    """MCSDError unless `threads` is None or a count >= 0."""
+    if threads is not None and threads < 0:
+        raise MCSDError(f"--threads must be 0 (torch's own default) or a positive count, "
+                        f"got {threads}")
 
 
 def set_threads(threads: int | None) -> None:
     """Set torch's CPU threads in this process; None or 0 keeps torch's own default."""
+    check_threads(threads)
     if threads:
         import torch
 
@@ -83,8 +97,9 @@ def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.pair import load_pair, pick_device
 
+    pick_device(args.device)  # a bad --device fails before a toy pair is built
     target, draft = pair_paths(args)
     return load_pair(target, draft, device=args.device, dtype=args.dtype)
 

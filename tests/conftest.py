@@ -3,6 +3,10 @@ incremental decoding agree to the last bit and greedy comparisons are exact)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -45,11 +49,25 @@ def pair() -> Pair:
 
 
 @pytest.fixture(scope="session")
-def toy_tiny(tmp_path_factory):
-    """The tiny toy pair (with its tokenizer), built once per test session."""
+def toy_tiny_build(tmp_path_factory) -> tuple[Path, str]:
+    """The tiny toy pair, built once per test session, and its build's stdout (a log: not a
+    terminal), with a progress line at every training step."""
+    from mcsd_runtime.toy import build as toy_build
     from mcsd_runtime.toy import build_pair
+    from mcsd_runtime.toy import train as toy_train
 
-    return build_pair("tiny", out=tmp_path_factory.mktemp("toy") / "tiny", progress=False)
+    log = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(log):
+        mp.setattr(toy_train, "PROGRESS_INTERVAL", 0.0)
+        mp.setattr(toy_build, "LATENCY_MAX_SECONDS", 0.5)  # the card's latency: not under test
+        root = build_pair("tiny", out=tmp_path_factory.mktemp("toy") / "tiny")
+    return root, log.getvalue()
+
+
+@pytest.fixture(scope="session")
+def toy_tiny(toy_tiny_build) -> Path:
+    """The tiny toy pair's folder (with its tokenizer)."""
+    return toy_tiny_build[0]
 
 
 @pytest.fixture(scope="session")

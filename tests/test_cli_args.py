@@ -99,3 +99,72 @@ def test_collect_run_name_keeps_toy_presets():
     assert default_run_name(p.parse_args(["--target", "toy:tiny"])).startswith(
         "collect-toy-tiny-toy-code-collect-k4.2.2.1-draft-T0-m128")
     assert "-llama-" in default_run_name(p.parse_args(["--target", "org/llama/", "--draft", "d"]))
+
+
+COMMANDS = ["bench", "collect", "eval", "profile", "train"]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    """`mcsd ARGV` (or `python -m collect.bench` for "collect.bench"): exit code and stderr."""
+    from collect.bench import main as collect_bench
+    from mcsd_runtime.cli import main
+
+    code = collect_bench(argv[1:]) if argv[0] == "collect.bench" else main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def no_pair(monkeypatch):
+    """Loading a pair, or building the toy one, fails the test: bad options fail first."""
+    from mcsd_runtime import pair
+    from mcsd_runtime.toy import build
+
+    def refuse(*_, **__):
+        raise AssertionError("a pair was loaded or built")
+
+    monkeypatch.setattr(pair, "load_pair", refuse)
+    monkeypatch.setattr(build, "resolve_toy", refuse)
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "collect.bench"])
+def test_negative_threads_is_a_clear_error(command, tmp_path, capsys, no_pair):
+    before = torch.get_num_threads()
+    try:
+        code, err = _run([command, "--threads", "-1", *_out(command, tmp_path)], capsys)
+    finally:
+        torch.set_num_threads(before)
+    assert code == 2 and "Traceback" not in err
+    assert "--threads must be 0 (torch's own default) or a positive count, got -1" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _out(command: str, tmp_path) -> list[str]:
+    wants_out = command in ("collect", "eval", "profile", "train")
+    return ["--out", str(tmp_path / "out")] if wants_out else []
+
+
+@pytest.mark.parametrize("command", ["bench", "collect", "eval", "profile", "collect.bench"])
+@pytest.mark.parametrize(("device", "message"), [
+    ("bogus", "unknown device 'bogus': use auto, cpu, cuda, cuda:N or mps"),
+    ("cuda", "device 'cuda': this torch has no CUDA device"),
+    ("cuda:3", "device 'cuda:3': this torch has no CUDA device"),
+    ("meta", "unsupported device 'meta'"),
+])
+def test_bad_device_is_a_clear_error(command, device, message, tmp_path, capsys, no_pair,
+                                     monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only torch
+    code, err = _run([command, "--device", device, *_out(command, tmp_path)], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_pick_device_counts_cuda_devices(monkeypatch):
+    from mcsd_runtime.pair import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert pick_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(MCSDError, match=r"only 2 CUDA device\(s\) \(cuda:0..cuda:1\)"):
+        pick_device("cuda:2")
+    assert pick_device("cpu") == torch.device("cpu")

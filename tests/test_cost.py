@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 
@@ -61,20 +60,52 @@ def test_fit_overheads_recovers_known_costs():
     assert step == pytest.approx(0.002, rel=1e-6) and depth == pytest.approx(0.0005, rel=1e-6)
 
 
-def test_static_runs_calibrate_the_profile():
+def test_static_runs_record_each_depths_decoding():
+    """One run per prompt and static depth, with the decoder's own counts, and every forward
+    logged by (model, tokens): depth d's target forward takes the root and d nodes."""
+    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+
     pair = make_pair()
-    runs, forwards = static_runs(pair, [[1, 2, 3], [4, 5]], (1, 1, 1), max_new_tokens=6)
+    prompts = [[1, 2, 3], [4, 5]]
+    runs, forwards = static_runs(pair, prompts, (1, 1, 1), max_new_tokens=6)
     assert sorted((r["prompt"], r["depth"]) for r in runs) == [(i, d) for i in (0, 1)
                                                                 for d in (1, 2, 3)]
-    assert all(r["tokens"] == 6 and r["decode_s"] > r["forward_s"] > 0 for r in runs)
-    assert {2, 3, 4} <= {n for name, n in forwards if name == "target"}  # root + 1..3 nodes
-    profile = measure(pair, tokens=(1, 2, 3, 4), context=16, rounds=1)
-    cal = calibrate(profile, runs, forwards, min_samples=1)
-    seen = [statistics.median(forwards[("target", n)]) if ("target", n) in forwards else t
-            for n, t in zip(profile.tokens, profile.target_s, strict=True)]
-    assert cal.target_s == pytest.approx(monotone(seen))  # the decoder's own medians, monotone
-    assert cal.target_s == sorted(cal.target_s) and cal.step_overhead_s > 0
-    assert set(cal.static["tokens_per_s"]) == {"static:1", "static:2", "static:3"}
+    for r in runs:
+        res = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1, 1), max_new_tokens=6),
+                          stopper=f"static:{r['depth']}").generate(prompts[r["prompt"]])
+        assert (r["steps"], r["drafted"], r["tokens"]) == (
+            len(res.steps), sum(s.drafted for s in res.steps), res.stats.new_tokens)
+        assert r["decode_s"] > r["forward_s"] > 0
+    assert {2, 3, 4} <= {n for (name, n) in forwards if name == "target"}  # root + 1..3 nodes
+    assert {name for name, _ in forwards} == {"target", "draft", "draft_first"}
+
+
+def test_calibrate_takes_the_decoders_medians_and_fits_overheads():
+    """Known inputs, hand-computed outputs: a token count's median replaces the measured
+    latency once seen `min_samples` times; curves are made monotone; overheads are the
+    per-step and per-depth seconds outside forwards; static tokens/s are per depth."""
+    profile = CostProfile(tokens=[1, 2, 4, 8], target_s=[1.0, 2.0, 3.0, 4.0],
+                          draft_s=[0.1, 0.2, 0.3, 0.4])
+    forwards = {("target", 2): [2.7, 2.5, 2.6],  # median 2.6 replaces 2.0
+                ("target", 4): [9.0],  # one sample: below min_samples, kept 3.0
+                ("target", 8): [2.0, 2.0],  # 2.0 < 3.0: pooled to monotone
+                ("target", 16): [5.0, 5.0],  # not a profiled token count: ignored
+                ("draft", 1): [0.5, 0.7],  # 0.6, above the next two: pooled with them
+                ("draft_first", 2): [0.05, 0.05]}
+    runs = [{"depth": d, "steps": s, "drafted": dr, "tokens": t, "forward_s": f,
+             "decode_s": f + 0.002 * s + 0.0005 * dr}
+            for d, s, dr, t, f in ((1, 10, 10, 20, 1.0), (2, 8, 16, 20, 0.9),
+                                   (2, 7, 14, 18, 0.8), (3, 6, 18, 20, 1.2))]
+    cal = calibrate(profile, runs, forwards, min_samples=2)
+    assert cal.target_s == pytest.approx([1.0, 7.6 / 3, 7.6 / 3, 7.6 / 3])  # 2.6, 3.0, 2.0
+    assert cal.draft_s == pytest.approx([1.1 / 3, 1.1 / 3, 1.1 / 3, 0.4])  # 0.6, 0.2, 0.3
+    assert cal.draft_first_s == pytest.approx([0.075, 0.075, 0.3, 0.4])  # 0.1, 0.05
+    assert cal.step_overhead_s == pytest.approx(0.002) and cal.depth_overhead_s == pytest.approx(
+        0.0005)
+    assert cal.static["tokens_per_s"] == pytest.approx({
+        "static:1": 20 / (1.0 + 0.025), "static:2": 38 / (0.9 + 0.024 + 0.8 + 0.021),
+        "static:3": 20 / (1.2 + 0.021)})
+    assert (cal.tokens, profile.target_s) == ([1, 2, 4, 8], [1.0, 2.0, 3.0, 4.0])  # a copy
 
 
 def test_step_seconds_counts_the_forwards_of_a_step():

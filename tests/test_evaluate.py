@@ -38,9 +38,29 @@ def test_split_methods_keeps_k_configs_together():
 
 
 def test_eval_writes_every_output(eval_dir):
-    for name in ("per_prompt.jsonl", "summary.json", "summary.csv", "summary.md", "report.md",
-                 "speedup.png", "tau.png", "acceptance_by_depth.png"):
-        assert (eval_dir / name).stat().st_size > 0, name
+    """Each output holds every method: one record per method and prompt, one summary row per
+    method in JSON, CSV and Markdown, the report with the table and its plots, which are
+    images with something drawn on them."""
+    import matplotlib.image
+
+    methods = split_methods(METHODS)
+    records = [json.loads(line) for line in
+               (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
+    assert sorted((r["method"], r["prompt_id"]) for r in records) == sorted(
+        (m, p) for m in methods for p in {r["prompt_id"] for r in records})
+    assert len(records) == 3 * len(methods)
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    assert [m["method"] for m in summary["methods"]] == methods
+    assert summary["settings"]["n_prompts"] == 3 and summary["settings"]["k_config"] == "2,2,1"
+    assert list(pd.read_csv(eval_dir / "summary.csv")["method"]) == methods
+    table = (eval_dir / "summary.md").read_text()
+    report = (eval_dir / "report.md").read_text()
+    for m in methods:
+        assert f"| {m} |" in table and f"| {m} |" in report, m
+    for name in ("speedup.png", "tau.png", "acceptance_by_depth.png"):
+        assert f"![{name}]({name})" in report
+        image = matplotlib.image.imread(eval_dir / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0, name
     assert not list(eval_dir.glob("*.tmp"))
 
 

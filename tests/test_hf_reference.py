@@ -5,6 +5,7 @@ by the target's top-2 logit margin there."""
 from __future__ import annotations
 
 import json
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -120,12 +121,23 @@ def test_report_pairs_every_method_with_ar_and_hf(eval_dir):
     for column in ("speedup vs AR", "speedup vs hf", "AR-equal", "hf-equal"):
         assert column in header
     rows = {r["method"]: r for r in json.loads((eval_dir / "summary.json").read_text())["methods"]}
+    records = [json.loads(line) for line in
+               (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
+    tps = {(r["method"], r["prompt_id"]): r["tokens_per_s"] for r in records}
+    prompts = sorted({p for _, p in tps})
+
+    def paired(method: str, ref: str) -> float:  # the median per-prompt ratio of tokens/s
+        return statistics.median(tps[method, p] / tps[ref, p] for p in prompts)
+
     for method, row in rows.items():
         assert row["hf_equal_share"] == 1.0 and row["ar_equal_share"] == 1.0, method
-        assert row["speedup_vs_hf"] > 0 and row["speedup_vs_ar"] > 0
+        assert row["speedup_vs_hf"] == pytest.approx(paired(method, "hf")), method
+        assert row["speedup_vs_ar"] == pytest.approx(paired(method, "ar")), method
+    assert rows["ar"]["speedup_vs_ar"] == rows["hf"]["speedup_vs_hf"] == 1.0
     assert rows["hf-assisted"]["drafted_per_token"] is None
     twin = rows["hf-generate:heuristic"]
-    assert twin["decoder_twin"] == "heuristic" and twin["speedup_vs_twin"] > 0
+    assert twin["decoder_twin"] == "heuristic"
+    assert twin["speedup_vs_twin"] == pytest.approx(paired("hf-generate:heuristic", "heuristic"))
     assert twin["tau"] == rows["heuristic"]["tau"]  # the same decoder, the same steps
     assert "of heuristic (median paired ratio" in (eval_dir / "report.md").read_text()
 
@@ -139,6 +151,10 @@ def test_bench_reports_ar_and_hf(toy_tiny, tmp_path, capsys):
     assert list(report["methods"]) == ["ar", "hf", "mcsd:2,1"]
     for m in report["methods"].values():
         assert m["hf_equal_share"] == 1.0 and 0 < m["forward_fraction"] <= 1
+        assert m["new_tokens"] == 2 * 8  # greedy, no EOS reached in 8 tokens here
+    ar, hf, sd = report["methods"].values()
+    assert ar["speedup_vs_ar"] == hf["speedup_vs_hf"] == 1.0 and ar["tau"] == hf["tau"] == 1.0
+    assert sd["tau"] > 1  # drafts were accepted
     assert report["hf_divergences"] == []
     assert "vs hf" in capsys.readouterr().out
 

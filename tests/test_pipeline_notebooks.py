@@ -52,15 +52,36 @@ def demo(toy_tiny, tmp_path_factory) -> Path:
 
 
 def test_pipeline_outputs(demo):
-    text = (demo / "eval-t0" / "toy-code" / "report.md").read_text()
-    assert "stopper:" in text and "| ar |" in text
+    """Each stage's output says what the next relies on: exact replay checked against end-to-end
+    decoding (every output's length replayed as decoded), stoppers that stay lossless in eval
+    in every domain, the deploy static read from the stopper and run beside the rest."""
+    statics = {f"static:{d}" for d in range(1, 5)}
+    for model in ("lightgbm", "mlp"):
+        folder = demo / "stoppers" / model
+        spec = json.loads((folder / "stopper.json").read_text())
+        assert spec["kind"] == model and spec["k_config"] == [2, 1, 1, 1]
+        summary = json.loads((folder / "metrics.json").read_text())
+        assert summary["headline"]["replay_mode"] == "exact" and summary["profile"]["measured"]
+        check = summary["replay_check"]
+        assert check["prompts"] > 0 and set(check["per_stopper"]) == statics | {"learned"}
+        for name, r in check["per_stopper"].items():
+            assert r["tokens_replayed"] == r["tokens_measured"] > 0, (model, name)
     report = json.loads((demo / "eval-t0" / "domains.json").read_text())
     deploy = json.loads((demo / "stoppers" / "lightgbm" / "metrics.json").read_text())[
         "deploy_static"]
     assert report["settings"]["deploy"] == deploy  # read from the stopper, run beside the rest
     assert {r["method"] for r in report["rows"]} >= {"ar", "heuristic", deploy}
-    for model in ("lightgbm", "mlp"):
-        assert (demo / "stoppers" / model / "stopper.json").is_file()
+    stoppers = {f"stopper:{demo / 'stoppers' / m}" for m in ("lightgbm", "mlp")}
+    for domain in ("toy-code", "toy-shift"):
+        summary = json.loads((demo / "eval-t0" / domain / "summary.json").read_text())
+        rows = {m["method"]: m for m in summary["methods"]}
+        assert {"ar", "heuristic"} | stoppers <= set(rows), domain
+        assert any(m.startswith(("mcsd", "static")) for m in rows), domain  # the plain tree
+        for method, row in rows.items():
+            assert row["lossless"] and row["ar_equal_share"] == 1.0, (domain, method)
+            assert row["new_tokens"] == rows["ar"]["new_tokens"], (domain, method)
+    text = (demo / "eval-t0" / "toy-code" / "report.md").read_text()
+    assert "stopper:" in text and "| ar |" in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

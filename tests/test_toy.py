@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
+import math
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,12 @@ from mcsd_runtime.toy.cli import register as toy_register
 
 # Smaller than tiny: for the checks that build more than once.
 MICRO = dict(joint_steps=6, draft_steps=3, max_train_chars=200_000, eval_windows=2)
-# Latency figures are not under test; on a busy CPU measuring them can take seconds.
-toy_build.LATENCY_MAX_SECONDS = 0.5
+
+
+@pytest.fixture(autouse=True)
+def short_latency(monkeypatch):
+    """Latency figures are not under test; on a busy CPU measuring them can take seconds."""
+    monkeypatch.setattr(toy_build, "LATENCY_MAX_SECONDS", 0.5)
 
 
 def mcsd(argv: list[str]) -> int:
@@ -32,16 +34,9 @@ def mcsd(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, float, str]:
-    """The tiny pair, its build time, and its build's stdout (a log: not a terminal), with a
-    progress line at every training step."""
-    out = tmp_path_factory.mktemp("toy") / "tiny"
-    log = io.StringIO()
-    start = time.perf_counter()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(log):
-        mp.setattr(toy_train, "PROGRESS_INTERVAL", 0.0)
-        root = build_pair("tiny", out=out)
-    return root, time.perf_counter() - start, log.getvalue()
+def tiny(toy_tiny_build) -> tuple[Path, str]:
+    """The tiny pair (conftest builds it once a session) and its build's stdout."""
+    return toy_tiny_build
 
 
 def weights(root: Path) -> dict[str, torch.Tensor]:
@@ -49,9 +44,8 @@ def weights(root: Path) -> dict[str, torch.Tensor]:
             for k, v in load_file(root / sub / "model.safetensors").items()}
 
 
-def test_tiny_builds_quickly_and_reloads(tiny):
-    root, seconds, _ = tiny
-    assert seconds < 90
+def test_tiny_builds_and_reloads(tiny):
+    root, _ = tiny
     tok_t = AutoTokenizer.from_pretrained(root / "target")
     tok_d = AutoTokenizer.from_pretrained(root / "draft")
     shared = [(root / sub / "tokenizer.json").read_bytes() for sub in ("target", "draft")]
@@ -79,9 +73,10 @@ def test_card_fields_are_sane(tiny):
     assert card["build_seconds"] > 0 and set(card["train_seconds"]) == {"joint", "draft"}
     for model in ("target", "draft"):
         m = card[model]
-        assert 0 < m["heldout_nll"] < 6.3  # below uniform over 512 tokens (6.24) or about
+        # well below a uniform guess over 512 tokens (6.24 nats; these train to about 5.3)
+        assert 0 < m["heldout_nll"] < math.log(512) - 0.5, (model, m)
         assert m["latency_ms"] > 0 and m["latency_ms_1thread"] > 0 and m["params"] > 0
-    assert 0 <= card["agreement"] <= 1
+    assert 0.4 < card["agreement"] <= 1  # about 0.64; an untrained draft: about 1/512
     ratio = card["target"]["latency_ms"] / card["draft"]["latency_ms"]
     assert card["latency_ratio"] == pytest.approx(ratio, rel=0.01)
     assert "target/model.safetensors" in card["files"] and "draft/tokenizer.json" in card["files"]
@@ -97,7 +92,7 @@ def test_card_fields_are_sane(tiny):
 
 
 def test_build_log_shows_training_progress(tiny):
-    lines = tiny[2].splitlines()
+    lines = tiny[1].splitlines()
     joint = [ln for ln in lines if ln.startswith("training target + draft: ") and "/60 " in ln]
     draft = [ln for ln in lines if ln.startswith("distilling draft: ") and "/20 " in ln]
     assert len(joint) == 60 and len(draft) == 20  # interval 0: one line per optimizer step
@@ -108,15 +103,18 @@ def test_build_log_shows_training_progress(tiny):
     assert ", done, target_ce " in joint[-1]
     assert draft[-1].startswith("distilling draft: 20/20 steps (100%), ")
     assert "draft_ce " in draft[-1] and "target_ce" not in draft[-1]
-    assert "built with" in lines[-1] and "\r" not in tiny[2]
+    assert "built with" in lines[-1] and "\r" not in tiny[1]
 
 
 def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
     root = tiny[0]
     stamp = (root / "target/model.safetensors").stat().st_mtime_ns
-    start = time.perf_counter()
+
+    def no_rebuild(*_, **__):
+        raise AssertionError("a valid cached pair was rebuilt")
+
+    monkeypatch.setattr(toy_build, "_build_into", no_rebuild)
     assert build_pair("tiny", out=root, progress=False) == root
-    assert time.perf_counter() - start < 5
     assert (root / "target/model.safetensors").stat().st_mtime_ns == stamp
     assert mcsd(["toy", "build", "--preset", "tiny", "--out", str(root)]) == 0
     assert "already built" in capsys.readouterr().out

@@ -1,11 +1,11 @@
 """train: decision models for early stopping, offline replay, stopper artifacts.
 
-    from train.data import load_runs
+    from train.data import load_runs, output_lengths
     from train.pipeline import train_stopper
     from train.replay import ReplayData, replay
 
     df, manifests = load_runs(["runs/toy-dense"])
     summary = train_stopper(df, manifests, "stoppers/lgbm", model="lightgbm", label="hard")
-    data = ReplayData(df)                      # exact on dense greedy runs, else an estimate
+    data = ReplayData(df, new_tokens=output_lengths(manifests))  # exact on dense greedy runs
     print(replay(data, "static:3").tau, replay(data, "oracle").tau)
 """

@@ -54,9 +54,26 @@ def _load_one(run: Path, hidden: bool) -> tuple[pd.DataFrame, dict]:
         df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     manifest = dict(manifest)
     manifest.setdefault("path", str(run))
+    if load_rows is not None:
+        manifest["output_lengths"] = _output_lengths(run)
     if not hidden and "hidden" in df.columns:
         df = df.drop(columns=["hidden"])
     return df, manifest
+
+
+def _output_lengths(run: Path) -> dict[str, int]:
+    """Prompt id -> tokens the decoder committed, from a collect run's shard metadata."""
+    from collect.store import iter_metas, scan_shards
+
+    return {m["id"]: int(m["new_tokens"]) for m in iter_metas(scan_shards(run))}
+
+
+def output_lengths(manifests: list[dict]) -> dict[str, int]:
+    """Sequence id (`sequence_ids`) -> the decoder's output length, for the runs that recorded
+    it (`load_runs` reads it from a collect run's shards). Replay needs it: an output that ends
+    in EOS one token before the budget looks, from its rows alone, like a budget-capped one."""
+    return {f"{m.get('run_id')}/{pid}": n for m in manifests
+            for pid, n in (m.get("output_lengths") or {}).items()}
 
 
 def check_rows(df: pd.DataFrame, hidden: bool = False) -> None:

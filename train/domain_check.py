@@ -19,7 +19,7 @@ from mcsd_runtime.features import DECISION_FEATURES
 from train import labels as L
 from train import replay as R
 from train import report
-from train.data import load_runs
+from train.data import load_runs, output_lengths
 
 METRIC = "throughput"
 
@@ -48,9 +48,9 @@ def _scored_rows(df: pd.DataFrame, stopper) -> tuple[np.ndarray, np.ndarray]:
 def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
                  profile: CostProfile, decision_s: float) -> dict:
     """Calibration and replayed speed of `stopper` on one domain's dense collection."""
-    df, _ = load_runs([run_dir])
+    df, manifests = load_runs([run_dir])
     y, p = _scored_rows(df, stopper)
-    data = R.ReplayData(df, stopper.k_config, mode="auto")
+    data = R.ReplayData(df, stopper.k_config, mode="auto", new_tokens=output_lengths(manifests))
     statics = {f"static:{d}": R.replay(data, f"static:{d}", profile).as_dict()
                for d in range(1, data.depth + 1)}
     best = max(statics, key=lambda k: statics[k][METRIC])

@@ -36,6 +36,7 @@ from train.config import LABEL_DOC, TrainConfig
 from train.data import (
     check_rows,
     collected_k_config,
+    output_lengths,
     pair_fingerprint,
     prompt_groups,
     sequence_ids,
@@ -254,7 +255,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     measured = profile is not None
     profile = profile or CostProfile.relative()
     fp = pair_fingerprint(manifests)
-    data = R.ReplayData(prep.df, prep.k_config, mode=config.replay_mode, hidden=config.hidden)
+    data = R.ReplayData(prep.df, prep.k_config, mode=config.replay_mode, hidden=config.hidden,
+                        new_tokens=output_lengths(manifests))
     spec = _provisional_spec(prep, config, fp, data.tree.k_config)
     stopper = stopper_from(spec, out)
     latency = _latency(stopper, prep.n_inputs if config.hidden else None, fp, prep.k_config)

@@ -209,7 +209,11 @@ class _Frontier:
 
 
 class ReplayData:
-    """Full-depth rows arranged by prompt and step, ready to replay."""
+    """Full-depth rows arranged by prompt and step, ready to replay.
+
+    `new_tokens`: sequence id -> the decoder's output length (`train.data.output_lengths`).
+    A sequence missing from it gets a guess from its last step, which cannot tell an output
+    ending in EOS one token before the budget from one the budget ended."""
 
     def __init__(self, df: pd.DataFrame, k_config: tuple[int, ...] | None = None,
                  mode: str = "auto", hidden: bool = False,

@@ -1,0 +1,113 @@
+"""Replay on a pair whose outputs end in EOS, through the pipeline's own path (collect run ->
+load_runs -> prepare/fit/choose): every prompt's replayed tokens, target calls and draft
+forwards equal the decoder's, including an output whose EOS is the last token but one."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from test_train_data import prompts
+
+from collect.run import CollectJob, collect_prompts
+from conftest import make_pair
+from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.prompts import Prompt
+from mcsd_runtime.stoppers import StopperBase
+from train import replay as R
+from train.config import TrainConfig
+from train.data import load_runs
+from train.pipeline import choose, fit, prepare
+
+EOS, K, MAX_NEW = 36, (2, 2, 1), 12  # this pair ends prompt 8's output in EOS at token 11 of 12
+CONFIG = TrainConfig(aggregations=("max",), decision_us=0.0, progress=False)
+PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
+                      step_overhead_s=0.05)
+STOPPERS = ["static:1", "static:2", "static:3", "heuristic", "confidence:0.3", "oracle"]
+
+
+def quiet(*_: object) -> None:
+    pass
+
+
+class PlanByPosition(StopperBase):
+    """A replay stop plan as a decoder stopper: the planned depth at each output position
+    (the trajectory's first value, tokens generated so far)."""
+
+    def __init__(self, depths: dict[int, int]) -> None:
+        self.depths = depths
+
+    def should_continue(self, frontier) -> bool:
+        return frontier.depth < self.depths[int(frontier.trajectory()[0])]
+
+
+@pytest.fixture(scope="module")
+def eos_pair():
+    return make_pair(eos=EOS)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("eos")
+
+
+@pytest.fixture(scope="module")
+def chosen(eos_pair, root):
+    """The pipeline's choice (its ReplayData) on a dense collection of the EOS pair (in
+    root/run; the fitted model in root/model)."""
+    job = CollectJob(prompts=[Prompt(id=f"p{i}", text=ids, source="test")
+                              for i, ids in enumerate(prompts())],
+                     out=str(root / "run"), config=DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
+                     dense=True, progress=False, run_id="eos")
+    collect_prompts(job, eos_pair)
+    df, manifests = load_runs([root / "run"])
+    prep = prepare(df, manifests, CONFIG, quiet)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(prep, CONFIG, root / "model", quiet)
+    return choose(prep, manifests, root / "model", CONFIG, PROFILE, quiet)
+
+
+def test_the_collection_holds_an_output_ending_in_eos_before_the_budget(eos_pair):
+    """Guard: the case the replay once miscounted is present (else the next test proves
+    nothing)."""
+    ends = []
+    for ids in prompts():
+        out = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW)
+                          ).generate(ids).token_ids
+        ends.append((len(out), out[-1] == EOS))
+    assert (MAX_NEW - 1, True) in ends
+    assert (MAX_NEW, False) in ends  # and budget-capped outputs beside it
+
+
+@pytest.mark.parametrize("spec", STOPPERS)
+def test_replay_matches_the_decoder_per_prompt_when_outputs_end_in_eos(eos_pair, chosen, spec):
+    data = chosen.data
+    assert data.mode == "exact"
+    plan = R.optimal_plan(data, PROFILE) if spec == "oracle" else None
+    for i, ids in enumerate(prompts()):
+        key = f"eos/p{i}"
+        r = R.replay(data.subset([key]), R.PlanStopper(plan) if plan else spec, PROFILE)
+        stopper = (PlanByPosition({pos: s for (k, pos), s in plan.items() if k == key})
+                   if plan else spec)
+        st = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
+                         stopper=stopper).generate(ids).stats
+        assert (r.tokens, r.steps, r.draft_forwards, r.drafted_tokens) == (
+            st.new_tokens, st.target_calls, st.draft_calls, st.drafted_tokens), key
+
+
+def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root):
+    """`mcsd train --domains` replays another collection through the same lengths."""
+    from mcsd_runtime.learned import stopper_from
+    from train.domain_check import check_domain
+
+    result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",
+                          "heuristic", PROFILE, 0.0)
+    for spec in ("static:1", "static:3", "heuristic"):
+        dec = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
+                          stopper=spec)
+        stats = [dec.generate(ids).stats for ids in prompts()]
+        replayed = result["replay"][spec]
+        assert (replayed["tokens"], replayed["steps"]) == (
+            sum(s.new_tokens for s in stats), sum(s.target_calls for s in stats)), spec
