@@ -1,7 +1,8 @@
 """What one stop decision costs inside the decoder: the frontier's features, then the stopper.
 
-`decision_cost(stopper, vocab_size)` decodes with a small random Llama pair of that vocabulary
-(so the proposing distributions are as wide as a real model's), and times every
+`decision_cost(stopper, vocab_size, pair=None)` decodes with the given pair, or a small random
+Llama pair of that vocabulary (so the proposing distributions are as wide as a real model's),
+and times every
 `should_continue` call from the decoder's own frontier: features computed the way the decoder
 computes them, on the distributions it drafted from. Forwards are not timed. The median is
 reported, and the fastest tenth (robust to other load on a shared machine).
@@ -63,11 +64,15 @@ def random_pair(vocab_size: int, hidden: int = 64, seed: int = 0):
 
 
 def decision_cost(stopper: Stopper | str, vocab_size: int, k_config=(1, 1, 1, 1, 1, 1, 1, 1),
-                  prompts: int = 4, max_new_tokens: int = 48, seed: int = 0) -> dict:
-    """Seconds per `should_continue` inside `MCSDDecoder` (greedy) at `vocab_size`."""
+                  prompts: int = 4, max_new_tokens: int = 48, seed: int = 0,
+                  pair=None) -> dict:
+    """Seconds per `should_continue` inside `MCSDDecoder` (greedy) at `vocab_size`, with `pair`
+    when given (the pair the stopper will run with: its forwards between two decisions evict
+    what the decision needs from the CPU's caches as a real decode does), else a one-layer
+    random pair of that vocabulary."""
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
 
-    pair = random_pair(vocab_size, seed=seed)
+    pair = pair or random_pair(vocab_size, seed=seed)
     timed = _Timed(make_stopper(stopper))
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
                       stopper=timed)
