@@ -22,9 +22,10 @@ venv: $(BIN)/.installed
 # other domains: held-out stdlib code, other packages' code, English prose and a workload that
 # shifts between code and prose. Every stage reuses or overwrites what earlier runs left in
 # $(DEMO). On a 2-core CPU the stages after the toy pair's build (15-25 minutes, once) take
-# about 14 minutes on a quiet machine (collect 4, profile 1, two stopper trainings with their
-# end-to-end and domain checks 3-4, two evals across domains 5) and took 24 minutes with three
-# test suites sharing the cores; override the sizes on the command line.
+# about 15 minutes on a quiet machine (its stages timed apart: collections 4, profile, two
+# stopper trainings with their end-to-end and domain checks and two evals across domains 11);
+# a whole run took 24 minutes with three test suites sharing the cores. Override the sizes on
+# the command line.
 DEMO := data/runs/demo
 DEMO_K := 1,1,1,1,1,1,1,1
 DEMO_COLLECT := 160
