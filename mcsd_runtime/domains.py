@@ -66,9 +66,8 @@ def cut_code(source: str, key: str = "") -> list[tuple[int, str]]:
     starts at a line boundary some 220-640 characters earlier. Prompts do not overlap; the cut
     points and lengths are fixed by a hash of `key` and the line number. Returns (1-based line
     where the continuation starts, text) pairs."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = _parse(source)
+    if tree is None:
         return []
     lines = source.splitlines(keepends=True)
     funcs = sorted(

@@ -180,8 +180,6 @@ def domain_baselines(args: argparse.Namespace, methods: list[str]) -> tuple[str 
 def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     """One interleaved run per prompt set, each written to its own subfolder, then the table
     across domains (domains.md, domains.json)."""
-    import torch
-
     from mcsd_runtime import domain_report
     from mcsd_runtime.evaluate import (
         check_writable,
@@ -201,6 +199,7 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
     check_writable(out)
     pair = pair_from_args(args)
+    stoppers = stopper_results(methods)
     by_domain = {}
     for spec, prompts in sets.items():
         name = Path(spec).stem if "/" in spec or "=" in spec else spec
@@ -208,12 +207,12 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
         records = run_eval(pair, prompts, methods, base, chat=args.chat)
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
         write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)),
-                      tokenizer=pair.tokenizer, stoppers=stopper_results(methods))
+                      tokenizer=pair.tokenizer, stoppers=stoppers)
         by_domain[name] = records
     rows = domain_report.domain_rows(by_domain, deploy, heuristic, base.temperature == 0)
     worst = domain_report.worst_domains(rows)
     settings = _settings(args, pair, base, args.prompts, sum(map(len, sets.values())))
-    settings |= {"deploy": deploy, "heuristic": heuristic, "threads": torch.get_num_threads()}
+    settings |= {"deploy": deploy, "heuristic": heuristic}
     print(domain_report.write(rows, worst, out, settings))
     print(f"wrote {out}/domains.md")
     return 0

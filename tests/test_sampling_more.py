@@ -108,13 +108,18 @@ def test_other_verifiers_below_temperature_one(micro, verify, monkeypatch):
     assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7), exact) < ALPHA
 
 
-def _ar_counts(pair, n: int) -> torch.Tensor:
-    dec = ARDecoder(pair, DecodeConfig(temperature=0.7, max_new_tokens=2))
+def _pair_counts(first_two, n: int) -> torch.Tensor:
+    """Counts of the first two new tokens over seeds 0..n-1 (`first_two(seed)` draws them)."""
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(n):
-        x1, x2 = dec.generate(PROMPT, seed=seed).token_ids
+        x1, x2 = first_two(seed)
         counts[x1 * VOCAB + x2] += 1
     return counts
+
+
+def _ar_counts(pair, n: int) -> torch.Tensor:
+    dec = ARDecoder(pair, DecodeConfig(temperature=0.7, max_new_tokens=2))
+    return _pair_counts(lambda seed: dec.generate(PROMPT, seed=seed).token_ids, n)
 
 
 def test_ar_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):
@@ -128,16 +133,16 @@ def _generate_counts(pair, n: int) -> torch.Tensor:
     from mcsd_runtime.hf import generate as mcsd_generate
 
     x = torch.tensor([PROMPT])
-    counts = torch.zeros(VOCAB * VOCAB)
-    for seed in range(n):
+
+    def first_two(seed: int) -> list[int]:
         torch.manual_seed(seed)
         out = pair.target.generate(x, attention_mask=torch.ones_like(x),
                                    custom_generate=mcsd_generate, draft_model=pair.draft,
                                    k_config=(3, 2), do_sample=True, temperature=0.7, top_k=0,
                                    max_new_tokens=2)
-        x1, x2 = out[0, len(PROMPT):].tolist()
-        counts[x1 * VOCAB + x2] += 1
-    return counts
+        return out[0, len(PROMPT):].tolist()
+
+    return _pair_counts(first_two, n)
 
 
 def test_generate_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):

@@ -136,8 +136,8 @@ def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> N
     (out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     curves = {"training (test prompts)": summary["calibration"]}
     curves |= {f"{name} (ECE {d['ece']:.3f})": d["calibration"] for name, d in domains.items()}
-    report.plot_calibration_domains(curves, "reliability of node scores by domain",
-                                    out / "calibration_domains.png")
+    report.plot_calibration(curves, "reliability of node scores by domain",
+                            out / "calibration_domains.png")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

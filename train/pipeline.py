@@ -348,7 +348,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
         f"({data.mode}; metrics.json's headline is on the {prep.n_prompts['test']} test "
         f"prompts)\n{what}", out / "replay_curve.png",
         units=choice.headline["units"])
-    report.plot_calibration(fitted.calibration,
+    report.plot_calibration({"stopper": fitted.calibration},
                             f"calibration on {prep.n_prompts['test']} test prompts: {what}",
                             out / "calibration.png")
     if fitted.importance:

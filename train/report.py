@@ -87,31 +87,18 @@ def _plt():
     return plt
 
 
-def plot_calibration(cal: dict, title: str, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
-    ax.plot([0, 1], [0, 1], ls=":", c="grey", label="perfect")
-    ax.plot(cal["mean_predicted"], cal["fraction_positive"], marker="o", label="stopper")
-    ax.set(xlabel="predicted probability", ylabel="observed frequency")
-    ax.set_title(wrap_title(title, 50), fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def plot_calibration_domains(curves: dict[str, dict], title: str, path: Path) -> None:
+def plot_calibration(curves: dict[str, dict], title: str, path: Path) -> None:
     """Reliability curves (label -> `calibration()` output) on one set of axes."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = plt.subplots(figsize=(5, 4.8))
     ax.plot([0, 1], [0, 1], ls=":", c="grey", label="perfect")
     for label, cal in curves.items():
         ax.plot(cal["mean_predicted"], cal["fraction_positive"], marker="o", label=label)
-    ax.set(xlabel="predicted probability (node score)", ylabel="observed frequency",
-           title=title)
+    ax.set(xlabel="predicted probability (node score)", ylabel="observed frequency")
+    ax.set_title(wrap_title(title, 50), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
