@@ -36,6 +36,9 @@ class DecodeConfig:
     profile: bool = False  # on a GPU, synchronize around forwards to time them
     commit_limit: int | None = None  # commit at most this many tokens a step (dense collection)
     eos_token_ids: tuple[int, ...] | None = None  # None: the target's generation config's
+    # batches: "max" drafts every row as deep as the batch goes (free in a padded forward),
+    # "row" gives each row the tree its own stopper chooses, as if decoded alone
+    batch_depth: str = "max"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -50,6 +53,8 @@ class DecodeConfig:
         if self.verify not in VERIFIERS:
             raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
                             f"{', '.join(VERIFIERS)}")
+        if self.batch_depth not in ("max", "row"):
+            raise MCSDError(f"unknown batch_depth {self.batch_depth!r}: use 'max' or 'row'")
         if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
             raise MCSDError("commit_limit must be >= 1 and needs init='draft'")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -155,8 +160,8 @@ class Recorder(Protocol):
 class RowState:
     committed: list[int]
     n_prompt: int
-    t_cache: DynamicCache
-    d_cache: DynamicCache
+    t_cache: DynamicCache | None  # None in a batch (the batch's RowCaches hold every row)
+    d_cache: DynamicCache | None
     t_pending: list[int]
     d_pending: list[int]
     root_probs: torch.Tensor | None = None  # target-init: target distribution at the root

@@ -14,13 +14,14 @@ wins, which can differ from the target's choice. Results carry `lossless=False`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
 
 from mcsd_runtime import verify as V
+from mcsd_runtime.batch import BatchResult, BatchRun
 from mcsd_runtime.decode_state import (
     DecodeConfig,
     DecodeStats,
@@ -42,7 +43,7 @@ from mcsd_runtime.pair import Pair
 from mcsd_runtime.stoppers import Stopper, make_stopper
 from mcsd_runtime.tree import Tree, TreeTensors
 
-__all__ = ["ARDecoder", "DecodeConfig", "DecodeStats", "DraftFrontier", "DraftLayer",
+__all__ = ["ARDecoder", "BatchResult", "DecodeConfig", "DecodeStats", "DraftFrontier", "DraftLayer",
            "GenerationResult", "MCSDDecoder", "Recorder", "StepRecord", "StepTrace",
            "causal_bias"]
 
@@ -56,6 +57,16 @@ def _apply_commit_hook(st: RowState, step: StepRecord,
     if keep is not None:
         del st.committed[start + keep:]
         step.committed, st.done = min(step.committed, keep), True
+
+
+def _summed(stats: list[DecodeStats], wall_time: float) -> DecodeStats:
+    """The statistics of sequences decoded one after the other, as one run."""
+    total = DecodeStats()
+    for st in stats:
+        for name, value in vars(st).items():
+            setattr(total, name, getattr(total, name) + value)
+    total.wall_time = wall_time
+    return total
 
 
 class MCSDDecoder:
@@ -136,6 +147,29 @@ class MCSDDecoder:
         stats.new_tokens = len(new)
         text = self.pair.tokenizer.decode(new) if self.pair.tokenizer is not None else None
         return GenerationResult(new, text, steps, stats, cfg.lossless)
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: Sequence[str | list[int]], batch_size: int = 8,
+                       seeds: Sequence[int] | None = None) -> BatchResult:
+        """Decode many prompts, up to `batch_size` of them per forward (`mcsd_runtime.batch`):
+        one `GenerationResult` per prompt, in order, plus the batch's statistics. Greedy rows
+        equal `generate` of the same prompt; sampled rows draw with their own generator
+        (`seeds[i]`, default the config's seed). `batch_size=1` decodes one prompt after the
+        other with `generate`."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise MCSDError(f"batch_size must be a positive integer, got {batch_size!r}")
+        ids = [self.encode(p) for p in prompts]
+        if not ids:
+            raise MCSDError("no prompts to decode")
+        seeds = [self.config.seed] * len(ids) if seeds is None else [int(s) for s in seeds]
+        if len(seeds) != len(ids):
+            raise MCSDError(f"{len(seeds)} seeds for {len(ids)} prompts: give one per prompt")
+        if batch_size == 1:
+            t0 = time.perf_counter()
+            results = [self.generate(p, seed=s) for p, s in zip(ids, seeds, strict=True)]
+            return BatchResult(results, _summed([r.stats for r in results],
+                                                time.perf_counter() - t0), 1)
+        return BatchRun(self, batch_size).run(ids, seeds)
 
     # ----------------------------------------------------------------- forwards
     def _forward(self, model, cache: DynamicCache, ids: torch.Tensor, pos: torch.Tensor,
