@@ -91,6 +91,10 @@ class BatchRun:
         self.batch_decide = (getattr(self.stopper, "batch_continue", None)
                              if self.cfg.batch_depth == "max" else None)
         self.stats = DecodeStats()
+        # draws for nodes beyond a row's own depth, which it never verifies: kept off the row's
+        # generator so that its draws stay those of the prompt decoded alone
+        self.spare = torch.Generator(self.dev)
+        self.spare.manual_seed(self.cfg.seed)
 
     # ------------------------------------------------------------------ the loop
     def run(self, prompts: list[list[int]], seeds: list[int]) -> BatchResult:
@@ -180,7 +184,8 @@ class BatchRun:
             pending_base = dc.length
             q, hidden = self._draft_pending(rows, dc, root_pos, times)
             cache_base = dc.length
-            self._add_layers(layers, tokens, self._propose(q[:, None], hidden, 1, None, rows))
+            self._add_layers(layers, tokens,
+                             self._propose(q[:, None], hidden, 1, None, rows, caps))
             depth = 1
             open_rows = [c > 0 for c in caps]
             while depth < max(caps) and self._continue(rows, layers, depth, caps, open_rows,
@@ -194,7 +199,9 @@ class BatchRun:
                 q = dec._probs(out.logits)
                 h = out.hidden_states[-1] if dec._needs_hidden else None
                 parent = torch.stack([rl[-1].log_path for rl in layers])
-                self._add_layers(layers, tokens, self._propose(q, h, depth + 1, parent, rows))
+                own = [caps[i] if open_rows[i] else depths[i] for i in range(n_rows)]
+                self._add_layers(layers, tokens,
+                                 self._propose(q, h, depth + 1, parent, rows, own))
                 depth += 1
             for i in range(n_rows):
                 if open_rows[i]:
@@ -294,14 +301,17 @@ class BatchRun:
         return any(votes)
 
     def _propose(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
-                 parent_log_path: torch.Tensor | None, rows: list[_Row]) -> list[DraftLayer]:
+                 parent_log_path: torch.Tensor | None, rows: list[_Row],
+                 own: list[int]) -> list[DraftLayer]:
         """Depth `d`'s candidates for every row from q [rows, m, V]: the one-sequence rule
-        (`MCSDDecoder._propose`), the top-k of all rows in one call when greedy."""
+        (`MCSDDecoder._propose`), the top-k of all rows in one call when greedy. Sampled rows
+        draw with their own generator up to their own depth `own[i]`."""
         cfg, k = self.cfg, self.cfg.k_config[d - 1]
-        if cfg.temperature != 0:  # each row draws with its own generator
+        if cfg.temperature != 0:
             return [self.dec._propose(q[i], None if hidden is None else hidden[i], d,
                                       None if parent_log_path is None else parent_log_path[i],
-                                      r.st.generator) for i, r in enumerate(rows)]
+                                      r.st.generator if d <= own[i] else self.spare)
+                    for i, r in enumerate(rows)]
         values, toks = q.topk(max(k, TOP_K_MASS), dim=-1)
         top, toks = values[..., :TOP_K_MASS], toks[..., :k].reshape(len(rows), -1)
         prob = q.reshape(-1, q.shape[-1]).gather(1, toks.reshape(-1, k)).reshape(len(rows), -1)
