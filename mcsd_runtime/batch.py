@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -97,7 +98,8 @@ class BatchRun:
         self.spare.manual_seed(self.cfg.seed)
 
     # ------------------------------------------------------------------ the loop
-    def run(self, prompts: list[list[int]], seeds: list[int]) -> BatchResult:
+    def run(self, prompts: list[list[int]], seeds: list[int],
+            on_result: Callable[[int, GenerationResult], None] | None = None) -> BatchResult:
         queue = deque(range(len(prompts)))
         results: list[GenerationResult | None] = [None] * len(prompts)
         rows: list[_Row] = []
@@ -114,6 +116,8 @@ class BatchRun:
                 for r in rows:
                     if r.st.done:
                         results[r.index] = self._result(r, now)
+                        if on_result is not None:
+                            on_result(r.index, results[r.index])
                 keep = [i for i, r in enumerate(rows) if not r.st.done]
                 rows = [rows[i] for i in keep]
                 tc.select(keep)

@@ -150,12 +150,16 @@ class MCSDDecoder:
 
     @torch.inference_mode()
     def generate_batch(self, prompts: Sequence[str | list[int]], batch_size: int = 8,
-                       seeds: Sequence[int] | None = None) -> BatchResult:
+                       seeds: Sequence[int] | None = None,
+                       on_result: Callable[[int, GenerationResult], None] | None = None,
+                       ) -> BatchResult:
         """Decode many prompts, up to `batch_size` of them per forward (`mcsd_runtime.batch`):
         one `GenerationResult` per prompt, in order, plus the batch's statistics. Greedy rows
         equal `generate` of the same prompt; sampled rows draw with their own generator
-        (`seeds[i]`, default the config's seed). `batch_size=1` decodes one prompt after the
-        other with `generate`."""
+        (`seeds[i]`, default the config's seed). `on_result(i, result)`, if given, sees each
+        prompt's result as soon as its row finishes (streaming, progress). Recorders see each
+        step's trace with `trace.row = i`. `batch_size=1` decodes one prompt after the other
+        with `generate`."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise MCSDError(f"batch_size must be a positive integer, got {batch_size!r}")
         ids = [self.encode(p) for p in prompts]
@@ -166,10 +170,14 @@ class MCSDDecoder:
             raise MCSDError(f"{len(seeds)} seeds for {len(ids)} prompts: give one per prompt")
         if batch_size == 1:
             t0 = time.perf_counter()
-            results = [self.generate(p, seed=s) for p, s in zip(ids, seeds, strict=True)]
+            results = []
+            for i, (p, s) in enumerate(zip(ids, seeds, strict=True)):
+                results.append(self.generate(p, seed=s))
+                if on_result is not None:
+                    on_result(i, results[-1])
             return BatchResult(results, _summed([r.stats for r in results],
                                                 time.perf_counter() - t0), 1)
-        return BatchRun(self, batch_size).run(ids, seeds)
+        return BatchRun(self, batch_size).run(ids, seeds, on_result)
 
     # ----------------------------------------------------------------- forwards
     def _forward(self, model, cache: DynamicCache, ids: torch.Tensor, pos: torch.Tensor,
