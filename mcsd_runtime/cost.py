@@ -322,12 +322,15 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
 
 
 def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
-                seed: int = 0, progress: bool = False) -> tuple[list[dict], dict]:
-    """Every static depth 1..D of `k_config` end to end on each prompt, depths in a fresh
-    random order per prompt after one warm-up. Returns the runs (depth, steps, drafted depths,
-    tokens, decode seconds after the prefill, seconds inside forwards then) and every forward's
-    seconds by (model, new tokens): forwards timed the way the decoder runs them, a step's first
-    draft forward (right after a target forward) apart as `draft_first`."""
+                seed: int = 0, progress: bool = False,
+                batch_size: int = 1) -> tuple[list[dict], dict]:
+    """Every static depth 1..D of `k_config` end to end, after one warm-up. At batch size 1 each
+    prompt alone, depths in a fresh random order per prompt; above it all `prompts` through
+    `MCSDDecoder.generate_batch` once per depth, in a random order. Returns the runs (depth,
+    steps, drafted depths, tokens, decode seconds after the prefill, seconds inside forwards
+    then) and every forward's seconds by (model, new tokens per row): forwards timed the way the
+    decoder runs them, a step's first draft forward (right after a target forward) apart as
+    `draft_first`; above batch size 1 only forwards over `batch_size` rows."""
     import random
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
@@ -336,8 +339,10 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     depth = len(k_config)
     decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
                            stopper=f"static:{d}") for d in range(1, depth + 1)}
-    decs[depth].generate(prompts[0])
     order = random.Random(seed)
+    if batch_size > 1:
+        return _static_batch_runs(pair, decs, prompts, batch_size, order, progress)
+    decs[depth].generate(prompts[0])
     runs, forwards = [], {}
     for i, ids in enumerate(progress_bar(prompts, desc="static runs", unit="prompt",
                                          disable=not progress)):
@@ -359,20 +364,94 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     return runs, forwards
 
 
+class _ForwardTimer:
+    """Times every forward of a pair's two models through module hooks, as (model, rows, new
+    tokens per row, seconds), leaving out prefills (a target forward that keeps one position's
+    logits, and the draft forward that follows it)."""
+
+    def __init__(self, pair) -> None:
+        self.pair, self.log, self._handles = pair, [], []
+        self._t0, self._prefill = 0.0, False
+
+    def __enter__(self) -> list[tuple[str, int, int, float]]:
+        for name, model in (("target", self.pair.target), ("draft", self.pair.draft)):
+            self._handles.append(model.register_forward_pre_hook(self._start, with_kwargs=True))
+            self._handles.append(model.register_forward_hook(
+                lambda m, args, kwargs, out, name=name: self._stop(name, kwargs),
+                with_kwargs=True))
+        return self.log
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _start(self, module, args, kwargs) -> None:
+        if self.pair.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, name: str, kwargs: dict) -> None:
+        if self.pair.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - self._t0
+        rows, n = kwargs["input_ids"].shape
+        if name == "target" and kwargs.get("logits_to_keep") == 1:
+            self._prefill = True  # an admission: the target's prefill, then the draft's
+        elif self._prefill and name == "draft":
+            self._prefill = False
+        else:
+            self.log.append((name, rows, n, dt))
+
+
+def _static_batch_runs(pair, decs: dict, prompts: list[list[int]], batch_size: int, order,
+                       progress: bool) -> tuple[list[dict], dict]:
+    """`static_runs` above batch size 1: each static depth decodes all prompts once with
+    `generate_batch`, depths in a random order after a warm-up of the deepest."""
+    from mcsd_runtime.progress import progress as progress_bar
+
+    decs[max(decs)].generate_batch(prompts[:batch_size], batch_size=batch_size)
+    depths = list(decs)
+    order.shuffle(depths)
+    runs, forwards = [], {}
+    for d in progress_bar(depths, desc=f"static runs at batch size {batch_size}", unit="depth",
+                          disable=not progress):
+        with _ForwardTimer(pair) as log:
+            st = decs[d].generate_batch(prompts, batch_size=batch_size).stats
+        prev = "target"
+        for name, rows, n, dt in log:
+            kind = "draft_first" if name == "draft" and prev == "target" else name
+            if rows == batch_size:
+                forwards.setdefault((kind, n), []).append(dt)
+            prev = name
+        # a drafting step of the batch runs one draft forward per depth it drafts
+        runs.append({"prompt": 0, "depth": d, "steps": st.target_calls,
+                     "drafted": st.draft_calls, "tokens": st.new_tokens,
+                     "decode_s": st.decode_time, "forward_s": sum(x[3] for x in log)})
+    return runs, forwards
+
+
 def calibrate(profile: CostProfile, runs: list[dict], forwards: dict,
-              min_samples: int = 5) -> CostProfile:
-    """`profile` with the forward latencies the decoder itself measured (medians, where a token
-    count was seen `min_samples` times; curves made monotone again) and the per-step and
-    per-depth overheads fitted to those runs."""
-    curves = {"target": list(profile.target_s), "draft": list(profile.draft_s),
-              "draft_first": list(profile.draft_s)}
+              min_samples: int = 5, batch_size: int = 1) -> CostProfile:
+    """`profile` with batch size `batch_size`'s forward latencies replaced by the ones the
+    decoder itself measured (medians, where a token count was seen `min_samples` times; curves
+    made monotone again) and its per-step and per-depth overheads fitted to those runs."""
+    own = profile if batch_size == 1 else profile.batches[batch_size]
+    curves = {"target": list(own.target_s), "draft": list(own.draft_s),
+              "draft_first": list(own.draft_s)}
     for (name, n), samples in forwards.items():
         if n in profile.tokens and len(samples) >= min_samples:
             curves[name][profile.tokens.index(n)] = statistics.median(samples)
     step, depth = fit_overheads(runs)
-    return replace(profile, target_s=monotone(curves["target"]), draft_s=monotone(curves["draft"]),
-                   draft_first_s=monotone(curves["draft_first"]), step_overhead_s=step,
-                   depth_overhead_s=depth, static={"tokens_per_s": static_throughput(runs)})
+    fitted = dict(target_s=monotone(curves["target"]), draft_s=monotone(curves["draft"]),
+                  draft_first_s=monotone(curves["draft_first"]), step_overhead_s=step,
+                  depth_overhead_s=depth, static={"tokens_per_s": static_throughput(runs)})
+    if batch_size == 1:
+        return replace(profile, **fitted)
+    return replace(profile, batches=profile.batches | {batch_size: BatchCosts(**fitted)})
 
 
 def fit_overheads(runs: list[dict]) -> tuple[float, float]:
@@ -425,7 +504,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overhead-prompts", default="toy-code", help="prompt set of those runs; "
                    "'none' to skip (default %(default)s)")
     p.add_argument("--overhead-limit", type=int, default=6,
-                   help="prompts of those runs (default %(default)s)")
+                   help="prompts of those runs (at batch size B > 1 at least 2B; default "
+                        "%(default)s)")
     p.add_argument("--overhead-tokens", type=int, default=48,
                    help="new tokens per run (default %(default)s)")
     add_threads_arg(p)
@@ -456,12 +536,17 @@ def run(args: argparse.Namespace) -> int:
     if args.overhead_prompts != "none" and k_config:
         from mcsd_runtime.prompts import load_prompts
 
-        texts = [p.text for p in load_prompts(args.overhead_prompts, limit=args.overhead_limit)]
-        ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
-        print(f"calibrating on the decoder: static depths 1..{len(k_config)} of {k_config} on "
-              f"{len(ids)} prompts", flush=True)
-        runs, forwards = static_runs(pair, ids, k_config, args.overhead_tokens, progress=True)
-        profile = calibrate(profile, runs, forwards)
+        for b in sizes:  # above batch size 1: enough prompts to fill the batch twice
+            limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)
+            texts = [p.text for p in load_prompts(args.overhead_prompts, limit=limit)]
+            ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
+            print(f"calibrating on the decoder at batch size {b}: static depths "
+                  f"1..{len(k_config)} of {k_config} on {len(ids)} prompts", flush=True)
+            runs, forwards = static_runs(pair, ids, k_config, args.overhead_tokens,
+                                         progress=True, batch_size=b)
+            profile = calibrate(profile, runs, forwards, batch_size=b)
+            if b > 1:
+                profile.batches[b].static["prompts"] = len(ids)
         profile.static |= {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
                            "max_new_tokens": args.overhead_tokens}
     profile.save(args.out)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from test_train_data import dense_rows
 
+from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.cost import BatchCosts, CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import NODE_FEATURES, Trajectory
-from mcsd_runtime.learned import load_stopper
+from mcsd_runtime.learned import load_stopper, stopper_from
 from mcsd_runtime.step_model import FIRST_PENDING, step_forwards, step_outcome
 from mcsd_runtime.stoppers import StopperBase, make_stopper
 from mcsd_runtime.tree import Tree
@@ -244,3 +245,38 @@ def test_batch_oracles_need_exact_replay():
         R.oracle_bound(est, PROFILE, 2)
     with pytest.raises(MCSDError, match="exact replay"):
         R.replay(est, "oracle", PROFILE, batch_size=2)
+
+
+# ------------------------------------------------------------------ against the decoder
+@pytest.mark.parametrize("batch_size", [3, 8])
+@pytest.mark.parametrize("spec", ["static:2", "heuristic", "confidence:0.3", "learned-mean"])
+def test_batched_replay_matches_generate_batch(data, spec, batch_size):
+    """The dense collection's prompts through `generate_batch` in the replay's order: the same
+    tokens, steps of the batch, draft forwards and drafted tokens (greedy, exact replay); the
+    learned stopper decides through batch_continue with a mean over rows from its table."""
+    from test_train_data import K_CONFIG, MAX_NEW, prompts, small_pair
+
+    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+
+    def build():
+        if spec == "learned-mean":
+            folder = FIXTURES / "lightgbm"
+            return stopper_from(ArtifactSpec.read(folder), folder, batch={
+                batch_size: {"threshold": 0.25, "aggregation": "max", "row_aggregation": "mean"}})
+        return make_stopper(spec)
+
+    wide = CostProfile(tokens=[1, 64], target_s=[1.0, 2.0], draft_s=[0.1, 0.2],
+                       batches={8: BatchCosts(target_s=[3.0, 9.0], draft_s=[0.2, 0.5])})
+    r = R.replay(data, build(), wide, batch_size=batch_size)
+    order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
+    dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
+                      stopper=build())
+    out = dec.generate_batch([prompts()[i] for i in order], batch_size=batch_size)
+    st = out.stats
+    assert (r.tokens, r.batch_steps, r.draft_forwards, r.drafted_tokens) == (
+        st.new_tokens, st.target_calls, st.draft_calls, st.drafted_tokens)
+    assert r.steps == sum(len(g.steps) for g in out) and r.accepted == st.accepted_tokens
+    if spec == "learned-mean":  # it really decides: between the shallowest and deepest trees
+        shallow, deep = (R.replay(data, f"static:{d}", wide, batch_size=batch_size)
+                         for d in (1, 4))
+        assert r.decisions > 0 and shallow.drafted_depth < r.drafted_depth < deep.drafted_depth

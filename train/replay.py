@@ -195,7 +195,7 @@ class StepOracle(StopperBase):
         top = max(r.cap for r in rows)
         if not top:
             return 0
-        pending = max(r.pending for r in rows if r.cap)
+        pending = max(r.pending for r in rows)
         best, best_s = -math.inf, 1
         for s in range(1, top + 1):
             tokens = sum(step_outcome(r.step.accepted if r.step else 0, min(s, r.cap), r.pending,
@@ -431,8 +431,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
             break
         depth = (oracle.depth(rows, tree, profile) if oracle
                  else _batch_depth(stopper, rows, data.depth, res))
-        drafting = [r for r in rows if r.cap]
-        pending = max((r.pending for r in drafting), default=FIRST_PENDING)
+        pending = max(r.pending for r in rows)  # the first draft forward pads to it
         forwards = step_forwards(tree, depth, pending)
         res.cost_s += profile.step_seconds(tree, depth, pending, len(rows))
         res.draft_forwards += len(forwards.draft)
