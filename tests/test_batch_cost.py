@@ -90,3 +90,35 @@ def test_measure_at_batch_sizes_on_a_tiny_pair():
         assert len(c.target_s) == len(c.draft_s) == 2 and c.target_s == sorted(c.target_s)
         assert c.step_overhead_s is None  # not calibrated: overheads from batch size 1
     assert p.overheads(3) == (0.0, 0.0)
+
+
+def test_static_runs_at_a_batch_size_time_the_batched_decoder():
+    """One run per static depth through generate_batch: its steps, drafted depths and tokens
+    are the batch's; the forward timer sees exactly the decode-phase forwards (no prefill)."""
+    from mcsd_runtime.cost import _ForwardTimer, calibrate, static_runs
+    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+
+    pair = make_pair()
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12], [13]]
+    runs, forwards = static_runs(pair, prompts, (1, 1, 1), max_new_tokens=6, batch_size=2)
+    assert sorted(r["depth"] for r in runs) == [1, 2, 3]
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1, 1), max_new_tokens=6),
+                      stopper="static:2")
+    with _ForwardTimer(pair) as log:
+        st = dec.generate_batch(prompts, batch_size=2).stats
+    run = next(r for r in runs if r["depth"] == 2)
+    assert (run["steps"], run["drafted"], run["tokens"]) == (st.target_calls, st.draft_calls,
+                                                             st.new_tokens)
+    assert sum(name == "target" for name, *_ in log) == st.target_calls
+    assert sum(name == "draft" for name, *_ in log) == st.draft_calls
+    assert all(r["decode_s"] > r["forward_s"] > 0 for r in runs)
+    assert {("target", 3), ("draft_first", 1)} <= set(forwards)  # depth 2: root + 2 nodes
+    cal = calibrate(PROFILE.__class__(tokens=[1, 2, 4], target_s=[1.0, 1.0, 1.0],
+                                      draft_s=[0.1, 0.1, 0.1],
+                                      batches={2: BatchCosts(target_s=[2.0, 2.0, 2.0],
+                                                             draft_s=[0.2, 0.2, 0.2])}),
+                    runs, forwards, min_samples=1, batch_size=2)
+    assert cal.target_s == [1.0, 1.0, 1.0] and cal.step_overhead_s == 0.0  # size 1 untouched
+    b2 = cal.batches[2]
+    assert b2.step_overhead_s is not None and b2.target_s[0] < 1.0  # measured, not 2 s
+    assert set(b2.static["tokens_per_s"]) == {"static:1", "static:2", "static:3"}
