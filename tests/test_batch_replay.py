@@ -280,3 +280,24 @@ def test_batched_replay_matches_generate_batch(data, spec, batch_size):
         shallow, deep = (R.replay(data, f"static:{d}", wide, batch_size=batch_size)
                          for d in (1, 4))
         assert r.decisions > 0 and shallow.drafted_depth < r.drafted_depth < deep.drafted_depth
+
+
+def test_the_end_to_end_check_at_a_batch_size(data, monkeypatch):
+    """train.check decodes the prompts together with generate_batch and replays them at that
+    batch size: the same tokens, one row per stopper, measured speeds positive."""
+    from test_train_data import MAX_NEW, prompts, small_pair
+
+    from train import check
+
+    ids = {f"run0/p{i}": p for i, p in enumerate(prompts())}
+    monkeypatch.setattr(check, "_prompt_ids", lambda d, m, limit: [
+        (k, ids[k]) for k in sorted(d.prompts)[:limit]])
+    wide = CostProfile(tokens=[1, 64], target_s=[1e-3, 2e-3], draft_s=[1e-4, 2e-4],
+                       batches={4: BatchCosts(target_s=[2e-3, 5e-3], draft_s=[2e-4, 4e-4])})
+    out = check.end_to_end_check(data, [{"max_new_tokens": MAX_NEW}], wide,
+                                 {"static:1": "static:1", "static:3": "static:3"}, limit=6,
+                                 pair=small_pair(), batch_size=4, repeats=2)
+    assert out["batch_size"] == 4 and out["prompts"] == 6
+    for row in out["per_stopper"].values():
+        assert row["tokens_replayed"] == row["tokens_measured"] and row["measured"] > 0
+    assert "at batch size 4" in check.format_check(out)
