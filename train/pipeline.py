@@ -488,9 +488,9 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
         log(format_check(check))
         summary["replay_check"] = check
         row_s = choice.latency.get("batch_row_us", 0.0) * 1e-6
-        for b in choice.batches:  # the same prompts decoded together at each batch size
+        for b in choice.batches:  # the same prompts decoded together, 3 rounds per size
             check = end_to_end_check(test, manifests, profile, stoppers,
-                                     limit=config.check_prompts, batch_size=b,
+                                     limit=config.check_prompts, batch_size=b, repeats=3,
                                      decision_s={"learned": choice.decision_s},
                                      decision_row_s={"learned": row_s},
                                      progress=config.progress)
