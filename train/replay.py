@@ -14,6 +14,14 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
 What a step stopped at depth s accepts, commits and leaves pending, and which forwards it runs,
 are the rules of `mcsd_runtime.step_model`; the profile prices those forwards
 (`CostProfile.step_seconds`), and learned stoppers add a per-decision latency.
+
+Batches (`replay(..., batch_size=B)`) follow `MCSDDecoder.generate_batch`: B rows, prompts
+admitted in order into free slots, each batch step's forwards over all active rows (the first
+draft forward padded to the most pending tokens of any row, the target's to the deepest tree),
+one decision per drafted depth for the rows whose cap is deeper (`batch_continue`, else ANY
+row's own stopper), every row drafted to the batch's depth within its cap. Batch size 1 is the
+replay of one sequence at a time. The oracles there: `StepOracle` (hindsight per batch step, a
+schedule) and `oracle_bound` (a bound on every schedule).
 """
 
 from __future__ import annotations
