@@ -56,6 +56,7 @@ class Record:
     forward_time: float = 0.0  # seconds inside model forwards
     hf_divergence: dict | None = None  # greedy: where the output first leaves `hf`'s
     target_nll: float | None = None  # target NLL per new token (mcsd_runtime.quality)
+    target_top1_share: float | None = None  # share of new tokens that are the target's top-1
     repeat_share: float | None = None  # share of the output's 4-grams seen earlier in it
 
     @property
@@ -561,8 +562,9 @@ def markdown_table(rows: list[dict]) -> str:
     head = ("| method | tok/s (median) | tok/s IQR | speedup vs AR | speedup vs hf | "
             f"vs AR, geomean [95% CI] | vs {ref or 'reference'}, geomean [95% CI] | τ | "
             "acceptance | drafted/token | target calls | lossless | AR-equal | hf-equal | "
-            "AR agreement | NLL/token | NLL vs AR [95% CI] | repeated 4-grams | loops |")
-    lines = [head, "|" + "---|" * 19]
+            "AR agreement | NLL/token | NLL vs AR [95% CI] | target top-1 | repeated 4-grams | "
+            "loops |")
+    lines = [head, "|" + "---|" * 20]
     for r in rows:
         lines.append(
             f"| {r['method']} | {_fmt(r['tokens_per_s_median'])} | "
@@ -575,6 +577,7 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {_fmt(r['hf_equal_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} | "
             f"{_nll(r.get('target_nll'))} | "
             f"{_delta(r.get('target_nll_vs_ar'), r.get('ci_target_nll_vs_ar'))} | "
+            f"{_fmt(r.get('target_top1_share'), pct=True)} | "
             f"{_fmt(r.get('repeat4_share'), pct=True)} | {_fmt(r.get('loop_share'), pct=True)} |")
     return "\n".join(lines)
 
@@ -777,7 +780,9 @@ log-likelihood (nats, temperature 1) of the method's outputs given their prompts
 token over all of them (one teacher-forced forward per output after the timed runs; lossless
 greedy outputs equal AR's, and so does their NLL); *NLL vs AR*: the mean over prompts of the
 per-prompt difference from ar's, 95% bootstrap CI (positive: text the target finds less
-likely). *repeated 4-grams*: mean share of an output's 4-grams already seen earlier in it;
+likely). *target top-1*: share of new tokens that are the target's most likely token after the
+text before them (100% for greedy lossless methods; below it, how often a lossy one overrode
+the target). *repeated 4-grams*: mean share of an output's 4-grams already seen earlier in it;
 *loops*: share of outputs where at least half are (read both against ar's: code repeats
 legitimately)."""
 

@@ -153,20 +153,23 @@ def markdown(rows: list[dict], cards: dict[str, dict | None]) -> str:
                      f"{c['heldout_nll']:.3f} ({c['target_heldout_nll']:.3f}) | "
                      f"{c['agreement']:.1%} | {c['cost_ratio']:.1f}x |")
     lines += ["", "| domain | method | draft | τ | vs AR [95% CI] | vs lossless, same draft | "
-              "NLL/token | NLL vs AR [95% CI] | AR agreement | = AR | repeated 4-grams |",
-              "|---" * 11 + "|"]
+              "NLL/token | NLL vs AR [95% CI] | target top-1 | AR agreement | = AR | "
+              "repeated 4-grams |", "|---" * 12 + "|"]
     for r in rows:
         lines.append(
             f"| {r['domain']} | {r['method']} | {r['draft'] or '–'} | {_fmt(r['tau'])} | "
             f"{_ci(r['vs_ar'], r['ci_vs_ar'])} | {_ci(r['vs_lossless'], r['ci_vs_lossless'])} | "
             f"{_nll(r['target_nll'])} | "
             f"{_delta(r['target_nll_vs_ar'], r['ci_target_nll_vs_ar'])} | "
-            f"{_fmt(r['ar_agreement'], pct=True)} | {_fmt(r['ar_equal_share'], pct=True)} | "
+            f"{_fmt(r['target_top1_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} | "
+            f"{_fmt(r['ar_equal_share'], pct=True)} | "
             f"{_fmt(r['repeat4_share'], pct=True)} |")
     lines += ["", "τ: committed tokens per target call. Speedups: geometric means of paired "
               "per-prompt tokens/s ratios (one interleaved run per domain), 95% bootstrap CI. "
               "NLL/token: the target's NLL (nats) of the outputs per new token; NLL vs AR: mean "
               "per-prompt difference from ar's (positive: text the target finds less likely). "
+              "Target top-1: share of new tokens that are the target's most likely token after "
+              "the text before them (100% for greedy lossless decoding). "
               "AR agreement: mean share of positions with ar's token; = AR: share of outputs "
               "equal to ar's (greedy). Repeated 4-grams: mean share of an output's 4-grams seen "
               "earlier in it. Cards: held-out NLL and greedy agreement on the toy corpus's "

@@ -215,6 +215,7 @@ def test_eval_with_several_drafts(toy_tiny, tiny_draft, tmp_path, capsys):
             assert lossless["ar_equal_share"] == 1.0
             assert lossless["target_nll"] == mine["ar"]["target_nll"]
             assert lossless["target_nll_vs_ar"] == 0.0
+            assert lossless["target_top1_share"] == mine["ar"]["target_top1_share"]
             assert lossy["lossless_twin"] == f"mcsd:2,1@{d}" and lossy["vs_lossless"] > 0
             assert lossless["lossless_twin"] is None and lossless["draft"] == d
         assert mine["ar"]["draft"] is None

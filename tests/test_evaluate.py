@@ -203,23 +203,25 @@ def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
     """Every record carries the target's NLL per new token, recomputed here from its text's
     tokens; a lossless method's greedy outputs are ar's, so its NLL is ar's exactly (a lossy
     one's differs where its output does); the report shows the columns."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mcsd_runtime.quality import repeated_ngram_share, target_nll
+    from mcsd_runtime.quality import repeated_ngram_share, target_scores
 
     records = [json.loads(line) for line in
                (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
     rows = {m["method"]: m for m in json.loads((eval_dir / "summary.json").read_text())["methods"]}
     target = AutoModelForCausalLM.from_pretrained(toy_tiny / "target").eval()
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(toy_tiny / "target")
+    tok = AutoTokenizer.from_pretrained(toy_tiny / "target")
     prompts = {p.id: tok(p.text)["input_ids"] for p in load_prompts("toy-code", limit=3)}
     ar = {r["prompt_id"]: r for r in records if r["method"] == "ar"}
     for r in records:
-        assert r["target_nll"] == pytest.approx(
-            target_nll(target, prompts[r["prompt_id"]], r["token_ids"]), abs=1e-5), r["method"]
+        nll, top1 = target_scores(target, prompts[r["prompt_id"]], r["token_ids"])
+        assert r["target_nll"] == pytest.approx(nll, abs=1e-5), r["method"]
+        assert r["target_top1_share"] == pytest.approx(top1), r["method"]
         assert r["repeat_share"] == repeated_ngram_share(r["token_ids"])
         if r["lossless"]:
             assert r["target_nll"] == ar[r["prompt_id"]]["target_nll"], r["method"]
+            assert r["target_top1_share"] == ar[r["prompt_id"]]["target_top1_share"]
         elif r["token_ids"] != ar[r["prompt_id"]]["token_ids"]:
             assert r["target_nll"] != ar[r["prompt_id"]]["target_nll"]
     for method, row in rows.items():
@@ -234,6 +236,7 @@ def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
     assert rows["mcsd-target-init:2,2,1"]["target_nll_vs_ar"] == pytest.approx(
         sum(r["target_nll"] - ar[r["prompt_id"]]["target_nll"] for r in lossy) / len(lossy))
     report = (eval_dir / "report.md").read_text()
-    assert "| NLL/token | NLL vs AR [95% CI] | repeated 4-grams | loops |" in report
+    assert ("| NLL/token | NLL vs AR [95% CI] | target top-1 | repeated 4-grams | loops |"
+            in report)
     ar_line = next(line for line in report.splitlines() if line.startswith("| ar | "))
     assert f"| {rows['ar']['target_nll']:.3f} |" in ar_line

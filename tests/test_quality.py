@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from mcsd_runtime import quality
-from mcsd_runtime.quality import annotate, repeated_ngram_share, summary, target_nll
+from mcsd_runtime.quality import (
+    annotate,
+    repeated_ngram_share,
+    summary,
+    target_nll,
+    target_scores,
+)
 
 
 def test_target_nll_is_the_teacher_forced_loss_of_the_output_only(pair):
@@ -33,7 +39,9 @@ def test_target_nll_is_the_teacher_forced_loss_of_the_output_only(pair):
 
 def test_greedy_output_is_likelier_than_a_perturbed_one(pair):
     """The target's own greedy continuation scores lower NLL than the same one with a token
-    swapped for the target's least likely token there."""
+    swapped for the target's least likely token there, and every one of its tokens is the
+    target's top-1; the perturbed one overrides the target once (its later tokens are scored
+    after the swapped one, so they may or may not be top-1 there)."""
     from mcsd_runtime.decoder import ARDecoder, DecodeConfig
 
     prompt = [5, 1, 8, 2]
@@ -42,6 +50,9 @@ def test_greedy_output_is_likelier_than_a_perturbed_one(pair):
         logits = pair.target(input_ids=torch.tensor([prompt + out[:3]])).logits[0, -1]
     worse = out[:3] + [int(logits.argmin())] + out[4:]
     assert target_nll(pair.target, prompt, out) < target_nll(pair.target, prompt, worse)
+    assert target_scores(pair.target, prompt, out)[1] == 1.0
+    assert target_scores(pair.target, prompt, worse)[1] <= 7 / 8
+    assert target_scores(pair.target, prompt, out[:3] + [int(logits.argmin())])[1] == 3 / 4
 
 
 @pytest.mark.parametrize(("tokens", "share"), [
@@ -55,20 +66,20 @@ def test_repeated_ngram_share(tokens, share):
     assert repeated_ngram_share(tokens) == pytest.approx(share)
 
 
-def rec(method, prompt, tokens, nll=None, rep=None):
+def rec(method, prompt, tokens, nll=None, rep=None, top1=None):
     return SimpleNamespace(method=method, prompt_id=prompt, token_ids=tokens, target_nll=nll,
-                           repeat_share=rep)
+                           repeat_share=rep, target_top1_share=top1)
 
 
 def test_annotate_scores_each_distinct_output_once(pair, monkeypatch):
     calls = []
-    real = quality.target_nll
+    real = quality.target_scores
 
     def counting(model, prompt, output):
         calls.append((tuple(prompt), tuple(output)))
         return real(model, prompt, output)
 
-    monkeypatch.setattr(quality, "target_nll", counting)
+    monkeypatch.setattr(quality, "target_scores", counting)
     records = [rec("ar", "p0", [1, 2, 3]), rec("mcsd", "p0", [1, 2, 3]),
                rec("lossy", "p0", [1, 2, 4]), rec("ar", "p1", [1, 2, 3])]
     annotate(pair.target, records, {"p0": [5, 6], "p1": [7, 8]})
@@ -76,6 +87,7 @@ def test_annotate_scores_each_distinct_output_once(pair, monkeypatch):
     assert records[0].target_nll == records[1].target_nll != records[2].target_nll
     assert records[3].target_nll != records[0].target_nll  # same output, other context
     assert all(r.repeat_share == 0.0 for r in records)
+    assert all(0 <= r.target_top1_share <= 1 for r in records)
 
 
 def test_summary_weights_tokens_and_pairs_with_ar():
@@ -84,8 +96,9 @@ def test_summary_weights_tokens_and_pairs_with_ar():
     s = summary(same, ar)
     assert s["target_nll"] == pytest.approx((2 * 2 + 1 * 6) / 8)  # per new token, all outputs
     assert s["target_nll_vs_ar"] == 0.0 and s["ci_target_nll_vs_ar"] == [0.0, 0.0]
-    worse = [rec("m", "p0", [1] * 2, 2.5, 0.6), rec("m", "p1", [1] * 6, 1.5, 0.2)]
+    worse = [rec("m", "p0", [1] * 2, 2.5, 0.6, 0.5), rec("m", "p1", [1] * 6, 1.5, 0.2, 1.0)]
     s = summary(worse, ar)
+    assert s["target_top1_share"] == pytest.approx((0.5 * 2 + 1.0 * 6) / 8)
     assert s["target_nll_vs_ar"] == pytest.approx(0.5)  # mean of per-prompt differences
     assert s["repeat4_share"] == pytest.approx(0.4) and s["loop_share"] == 0.5
     assert s["ci_target_nll_vs_ar"][0] <= 0.5 <= s["ci_target_nll_vs_ar"][1]
