@@ -176,6 +176,7 @@ def test_drafts_load_by_name_from_the_cache(toy_tiny, tmp_path, monkeypatch, cap
     (["eval", "--drafts", "toy,toy", "--out", "x"], "--drafts names a draft twice"),
     (["eval", "--drafts", ",", "--out", "x"], "--drafts names no draft"),
     (["eval", "--drafts", "toy", "--draft", "toy", "--out", "x"], "list every draft in --drafts"),
+    (["eval", "--drafts", "toy", "--from-runs", "a", "--out", "x"], "--drafts decodes"),
 ])
 def test_cli_errors(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

@@ -70,7 +70,9 @@ DRAFT_PRESETS: dict[str, DraftRecipe] = {
         init="target-layers", steps=12, lr=3e-3, ce_weight=0.1, seq_len=64, batch_size=8,
         warmup_frac=0.1),
     # Two and four of the default target's 16 layers (d=128): dearer than the pair's own
-    # one-layer draft, closer to the target.
+    # one-layer draft (a decode step 8x / 5x cheaper than the target's, against 12x), closer to
+    # it (greedy agreement 75% / 82%, against 58%); about 2 minutes each on one thread. From
+    # the target's layers, 100 steps gave l2 64% agreement; from random weights, 31%.
     "l2": DraftRecipe(
         name="l2", target_preset="default",
         shape=ModelShape(layers=2, hidden=128, heads=4, intermediate=384),
