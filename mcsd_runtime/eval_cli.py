@@ -37,10 +37,12 @@ from pathlib import Path
 
 from mcsd_runtime.cli_args import (
     FROM_STOPPER,
+    add_batch_size_arg,
     add_decode_args,
     add_pair_args,
     add_threads_arg,
     apply_threads,
+    check_batch_size,
     decode_config_from_args,
     pair_from_args,
 )
@@ -89,6 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA "
                         "defaulting to ./data); an existing one has its reports replaced")
+    add_batch_size_arg(p, "every method decodes the same batches of consecutive prompts, batch by "
+                          "batch in a rotating order; speed is the batch's committed tokens per "
+                          "decode second, paired per batch (the default methods then leave out "
+                          "those that decode one sequence at a time: hf, hf-assisted, "
+                          "mcsd-target-init)")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
@@ -97,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
 
     from mcsd_runtime.evaluate import (
+        SINGLE_SEQUENCE,
+        check_batch_methods,
         check_method,
         check_writable,
         explicit_label,
@@ -115,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
+    check_batch_size(args.batch_size)
     given = split_methods(args.methods)
+    if args.batch_size > 1 and args.methods == DEFAULT_METHODS:
+        given = [m for m in given if m not in SINGLE_SEQUENCE]
     for m in given:
         check_method(m)
     k_config, why = tree_for(given, args.k_config, DEFAULT_K_CONFIG)
@@ -127,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                     else explicit_label(name, k_config))
     if args.reference is not None and args.reference not in methods:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
+    check_batch_methods(methods, args.batch_size)
     base = decode_config_from_args(args, k_config=k_config)
     if args.from_runs:
         return combine_runs(args, methods)
@@ -141,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     pair = pair_from_args(args)
     print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
           flush=True)
-    records = run_eval(pair, prompts, methods, base, chat=args.chat)
+    records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=args.batch_size)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
     settings = _settings(args, pair, base, args.prompts, len(prompts))
     stoppers = stopper_results(methods)
@@ -204,7 +217,8 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     for spec, prompts in sets.items():
         name = Path(spec).stem if "/" in spec or "=" in spec else spec
         print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
-        records = run_eval(pair, prompts, methods, base, chat=args.chat)
+        records = run_eval(pair, prompts, methods, base, chat=args.chat,
+                           batch_size=args.batch_size)
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
         write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)),
                       tokenizer=pair.tokenizer, stoppers=stoppers)
@@ -226,7 +240,8 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
             "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
             "max_new_tokens": base.max_new_tokens, "seed": base.seed,
             "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
-            "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}
+            "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+            "batch_size": args.batch_size}
 
 
 def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
