@@ -37,7 +37,6 @@ from pathlib import Path
 
 from mcsd_runtime.cli_args import (
     FROM_STOPPER,
-    add_batch_size_arg,
     add_decode_args,
     add_pair_args,
     add_threads_arg,
@@ -91,11 +90,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA "
                         "defaulting to ./data); an existing one has its reports replaced")
-    add_batch_size_arg(p, "every method decodes the same batches of consecutive prompts, batch by "
-                          "batch in a rotating order; speed is the batch's committed tokens per "
-                          "decode second, paired per batch (the default methods then leave out "
-                          "those that decode one sequence at a time: hf, hf-assisted, "
-                          "mcsd-target-init)")
+    p.add_argument("--batch-size", default="1", metavar="B[,B...]",
+                   help="sequences decoded together (MCSDDecoder.generate_batch; default "
+                        "%(default)s): every method decodes the same batches of consecutive "
+                        "prompts, batch by batch in a rotating order; speed is the batch's "
+                        "committed tokens per decode second, paired per batch (the default "
+                        "methods then leave out those that decode one sequence at a time: hf, "
+                        "hf-assisted, mcsd-target-init). Several, e.g. 1,4,8,16: one run per "
+                        "batch size and a table across them (batches.md)")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
@@ -124,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
-    check_batch_size(args.batch_size)
+    sizes = parse_batch_sizes(args.batch_size)
+    args.batch_size = max(sizes)
     given = split_methods(args.methods)
     if args.batch_size > 1 and args.methods == DEFAULT_METHODS:
         given = [m for m in given if m not in SINGLE_SEQUENCE]
@@ -144,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     if args.from_runs:
         return combine_runs(args, methods)
     print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
+    if len(sizes) > 1:
+        if "," in args.prompts:
+            raise MCSDError("give several --batch-size values or several --prompts sets, not "
+                            "both: run one evaluation per prompt set")
+        return run_batch_sizes(args, methods, base, sizes)
     if "," in args.prompts:
         return run_domains(args, methods, base)
     prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
@@ -169,6 +177,56 @@ def run(args: argparse.Namespace) -> int:
     if replaced:
         print(f"\nreplaced the earlier {', '.join(replaced)} in {out}")
     print(f"\nwrote {out}/report.md (every column, a legend, plots)")
+    return 0
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """`--batch-size`: one count or several, comma-separated, each >= 1."""
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise MCSDError(f"--batch-size {text!r}: give counts such as 8 or 1,4,8,16") from None
+    if not sizes:
+        raise MCSDError("--batch-size: give at least one count")
+    for b in sizes:
+        check_batch_size(b)
+    if len(set(sizes)) != len(sizes):
+        raise MCSDError(f"--batch-size {text!r} names a batch size twice")
+    return sorted(sizes)
+
+
+def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: list[int]) -> int:
+    """One interleaved run per batch size (subfolders b1, b4, ...), then the table across batch
+    sizes (batches.md, batches.json)."""
+    from mcsd_runtime import batch_report
+    from mcsd_runtime.evaluate import check_writable, run_eval, summarize, write_outputs
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
+    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
+    if not prompts:
+        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    check_writable(out)
+    pair = pair_from_args(args)
+    greedy = base.temperature == 0
+    by_batch = {}
+    for b in sizes:
+        print(f"batch size {b}: {len(prompts)} prompts x {len(methods)} methods", flush=True)
+        args.batch_size = b
+        records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=b,
+                           batched=True)
+        rows = summarize(records, greedy=greedy, reference=args.reference)
+        write_outputs(records, rows, out / f"b{b}",
+                      _settings(args, pair, base, args.prompts, len(prompts)),
+                      tokenizer=pair.tokenizer)
+        by_batch[b] = records
+    rows = batch_report.batch_rows(by_batch, heuristic, greedy)
+    settings = _settings(args, pair, base, args.prompts, len(prompts)) | {
+        "batch_sizes": sizes, "heuristic": heuristic}
+    print(batch_report.write(rows, out, settings, heuristic))
+    print(f"wrote {out}/batches.md")
     return 0
 
 

@@ -402,16 +402,17 @@ def agreement(a: list[int], b: list[int]) -> float:
 
 
 def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: bool = False,
-             progress: bool = True, batch_size: int = 1) -> list[Record]:
+             progress: bool = True, batch_size: int = 1, batched: bool = False) -> list[Record]:
     """Run every method on every prompt (or batch of `batch_size` prompts), interleaved, after
-    one warm-up generation each."""
+    one warm-up generation each (`batched`: through `generate_batch` even at batch size 1,
+    so that speed is over the decode phase as at larger batch sizes)."""
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
     check_batch_methods(methods, batch_size)
     runners = {m: build_method(m, pair, base) for m in methods}
     encoded = [(p.id, encode_prompt(pair, p.text, chat)) for p in prompts]
     return run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress,
-                       batch_size=batch_size)
+                       batch_size=batch_size, batched=batched)
 
 
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
@@ -427,12 +428,13 @@ def check_batch_methods(methods: list[str], batch_size: int) -> None:
 
 
 def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]], greedy: bool,
-                progress: bool = True, desc: str = "eval", batch_size: int = 1) -> list[Record]:
+                progress: bool = True, desc: str = "eval", batch_size: int = 1,
+                batched: bool = False) -> list[Record]:
     """Runners (name -> `.generate(ids) -> Record`) on encoded prompts: one warm-up each, then
     prompt by prompt in a rotating order; greedy records are then compared with `hf`'s. With
     `batch_size` > 1, consecutive prompts are decoded `batch_size` at a time by every runner's
     `generate_batch`, batch by batch in a rotating order."""
-    if batch_size > 1:
+    if batch_size > 1 or batched:
         return _run_batches(pair, runners, encoded, greedy, progress, desc, batch_size)
     from mcsd_runtime.progress import progress as progress_bar
 

@@ -59,3 +59,27 @@ def test_batch_size_must_be_positive(toy_tiny, tmp_path, capsys, value):
                      str(toy_tiny / "draft"), "--batch-size", value, "--out",
                      str(tmp_path / "x")])
     assert code == 2 and "--batch-size must be 1 or more" in capsys.readouterr().err
+
+
+def test_eval_across_batch_sizes_writes_the_table(toy_tiny, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["eval", "--target", str(toy_tiny / "target"), "--draft",
+                     str(toy_tiny / "draft"), "--limit", "4", "--max-new-tokens", "6",
+                     "--k-config", "2,1", "--methods", "ar,static:1,static:2,heuristic",
+                     "--batch-size", "2,1", "--out", str(out)]) == 0
+    data = json.loads((out / "batches.json").read_text())
+    assert data["settings"]["batch_sizes"] == [1, 2]
+    rows = {(r["method"], r["batch_size"]): r for r in data["rows"]}
+    assert set(rows) == {(m, b) for m in ("ar", "static:1", "static:2", "heuristic")
+                         for b in (1, 2)}
+    for b in (1, 2):
+        best = rows["ar", b]["best_static"]
+        assert best in ("static:1", "static:2") and rows[best, b]["vs_best_static"] == 1.0
+        assert all(rows[m, b]["ar_equal_share"] == 1.0 for m in ("static:1", "heuristic"))
+        records = [json.loads(x) for x in (out / f"b{b}" / "per_prompt.jsonl").read_text()
+                   .splitlines()]
+        assert len({r["batch_id"] for r in records}) == 4 // b  # paired per batch
+    assert rows["ar", 1]["vs_b1"] == 1.0 and rows["ar", 2]["vs_b1"] > 0
+    assert "Best static at each batch size: B=1:" in (out / "batches.md").read_text()
+    assert cli.main(["eval", "--batch-size", "2,2", "--out", str(tmp_path / "x")]) == 2
+    assert "names a batch size twice" in capsys.readouterr().err
