@@ -27,7 +27,12 @@ data_dir=DIR) or any Parquet reader; collect.load_manifest(DIR) gives the manife
 
 
 def add_collect_args(p: argparse.ArgumentParser) -> None:
-    from mcsd_runtime.cli_args import add_decode_args, add_pair_args, add_threads_arg
+    from mcsd_runtime.cli_args import (
+        add_batch_size_arg,
+        add_decode_args,
+        add_pair_args,
+        add_threads_arg,
+    )
 
     add_pair_args(p)
     add_decode_args(p)
@@ -56,6 +61,8 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shard-prompts", type=int, default=DEFAULT_SHARD_PROMPTS,
                    help="prompts per Parquet shard (default %(default)s); an interruption loses "
                         "at most one unfinished shard per process")
+    add_batch_size_arg(g, "the rows are those of batch size 1 (the same prompts, ids and "
+                          "labels; floating-point features may differ in the last bits)")
     add_threads_arg(g)
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bar (nor, when not on a terminal, progress lines)")
@@ -98,12 +105,18 @@ def job_from_args(args: argparse.Namespace):
     from pathlib import Path
 
     from collect.run import CollectJob
-    from mcsd_runtime.cli_args import check_threads, decode_config_from_args, pair_paths
+    from mcsd_runtime.cli_args import (
+        check_batch_size,
+        check_threads,
+        decode_config_from_args,
+        pair_paths,
+    )
     from mcsd_runtime.pair import pick_device
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts import load_prompts
 
     check_threads(args.threads)
+    check_batch_size(args.batch_size)
     pick_device(args.device)  # fails before prompts load or a toy pair is built
     config = decode_config_from_args(args)
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
@@ -113,6 +126,7 @@ def job_from_args(args: argparse.Namespace):
                       limit=args.limit, dense=args.dense, save_hidden=args.save_hidden,
                       run_id=args.run_id, shard_prompts=args.shard_prompts,
                       progress=not args.no_progress, threads=args.threads,
+                      batch_size=args.batch_size,
                       pair_args={"target": target, "draft": draft, "device": args.device,
                                  "dtype": args.dtype})
 

@@ -8,6 +8,7 @@ states when they are kept; no per-node Python loop.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -21,9 +22,21 @@ from mcsd_runtime.tree import Tree
 _N = len(NODE_FEATURES)
 
 
+@dataclass
+class _Open:
+    """The rows recorded so far for one prompt."""
+
+    prompt_id: str
+    prompt_hash: str
+    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    hidden: list[np.ndarray] = field(default_factory=list)
+
+
 class RowRecorder:
-    """Collects the rows of one prompt at a time: `begin(prompt_id, tokens)`, let the decoder call
-    `on_step(trace)` for every step, then `finish()` returns the prompt's columns.
+    """Collects the rows of prompts: `begin(prompt_id, tokens)`, let the decoder call
+    `on_step(trace)` for every step, then `finish()` returns the prompt's columns. In a batch,
+    `begin(..., row=i)` and `finish(row=i)` for the prompt the decoder numbers `i`
+    (`StepTrace.row`); several prompts are then open at once.
 
     `on_accepted_path` marks the nodes of the verified accepted path (for `init="target"` that
     path starts with the chosen depth-1 root, so it has L + 1 nodes; otherwise L).
@@ -36,20 +49,18 @@ class RowRecorder:
         self.run_id, self.init = run_id, init
         self.needs_hidden = bool(save_hidden)  # read by the decoder (`decoder.Recorder`)
         self.schema = row_schema(self.needs_hidden)
-        self.prompt_id: str | None = None
-        self.prompt_hash = ""
-        self._parts: list[dict[str, np.ndarray]] = []
-        self._hidden: list[np.ndarray] = []
-        self.steps: list[tuple[int, int]] = []  # (accepted, drafted) per step of this prompt
+        self._open: dict[int, _Open] = {}
 
-    def begin(self, prompt_id: str, tokens: Sequence[int]) -> None:
-        """Start the rows of the prompt `prompt_id`, whose token ids are `tokens`."""
-        self.prompt_id, self.prompt_hash = prompt_id, prompt_hash(tokens)
-        self._parts, self._hidden, self.steps = [], [], []
+    def begin(self, prompt_id: str, tokens: Sequence[int], row: int = 0) -> None:
+        """Start the rows of the prompt `prompt_id`, whose token ids are `tokens`, decoded as
+        row `row` of a batch."""
+        self._open[row] = _Open(prompt_id, prompt_hash(tokens))
 
     @torch.inference_mode()
     def on_step(self, trace: StepTrace) -> None:
-        self.steps.append((trace.accepted, trace.drafted))
+        if trace.row not in self._open:
+            raise RuntimeError(f"a step of row {trace.row}, for which begin() was not called")
+        rows = self._open[trace.row]
         c = int(trace.tokens.shape[0]) - 1
         if c <= 0:
             return
@@ -78,15 +89,17 @@ class RowRecorder:
             "soft_label": soft.astype(np.float32),
             "p_target": p_target.astype(np.float32),
         }
-        self._parts.append(part)
+        rows.parts.append(part)
         if self.needs_hidden:
             if trace.hidden is None:
                 raise RuntimeError("the decoder gave no hidden states although they were asked for")
-            self._hidden.append(trace.hidden.to(torch.float16).cpu().numpy())
+            rows.hidden.append(trace.hidden.to(torch.float16).cpu().numpy())
 
-    def finish(self) -> pa.Table:
-        """The rows of the current prompt as a table of `self.schema` (possibly empty)."""
-        return self.to_table(self._parts, self._hidden, self.prompt_id or "", self.prompt_hash)
+    def finish(self, row: int = 0) -> pa.Table:
+        """The rows of the prompt begun as `row`, as a table of `self.schema` (possibly
+        empty); the row is closed."""
+        rows = self._open.pop(row)
+        return self.to_table(rows.parts, rows.hidden, rows.prompt_id, rows.prompt_hash)
 
     def to_table(self, parts: list[dict[str, np.ndarray]], hidden: list[np.ndarray],
                  prompt_id: str, prompt_hash: str) -> pa.Table:

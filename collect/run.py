@@ -83,6 +83,7 @@ class CollectJob:
     shard_rows: int = DEFAULT_SHARD_ROWS
     progress: bool = True
     threads: int | None = None
+    batch_size: int = 1  # prompts decoded together (MCSDDecoder.generate_batch)
     # How each rank gets its pair: pair_loader(device) if given, else load_pair(**pair_args).
     pair_args: dict[str, Any] = field(default_factory=dict)
     pair_loader: Callable[[str], Pair] | None = None
@@ -90,6 +91,8 @@ class CollectJob:
     def __post_init__(self) -> None:
         if self.shard_prompts < 1:
             raise MCSDError("--shard-prompts must be >= 1")
+        if self.batch_size < 1:
+            raise MCSDError(f"--batch-size must be 1 or more, got {self.batch_size}")
         if self.run_id and "/" in self.run_id:  # training keys a sequence `run_id/prompt_id`
             raise MCSDError(f"--run-id {self.run_id!r}: a run id may not contain '/'")
         self.prompts = unique_ids(self.prompts)
@@ -303,17 +306,32 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
               file=sys.stderr)
     bar = progress(total=len(mine), unit="prompt", desc=f"collect {run_id}",
                    disable=not job.progress or rank != 0 or not todo, file=sys.stderr)
+    last = [time.perf_counter()]
+
+    def done_prompt(k: int, res: GenerationResult) -> None:
+        i = mine[k]
+        table = recorder.finish(row=k if job.batch_size > 1 else 0)
+        meta = prompt_meta(i, job.prompts[i].id, table.num_rows, res, depth)
+        if job.batch_size > 1:  # rows overlap in time: each prompt gets the time it added
+            t = time.perf_counter()
+            meta["seconds"], last[0] = t - last[0], t
+        writer.add(table, meta)
+        tally.add(meta)
+        bar.set_postfix_str(tally.rates(bar.elapsed), refresh=False)
+        bar.update(1)
+
     try:
-        for i in mine:
-            p = job.prompts[i]
-            recorder.begin(p.id, encoded[i])
-            res = decoder.generate(encoded[i], seed=prompt_seed(job.config.seed, p.id))
-            table = recorder.finish()
-            meta = prompt_meta(i, p.id, table.num_rows, res, depth)
-            writer.add(table, meta)
-            tally.add(meta)
-            bar.set_postfix_str(tally.rates(bar.elapsed), refresh=False)
-            bar.update(1)
+        if job.batch_size == 1:
+            for k, i in enumerate(mine):
+                recorder.begin(job.prompts[i].id, encoded[i])
+                done_prompt(k, decoder.generate(encoded[i], seed=prompt_seed(job.config.seed,
+                                                                           job.prompts[i].id)))
+        elif mine:
+            for k, i in enumerate(mine):
+                recorder.begin(job.prompts[i].id, encoded[i], row=k)
+            decoder.generate_batch([encoded[i] for i in mine], batch_size=job.batch_size,
+                                   seeds=[prompt_seed(job.config.seed, job.prompts[i].id)
+                                          for i in mine], on_result=done_prompt)
         writer.flush()
     except KeyboardInterrupt:
         writer.flush()  # the buffered prompts are whole: keep them
@@ -337,7 +355,8 @@ def _finish(job: CollectJob, run_dir: Path, before: dict[str, dict[str, Any]], *
     new = Tally.of(store.iter_metas({n: m for n, m in after.items() if n not in before}), depth)
     wall = time.perf_counter() - t_start
     session = {"started": started, "finished": now(), "wall_seconds": round(wall, 3),
-               "world_size": world_size, "device": device, "prompts": new.prompts,
+               "world_size": world_size, "device": device, "batch_size": job.batch_size,
+               "prompts": new.prompts,
                "rows": new.rows, "rows_per_s": round(metrics.throughput(new.rows, wall), 1)}
     manifest = store.read_manifest(run_dir) or {}
     sessions = [*manifest.get("sessions", []), session]

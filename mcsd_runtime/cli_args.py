@@ -62,6 +62,20 @@ def add_threads_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
                              "0 keeps torch's own default)")
 
 
+def add_batch_size_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                       what: str) -> None:
+    """`--batch-size`, the one batch option of every decoding command (`check_batch_size`)."""
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help=f"sequences decoded together, one forward for all of them "
+                             f"(MCSDDecoder.generate_batch; default %(default)s): {what}")
+
+
+def check_batch_size(batch_size: int) -> None:
+    """MCSDError unless `batch_size` is a count >= 1."""
+    if batch_size < 1:
+        raise MCSDError(f"--batch-size must be 1 or more, got {batch_size}")
+
+
 def apply_threads(args: argparse.Namespace) -> None:
     """Apply `--threads` to this process, and check `--device` where the command has one: every
     command calls this first, so bad values fail before any work (MCSDError)."""

@@ -55,13 +55,24 @@ class Record:
     steps: list[tuple[int, int]]  # (drafted depth, accepted) per step
     forward_time: float = 0.0  # seconds inside model forwards
     hf_divergence: dict | None = None  # greedy: where the output first leaves `hf`'s
+    # batches: the prompts decoded together (`batch_id`) are the unit speed is paired on, and
+    # their throughput is the batch's, committed tokens of all rows per decode second
+    batch_id: str | None = None
+    batch_tokens_per_s: float | None = None
     target_nll: float | None = None  # target NLL per new token (mcsd_runtime.quality)
     target_top1_share: float | None = None  # share of new tokens that are the target's top-1
     repeat_share: float | None = None  # share of the output's 4-grams seen earlier in it
 
     @property
     def tokens_per_s(self) -> float:
+        if self.batch_tokens_per_s is not None:
+            return self.batch_tokens_per_s
         return metrics.throughput(self.new_tokens, self.wall_time)
+
+    @property
+    def unit(self) -> str:
+        """What speed is paired on: the prompt, or the batch it was decoded in."""
+        return self.batch_id or self.prompt_id
 
 
 class ForwardMeter:
@@ -211,6 +222,16 @@ class DecoderRunner:
 
     def generate(self, ids: list[int]) -> Record:
         return _from_result(self.decoder.generate(ids), self.roots)
+
+    def generate_batch(self, batch: list[list[int]]) -> list[Record]:
+        """The prompts decoded together (batch size = their number); every record carries the
+        batch's throughput over its decode phase (prefills excluded)."""
+        out = self.decoder.generate_batch(batch, batch_size=len(batch))
+        tps = metrics.throughput(out.stats.new_tokens, out.stats.decode_time)
+        records = [_from_result(r, self.roots) for r in out]
+        for rec in records:
+            rec.batch_tokens_per_s = tps
+        return records
 
 
 def check_method(name: str) -> None:
@@ -384,22 +405,43 @@ def agreement(a: list[int], b: list[int]) -> float:
 
 
 def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: bool = False,
-             progress: bool = True) -> list[Record]:
-    """Run every method on every prompt, interleaved, after one warm-up generation each; then
-score every output's quality (`mcsd_runtime.quality`)."""
+             progress: bool = True, batch_size: int = 1, batched: bool = False) -> list[Record]:
+    """Run every method on every prompt (or batch of `batch_size` prompts), interleaved, after
+    one warm-up generation each (`batched`: through `generate_batch` even at batch size 1,
+    so that speed is over the decode phase as at larger batch sizes); then score every
+    output's quality (`mcsd_runtime.quality`)."""
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
+    check_batch_methods(methods, batch_size)
     runners = {m: build_method(m, pair, base) for m in methods}
     encoded = [(p.id, encode_prompt(pair, p.text, chat)) for p in prompts]
-    records = run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress)
+    records = run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress,
+                          batch_size=batch_size, batched=batched)
     quality.annotate(pair.target, records, dict(encoded))  # after the timed runs
     return records
 
 
+SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
+
+
+def check_batch_methods(methods: list[str], batch_size: int) -> None:
+    """Refuse, at batch sizes above 1, the methods that decode one sequence at a time."""
+    single = [m for m in methods if m.split(":", 1)[0] in SINGLE_SEQUENCE]
+    if batch_size > 1 and single:
+        raise MCSDError(f"--batch-size {batch_size}: {', '.join(single)} decode one sequence at "
+                        f"a time (transformers' generate, or the lossy target-initialized "
+                        f"mode); drop them from --methods or use --batch-size 1")
+
+
 def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]], greedy: bool,
-                progress: bool = True, desc: str = "eval") -> list[Record]:
+                progress: bool = True, desc: str = "eval", batch_size: int = 1,
+                batched: bool = False) -> list[Record]:
     """Runners (name -> `.generate(ids) -> Record`) on encoded prompts: one warm-up each, then
-    prompt by prompt in a rotating order; greedy records are then compared with `hf`'s."""
+    prompt by prompt in a rotating order; greedy records are then compared with `hf`'s. With
+    `batch_size` > 1, consecutive prompts are decoded `batch_size` at a time by every runner's
+    `generate_batch`, batch by batch in a rotating order."""
+    if batch_size > 1 or batched:
+        return _run_batches(pair, runners, encoded, greedy, progress, desc, batch_size)
     from mcsd_runtime.progress import progress as progress_bar
 
     for runner in runners.values():  # warm-up
@@ -418,18 +460,44 @@ def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]],
     return records
 
 
+def _run_batches(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]], greedy: bool,
+                 progress: bool, desc: str, batch_size: int) -> list[Record]:
+    from mcsd_runtime.progress import progress as progress_bar
+
+    batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
+    for runner in runners.values():  # warm-up
+        runner.generate_batch([ids for _, ids in batches[0]])
+    records: list[Record] = []
+    names = list(runners)
+    bar = progress_bar(total=len(encoded), desc=f"{desc} (batch size {batch_size})",
+                       unit="prompt", disable=not progress)
+    for i, batch in enumerate(batches):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            for (pid, _), rec in zip(batch, runners[name].generate_batch(
+                    [ids for _, ids in batch]), strict=True):
+                rec.method, rec.prompt_id, rec.batch_id = name, pid, f"batch{i:04d}"
+                records.append(rec)
+        bar.update(len(batch))
+        bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
+    bar.close()
+    if greedy:
+        mark_divergences(pair, records, dict(encoded))
+    return records
+
+
 def _quantile(xs: list[float], q: float) -> float:
     return float(torch.tensor(xs, dtype=torch.float64).quantile(q)) if xs else float("nan")
 
 
 def _paired(recs: list[Record], ref: list[Record], greedy: bool) -> dict:
-    """Against a reference method's records on the same prompts: the median per-prompt speedup,
+    """Against a reference method's records on the same prompts: the median per-unit speedup,
     and for greedy runs the share of equal outputs and the mean token agreement."""
     by_prompt = {r.prompt_id: r for r in ref}
     pairs = [(r, by_prompt[r.prompt_id]) for r in recs if r.prompt_id in by_prompt]
     if not pairs:
         return {"speedup": None, "equal_share": None, "agreement": None}
-    return {"speedup": statistics.median(r.tokens_per_s / a.tokens_per_s for r, a in pairs),
+    mine, theirs = _tps_by_unit(recs), _tps_by_unit(ref)
+    return {"speedup": statistics.median(mine[u] / theirs[u] for u in mine if u in theirs),
             "equal_share": (sum(r.token_ids == a.token_ids for r, a in pairs) / len(pairs)
                             if greedy else None),
             "agreement": (statistics.mean(agreement(r.token_ids, a.token_ids) for r, a in pairs)
@@ -453,13 +521,14 @@ def is_static(method: str) -> bool:
     return kind in ("mcsd", "static")
 
 
-def _tps_by_prompt(records: list[Record]) -> dict[str, float]:
-    return {r.prompt_id: r.tokens_per_s for r in records}
+def _tps_by_unit(records: list[Record]) -> dict[str, float]:
+    """Throughput per pairing unit: per prompt, or per batch (its records share one)."""
+    return {r.unit: r.tokens_per_s for r in records}
 
 
 def _geo(recs: list[Record], ref: list[Record]) -> dict:
     """Geometric mean of paired per-prompt speedups over `ref` with its 95% bootstrap CI."""
-    mine, theirs = _tps_by_prompt(recs), _tps_by_prompt(ref)
+    mine, theirs = _tps_by_unit(recs), _tps_by_unit(ref)
     common = [p for p in mine if p in theirs]
     if not common:
         return {"geomean": None, "ci_low": None, "ci_high": None, "n": 0}
@@ -481,8 +550,8 @@ def best_static(records: list[Record]) -> str | None:
     if not statics:
         return None
     base = by_method.get("ar") or min((by_method[m] for m in statics),
-                                      key=lambda rs: statistics.median(r.tokens_per_s
-                                                                       for r in rs))
+                                      key=lambda rs: statistics.median(
+                                          _tps_by_unit(rs).values()))
     return max(statics, key=lambda m: _geo(by_method[m], base)["geomean"] or 0.0)
 
 
@@ -498,7 +567,7 @@ def summarize(records: list[Record], greedy: bool, reference: str | None = None)
         raise MCSDError(f"reference method {reference!r} did not run: add it to --methods")
     rows = []
     for method, recs in by_method.items():
-        tps = [r.tokens_per_s for r in recs]
+        tps = list(_tps_by_unit(recs).values())
         geo_ar = _geo(recs, by_method.get("ar", []))
         geo_ref = _geo(recs, by_method.get(reference, []))
         tokens = sum(r.new_tokens for r in recs)

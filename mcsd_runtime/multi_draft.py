@@ -192,6 +192,9 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
     drafts = split_drafts(args.drafts)
     if args.draft is not None:
         raise MCSDError(f"--draft {args.draft} and --drafts: list every draft in --drafts")
+    if getattr(args, "batch_size", 1) != 1:
+        raise MCSDError("--drafts decodes one sequence at a time (mcsd-target-init has no "
+                        "batches): drop --batch-size")
     print(f"k-config {','.join(map(str, base.k_config))} ({why})", flush=True)
     specs = [s.strip() for s in args.prompts.split(",") if s.strip()]
     if len(set(specs)) != len(specs):

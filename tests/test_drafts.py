@@ -177,6 +177,8 @@ def test_drafts_load_by_name_from_the_cache(toy_tiny, tmp_path, monkeypatch, cap
     (["eval", "--drafts", ",", "--out", "x"], "--drafts names no draft"),
     (["eval", "--drafts", "toy", "--draft", "toy", "--out", "x"], "list every draft in --drafts"),
     (["eval", "--drafts", "toy", "--from-runs", "a", "--out", "x"], "--drafts decodes"),
+    (["eval", "--drafts", "toy", "--methods", "ar,mcsd", "--batch-size", "4", "--out", "x"],
+     "--drafts decodes one sequence at a time"),
 ])
 def test_cli_errors(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

@@ -1,0 +1,283 @@
+"""The decoder's data: its configuration, what it returns (results, statistics, step records, the
+traces recorders see), and the per-sequence state of one step (the drafted tree, the verdict,
+the frontier stoppers see). Shared by the one-sequence loop (`decoder`) and the batched one
+(`batch`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from mcsd_runtime import metrics
+from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import (
+    TOP_K_MASS,
+    Trajectory,
+    decision_matrix,
+    node_features,
+    with_trajectory,
+)
+from mcsd_runtime.tree import TreeTensors, parse_k_config
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    k_config: tuple[int, ...] = DEFAULT_K_CONFIG  # () decodes autoregressively
+    init: str = "draft"  # "target": the paper's target-initialized first layer (lossy)
+    temperature: float = 0.0  # 0 = greedy
+    verify: str = "mcss"  # sampling verifier: mcss | mcss-replacement | naive
+    max_new_tokens: int = 128
+    seed: int = 0
+    profile: bool = False  # on a GPU, synchronize around forwards to time them
+    commit_limit: int | None = None  # commit at most this many tokens a step (dense collection)
+    eos_token_ids: tuple[int, ...] | None = None  # None: the target's generation config's
+    # batches: "max" drafts every row as deep as the batch goes (free in a padded forward),
+    # "row" gives each row the tree its own stopper chooses, as if decoded alone
+    batch_depth: str = "max"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "k_config", parse_k_config(self.k_config))
+        if self.init not in INITS:
+            raise MCSDError(f"unknown init {self.init!r}: use 'draft' (lossless) or 'target'")
+        if self.init == "target" and not self.k_config:
+            raise MCSDError("init='target' needs a non-empty k-config, e.g. (4, 2, 2, 1)")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise MCSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.eos_token_ids is not None:
+            object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        if self.verify not in VERIFIERS:
+            raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
+                            f"{', '.join(VERIFIERS)}")
+        if self.batch_depth not in ("max", "row"):
+            raise MCSDError(f"unknown batch_depth {self.batch_depth!r}: use 'max' or 'row'")
+        if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
+            raise MCSDError("commit_limit must be >= 1 and needs init='draft'")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise MCSDError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.init == "draft"
+
+
+@dataclass
+class StepRecord:
+    drafted: int  # depths drafted (s)
+    accepted: int  # drafted tokens accepted (L)
+    committed: int  # tokens committed this step (after EOS / max_new_tokens clipping)
+    tree_size: int  # nodes the target verified
+    target_cache: int  # cache lengths after the step
+    draft_cache: int
+    target_pending: int  # committed tokens not yet in each cache
+    draft_pending: int
+
+
+@dataclass
+class DecodeStats:
+    """Counts and times of one generation. Forward times are exact on CPU; on a GPU they are
+    only measured with `DecodeConfig(profile=True)`, which synchronizes around each forward."""
+
+    new_tokens: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    wall_time: float = 0.0
+    prefill_time: float = 0.0  # of wall_time: the prompt's forwards, before the first step
+    target_time: float = 0.0
+    draft_time: float = 0.0
+    acceptance_sum: float = 0.0  # sum over drafting steps of accepted / drafted depth
+    drafting_steps: int = 0
+
+    @property
+    def tau(self) -> float:
+        return metrics.tau(self.new_tokens, self.target_calls)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return metrics.acceptance_rate(self.acceptance_sum, self.drafting_steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return metrics.throughput(self.new_tokens, self.wall_time)
+
+    @property
+    def decode_time(self) -> float:
+        """Seconds after the prefill: what stoppers can change, and what replay models."""
+        return self.wall_time - self.prefill_time
+
+    @property
+    def forward_fraction(self) -> float:
+        return (self.target_time + self.draft_time) / self.wall_time if self.wall_time else 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"tau": self.tau, "acceptance_rate": self.acceptance_rate,
+                               "tokens_per_s": self.tokens_per_s,
+                               "forward_fraction": self.forward_fraction}
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str | None
+    steps: list[StepRecord]
+    stats: DecodeStats
+    lossless: bool
+
+
+@dataclass
+class StepTrace:
+    """What a recorder sees after each step (device tensors; rows are nodes 1..tree_size)."""
+
+    step: int
+    tokens: torch.Tensor  # [1 + c] root then nodes
+    node_features: torch.Tensor  # [c, len(NODE_FEATURES)]
+    trajectory: list[float]  # trajectory feature values before the step
+    target_prob: torch.Tensor  # [c] p_target(x) at the parent
+    draft_prob: torch.Tensor  # [c] q(x) at the parent (the proposing distribution)
+    hidden: torch.Tensor | None  # [c, H] draft hidden state that proposed each node, if asked
+    path: list[int]  # accepted node indices, root-first
+    accepted: int
+    drafted: int
+    row: int = 0  # the prompt's index in a batched call (0 for one sequence)
+
+
+class Recorder(Protocol):
+    """What the decoder calls after every step (e.g. `collect.recorder.RowRecorder`)."""
+
+    needs_hidden: bool  # the trace carries the draft's hidden states
+
+    def on_step(self, trace: StepTrace) -> None: ...
+
+
+@dataclass
+class RowState:
+    committed: list[int]
+    n_prompt: int
+    t_cache: DynamicCache | None  # None in a batch (the batch's RowCaches hold every row)
+    d_cache: DynamicCache | None
+    t_pending: list[int]
+    d_pending: list[int]
+    root_probs: torch.Tensor | None = None  # target-init: target distribution at the root
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    done: bool = False
+    generator: torch.Generator | None = None  # this sequence's randomness
+    stopper: Any = None  # this sequence's stopper (its own copy in a batch)
+
+
+@dataclass
+class DraftLayer:
+    """The nodes of one tree depth and the distributions that proposed them, one per parent."""
+
+    tokens: torch.Tensor  # [n]
+    proposal: torch.Tensor  # [m, V], n = m * k
+    proposer_hidden: torch.Tensor | None  # [m, H]: the draft's hidden state at each parent
+    prob: torch.Tensor  # [n] q(x) under the node's proposal
+    log_path: torch.Tensor  # [n] sum of log q along the path from the root
+    top: torch.Tensor | None  # [m, TOP_K_MASS] the proposal's largest probabilities (greedy)
+    _node_features: torch.Tensor | None = None  # computed when first asked for
+    _host: np.ndarray | None = None
+
+    def node_features(self, static: torch.Tensor) -> torch.Tensor:
+        """[n, len(NODE_FEATURES)]; `static` [n, 3] are the nodes' rows of the tree's."""
+        if self._node_features is None:
+            self._node_features = node_features(static, self.prob, self.log_path, self.proposal,
+                                                self.top)
+        return self._node_features
+
+    def host(self) -> np.ndarray:
+        """[n, 2 + TOP_K_MASS] float64 on the host: q(x), log path, the proposal's top-k. One
+        device-to-host copy, and no pass over the vocabulary when drafting took the top-k."""
+        if self._host is None:
+            top = self.top
+            if top is None:  # sampled or target-initialized candidates
+                top = self.proposal.topk(TOP_K_MASS, dim=-1).values
+            top = per_node(top, self.prob.shape[0])
+            self._host = to_host(torch.cat([self.prob[:, None], self.log_path[:, None], top], 1))
+        return self._host
+
+    def hidden(self) -> torch.Tensor | None:
+        """[n, H]: the hidden state that proposed each node, or None if not kept."""
+        if self.proposer_hidden is None:
+            return None
+        return per_node(self.proposer_hidden, self.prob.shape[0])
+
+
+@dataclass
+class Draft:
+    """The tree drafted in one step."""
+
+    tokens: torch.Tensor  # [1 + num_nodes]: the root (last committed token), then the nodes
+    layers: list[DraftLayer] = field(default_factory=list)  # layers[d - 1] holds depth d
+    forwarded: int = 0  # deepest depth whose nodes are in the draft cache
+    cache_base: int = 0  # draft cache length where depth-1 nodes start
+
+    @property
+    def depth(self) -> int:
+        return len(self.layers)
+
+
+@dataclass
+class Verdict:
+    """What verification decided: the accepted path and the token after it."""
+
+    path: list[int]  # accepted node indices, root-first (target-init: starting with a root)
+    accepted: int  # drafted tokens accepted (target-init: the chosen root is not drafted)
+    best: int  # the path's last node
+    bonus: int  # the target's token after it (unused with target-init)
+    tokens: list[int]  # the tree's tokens on the host, root first
+    probs: torch.Tensor | None  # per row: the target's distribution after it, when computed
+
+
+class DraftFrontier:
+    """`stoppers.Frontier` served from the tensors the decoder drafted with."""
+
+    def __init__(self, layer: DraftLayer, depth: int, max_depth: int, tt: TreeTensors,
+                 trajectory: Trajectory) -> None:
+        self.depth, self.max_depth = depth, max_depth
+        self._layer, self._tt, self._trajectory = layer, tt, trajectory
+        self._rows = tt.tree.depth_slice(depth)
+
+    def trajectory(self) -> list[float]:
+        return self._trajectory.values()
+
+    def features(self) -> torch.Tensor:
+        static = self._tt.static_features[self._rows]
+        return with_trajectory(self._layer.node_features(static), self.trajectory())
+
+    def decision_features(self) -> np.ndarray:
+        return decision_matrix(self._tt.static_host[self._rows], self._layer.host(),
+                               self.trajectory())
+
+    def hidden(self) -> torch.Tensor:
+        hidden = self._layer.hidden()
+        if hidden is None:
+            raise MCSDError("no draft hidden state for these nodes: a stopper that reads them "
+                            "must set needs_hidden = True, and the first layer of a "
+                            "target-initialized tree has none (use init='draft')")
+        return hidden
+
+
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """A device tensor as a host array (a view on CPU)."""
+    return t.detach().cpu().numpy()
+
+
+def per_node(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-parent rows repeated for each of the parent's `n // len(rows)` children."""
+    return rows if rows.shape[0] == n else rows.repeat_interleave(n // rows.shape[0], 0)
+
+
+def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive [n, n] causal mask: 0 on and below the diagonal, dtype-min above."""
+    hidden = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(
+        hidden, torch.finfo(dtype).min)
+
+
