@@ -29,8 +29,9 @@ static schedule and against the tuned heuristic (--heuristic), and each method's
 (METHOD@DRAFT), interleaved with one ar, and writes drafts.md: τ, speedups and quality per
 domain, method and draft (`mcsd toy draft --list` lists the toy pair's extra drafts).
 
-Every output is scored after the timed runs: the target's NLL per new token (one teacher-forced
-forward; in greedy runs a lossless method's equals ar's) and its share of repeated 4-grams.
+Every output is scored after the timed runs, with one teacher-forced target forward: the
+target's NLL per new token (in greedy runs a lossless method's equals ar's), the share of its
+tokens that are the target's top-1, and its share of repeated 4-grams.
 
 Greedy runs report output equality with ar and with hf; where a lossless output differs from
 hf's, the report gives the first differing position and the target's top-2 logit margin there.
