@@ -73,8 +73,8 @@ demo: venv
 # distilled from the target: `mcsd toy draft --list`), interleaved with AR on two domains:
 # τ, paired speedups and output quality (the target's NLL per token against AR's, agreement
 # with AR, repeated 4-grams), greedy and at T = 0.7, every method decoding the same number of
-# tokens. Builds the two drafts once (a few minutes each on a 2-core CPU); each evaluation then
-# takes about 3 minutes. Writes $(DRAFTS_RUN)/t0/drafts.md and t0.7/drafts.md.
+# tokens. Builds the two drafts once (about 2 minutes each on a 2-core CPU); the two
+# evaluations then take about 4 minutes. Writes $(DRAFTS_RUN)/t0/drafts.md and t0.7/drafts.md.
 DRAFTS_RUN := data/runs/drafts
 DRAFTS := toy,toy-draft:l2,toy-draft:l4
 DRAFTS_DOMAINS := toy-code,pkg-prose
