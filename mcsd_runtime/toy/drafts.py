@@ -49,19 +49,23 @@ def _cached_dir(name: str, hash12: str) -> Path:
 
 def build_draft(name: str, target_seed: int = 0, *, recipe: DraftRecipe | None = None,
                 target_root: str | Path | None = None, out: str | Path | None = None,
-                force: bool = False, progress: bool = True) -> Path:
+                force: bool = False, progress: bool = True, target_verified: bool = False
+                ) -> Path:
     """The folder of draft `name`, distilled from the toy target first if needed.
 
     The target is the cached toy pair of the draft's preset and `target_seed` (built first if
     missing), or the pair folder `target_root`. `out` overrides the cached location; `recipe`
-    replaces the preset's (experiments, tests); `force` rebuilds a valid draft.
+    replaces the preset's (experiments, tests); `force` rebuilds a valid draft;
+    `target_verified` skips checking a `target_root` the caller has just verified.
     """
     recipe = recipe or get_draft_recipe(name)
-    if target_root is None:
+    if target_root is None:  # the cached pair, verified (or built) by build_pair
         target_root = pair_build.build_pair(recipe.target_preset, seed=target_seed,
                                             progress=progress)
+        target_verified = True
     target_root = Path(target_root)
-    target_card = pair_build.verify_pair(target_root)
+    target_card = (pair_build.read_card(target_root) if target_verified
+                   else pair_build.verify_pair(target_root))
     if target_card["recipe"]["preset"] != recipe.target_preset:
         raise MCSDError(f"draft {recipe.name!r} is distilled from a {recipe.target_preset!r} toy "
                         f"target, but {target_root} holds a {target_card['recipe']['preset']!r} "
@@ -107,8 +111,8 @@ def resolve_draft(draft_spec: str, target_spec: str) -> tuple[str, str]:
     if preset != recipe.target_preset:
         raise MCSDError(f"draft {draft_spec!r} is distilled from the {recipe.target_preset!r} toy "
                         f"target: pass --target {wanted}, not {target_spec!r}")
-    root = build_draft(name, seed)
-    target_root = pair_build.build_pair(preset, seed=seed, progress=False)
+    target_root = pair_build.build_pair(preset, seed=seed)  # verified once, here
+    root = build_draft(name, seed, target_root=target_root, target_verified=True)
     return str(target_root / "target"), str(root / "draft")
 
 
