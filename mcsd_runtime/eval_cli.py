@@ -25,6 +25,14 @@ against ar, against the static schedule a user would deploy (--deploy; by defaul
 listed stopper recorded from its training collection), against each domain's hindsight best
 static schedule and against the tuned heuristic (--heuristic), and each method's worst domain.
 
+`--drafts toy,toy-draft:l2,toy-draft:l4` runs every method that uses a draft once per draft
+(METHOD@DRAFT), interleaved with one ar, and writes drafts.md: τ, speedups and quality per
+domain, method and draft (`mcsd toy draft --list` lists the toy pair's extra drafts).
+
+Every output is scored after the timed runs, with one teacher-forced target forward: the
+target's NLL per new token (in greedy runs a lossless method's equals ar's), the share of its
+tokens that are the target's top-1, and its share of repeated 4-grams.
+
 Greedy runs report output equality with ar and with hf; where a lossless output differs from
 hf's, the report gives the first differing position and the target's top-2 logit margin there.
 """
@@ -85,6 +93,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="EVAL_DIR",
                    help="build the table across domains from finished eval folders (one per "
                         "domain, e.g. run in parallel) instead of decoding; writes to --out")
+    p.add_argument("--drafts", default=None, metavar="D1,D2,...",
+                   help="run every method that uses a draft once per draft (labelled "
+                        "METHOD@DRAFT; ar and hf once), all interleaved, and write drafts.md: "
+                        "τ, speedup and quality per domain, method and draft (e.g. "
+                        "toy,toy-draft:l2,toy-draft:l4); --reference then means the first "
+                        "draft's")
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
@@ -144,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     check_batch_methods(methods, args.batch_size)
     base = decode_config_from_args(args, k_config=k_config)
+    if args.drafts is not None:  # several drafts: mcsd_runtime.multi_draft
+        from mcsd_runtime.multi_draft import run_drafts
+
+        return run_drafts(args, methods, base, settings_of=_settings, why=why)
     if args.from_runs:
         return combine_runs(args, methods)
     print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime import metrics
+from mcsd_runtime import metrics, quality
 from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
@@ -59,6 +59,9 @@ class Record:
     # their throughput is the batch's, committed tokens of all rows per decode second
     batch_id: str | None = None
     batch_tokens_per_s: float | None = None
+    target_nll: float | None = None  # target NLL per new token (mcsd_runtime.quality)
+    target_top1_share: float | None = None  # share of new tokens that are the target's top-1
+    repeat_share: float | None = None  # share of the output's 4-grams seen earlier in it
 
     @property
     def tokens_per_s(self) -> float:
@@ -405,14 +408,17 @@ def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: 
              progress: bool = True, batch_size: int = 1, batched: bool = False) -> list[Record]:
     """Run every method on every prompt (or batch of `batch_size` prompts), interleaved, after
     one warm-up generation each (`batched`: through `generate_batch` even at batch size 1,
-    so that speed is over the decode phase as at larger batch sizes)."""
+    so that speed is over the decode phase as at larger batch sizes); then score every
+    output's quality (`mcsd_runtime.quality`)."""
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
     check_batch_methods(methods, batch_size)
     runners = {m: build_method(m, pair, base) for m in methods}
     encoded = [(p.id, encode_prompt(pair, p.text, chat)) for p in prompts]
-    return run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress,
-                       batch_size=batch_size, batched=batched)
+    records = run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress,
+                          batch_size=batch_size, batched=batched)
+    quality.annotate(pair.target, records, dict(encoded))  # after the timed runs
+    return records
 
 
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
@@ -600,7 +606,7 @@ def summarize(records: list[Record], greedy: bool, reference: str | None = None)
             "decoder_twin": twin,
             "speedup_vs_twin": (_paired(recs, by_method[twin], greedy)["speedup"] if twin
                                 else None),
-        })
+        } | quality.summary(recs, by_method.get("ar")))
     return rows
 
 
@@ -625,8 +631,9 @@ def markdown_table(rows: list[dict]) -> str:
     head = ("| method | tok/s (median) | tok/s IQR | speedup vs AR | speedup vs hf | "
             f"vs AR, geomean [95% CI] | vs {ref or 'reference'}, geomean [95% CI] | τ | "
             "acceptance | drafted/token | target calls | lossless | AR-equal | hf-equal | "
-            "AR agreement |")
-    lines = [head, "|" + "---|" * 15]
+            "AR agreement | NLL/token | NLL vs AR [95% CI] | target top-1 | repeated 4-grams | "
+            "loops |")
+    lines = [head, "|" + "---|" * 20]
     for r in rows:
         lines.append(
             f"| {r['method']} | {_fmt(r['tokens_per_s_median'])} | "
@@ -636,22 +643,40 @@ def markdown_table(rows: list[dict]) -> str:
             f"{_ci(r['geomean_vs_reference'], r['ci_vs_reference'])} | {_fmt(r['tau'])} | "
             f"{_fmt(r['acceptance_rate'], pct=True)} | {_fmt(r['drafted_per_token'])} | "
             f"{r['target_calls']} | {_fmt(r['lossless'])} | {_fmt(r['ar_equal_share'], pct=True)} "
-            f"| {_fmt(r['hf_equal_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} |")
+            f"| {_fmt(r['hf_equal_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} | "
+            f"{_nll(r.get('target_nll'))} | "
+            f"{_delta(r.get('target_nll_vs_ar'), r.get('ci_target_nll_vs_ar'))} | "
+            f"{_fmt(r.get('target_top1_share'), pct=True)} | "
+            f"{_fmt(r.get('repeat4_share'), pct=True)} | {_fmt(r.get('loop_share'), pct=True)} |")
     return "\n".join(lines)
 
 
 def short_table(rows: list[dict]) -> str:
     """The few columns a first look needs: tokens/s, speedups over AR and over the reference
-    (geometric means of paired per-prompt ratios, 95% CI), τ and output equality with AR."""
+    (geometric means of paired per-prompt ratios, 95% CI), τ, output equality with AR and the
+    target's NLL per new token."""
     ref = next((r["reference"] for r in rows if r.get("reference")), None)
     head = ["method", "tok/s", "vs AR [95% CI]", f"vs {ref or 'reference'} [95% CI]", "τ",
-            "= AR"]
+            "= AR", "NLL/tok"]
     body = [[short_name(r["method"]), f"{r['tokens_per_s_median']:.1f}",
              _ci(r["geomean_vs_ar"], r["ci_vs_ar"]),
              _ci(r["geomean_vs_reference"], r["ci_vs_reference"]), _fmt(r["tau"]),
-             _fmt(r["ar_equal_share"], pct=True)] for r in rows]
+             _fmt(r["ar_equal_share"], pct=True), _nll(r.get("target_nll"))] for r in rows]
     return "\n".join("| " + " | ".join(cells) + " |"
                      for cells in [head, ["---"] * len(head), *body])
+
+
+def _nll(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def _delta(v: float | None, ci: list | None) -> str:
+    """A signed NLL difference with its CI: `+0.120 [+0.050, +0.190]`."""
+    if v is None:
+        return "–"
+    if not ci or None in ci:
+        return f"{v:+.3f}"
+    return f"{v:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
 def _times(v: float | None) -> str:
@@ -819,7 +844,16 @@ accepted / drafted depth, averaged. *drafted/token*: drafted tokens per committe
 unknown, hf-assisted). *target calls*: target forwards over all prompts. *lossless*: the method
 keeps the target's output distribution (mcsd-target-init does not). *AR-equal* / *hf-equal*
 (greedy): share of prompts whose output equals ar's / hf's token for token; *AR agreement*:
-mean share of positions carrying the same token."""
+mean share of positions carrying the same token. *NLL/token*: the target's negative
+log-likelihood (nats, temperature 1) of the method's outputs given their prompts, per new
+token over all of them (one teacher-forced forward per output after the timed runs; lossless
+greedy outputs equal AR's, and so does their NLL); *NLL vs AR*: the mean over prompts of the
+per-prompt difference from ar's, 95% bootstrap CI (positive: text the target finds less
+likely). *target top-1*: share of new tokens that are the target's most likely token after the
+text before them (100% for greedy lossless methods; below it, how often a lossy one overrode
+the target). *repeated 4-grams*: mean share of an output's 4-grams already seen earlier in it;
+*loops*: share of outputs where at least half are (read both against ar's: code repeats
+legitimately)."""
 
 
 def stopper_results(methods: list[str]) -> list[dict]:
