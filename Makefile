@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # (`TORCH_SPEC=torch make venv` keeps whatever torch is already installed in .venv).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test lint clean clean-cache
+.PHONY: venv demo drafts test lint clean clean-cache
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -66,6 +66,31 @@ demo: venv
 			--k-config $(DEMO_K) --max-new-tokens $(DEMO_TOKENS) --temperature $$temp \
 			--ignore-eos --methods "$(subst HEURISTIC,$$heuristic,$(DEMO_METHODS))" \
 			--out $(DEMO)/eval-t$$temp || exit 1; \
+	done
+
+# The paper's comparison (arXiv 2409.10644): lossless MCSD and target-initialized MCSD with
+# each of three drafts of the default toy target (the pair's own 1-layer draft and two
+# distilled from the target: `mcsd toy draft --list`), interleaved with AR on two domains:
+# τ, paired speedups and output quality (the target's NLL per token against AR's, agreement
+# with AR, repeated 4-grams), greedy and at T = 0.7, every method decoding the same number of
+# tokens. Builds the two drafts once (about 2 minutes each on a 2-core CPU); the two
+# evaluations then take about 4 minutes. Writes $(DRAFTS_RUN)/t0/drafts.md and t0.7/drafts.md.
+DRAFTS_RUN := data/runs/drafts
+DRAFTS := toy,toy-draft:l2,toy-draft:l4
+DRAFTS_DOMAINS := toy-code,pkg-prose
+DRAFTS_EVAL := 16
+DRAFTS_TOKENS := 64
+DRAFTS_K := 4,2,2,1
+DRAFTS_TEMPS := 0 0.7
+
+drafts: venv
+	$(MCSD) toy build --preset default
+	$(MCSD) toy draft l2 l4
+	for temp in $(DRAFTS_TEMPS); do \
+		$(MCSD) eval --target toy --drafts $(DRAFTS) --methods ar,mcsd,mcsd-target-init \
+			--prompts $(DRAFTS_DOMAINS) --limit $(DRAFTS_EVAL) --max-new-tokens $(DRAFTS_TOKENS) \
+			--k-config $(DRAFTS_K) --temperature $$temp --ignore-eos --threads 1 \
+			--out $(DRAFTS_RUN)/t$$temp || exit 1; \
 	done
 
 test: venv

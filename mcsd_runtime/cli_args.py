@@ -20,7 +20,8 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--target", default="toy", help=f"target model: hub name or folder; {TOY_HELP}")
     g.add_argument("--draft", default=None,
                    help="draft model: hub name or folder (default: the toy pair's draft when "
-                        "--target is toy)")
+                        "--target is toy); toy-draft:NAME is an extra draft distilled from the "
+                        "toy target, built on first use (`mcsd toy draft --list`)")
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda:0")
     g.add_argument("--dtype", default="auto",
                    help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mcsd_runtime.evaluate import Record, _by_method, _geo, best_static
+from mcsd_runtime import quality
+from mcsd_runtime.evaluate import Record, _by_method, _delta, _geo, _nll, best_static
 from mcsd_runtime.metrics import tau
 
 BASELINES = ("ar", "deploy", "best_static", "heuristic")
@@ -65,7 +66,8 @@ def deploy_static_of(stopper_path: str | Path) -> str | None:
 def domain_rows(by_domain: dict[str, list[Record]], deploy: str | None,
                 heuristic: str | None, greedy: bool = True) -> list[dict]:
     """One row per (domain, method): paired speedups against each of BASELINES, τ, drafted
-    tokens per committed token and, for greedy runs, whether every output equals `ar`'s."""
+    tokens per committed token, for greedy runs whether every output equals `ar`'s, and the
+    quality columns of `mcsd_runtime.quality.summary`."""
     rows = []
     for domain, records in by_domain.items():
         by_method = _by_method(records)
@@ -87,6 +89,7 @@ def domain_rows(by_domain: dict[str, list[Record]], deploy: str | None,
                                           if tokens and None not in drafted else None),
                     "ar_equal": (all(ar.get(r.prompt_id) == r.token_ids for r in recs)
                                  if ar else None)}
+            row |= quality.summary(recs, by_method.get("ar"))
             rows.append(row)
     return rows
 
@@ -120,17 +123,24 @@ def markdown(rows: list[dict], worst: list[dict], deploy: str | None,
     lines = [f"Baselines: deploy = `{deploy or 'none'}` (chosen on the training collection's "
              f"validation prompts), best static = each domain's hindsight best static schedule, "
              f"heuristic = `{heuristic or 'none'}`. Geometric means of paired per-prompt "
-             f"speedups, 95% bootstrap CIs.", "",
+             f"speedups, 95% bootstrap CIs. NLL/token: the target's NLL of the outputs per new "
+             f"token; NLL vs AR: mean per-prompt difference from ar's, 95% bootstrap CI; "
+             f"repeated 4-grams: mean share of an output's 4-grams seen earlier in it.", "",
              "| domain | method | " + " | ".join(HEADERS.values()) +
-             " | best static | τ | drafted/token | equal to AR |",
-             "|---" * (len(HEADERS) + 7) + "|"]
+             " | best static | τ | drafted/token | equal to AR | NLL/token | NLL vs AR | "
+             "repeated 4-grams |",
+             "|---" * (len(HEADERS) + 9) + "|"]
     for r in rows:
         cells = [_cell(r[f"vs_{k}"], r[f"ci_vs_{k}"]) for k in BASELINES]
         eq = "–" if r["ar_equal"] is None else ("yes" if r["ar_equal"] else "no")
         dpt = "–" if r["drafted_per_token"] is None else f"{r['drafted_per_token']:.2f}"
         t = "–" if r["tau"] is None else f"{r['tau']:.2f}"
+        rep4 = r.get("repeat4_share")
         lines.append(f"| {r['domain']} | {r['method']} | " + " | ".join(cells) +
-                     f" | {r['best_static'] or '–'} | {t} | {dpt} | {eq} |")
+                     f" | {r['best_static'] or '–'} | {t} | {dpt} | {eq} | "
+                     f"{_nll(r.get('target_nll'))} | "
+                     f"{_delta(r.get('target_nll_vs_ar'), r.get('ci_target_nll_vs_ar'))} | "
+                     f"{'–' if rep4 is None else f'{rep4:.1%}'} |")
     lines += ["", "Worst domain per method:", "",
               "| method | " + " | ".join(HEADERS[k] for k in BASELINES[1:]) + " |",
               "|---" * len(BASELINES) + "|"]

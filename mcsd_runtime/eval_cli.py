@@ -25,6 +25,14 @@ against ar, against the static schedule a user would deploy (--deploy; by defaul
 listed stopper recorded from its training collection), against each domain's hindsight best
 static schedule and against the tuned heuristic (--heuristic), and each method's worst domain.
 
+`--drafts toy,toy-draft:l2,toy-draft:l4` runs every method that uses a draft once per draft
+(METHOD@DRAFT), interleaved with one ar, and writes drafts.md: τ, speedups and quality per
+domain, method and draft (`mcsd toy draft --list` lists the toy pair's extra drafts).
+
+Every output is scored after the timed runs, with one teacher-forced target forward: the
+target's NLL per new token (in greedy runs a lossless method's equals ar's), the share of its
+tokens that are the target's top-1, and its share of repeated 4-grams.
+
 Greedy runs report output equality with ar and with hf; where a lossless output differs from
 hf's, the report gives the first differing position and the target's top-2 logit margin there.
 """
@@ -41,6 +49,7 @@ from mcsd_runtime.cli_args import (
     add_pair_args,
     add_threads_arg,
     apply_threads,
+    check_batch_size,
     decode_config_from_args,
     pair_from_args,
 )
@@ -84,11 +93,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="EVAL_DIR",
                    help="build the table across domains from finished eval folders (one per "
                         "domain, e.g. run in parallel) instead of decoding; writes to --out")
+    p.add_argument("--drafts", default=None, metavar="D1,D2,...",
+                   help="run every method that uses a draft once per draft (labelled "
+                        "METHOD@DRAFT; ar and hf once), all interleaved, and write drafts.md: "
+                        "τ, speedup and quality per domain, method and draft (e.g. "
+                        "toy,toy-draft:l2,toy-draft:l4); --reference then means the first "
+                        "draft's")
     p.add_argument("--chat", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (chat models)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA "
                         "defaulting to ./data); an existing one has its reports replaced")
+    p.add_argument("--batch-size", default="1", metavar="B[,B...]",
+                   help="sequences decoded together (MCSDDecoder.generate_batch; default "
+                        "%(default)s): every method decodes the same batches of consecutive "
+                        "prompts, batch by batch in a rotating order; speed is the batch's "
+                        "committed tokens per decode second, paired per batch (the default "
+                        "methods then leave out those that decode one sequence at a time: hf, "
+                        "hf-assisted, mcsd-target-init). Several, e.g. 1,4,8,16: one run per "
+                        "batch size and a table across them (batches.md)")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
@@ -97,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
 
     from mcsd_runtime.evaluate import (
+        SINGLE_SEQUENCE,
+        check_batch_methods,
         check_method,
         check_writable,
         explicit_label,
@@ -115,7 +140,11 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
+    sizes = parse_batch_sizes(args.batch_size)
+    args.batch_size = max(sizes)
     given = split_methods(args.methods)
+    if args.batch_size > 1 and args.methods == DEFAULT_METHODS:
+        given = [m for m in given if m not in SINGLE_SEQUENCE]
     for m in given:
         check_method(m)
     k_config, why = tree_for(given, args.k_config, DEFAULT_K_CONFIG)
@@ -127,10 +156,20 @@ def run(args: argparse.Namespace) -> int:
                     else explicit_label(name, k_config))
     if args.reference is not None and args.reference not in methods:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
+    check_batch_methods(methods, args.batch_size)
     base = decode_config_from_args(args, k_config=k_config)
+    if args.drafts is not None:  # several drafts: mcsd_runtime.multi_draft
+        from mcsd_runtime.multi_draft import run_drafts
+
+        return run_drafts(args, methods, base, settings_of=_settings, why=why)
     if args.from_runs:
         return combine_runs(args, methods)
     print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
+    if len(sizes) > 1:
+        if "," in args.prompts:
+            raise MCSDError("give several --batch-size values or several --prompts sets, not "
+                            "both: run one evaluation per prompt set")
+        return run_batch_sizes(args, methods, base, sizes)
     if "," in args.prompts:
         return run_domains(args, methods, base)
     prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
@@ -141,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     pair = pair_from_args(args)
     print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
           flush=True)
-    records = run_eval(pair, prompts, methods, base, chat=args.chat)
+    records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=args.batch_size)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
     settings = _settings(args, pair, base, args.prompts, len(prompts))
     stoppers = stopper_results(methods)
@@ -156,6 +195,56 @@ def run(args: argparse.Namespace) -> int:
     if replaced:
         print(f"\nreplaced the earlier {', '.join(replaced)} in {out}")
     print(f"\nwrote {out}/report.md (every column, a legend, plots)")
+    return 0
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """`--batch-size`: one count or several, comma-separated, each >= 1."""
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise MCSDError(f"--batch-size {text!r}: give counts such as 8 or 1,4,8,16") from None
+    if not sizes:
+        raise MCSDError("--batch-size: give at least one count")
+    for b in sizes:
+        check_batch_size(b)
+    if len(set(sizes)) != len(sizes):
+        raise MCSDError(f"--batch-size {text!r} names a batch size twice")
+    return sorted(sizes)
+
+
+def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: list[int]) -> int:
+    """One interleaved run per batch size (subfolders b1, b4, ...), then the table across batch
+    sizes (batches.md, batches.json)."""
+    from mcsd_runtime import batch_report
+    from mcsd_runtime.evaluate import check_writable, run_eval, summarize, write_outputs
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
+    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
+    if not prompts:
+        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    check_writable(out)
+    pair = pair_from_args(args)
+    greedy = base.temperature == 0
+    by_batch = {}
+    for b in sizes:
+        print(f"batch size {b}: {len(prompts)} prompts x {len(methods)} methods", flush=True)
+        args.batch_size = b
+        records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=b,
+                           batched=True)
+        rows = summarize(records, greedy=greedy, reference=args.reference)
+        write_outputs(records, rows, out / f"b{b}",
+                      _settings(args, pair, base, args.prompts, len(prompts)),
+                      tokenizer=pair.tokenizer)
+        by_batch[b] = records
+    rows = batch_report.batch_rows(by_batch, heuristic, greedy)
+    settings = _settings(args, pair, base, args.prompts, len(prompts)) | {
+        "batch_sizes": sizes, "heuristic": heuristic}
+    print(batch_report.write(rows, out, settings, heuristic))
+    print(f"wrote {out}/batches.md")
     return 0
 
 
@@ -204,7 +293,8 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     for spec, prompts in sets.items():
         name = Path(spec).stem if "/" in spec or "=" in spec else spec
         print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
-        records = run_eval(pair, prompts, methods, base, chat=args.chat)
+        records = run_eval(pair, prompts, methods, base, chat=args.chat,
+                           batch_size=args.batch_size)
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
         write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)),
                       tokenizer=pair.tokenizer, stoppers=stoppers)
@@ -226,7 +316,8 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
             "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
             "max_new_tokens": base.max_new_tokens, "seed": base.seed,
             "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
-            "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}
+            "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+            "batch_size": args.batch_size}
 
 
 def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:

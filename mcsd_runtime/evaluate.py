@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime import metrics
+from mcsd_runtime import metrics, quality
 from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
@@ -55,10 +55,24 @@ class Record:
     steps: list[tuple[int, int]]  # (drafted depth, accepted) per step
     forward_time: float = 0.0  # seconds inside model forwards
     hf_divergence: dict | None = None  # greedy: where the output first leaves `hf`'s
+    # batches: the prompts decoded together (`batch_id`) are the unit speed is paired on, and
+    # their throughput is the batch's, committed tokens of all rows per decode second
+    batch_id: str | None = None
+    batch_tokens_per_s: float | None = None
+    target_nll: float | None = None  # target NLL per new token (mcsd_runtime.quality)
+    target_top1_share: float | None = None  # share of new tokens that are the target's top-1
+    repeat_share: float | None = None  # share of the output's 4-grams seen earlier in it
 
     @property
     def tokens_per_s(self) -> float:
+        if self.batch_tokens_per_s is not None:
+            return self.batch_tokens_per_s
         return metrics.throughput(self.new_tokens, self.wall_time)
+
+    @property
+    def unit(self) -> str:
+        """What speed is paired on: the prompt, or the batch it was decoded in."""
+        return self.batch_id or self.prompt_id
 
 
 class ForwardMeter:
@@ -208,6 +222,16 @@ class DecoderRunner:
 
     def generate(self, ids: list[int]) -> Record:
         return _from_result(self.decoder.generate(ids), self.roots)
+
+    def generate_batch(self, batch: list[list[int]]) -> list[Record]:
+        """The prompts decoded together (batch size = their number); every record carries the
+        batch's throughput over its decode phase (prefills excluded)."""
+        out = self.decoder.generate_batch(batch, batch_size=len(batch))
+        tps = metrics.throughput(out.stats.new_tokens, out.stats.decode_time)
+        records = [_from_result(r, self.roots) for r in out]
+        for rec in records:
+            rec.batch_tokens_per_s = tps
+        return records
 
 
 def check_method(name: str) -> None:
@@ -381,19 +405,43 @@ def agreement(a: list[int], b: list[int]) -> float:
 
 
 def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: bool = False,
-             progress: bool = True) -> list[Record]:
-    """Run every method on every prompt, interleaved, after one warm-up generation each."""
+             progress: bool = True, batch_size: int = 1, batched: bool = False) -> list[Record]:
+    """Run every method on every prompt (or batch of `batch_size` prompts), interleaved, after
+    one warm-up generation each (`batched`: through `generate_batch` even at batch size 1,
+    so that speed is over the decode phase as at larger batch sizes); then score every
+    output's quality (`mcsd_runtime.quality`)."""
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
+    check_batch_methods(methods, batch_size)
     runners = {m: build_method(m, pair, base) for m in methods}
     encoded = [(p.id, encode_prompt(pair, p.text, chat)) for p in prompts]
-    return run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress)
+    records = run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress,
+                          batch_size=batch_size, batched=batched)
+    quality.annotate(pair.target, records, dict(encoded))  # after the timed runs
+    return records
+
+
+SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
+
+
+def check_batch_methods(methods: list[str], batch_size: int) -> None:
+    """Refuse, at batch sizes above 1, the methods that decode one sequence at a time."""
+    single = [m for m in methods if m.split(":", 1)[0] in SINGLE_SEQUENCE]
+    if batch_size > 1 and single:
+        raise MCSDError(f"--batch-size {batch_size}: {', '.join(single)} decode one sequence at "
+                        f"a time (transformers' generate, or the lossy target-initialized "
+                        f"mode); drop them from --methods or use --batch-size 1")
 
 
 def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]], greedy: bool,
-                progress: bool = True, desc: str = "eval") -> list[Record]:
+                progress: bool = True, desc: str = "eval", batch_size: int = 1,
+                batched: bool = False) -> list[Record]:
     """Runners (name -> `.generate(ids) -> Record`) on encoded prompts: one warm-up each, then
-    prompt by prompt in a rotating order; greedy records are then compared with `hf`'s."""
+    prompt by prompt in a rotating order; greedy records are then compared with `hf`'s. With
+    `batch_size` > 1, consecutive prompts are decoded `batch_size` at a time by every runner's
+    `generate_batch`, batch by batch in a rotating order."""
+    if batch_size > 1 or batched:
+        return _run_batches(pair, runners, encoded, greedy, progress, desc, batch_size)
     from mcsd_runtime.progress import progress as progress_bar
 
     for runner in runners.values():  # warm-up
@@ -412,18 +460,44 @@ def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]],
     return records
 
 
+def _run_batches(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]], greedy: bool,
+                 progress: bool, desc: str, batch_size: int) -> list[Record]:
+    from mcsd_runtime.progress import progress as progress_bar
+
+    batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
+    for runner in runners.values():  # warm-up
+        runner.generate_batch([ids for _, ids in batches[0]])
+    records: list[Record] = []
+    names = list(runners)
+    bar = progress_bar(total=len(encoded), desc=f"{desc} (batch size {batch_size})",
+                       unit="prompt", disable=not progress)
+    for i, batch in enumerate(batches):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            for (pid, _), rec in zip(batch, runners[name].generate_batch(
+                    [ids for _, ids in batch]), strict=True):
+                rec.method, rec.prompt_id, rec.batch_id = name, pid, f"batch{i:04d}"
+                records.append(rec)
+        bar.update(len(batch))
+        bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
+    bar.close()
+    if greedy:
+        mark_divergences(pair, records, dict(encoded))
+    return records
+
+
 def _quantile(xs: list[float], q: float) -> float:
     return float(torch.tensor(xs, dtype=torch.float64).quantile(q)) if xs else float("nan")
 
 
 def _paired(recs: list[Record], ref: list[Record], greedy: bool) -> dict:
-    """Against a reference method's records on the same prompts: the median per-prompt speedup,
+    """Against a reference method's records on the same prompts: the median per-unit speedup,
     and for greedy runs the share of equal outputs and the mean token agreement."""
     by_prompt = {r.prompt_id: r for r in ref}
     pairs = [(r, by_prompt[r.prompt_id]) for r in recs if r.prompt_id in by_prompt]
     if not pairs:
         return {"speedup": None, "equal_share": None, "agreement": None}
-    return {"speedup": statistics.median(r.tokens_per_s / a.tokens_per_s for r, a in pairs),
+    mine, theirs = _tps_by_unit(recs), _tps_by_unit(ref)
+    return {"speedup": statistics.median(mine[u] / theirs[u] for u in mine if u in theirs),
             "equal_share": (sum(r.token_ids == a.token_ids for r, a in pairs) / len(pairs)
                             if greedy else None),
             "agreement": (statistics.mean(agreement(r.token_ids, a.token_ids) for r, a in pairs)
@@ -447,13 +521,14 @@ def is_static(method: str) -> bool:
     return kind in ("mcsd", "static")
 
 
-def _tps_by_prompt(records: list[Record]) -> dict[str, float]:
-    return {r.prompt_id: r.tokens_per_s for r in records}
+def _tps_by_unit(records: list[Record]) -> dict[str, float]:
+    """Throughput per pairing unit: per prompt, or per batch (its records share one)."""
+    return {r.unit: r.tokens_per_s for r in records}
 
 
 def _geo(recs: list[Record], ref: list[Record]) -> dict:
     """Geometric mean of paired per-prompt speedups over `ref` with its 95% bootstrap CI."""
-    mine, theirs = _tps_by_prompt(recs), _tps_by_prompt(ref)
+    mine, theirs = _tps_by_unit(recs), _tps_by_unit(ref)
     common = [p for p in mine if p in theirs]
     if not common:
         return {"geomean": None, "ci_low": None, "ci_high": None, "n": 0}
@@ -475,8 +550,8 @@ def best_static(records: list[Record]) -> str | None:
     if not statics:
         return None
     base = by_method.get("ar") or min((by_method[m] for m in statics),
-                                      key=lambda rs: statistics.median(r.tokens_per_s
-                                                                       for r in rs))
+                                      key=lambda rs: statistics.median(
+                                          _tps_by_unit(rs).values()))
     return max(statics, key=lambda m: _geo(by_method[m], base)["geomean"] or 0.0)
 
 
@@ -492,7 +567,7 @@ def summarize(records: list[Record], greedy: bool, reference: str | None = None)
         raise MCSDError(f"reference method {reference!r} did not run: add it to --methods")
     rows = []
     for method, recs in by_method.items():
-        tps = [r.tokens_per_s for r in recs]
+        tps = list(_tps_by_unit(recs).values())
         geo_ar = _geo(recs, by_method.get("ar", []))
         geo_ref = _geo(recs, by_method.get(reference, []))
         tokens = sum(r.new_tokens for r in recs)
@@ -531,7 +606,7 @@ def summarize(records: list[Record], greedy: bool, reference: str | None = None)
             "decoder_twin": twin,
             "speedup_vs_twin": (_paired(recs, by_method[twin], greedy)["speedup"] if twin
                                 else None),
-        })
+        } | quality.summary(recs, by_method.get("ar")))
     return rows
 
 
@@ -556,8 +631,9 @@ def markdown_table(rows: list[dict]) -> str:
     head = ("| method | tok/s (median) | tok/s IQR | speedup vs AR | speedup vs hf | "
             f"vs AR, geomean [95% CI] | vs {ref or 'reference'}, geomean [95% CI] | τ | "
             "acceptance | drafted/token | target calls | lossless | AR-equal | hf-equal | "
-            "AR agreement |")
-    lines = [head, "|" + "---|" * 15]
+            "AR agreement | NLL/token | NLL vs AR [95% CI] | target top-1 | repeated 4-grams | "
+            "loops |")
+    lines = [head, "|" + "---|" * 20]
     for r in rows:
         lines.append(
             f"| {r['method']} | {_fmt(r['tokens_per_s_median'])} | "
@@ -567,22 +643,40 @@ def markdown_table(rows: list[dict]) -> str:
             f"{_ci(r['geomean_vs_reference'], r['ci_vs_reference'])} | {_fmt(r['tau'])} | "
             f"{_fmt(r['acceptance_rate'], pct=True)} | {_fmt(r['drafted_per_token'])} | "
             f"{r['target_calls']} | {_fmt(r['lossless'])} | {_fmt(r['ar_equal_share'], pct=True)} "
-            f"| {_fmt(r['hf_equal_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} |")
+            f"| {_fmt(r['hf_equal_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} | "
+            f"{_nll(r.get('target_nll'))} | "
+            f"{_delta(r.get('target_nll_vs_ar'), r.get('ci_target_nll_vs_ar'))} | "
+            f"{_fmt(r.get('target_top1_share'), pct=True)} | "
+            f"{_fmt(r.get('repeat4_share'), pct=True)} | {_fmt(r.get('loop_share'), pct=True)} |")
     return "\n".join(lines)
 
 
 def short_table(rows: list[dict]) -> str:
     """The few columns a first look needs: tokens/s, speedups over AR and over the reference
-    (geometric means of paired per-prompt ratios, 95% CI), τ and output equality with AR."""
+    (geometric means of paired per-prompt ratios, 95% CI), τ, output equality with AR and the
+    target's NLL per new token."""
     ref = next((r["reference"] for r in rows if r.get("reference")), None)
     head = ["method", "tok/s", "vs AR [95% CI]", f"vs {ref or 'reference'} [95% CI]", "τ",
-            "= AR"]
+            "= AR", "NLL/tok"]
     body = [[short_name(r["method"]), f"{r['tokens_per_s_median']:.1f}",
              _ci(r["geomean_vs_ar"], r["ci_vs_ar"]),
              _ci(r["geomean_vs_reference"], r["ci_vs_reference"]), _fmt(r["tau"]),
-             _fmt(r["ar_equal_share"], pct=True)] for r in rows]
+             _fmt(r["ar_equal_share"], pct=True), _nll(r.get("target_nll"))] for r in rows]
     return "\n".join("| " + " | ".join(cells) + " |"
                      for cells in [head, ["---"] * len(head), *body])
+
+
+def _nll(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def _delta(v: float | None, ci: list | None) -> str:
+    """A signed NLL difference with its CI: `+0.120 [+0.050, +0.190]`."""
+    if v is None:
+        return "–"
+    if not ci or None in ci:
+        return f"{v:+.3f}"
+    return f"{v:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
 def _times(v: float | None) -> str:
@@ -750,7 +844,16 @@ accepted / drafted depth, averaged. *drafted/token*: drafted tokens per committe
 unknown, hf-assisted). *target calls*: target forwards over all prompts. *lossless*: the method
 keeps the target's output distribution (mcsd-target-init does not). *AR-equal* / *hf-equal*
 (greedy): share of prompts whose output equals ar's / hf's token for token; *AR agreement*:
-mean share of positions carrying the same token."""
+mean share of positions carrying the same token. *NLL/token*: the target's negative
+log-likelihood (nats, temperature 1) of the method's outputs given their prompts, per new
+token over all of them (one teacher-forced forward per output after the timed runs; lossless
+greedy outputs equal AR's, and so does their NLL); *NLL vs AR*: the mean over prompts of the
+per-prompt difference from ar's, 95% bootstrap CI (positive: text the target finds less
+likely). *target top-1*: share of new tokens that are the target's most likely token after the
+text before them (100% for greedy lossless methods; below it, how often a lossy one overrode
+the target). *repeated 4-grams*: mean share of an output's 4-grams already seen earlier in it;
+*loops*: share of outputs where at least half are (read both against ar's: code repeats
+legitimately)."""
 
 
 def stopper_results(methods: list[str]) -> list[dict]:

@@ -179,10 +179,17 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
     """The target and draft to load for `load_pair(target, draft)`: a toy spec (`toy`,
     `toy:PRESET`, `toy:PRESET:SEED`) names the embedded pair's folders (built if needed) and
     brings its own draft; any other target needs a draft. A local-looking path that does not
-    exist, or a toy draft that is not the toy target's, is refused before anything loads."""
+    exist, or a toy draft that is not the toy target's, is refused before anything loads.
+    `toy-draft:NAME` as draft is an extra draft distilled from the toy target (built if
+    needed; `mcsd toy draft --list`)."""
     from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
+    from mcsd_runtime.toy.spec import is_draft_spec
 
     target, draft = str(target), None if draft is None else str(draft)
+    if draft is not None and is_draft_spec(draft):
+        from mcsd_runtime.toy.drafts import resolve_draft
+
+        return resolve_draft(draft, target)
     for role, name in (("target", target), ("draft", draft)):
         if name is not None and _looks_like_path(name) and not Path(name).expanduser().exists():
             raise MCSDError(f"no model folder at {name} (the {role}): pass an existing folder "

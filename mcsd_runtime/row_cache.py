@@ -14,12 +14,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from mcsd_runtime.kv import new_cache
+
 
 class RowCache:
     """A batched KV cache with per-row valid prefixes (see the module docstring)."""
 
     def __init__(self, rows: int, device: torch.device) -> None:
-        self.cache = DynamicCache()
+        self.cache = new_cache()
         self.lens = [0] * rows
         self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=device)
 
@@ -78,7 +80,7 @@ class RowCache:
         mine, theirs = _layers(self.cache), _layers(other.cache)
         shapes = mine or theirs
         if shapes:
-            merged = DynamicCache()
+            merged = new_cache()
             for i, ref in enumerate(shapes):
                 parts = []
                 for rc, layers in ((self, mine), (other, theirs)):

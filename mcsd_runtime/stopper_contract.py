@@ -14,6 +14,12 @@ outcome). Subclass `StopperBase` and implement `should_continue`:
 - `check_tree(k_config)`: called once by the decoder with its tree; a stopper tied to one tree
   shape (a learned one) raises MCSDError for another.
 
+In a batch (`MCSDDecoder.generate_batch`) each sequence runs its own `copy.copy` of the stopper
+(then `reset()`): keep per-sequence state in plain attributes, or define `__copy__`. Two optional
+members let a stopper decide for the batch instead: `for_batch(batch_size) -> Stopper` (the
+stopper to run at that batch size) and `batch_continue(frontiers) -> bool` (one decision for all
+rows that may still go deeper; without it the batch continues if any row's copy says so).
+
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
 when asked, so stoppers that ignore them cost nothing.

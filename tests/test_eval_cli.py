@@ -99,7 +99,7 @@ def test_eval_output_is_short_and_says_what_it_replaces(toy_tiny, tmp_path, caps
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert table[0].split(" | ")[1:] == ["tok/s", "vs AR [95% CI]",
-                                         "vs mcsd:2,1 [95% CI]", "τ", "= AR |"]
+                                         "vs mcsd:2,1 [95% CI]", "τ", "= AR", "NLL/tok |"]
     assert {line.split(" | ")[0] for line in table[2:]} == {"| ar", "| mcsd:2,1",
                                                              "| confidence:0.4"}
     assert max(map(len, table)) < 100 and "replaced" not in out

@@ -197,3 +197,46 @@ def test_paired_geomean_against_ar_and_the_best_static():
     assert rows["mcsd:1,1"]["geomean_vs_reference"] == pytest.approx(1.5 / 1.4)
     with pytest.raises(MCSDError, match="did not run"):
         summarize(recs, greedy=True, reference="heuristic")
+
+
+def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
+    """Every record carries the target's NLL per new token, recomputed here from its text's
+    tokens; a lossless method's greedy outputs are ar's, so its NLL is ar's exactly (a lossy
+    one's differs where its output does); the report shows the columns."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mcsd_runtime.quality import repeated_ngram_share, target_scores
+
+    records = [json.loads(line) for line in
+               (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
+    rows = {m["method"]: m for m in json.loads((eval_dir / "summary.json").read_text())["methods"]}
+    target = AutoModelForCausalLM.from_pretrained(toy_tiny / "target").eval()
+    tok = AutoTokenizer.from_pretrained(toy_tiny / "target")
+    prompts = {p.id: tok(p.text)["input_ids"] for p in load_prompts("toy-code", limit=3)}
+    ar = {r["prompt_id"]: r for r in records if r["method"] == "ar"}
+    for r in records:
+        nll, top1 = target_scores(target, prompts[r["prompt_id"]], r["token_ids"])
+        assert r["target_nll"] == pytest.approx(nll, abs=1e-5), r["method"]
+        assert r["target_top1_share"] == pytest.approx(top1), r["method"]
+        assert r["repeat_share"] == repeated_ngram_share(r["token_ids"])
+        if r["lossless"]:
+            assert r["target_nll"] == ar[r["prompt_id"]]["target_nll"], r["method"]
+            assert r["target_top1_share"] == ar[r["prompt_id"]]["target_top1_share"]
+        elif r["token_ids"] != ar[r["prompt_id"]]["token_ids"]:
+            assert r["target_nll"] != ar[r["prompt_id"]]["target_nll"]
+    for method, row in rows.items():
+        mine = [r for r in records if r["method"] == method]
+        tokens = sum(len(r["token_ids"]) for r in mine)
+        assert row["target_nll"] == pytest.approx(
+            sum(r["target_nll"] * len(r["token_ids"]) for r in mine) / tokens)
+        if row["lossless"]:
+            assert row["target_nll"] == rows["ar"]["target_nll"]
+            assert row["target_nll_vs_ar"] == 0.0 and row["ci_target_nll_vs_ar"] == [0.0, 0.0]
+    lossy = [r for r in records if r["method"] == "mcsd-target-init:2,2,1"]
+    assert rows["mcsd-target-init:2,2,1"]["target_nll_vs_ar"] == pytest.approx(
+        sum(r["target_nll"] - ar[r["prompt_id"]]["target_nll"] for r in lossy) / len(lossy))
+    report = (eval_dir / "report.md").read_text()
+    assert ("| NLL/token | NLL vs AR [95% CI] | target top-1 | repeated 4-grams | loops |"
+            in report)
+    ar_line = next(line for line in report.splitlines() if line.startswith("| ar | "))
+    assert f"| {rows['ar']['target_nll']:.3f} |" in ar_line

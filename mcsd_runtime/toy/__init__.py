@@ -6,6 +6,9 @@
     resolve_toy("toy" | "toy:tiny" | "toy:default[:seed]") -> (target, draft) or None
     is_toy_spec(spec) -> whether a model name is such a toy spec (torch-free)
     parse_toy_spec(spec) -> (preset, seed) of a toy spec (torch-free)
+    build_draft(name, target_seed=0, ...) -> Path
+        an extra draft distilled from the cached toy target (`toy-draft:NAME`), built if needed
+    draft_dir(name, target_seed=0) -> where that draft is cached
 
 Names are imported lazily so that `mcsd --help` does not load torch.
 """
@@ -25,6 +28,9 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` 
     from mcsd_runtime.toy.build import resolve_toy as resolve_toy
     from mcsd_runtime.toy.build import toy_pair_dirs as toy_pair_dirs
     from mcsd_runtime.toy.build import verify_pair as verify_pair
+    from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS as DRAFT_PRESETS
+    from mcsd_runtime.toy.drafts import build_draft as build_draft
+    from mcsd_runtime.toy.drafts import draft_dir as draft_dir
     from mcsd_runtime.toy.recipe import PRESETS as PRESETS
     from mcsd_runtime.toy.recipe import Recipe as Recipe
     from mcsd_runtime.toy.recipe import get_recipe as get_recipe
@@ -36,6 +42,9 @@ _EXPORTS = {
     "resolve_toy": "mcsd_runtime.toy.build",
     "toy_pair_dirs": "mcsd_runtime.toy.build",
     "verify_pair": "mcsd_runtime.toy.build",
+    "DRAFT_PRESETS": "mcsd_runtime.toy.draft_recipe",
+    "build_draft": "mcsd_runtime.toy.drafts",
+    "draft_dir": "mcsd_runtime.toy.drafts",
     "PRESETS": "mcsd_runtime.toy.recipe",
     "Recipe": "mcsd_runtime.toy.recipe",
     "get_recipe": "mcsd_runtime.toy.recipe",

@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS
 from mcsd_runtime.toy.recipe import PRESETS
 
 PRECISIONS = ("auto", "32-true")
@@ -58,6 +59,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(info)
     info.set_defaults(func=run_info)
 
+    draft = sub.add_parser(
+        "draft",
+        help="build (or find) extra drafts distilled from the toy target",
+        description=(
+            "Distil extra drafts from a built toy target, which is never retrained (built "
+            "first if missing): each starts from some of the target's layers and learns the "
+            "target's distribution on its training split. A draft is cached under "
+            "<cache>/models/toy-draft-<name>-<hash> (the hash covers the draft's recipe and the "
+            "target's) with a card: held-out loss, greedy agreement with the target, decode "
+            "latencies and their ratio. Every command that takes a pair loads it with "
+            "--draft toy-draft:NAME (Python: load_pair('toy', 'toy-draft:NAME')), and builds it "
+            "on first use. Drafts: " + ", ".join(
+                f"{n} ({r.shape.layers} layer{'s' if r.shape.layers > 1 else ''}, for the "
+                f"{r.target_preset} target)" for n, r in DRAFT_PRESETS.items()) + "."),
+    )
+    draft.add_argument("names", nargs="*", metavar="NAME",
+                       help=f"draft presets to build: {', '.join(DRAFT_PRESETS)}")
+    draft.add_argument("--list", action="store_true",
+                       help="list the draft presets and where each is built")
+    draft.add_argument("--seed", type=int, default=0,
+                       help="the seed of the toy target to distil from (default: 0)")
+    draft.add_argument("--out", type=Path, default=None,
+                       help="folder for the draft instead of the cache (one NAME only)")
+    draft.add_argument("--force", action="store_true", help="rebuild even if already built")
+    draft.set_defaults(func=run_draft)
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
@@ -108,4 +135,34 @@ def run_info(args: argparse.Namespace) -> int:
                         + "`")
     recipe = None if args.out is not None else _recipe(args)
     print(summary(dest, verify_pair(dest, recipe)))
+    return 0
+
+
+def run_draft(args: argparse.Namespace) -> int:
+    from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.toy.draft_recipe import get_draft_recipe
+
+    if args.list:
+        from mcsd_runtime.toy.drafts import list_drafts
+
+        for name, recipe, folder in list_drafts(args.seed):
+            where = str(folder) if folder else "not built"
+            layers = f"{recipe.shape.layers} layer" + ("s" if recipe.shape.layers > 1 else "")
+            print(f"toy-draft:{name:<8} {layers}, d={recipe.shape.hidden}, for the "
+                  f"{recipe.target_preset} target ({recipe.steps} steps): {where}")
+        return 0
+    if not args.names:
+        raise MCSDError("name the drafts to build (e.g. `mcsd toy draft l2 l4`), or pass --list")
+    if args.out is not None and len(args.names) > 1:
+        raise MCSDError("--out takes one draft; build the others into the cache")
+    for name in args.names:
+        get_draft_recipe(name)  # every name checked before any build
+    from mcsd_runtime.toy.drafts import build_draft, draft_dir, draft_summary, verify_draft
+
+    for name in args.names:
+        dest = args.out if args.out is not None else draft_dir(name, args.seed)
+        cached = dest.is_dir() and any(dest.iterdir()) and not args.force
+        root = build_draft(name, args.seed, out=args.out, force=args.force)
+        if cached:
+            print(draft_summary(root, verify_draft(root)))
     return 0

@@ -21,3 +21,20 @@ def parse_toy_spec(spec: str) -> tuple[str, int]:
         raise MCSDError(f"bad toy model spec {spec!r}: the seed must be an integer, "
                         "e.g. toy:default:0") from None
     return preset, seed
+
+
+DRAFT_PREFIX = "toy-draft:"
+
+
+def is_draft_spec(spec: str) -> bool:
+    """Whether a model name names an extra toy draft (`toy-draft:NAME`, e.g. toy-draft:l2)."""
+    return spec.startswith(DRAFT_PREFIX)
+
+
+def parse_draft_spec(spec: str) -> str:
+    """`toy-draft:l2` -> "l2" (the draft preset's name; not checked against the presets)."""
+    name = spec[len(DRAFT_PREFIX):] if is_draft_spec(spec) else ""
+    if not name or ":" in name:
+        raise MCSDError(f"bad toy draft spec {spec!r}; use toy-draft:<name>, e.g. toy-draft:l2 "
+                        f"(`mcsd toy draft --list`)")
+    return name
