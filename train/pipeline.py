@@ -220,7 +220,8 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
     (on the default toy pair the decoder pays about 3x what a one-layer random pair shows).
     Otherwise a random pair of the vocabulary stands in, and its fastest tenth is charged."""
     latency = bench_latency(stopper, 16, repeats=1000, hidden_size=hidden_size)
-    latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
+    if hasattr(stopper, "batch_continue"):
+        latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
     vocab = _vocab_size(fp)
     if vocab and hidden_size is None:
         from mcsd_runtime.decision_cost import decision_cost
@@ -455,11 +456,12 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
                "importance": fitted.importance, "replay": choice.results,
                "peers": choice.peers, "deploy_static": deploy_static(choice.results["val"]),
                "latency": choice.latency, "fit_s": fitted.fit_s,
-               "batches": {str(b): {k: v for k, v in c.items() if k not in ("curve", "setting")}
-                           for b, c in choice.batches.items()},
                "profile": {"measured": choice.measured, "note": profile.note,
                            "device": profile.device},
                "elapsed_s": time.perf_counter() - started if started is not None else None}
+    if choice.batches:  # chosen, peers, results and headline at each batch size above 1
+        summary["batches"] = {str(b): {k: v for k, v in c.items() if k not in ("curve", "setting")}
+                              for b, c in choice.batches.items()}
     _write_json(out / "metrics.json", summary)
     chosen = choice.chosen
     spec = replace(
