@@ -79,6 +79,13 @@ def check_row_aggregation(name: str) -> str:
     return name
 
 
+def reachable(row_aggregation: str, threshold: float, rows: int) -> bool:
+    """Whether `rows` frontier scores (each in [0, 1]: every node aggregation is) can reach
+    `threshold` under `row_aggregation`. A setting that cannot drafts up to its min_depth and
+    stops there without scoring anything: a static depth, chosen where deciding does not pay."""
+    return threshold <= (rows if row_aggregation == "sum" else 1.0)
+
+
 def batch_decision(name: str, scores, threshold: float) -> bool:
     """Whether the batch drafts one more depth: the asked rows' frontier scores aggregated by
     ROW_AGGREGATIONS[name], against `threshold`."""

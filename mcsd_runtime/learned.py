@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, batch_decision
+from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
 from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
@@ -205,6 +205,8 @@ class LearnedStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
+        if not reachable("max", self.threshold, 1):
+            return False
         return self.frontier_score(frontier) >= self.threshold
 
     def for_batch(self, batch_size: int) -> LearnedStopper:
@@ -228,6 +230,8 @@ class LearnedStopper(StopperBase):
         if any(drafts_without_deciding(f, self.min_depth, self.min_depth_gate)
                for f in frontiers):
             return True
+        if not reachable(self.row_aggregation, self.threshold, len(frontiers)):
+            return False  # no scores could say yes: a static depth, nothing to compute
         return batch_decision(self.row_aggregation, self.frontier_scores(frontiers),
                               self.threshold)
 

@@ -153,3 +153,20 @@ def test_a_row_in_its_no_decision_zone_keeps_the_batch_drafting():
     assert s.batch_continue(low) is False and model.calls == 1
     assert s.batch_continue([*low, Front([0.1], depth=2, recent=0.6)]) is True
     assert model.calls == 1  # no model call when a row skips the decision
+
+
+def test_an_unreachable_threshold_is_a_static_depth_without_a_model_call():
+    """Frontier scores lie in [0, 1], so a threshold above 1 (above the number of rows for a
+    sum) stops at min_depth without scoring: a static depth that costs no decision."""
+    from mcsd_runtime.aggregation import reachable
+
+    assert reachable("max", 1.0, 8) and not reachable("mean", 1.01, 8)
+    assert reachable("sum", 3.0, 3) and not reachable("sum", 3.5, 3)
+    s, model = stopper(row_aggregation="max", threshold=2.0, min_depth=3)
+    assert s.batch_continue([Front([1.0], depth=2), Front([1.0], depth=2)]) is True
+    assert s.batch_continue([Front([1.0], depth=3)]) is False
+    assert s.should_continue(Front([1.0], depth=3)) is False and model.calls == 0
+    s, model = stopper(row_aggregation="sum", threshold=2.5)
+    assert s.batch_continue([Front([1.0]), Front([1.0])]) is False and model.calls == 0
+    assert s.batch_continue([Front([1.0]), Front([1.0]), Front([0.6])]) is True
+    assert model.calls == 1

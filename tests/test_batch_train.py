@@ -55,6 +55,15 @@ def test_the_batch_results_are_replays_at_that_batch_size(trained):
     curve = json.loads((out / "replay_curve.json").read_text())["batches"]["4"]["curve"]
     assert b4["chosen"]["throughput"] >= max(c["throughput"] for c in curve)
     assert {c["row_aggregation"] for c in curve} == {"max", "mean", "sum"}
+    # every static depth is a candidate: replayed as static:m, with no decision
+    statics = {c["min_depth"]: c for c in curve if c["threshold"] > 1}
+    assert sorted(statics) == [1, 2, 3, 4]
+    data = R.ReplayData(dense_rows())
+    val = data.subset(json.loads((out / "stopper.json").read_text())
+                      ["training_data"]["prompts"]["val"])
+    for m, c in statics.items():
+        plain = R.replay(val, f"static:{m}", PROFILE, batch_size=4)
+        assert (c["tokens"], c["cost_s"], c["decisions"]) == (plain.tokens, plain.cost_s, 0)
     test = b4["results"]["test"]
     assert test["learned"]["batch_size"] == 4 and test["static:1"]["batch_size"] == 4
     assert max(v["throughput"] for v in test.values()) <= test["oracle-bound"]["throughput"]

@@ -51,6 +51,7 @@ PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "entropy": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "heuristic": (1, 2, 3, 4, 6, 8)}  # its initial depth budget
 METRIC = "throughput"  # what the replay maximizes and reports
+UNREACHABLE = 2.0  # a threshold no frontier score (in [0, 1]) reaches: a static depth
 SPLITS = ("train", "val", "test")
 Log = Callable[[str], object]
 
@@ -370,9 +371,10 @@ def _check_batch_sizes(config: TrainConfig, profile: CostProfile | None) -> None
 def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch_size: int,
                  config: TrainConfig, log: Log = print) -> dict:
     """The setting for `batch_size` rows, chosen by batched replay on validation prompts: the
-    node aggregation chosen alone, every row aggregation, threshold and min_depth, then gates;
-    peers tuned and every method replayed at that batch size on validation and test prompts,
-    with the batch oracle and its bound."""
+    node aggregation chosen alone, every row aggregation, threshold and min_depth, and every
+    static depth (a threshold no score reaches), then gates; peers tuned and every method
+    replayed at that batch size on validation and test prompts, with the batch oracle and its
+    bound."""
     val = choice.data.subset(choice.sequences["val"])
     test = choice.data.subset(choice.sequences["test"])
     profile, b = choice.profile, batch_size
@@ -382,8 +384,17 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
     curve = R.sweep(val, stopper, profile, (choice.chosen["aggregation"],), batch_size=b,
                     row_aggregations=tuple(ROW_AGGREGATIONS), progress=config.progress,
                     **costs)
+    # static depths as settings (a threshold no score reaches: min_depth depths, no model
+    # call), so that the table falls back to a static depth where deciding does not pay
+    cache: dict = {}
+    curve += [R.replay_setting(val, stopper, profile, cache,
+                               {"aggregation": choice.chosen["aggregation"],
+                                "row_aggregation": "max", "threshold": UNREACHABLE,
+                                "min_depth": m}, b, **costs)
+              for m in range(1, choice.data.depth + 1)]
     chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
-    gated = R.sweep_gates(val, stopper, profile, chosen, batch_size=b, **costs)
+    gated = R.sweep_gates(val, stopper, profile, chosen, batch_size=b,
+                          min_depths=sorted({*R.MIN_DEPTHS, chosen["min_depth"]}), **costs)
     chosen = max([chosen, *gated], key=lambda c: c[METRIC])
     setting = BatchSetting(**{k: chosen[k] for k in ("threshold", "aggregation",
                                                      "row_aggregation", "min_depth",

@@ -545,13 +545,19 @@ class MemoStopper(StopperBase):
         return drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate)
 
     def should_continue(self, frontier: _Frontier) -> bool:
-        return self._skips(frontier) or self._score(frontier) >= self.threshold
+        from mcsd_runtime.aggregation import reachable
+
+        if self._skips(frontier):
+            return True
+        return reachable("max", self.threshold, 1) and self._score(frontier) >= self.threshold
 
     def batch_continue(self, frontiers: list[_Frontier]) -> bool:
-        from mcsd_runtime.aggregation import batch_decision
+        from mcsd_runtime.aggregation import batch_decision, reachable
 
         if any(self._skips(f) for f in frontiers):
             return True
+        if not reachable(self.row_aggregation, self.threshold, len(frontiers)):
+            return False
         return batch_decision(self.row_aggregation, [self._score(f) for f in frontiers],
                               self.threshold)
 
@@ -577,9 +583,11 @@ def _setting_name(s: dict) -> str:
     return f"learned:{s['aggregation']}{rows}@{s['threshold']:g}/{s['min_depth']}{gate}"
 
 
-def _replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache: dict,
-                    setting: dict, batch_size: int, decision_s: float,
-                    decision_row_s: float) -> dict:
+def replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache: dict,
+                   setting: dict, batch_size: int = 1, decision_s: float = 0.0,
+                   decision_row_s: float = 0.0) -> dict:
+    """The learned stopper replayed with `setting`'s fields (threshold, aggregations,
+    min_depth, gate; node scores cached in `cache`): the setting and the ReplayResult."""
     memo = MemoStopper(learned, cache)
     for k, v in setting.items():
         setattr(memo, k, v)
@@ -603,7 +611,7 @@ def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
             for agg in aggregations for rows in row_aggregations
             for thr in row_thresholds(rows, batch_size, thresholds)
             for m in min_depths if m < data.depth or m == 1]
-    return [_replay_setting(data, learned, profile, cache, s, batch_size, decision_s,
+    return [replay_setting(data, learned, profile, cache, s, batch_size, decision_s,
                             decision_row_s)
             for s in progress_bar(grid, desc="replay sweep", unit="setting",
                                   disable=not progress)]
@@ -617,7 +625,7 @@ def sweep_gates(data: ReplayData, learned, profile: CostProfile | None, chosen: 
     cache: dict = {}
     keep = {k: chosen[k] for k in ("aggregation", "row_aggregation", "threshold")
             if k in chosen}
-    return [_replay_setting(data, learned, profile, cache,
+    return [replay_setting(data, learned, profile, cache,
                             keep | {"min_depth": m, "min_depth_gate": float(gate)}, batch_size,
                             decision_s, decision_row_s)
             for m in min_depths if 1 < m < data.depth for gate in gates]
