@@ -16,6 +16,10 @@ reader owns the format. Fields, in file order:
     k_config          the tree it was trained on (null in artifacts older than the field)
     min_depth         depths below it are drafted without asking the model (absent: 1)...
     min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
+    batch             settings by batch size, chosen by batched replay (absent: the top-level
+                      ones at every batch size): {"8": {"threshold", "aggregation",
+                      "row_aggregation", "min_depth", "min_depth_gate"}}; a stopper decoding
+                      B rows takes the entry of the largest size <= B (`BatchSetting`)
     metrics, training_data, created   the training run's record (null until `train` writes it)
 
 Unknown keys are ignored, so a newer writer's additions do not stop an older reader.
@@ -28,7 +32,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mcsd_runtime.aggregation import check_aggregation
+from mcsd_runtime.aggregation import check_aggregation, check_row_aggregation
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
@@ -39,6 +43,24 @@ FILE = "stopper.json"
 MODEL_FILES = {"lightgbm": ("model.txt",), "mlp": ("model.safetensors", "config.json"),
                "mlp-hidden": ("model.safetensors", "config.json")}
 INPUTS = ("features", "hidden")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSetting:
+    """How a learned stopper decides at one batch size: the node `aggregation` and `threshold`,
+    the `row_aggregation` of the asked rows' frontier scores (mcsd_runtime.aggregation), and
+    `min_depth` / `min_depth_gate` as at the top level. Checked on construction."""
+
+    threshold: float
+    aggregation: str
+    row_aggregation: str = "max"
+    min_depth: int = 1
+    min_depth_gate: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_aggregation(self.aggregation)
+        check_row_aggregation(self.row_aggregation)
+        _check_decision(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +80,7 @@ class ArtifactSpec:
     k_config: tuple[int, ...] | None = None
     min_depth: int = 1
     min_depth_gate: float = 0.0
+    batch: dict[int, BatchSetting] | None = None
     metrics: dict | None = None
     training_data: dict | None = None
     created: str | None = None
@@ -81,14 +104,9 @@ class ArtifactSpec:
         if self.inputs not in INPUTS:
             raise MCSDError(f"inputs {self.inputs!r}: use {' or '.join(INPUTS)}")
         check_aggregation(self.aggregation)
-        _set_number(self, "threshold", float, "missing or non-numeric threshold")
-        _set_number(self, "min_depth", int, "min_depth must be a positive integer")
-        if self.min_depth < 1:
-            raise MCSDError(f"min_depth must be a positive integer, got {self.min_depth}")
-        _set_number(self, "min_depth_gate", float, "min_depth_gate must be a number in [0, 1]")
-        if not 0 <= self.min_depth_gate <= 1:
-            raise MCSDError(f"min_depth_gate must be a number in [0, 1], got "
-                            f"{self.min_depth_gate:g}")
+        _check_decision(self)
+        if self.batch is not None:
+            object.__setattr__(self, "batch", self._batch_table(self.batch))
         if self.hidden_size is not None:
             _set_number(self, "hidden_size", int, "hidden_size must be an integer or null")
         if self.k_config is not None:
@@ -98,11 +116,54 @@ class ArtifactSpec:
                 raise MCSDError(f"k_config {self.k_config!r} is not a k-config (a list of "
                                 f"positive integers); retrain or restore the artifact") from None
 
+    def _batch_table(self, table: Any) -> dict[int, BatchSetting]:
+        """`batch` checked, keyed by int, sorted; an entry's missing fields are the top-level
+        ones (row_aggregation: max)."""
+        if not isinstance(table, dict):
+            raise MCSDError(f"batch must map batch sizes to settings, got {table!r}")
+        out = {}
+        for key, entry in table.items():
+            try:
+                size = int(key)
+                if size < 1 or str(size) != str(key).strip():
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise MCSDError(f"batch: {key!r} is not a batch size (a positive "
+                                f"integer)") from None
+            if not isinstance(entry, BatchSetting):
+                if not isinstance(entry, dict) or "threshold" not in entry:
+                    raise MCSDError(f"batch[{size}] must be an object with a threshold, got "
+                                    f"{entry!r}")
+                known = {f.name for f in fields(BatchSetting)}
+                inherited = {k: getattr(self, k) for k in ("aggregation", "min_depth",
+                                                           "min_depth_gate")}
+                try:
+                    entry = BatchSetting(**(inherited | {k: v for k, v in entry.items()
+                                                         if k in known}))
+                except MCSDError as err:
+                    raise MCSDError(f"batch[{size}]: {err}") from None
+            out[size] = entry
+        return dict(sorted(out.items()))
+
+    def for_batch(self, batch_size: int) -> BatchSetting:
+        """The setting for `batch_size` rows: the table's entry of the largest size <= it, else
+        the top-level one (row aggregation max, which decides as each row alone would)."""
+        sizes = [b for b in (self.batch or {}) if b <= batch_size]
+        if sizes:
+            return self.batch[sizes[-1]]
+        return BatchSetting(threshold=self.threshold, aggregation=self.aggregation,
+                            min_depth=self.min_depth, min_depth_gate=self.min_depth_gate)
+
     def to_json(self) -> dict:
-        """The `stopper.json` object, keys in file order."""
+        """The `stopper.json` object, keys in file order (`batch` only when there is a
+        table)."""
         out = {"format": FORMAT} | asdict(self)
         out["feature_names"] = list(self.feature_names)
         out["k_config"] = list(self.k_config) if self.k_config is not None else None
+        if self.batch is None:
+            del out["batch"]
+        else:
+            out["batch"] = {str(b): asdict(s) for b, s in self.batch.items()}
         return out
 
     @classmethod
@@ -155,7 +216,19 @@ def artifact_folder(path: str | Path) -> Path:
     return path.parent if path.name == FILE else path
 
 
-def _set_number(spec: ArtifactSpec, name: str, kind: type, message: str) -> None:
+def _check_decision(spec: ArtifactSpec | BatchSetting) -> None:
+    """threshold, min_depth and min_depth_gate: numbers of their kinds and ranges."""
+    _set_number(spec, "threshold", float, "missing or non-numeric threshold")
+    _set_number(spec, "min_depth", int, "min_depth must be a positive integer")
+    if spec.min_depth < 1:
+        raise MCSDError(f"min_depth must be a positive integer, got {spec.min_depth}")
+    _set_number(spec, "min_depth_gate", float, "min_depth_gate must be a number in [0, 1]")
+    if not 0 <= spec.min_depth_gate <= 1:
+        raise MCSDError(f"min_depth_gate must be a number in [0, 1], got "
+                        f"{spec.min_depth_gate:g}")
+
+
+def _set_number(spec: ArtifactSpec | BatchSetting, name: str, kind: type, message: str) -> None:
     value = getattr(spec, name)
     try:
         if isinstance(value, bool) or (kind is int and float(value) != int(value)):

@@ -11,12 +11,18 @@ Node score: the model's estimate that the node is on the accepted path *and* the
 continues past it (the label `train` fits); `mcsd_runtime.aggregation` turns the frontier's node
 scores into one.
 
+In a batch, `for_batch(B)` gives the stopper the setting `stopper.json` holds for B rows (its
+`batch` table), and `batch_continue(frontiers)` decides for the whole batch: the nodes of every
+asked row's frontier scored in one model call, each frontier's node scores aggregated as alone,
+then the rows' scores aggregated (`ROW_AGGREGATIONS`) against the threshold.
+
 LightGBM models are scored through LightGBM's C library alone (`NativeBooster`): decoding with a
 trained stopper imports neither the `lightgbm` Python package nor scipy.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from dataclasses import replace
@@ -27,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mcsd_runtime.aggregation import AGGREGATIONS, aggregate
+from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
 from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
@@ -130,6 +136,7 @@ class LearnedStopper(StopperBase):
         # depths below min_depth are drafted without a decision while the recent acceptance
         # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
         self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
+        self.row_aggregation = "max"  # how a batch decision combines rows (for_batch sets it)
         self.pair_fingerprint: dict | None = spec.pair_fingerprint
         self.k_config: tuple[int, ...] | None = spec.k_config or None
         self.needs_hidden = spec.kind == "mlp-hidden"
@@ -164,26 +171,75 @@ class LearnedStopper(StopperBase):
             x = torch.from_numpy(np.asarray(x, dtype=np.float32))
         return torch.sigmoid(self.model(x.cpu())).numpy().astype(np.float64)
 
-    def frontier_score(self, frontier: Frontier) -> float:
+    def _inputs(self, frontier: Frontier) -> tuple[Any, np.ndarray]:
+        """The model's input rows for `frontier`'s nodes and the features the aggregation reads
+        (the same array unless the model reads hidden states)."""
         if self.decision:
             feats = frontier.decision_features()
-            return self._agg(self.model.predict(feats) if self.kind == "lightgbm"
-                             else self.node_scores(feats), feats)
-        feats = frontier.features()
-        if isinstance(feats, torch.Tensor):
-            feats = feats.detach().cpu().numpy()  # once: the model and the aggregation share it
-        scores = self.node_scores(frontier.hidden() if self.needs_hidden else feats)
-        return self._agg(scores, feats)
+        else:
+            feats = frontier.features()
+            if isinstance(feats, torch.Tensor):
+                feats = feats.detach().cpu().numpy()  # once: the model and aggregation share it
+        return (frontier.hidden() if self.needs_hidden else feats), feats
+
+    def frontier_scores(self, frontiers: list[Frontier]) -> list[float]:
+        """Each frontier's aggregated node score; the nodes of all of them go through the model
+        in one call."""
+        inputs = [self._inputs(f) for f in frontiers]
+        if len(inputs) == 1:
+            x = inputs[0][0]
+        elif self.needs_hidden:
+            x = torch.cat([torch.as_tensor(x) for x, _ in inputs])
+        else:
+            x = np.concatenate([x for x, _ in inputs])
+        if self.decision and self.kind == "lightgbm":
+            scores = self.model.predict(x)
+        else:
+            scores = self.node_scores(x)
+        cuts = np.cumsum([len(f) for _, f in inputs])[:-1]
+        return [self._agg(s, f) for s, (_, f) in zip(np.split(scores, cuts), inputs, strict=True)]
+
+    def frontier_score(self, frontier: Frontier) -> float:
+        return self.frontier_scores([frontier])[0]
 
     def should_continue(self, frontier: Frontier) -> bool:
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
+        if not reachable("max", self.threshold, 1):
+            return False
         return self.frontier_score(frontier) >= self.threshold
+
+    def for_batch(self, batch_size: int) -> LearnedStopper:
+        """This stopper set up for `batch_size` rows from stopper.json's `batch` table (the entry
+        of the largest size <= batch_size); itself where the artifact has no table."""
+        if not self.spec.batch:
+            return self
+        setting = self.spec.for_batch(batch_size)
+        out = copy.copy(self)
+        out.threshold, out.aggregation = setting.threshold, setting.aggregation
+        out._agg = AGGREGATIONS[setting.aggregation]
+        out.row_aggregation = setting.row_aggregation
+        out.min_depth, out.min_depth_gate = setting.min_depth, setting.min_depth_gate
+        return out
+
+    def batch_continue(self, frontiers: list[Frontier]) -> bool:
+        """One decision for the batch, given the frontiers of the rows that may draft deeper:
+        draft on if one of them lies in its no-decision zone (`drafts_without_deciding`), else
+        if the row aggregation of their frontier scores (one model call) is >= the threshold.
+        With `max` this decides as asking each row alone and continuing if ANY says yes."""
+        if any(drafts_without_deciding(f, self.min_depth, self.min_depth_gate)
+               for f in frontiers):
+            return True
+        if not reachable(self.row_aggregation, self.threshold, len(frontiers)):
+            return False  # no scores could say yes: a static depth, nothing to compute
+        return batch_decision(self.row_aggregation, self.frontier_scores(frontiers),
+                              self.threshold)
 
     def __repr__(self) -> str:
         return (f"LearnedStopper(kind={self.kind!r}, aggregation={self.aggregation!r}, "
                 f"threshold={self.threshold:.3f}, min_depth={self.min_depth}, "
-                f"min_depth_gate={self.min_depth_gate:g})")
+                f"min_depth_gate={self.min_depth_gate:g}, row_aggregation="
+                f"{self.row_aggregation!r})")
 
 
 def _k_text(k_config: tuple[int, ...]) -> str:
@@ -194,7 +250,8 @@ def load_stopper(path: str | Path, threshold: float | None = None,
                  aggregation: str | None = None, min_depth: int | None = None,
                  min_depth_gate: float | None = None) -> LearnedStopper:
     """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation`,
-    `min_depth` and `min_depth_gate` override the artifact's choices."""
+    `min_depth` and `min_depth_gate` override the artifact's choices (at every batch size: an
+    override drops stopper.json's `batch` table)."""
     folder = artifact_folder(path)
     spec = ArtifactSpec.read(folder)
     overrides = {"threshold": threshold, "aggregation": aggregation, "min_depth": min_depth,
@@ -205,8 +262,11 @@ def load_stopper(path: str | Path, threshold: float | None = None,
 def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> LearnedStopper:
     """The stopper `spec` describes, its model read from `folder` (where `spec` need not be
     written yet); `overrides`: fields of `spec` to change (threshold, aggregation, min_depth,
-    min_depth_gate)."""
+    min_depth_gate, batch); overriding a top-level setting drops the `batch` table unless
+    `batch` is given too."""
     folder = Path(folder)
+    if overrides and "batch" not in overrides:
+        overrides = overrides | {"batch": None}
     spec = replace(spec, **overrides)
     if spec.kind == "lightgbm":
         model: Any = load_lightgbm(folder / "model.txt")

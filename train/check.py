@@ -46,9 +46,12 @@ def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[t
 def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostProfile,
                      stoppers: dict[str, object], limit: int = 8, seed: int = 0,
                      decision_s: dict[str, float] | None = None, pair=None,
-                     progress: bool = False) -> dict:
+                     progress: bool = False, batch_size: int = 1, repeats: int = 1,
+                     decision_row_s: dict[str, float] | None = None) -> dict:
     """Replayed against measured tokens/s for each named stopper on up to `limit` prompts of
-    `data` (greedy, the collection's pair, k-config and max_new_tokens)."""
+    `data` (greedy, the collection's pair, k-config and max_new_tokens). Above batch size 1 the
+    prompts are decoded `repeats` times together with `generate_batch` per stopper (stoppers in
+    a fresh random order each time) and replayed at that batch size, in the same order."""
     import torch
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
@@ -62,30 +65,37 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
         pair = load_pair(fp["target"], fp["draft"], device="cpu", dtype=m.get("dtype", "auto"))
     chosen = _prompt_ids(data, manifests, limit)
     sub = data.subset([k for k, _ in chosen])
+    sub.prompts = {k: sub.prompts[k] for k, _ in chosen}  # admitted in the decoded order
     cfg = DecodeConfig(k_config=data.tree.k_config, max_new_tokens=int(m["max_new_tokens"]))
     decoders = {name: MCSDDecoder(pair, cfg, stopper=s) for name, s in stoppers.items()}
     encoded = [decoders[next(iter(decoders))].encode(text) for _, text in chosen]
     for dec in decoders.values():  # warm-up
-        dec.generate(encoded[0])
+        if batch_size == 1:
+            dec.generate(encoded[0])
+        else:
+            dec.generate_batch(encoded[:batch_size], batch_size=batch_size)
     tokens = dict.fromkeys(decoders, 0)
     wall = dict.fromkeys(decoders, 0.0)
     order = random.Random(seed)
-    for ids in progress_bar(encoded, desc="end-to-end check", unit="prompt",
-                            disable=not progress):
+    units = ([[ids] for ids in encoded] if batch_size == 1 else [encoded] * repeats)
+    for unit in progress_bar(units, desc="end-to-end check", unit="prompt" if batch_size == 1
+                             else "round", disable=not progress):
         names = list(decoders)
         order.shuffle(names)
         for name in names:
-            st = decoders[name].generate(ids).stats
+            st = (decoders[name].generate(unit[0]).stats if batch_size == 1
+                  else decoders[name].generate_batch(unit, batch_size=batch_size).stats)
             tokens[name] += st.new_tokens
             wall[name] += st.decode_time
     rows = {}
     for name, stopper in stoppers.items():
-        r = R.replay(sub, stopper, profile, name=name,
-                     decision_s=(decision_s or {}).get(name, 0.0))
+        r = R.replay(sub, stopper, profile, name=name, batch_size=batch_size,
+                     decision_s=(decision_s or {}).get(name, 0.0),
+                     decision_row_s=(decision_row_s or {}).get(name, 0.0))
         measured = metrics.throughput(tokens[name], wall[name])
         rows[name] = {"replayed": r.throughput, "measured": measured,
                       "error": r.throughput / measured - 1, "tokens_replayed": r.tokens,
-                      "tokens_measured": tokens[name]}
+                      "tokens_measured": tokens[name] // (repeats if batch_size > 1 else 1)}
     # a common factor (the machine busier or quieter than when profiled) moves every stopper
     # alike and leaves decisions unchanged: the error once it is divided out
     common = math.exp(statistics.mean(math.log(1 + r["error"]) for r in rows.values()))
@@ -93,7 +103,8 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
         r["relative_error"] = (1 + r["error"]) / common - 1
     statics = sorted((n for n in rows if n.startswith("static:")), key=lambda n: int(n[7:]))
     rank = {k: sorted(statics, key=lambda n, k=k: -rows[n][k]) for k in ("replayed", "measured")}
-    return {"prompts": len(chosen), "per_stopper": rows, "common_factor": common,
+    return {"prompts": len(chosen), "batch_size": batch_size, "per_stopper": rows,
+            "common_factor": common,
             "max_abs_error": max(abs(r["error"]) for r in rows.values()),
             "max_abs_relative_error": max(abs(r["relative_error"]) for r in rows.values()),
             "static_order_replayed": rank["replayed"], "static_order_measured": rank["measured"],
@@ -102,7 +113,8 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
 
 
 def format_check(check: dict) -> str:
-    lines = [f"replay vs end to end on {check['prompts']} test prompts (tokens/s):"]
+    lines = [f"replay vs end to end on {check['prompts']} test prompts at batch size "
+             f"{check.get('batch_size', 1)} (tokens/s):"]
     for name, r in check["per_stopper"].items():
         lines.append(f"  {name:<14} replayed {r['replayed']:8.1f}  measured {r['measured']:8.1f}"
                      f"  error {r['error']:+.1%} ({r['relative_error']:+.1%} without the "

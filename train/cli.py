@@ -77,6 +77,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="test prompts decoded end to end with every static depth and the trained "
                         "stopper, to report the replay's error against reality (needs a measured "
                         "--cost-profile and the collection's pair; 0 skips; default %(default)s)")
+    p.add_argument("--batch-size", default=",".join(map(str, D.batch_sizes)),
+                   metavar="B[,B...]",
+                   help="batch sizes to choose the stopper's settings for by batched replay "
+                        "(stopper.json's `batch` table; the decoder at B rows uses the entry of "
+                        "the largest size <= B); sizes above 1 need a --cost-profile measured "
+                        "at them (`mcsd profile --batch-sizes`; default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=D.max_epochs,
                    help="MLP epochs cap (default: train.config.MLP_EPOCHS)")
     p.add_argument("--domains", nargs="+", type=Path, default=[], metavar="RUN_DIR",
@@ -142,13 +148,17 @@ def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> N
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed `mcsd train` arguments (MCSDError when one is invalid)."""
+    from mcsd_runtime.cost import parse_batch_sizes
+
     aggs = (None if args.aggregations is None
             else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))
     return TrainConfig(model=args.model, label=args.label or default_label(args.model),
                        seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac,
                        aggregations=aggs, replay_mode=args.replay, max_epochs=args.max_epochs,
                        trajectory=args.trajectory, decision_us=args.decision_us,
-                       check_prompts=args.check_prompts)
+                       check_prompts=args.check_prompts,
+                       batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
+
 
 
 def _quiet_lightning() -> None:

@@ -46,6 +46,9 @@ class TrainConfig:
     trajectory: str = "walk"  # one of TRAJECTORIES
     decision_us: float | None = None  # µs charged per decision; None: benchmarked
     check_prompts: int = 0  # test prompts decoded end to end (train.check); 0 skips
+    # batch sizes to choose settings for (stopper.json's `batch` table): 1 is the top level,
+    # each size above 1 an entry chosen by batched replay (needs a profile measured there)
+    batch_sizes: tuple[int, ...] = (1,)
     progress: bool = True  # fit and replay sweep progress on stderr
 
     def __post_init__(self) -> None:
@@ -70,6 +73,11 @@ class TrainConfig:
             raise MCSDError(f"check_prompts must be 0 (skip) or more, got {self.check_prompts}")
         if self.decision_us is not None and self.decision_us < 0:
             raise MCSDError(f"decision_us must not be negative, got {self.decision_us:g}")
+        sizes = tuple(self.batch_sizes)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                            for b in sizes):
+            raise MCSDError(f"batch sizes must be positive integers, got {self.batch_sizes!r}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted({1, *sizes})))
         if self.aggregations is not None:
             from mcsd_runtime.aggregation import AGGREGATIONS  # imports torch: only when given
 

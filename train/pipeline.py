@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from mcsd_runtime.aggregation import AGGREGATIONS
-from mcsd_runtime.artifact import ArtifactSpec
+from mcsd_runtime.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
+from mcsd_runtime.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.cost import CostProfile
 from mcsd_runtime.decision_cost import bench_latency
 from mcsd_runtime.errors import MCSDError
@@ -51,6 +51,7 @@ PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "entropy": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "heuristic": (1, 2, 3, 4, 6, 8)}  # its initial depth budget
 METRIC = "throughput"  # what the replay maximizes and reports
+UNREACHABLE = 2.0  # a threshold no frontier score (in [0, 1]) reaches: a static depth
 SPLITS = ("train", "val", "test")
 Log = Callable[[str], object]
 
@@ -196,6 +197,8 @@ class Choice:
     peers: dict[str, str]  # built-in stopper -> its tuned spec
     results: dict[str, dict]  # "val"/"test" -> method -> ReplayResult.as_dict()
     headline: dict
+    # batch size above 1 -> its sweep, chosen setting, results and headline (`choose_batch`)
+    batches: dict[int, dict] = field(default_factory=dict)
 
 
 def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
@@ -218,6 +221,8 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
     (on the default toy pair the decoder pays about 3x what a one-layer random pair shows).
     Otherwise a random pair of the vocabulary stands in, and its fastest tenth is charged."""
     latency = bench_latency(stopper, 16, repeats=1000, hidden_size=hidden_size)
+    if hasattr(stopper, "batch_continue"):
+        latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
     vocab = _vocab_size(fp)
     if vocab and hidden_size is None:
         from mcsd_runtime.decision_cost import decision_cost
@@ -228,6 +233,29 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
         latency["in_decoder_pair"] = "collection" if pair else "random"
         latency["in_decoder"] = cost
     return latency
+
+
+def batch_row_latency(stopper: LearnedStopper, hidden_size: int | None, rows: int = 8,
+                      repeats: int = 300) -> float:
+    """µs that each row beyond the first adds to one `batch_continue` call (16-node frontiers,
+    medians of chunks): what a batched decision costs on top of a single one."""
+    import statistics
+
+    from mcsd_runtime.decision_cost import bench_frontier
+
+    fronts = [bench_frontier(16, hidden_size, seed=i) for i in range(rows)]
+
+    def median_us(frontiers: list) -> float:
+        chunks = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(repeats // 7 + 1):
+                stopper.batch_continue(frontiers)
+            chunks.append((time.perf_counter() - t0) / (repeats // 7 + 1) * 1e6)
+        return statistics.median(chunks)
+
+    median_us(fronts)  # warm-up
+    return max(0.0, (median_us(fronts) - median_us(fronts[:1])) / (rows - 1))
 
 
 SMALL_PAIR_BYTES = 1 << 30  # the decision benchmark loads the collection's pair up to this size
@@ -323,8 +351,81 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         f"oracle's gain; aggregation {chosen['aggregation']}, threshold "
         f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
         f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1")
-    return Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
-                  peers, results, headline)
+    choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
+                    peers, results, headline)
+    for b in config.batch_sizes[1:]:
+        choice.batches[b] = choose_batch(choice, stopper, out, b, config, log)
+    return choice
+
+
+def _check_batch_sizes(config: TrainConfig, profile: CostProfile | None) -> None:
+    """Refuse batch sizes above 1 without a profile measured at them, before any work."""
+    if config.batch_sizes[-1] == 1:
+        return
+    if profile is None:
+        raise MCSDError("--batch-size above 1 needs a measured --cost-profile "
+                        "(`mcsd profile --batch-sizes ...`)")
+    profile.check_rows(config.batch_sizes[-1])
+
+
+def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch_size: int,
+                 config: TrainConfig, log: Log = print) -> dict:
+    """The setting for `batch_size` rows, chosen by batched replay on validation prompts: the
+    node aggregation chosen alone, every row aggregation, threshold and min_depth, and every
+    static depth (a threshold no score reaches), then gates; peers tuned and every method
+    replayed at that batch size on validation and test prompts, with the batch oracle and its
+    bound."""
+    val = choice.data.subset(choice.sequences["val"])
+    test = choice.data.subset(choice.sequences["test"])
+    profile, b = choice.profile, batch_size
+    costs = {"decision_s": choice.decision_s,
+             "decision_row_s": choice.latency.get("batch_row_us", 0.0) * 1e-6
+             if choice.measured else 0.0}
+    curve = R.sweep(val, stopper, profile, (choice.chosen["aggregation"],), batch_size=b,
+                    row_aggregations=tuple(ROW_AGGREGATIONS), progress=config.progress,
+                    **costs)
+    # static depths as settings (a threshold no score reaches: min_depth depths, no model
+    # call), so that the table falls back to a static depth where deciding does not pay
+    cache: dict = {}
+    curve += [R.replay_setting(val, stopper, profile, cache,
+                               {"aggregation": choice.chosen["aggregation"],
+                                "row_aggregation": "max", "threshold": UNREACHABLE,
+                                "min_depth": m}, b, **costs)
+              for m in range(1, choice.data.depth + 1)]
+    chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
+    gated = R.sweep_gates(val, stopper, profile, chosen, batch_size=b,
+                          min_depths=sorted({*R.MIN_DEPTHS, chosen["min_depth"]}), **costs)
+    chosen = max([chosen, *gated], key=lambda c: c[METRIC])
+    setting = BatchSetting(**{k: chosen[k] for k in ("threshold", "aggregation",
+                                                     "row_aggregation", "min_depth",
+                                                     "min_depth_gate")})
+    final = stopper_from(choice.spec, out, batch={b: setting})
+    peers = {}
+    for name, grid in PEER_GRID.items():
+        best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile,
+                                                        batch_size=b).throughput)
+        peers[name] = f"{name}:{best}"
+    results = {}
+    for split, part in (("val", val), ("test", test)):
+        base = R.baselines(part, profile, b)
+        base |= {f"{p}(tuned)": R.replay(part, p, profile, batch_size=b) for p in peers.values()}
+        base["learned"] = R.replay(part, final, profile, name="learned", batch_size=b, **costs)
+        results[split] = {k: v.as_dict() for k, v in base.items()}
+        if part.mode == "exact":
+            results[split]["oracle-bound"] = {METRIC: R.oracle_bound(part, profile, b)}
+    headline = _headline(results, chosen, choice.data.mode, choice.measured, choice.latency,
+                         choice.decision_s) | {"batch_size": b,
+                                               "row_aggregation": chosen["row_aggregation"]}
+    if "oracle-bound" in results["test"]:
+        headline["oracle_bound_value"] = results["test"]["oracle-bound"][METRIC]
+    log(f"batch {b}: learned {headline['learned_value']:.4g} vs best static "
+        f"{headline['best_static']} {headline['best_static_value']:.4g} (x"
+        f"{headline['speedup_vs_best_static']:.3f}), step oracle {headline['oracle_value']:.4g}"
+        f"; rows {chosen['row_aggregation']} of {chosen['aggregation']}, threshold "
+        f"{chosen['threshold']:g}, min_depth {chosen['min_depth']} (gate "
+        f"{chosen['min_depth_gate']:g})")
+    return {"curve": curve, "chosen": chosen, "setting": setting, "peers": peers,
+            "results": results, "headline": headline}
 
 
 # ------------------------------------------------------------------ 4. write
@@ -357,7 +458,9 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
                                out / "importance.png")
     _write_json(out / "replay_curve.json",
                 {"metric": METRIC, "mode": data.mode, "curve": choice.curve,
-                 "chosen": choice.chosen, "baselines_val": choice.results["val"]})
+                 "chosen": choice.chosen, "baselines_val": choice.results["val"],
+                 "batches": {str(b): {"curve": c["curve"], "chosen": c["chosen"]}
+                             for b, c in choice.batches.items()}})
     profile = choice.profile
     summary = {"model": config.model, "label": config.label, "headline": choice.headline,
                "metrics": fitted.metrics, "calibration": fitted.calibration,
@@ -367,12 +470,18 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
                "profile": {"measured": choice.measured, "note": profile.note,
                            "device": profile.device},
                "elapsed_s": time.perf_counter() - started if started is not None else None}
+    if choice.batches:  # chosen, peers, results and headline at each batch size above 1
+        summary["batches"] = {str(b): {k: v for k, v in c.items() if k not in ("curve", "setting")}
+                              for b, c in choice.batches.items()}
     _write_json(out / "metrics.json", summary)
     chosen = choice.chosen
     spec = replace(
         choice.spec, aggregation=chosen["aggregation"], threshold=chosen["threshold"],
         min_depth=chosen["min_depth"], min_depth_gate=chosen["min_depth_gate"],
-        metrics={"test": fitted.metrics["test"], "headline": choice.headline},
+        batch={b: c["setting"] for b, c in choice.batches.items()} or None,
+        metrics={"test": fitted.metrics["test"], "headline": choice.headline}
+        | ({"batches": {str(b): c["headline"] for b, c in choice.batches.items()}}
+           if choice.batches else {}),
         training_data={"runs": [_slim_manifest(m) for m in manifests],
                        "rows": int(len(prep.df)), "seed": config.seed,
                        "prompts": {k: sorted(v) for k, v in choice.sequences.items()}},
@@ -391,6 +500,15 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
                                  progress=config.progress)
         log(format_check(check))
         summary["replay_check"] = check
+        row_s = choice.latency.get("batch_row_us", 0.0) * 1e-6
+        for b in choice.batches:  # the same prompts decoded together, 3 rounds per size
+            check = end_to_end_check(test, manifests, profile, stoppers,
+                                     limit=config.check_prompts, batch_size=b, repeats=3,
+                                     decision_s={"learned": choice.decision_s},
+                                     decision_row_s={"learned": row_s},
+                                     progress=config.progress)
+            log(format_check(check))
+            summary["batches"][str(b)]["replay_check"] = check
         _write_json(out / "metrics.json", summary)
     return summary
 
@@ -404,6 +522,7 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     `config`, or TrainConfig's fields as keywords (`model="mlp", label="soft"`: they override
     `config`'s). `profile`: a measured cost profile (seconds); None replays relative costs."""
     config = replace(config, **options) if config else TrainConfig(**options)
+    _check_batch_sizes(config, profile)
     started = time.perf_counter()
     prep = prepare(df, manifests, config, log)
     fitted = fit(prep, config, out, log)

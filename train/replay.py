@@ -14,10 +14,20 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
 What a step stopped at depth s accepts, commits and leaves pending, and which forwards it runs,
 are the rules of `mcsd_runtime.step_model`; the profile prices those forwards
 (`CostProfile.step_seconds`), and learned stoppers add a per-decision latency.
+
+Batches (`replay(..., batch_size=B)`) follow `MCSDDecoder.generate_batch`: B rows, prompts
+admitted in order into free slots, each batch step's forwards over all active rows (the first
+draft forward padded to the most pending tokens of any row, the target's to the deepest tree),
+one decision per drafted depth for the rows whose cap is deeper (`batch_continue`, else ANY
+row's own stopper), every row drafted to the batch's depth within its cap. Batch size 1 is the
+replay of one sequence at a time. The oracles there: `StepOracle` (hindsight per batch step, a
+schedule) and `oracle_bound` (a bound on every schedule).
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -67,7 +77,7 @@ class ReplayResult:
     stopper: str
     mode: str  # "exact" or "estimate"
     tokens: int = 0  # committed tokens (exact) / expected tokens (estimate)
-    steps: int = 0  # target calls
+    steps: int = 0  # target calls (at B > 1: steps of rows, one per row per batch step)
     accepted: int = 0
     drafted_depth: int = 0  # sum over steps of s
     drafted_tokens: int = 0  # tree nodes drafted
@@ -77,6 +87,9 @@ class ReplayResult:
     cost_s: float = 0.0
     acceptance_sum: float = 0.0
     drafting_steps: int = 0  # steps that drafted at least one depth
+    batch_size: int = 1
+    batch_steps: int = 0  # steps of the batch (forwards of the target); `steps` counts rows'
+    decision_rows: int = 0  # frontiers the decisions read (a batched call reads several)
 
     @property
     def tau(self) -> float:
@@ -171,6 +184,71 @@ def _plan_prompt(p: Prompt, exact: bool, costs: dict, lam: float,
         out, i = outcome(i, s, pend)
         pend = out.pending
     return best[0][FIRST_PENDING][1], best[0][FIRST_PENDING][2]
+
+
+class StepOracle(StopperBase):
+    """At every step of the batch, the depth that maximises the rows' committed tokens minus
+    `lam` times the step's seconds, knowing every row's accepted length (replay only: the replay
+    asks `depth`). A schedule the decoder could follow, so a reference, not a bound: it looks one
+    step ahead and ignores where each row lands (`step_oracle` sets `lam`; `oracle_bound`
+    bounds every schedule)."""
+
+    def __init__(self, lam: float) -> None:
+        self.lam = lam
+
+    def should_continue(self, frontier: _Frontier) -> bool:
+        raise MCSDError("the step oracle decides whole batch steps, in replay only")
+
+    def depth(self, rows: list, tree: Tree, profile: CostProfile) -> int:
+        top = max(r.cap for r in rows)
+        if not top:
+            return 0
+        pending = max(r.pending for r in rows)
+        best, best_s = -math.inf, 1
+        for s in range(1, top + 1):
+            tokens = sum(step_outcome(r.step.accepted if r.step else 0, min(s, r.cap), r.pending,
+                                      r.prompt.new_tokens - r.t).committed for r in rows)
+            value = tokens - self.lam * profile.step_seconds(tree, s, pending, len(rows))
+            if value > best + 1e-12:
+                best, best_s = value, s
+        return best_s
+
+
+def step_oracle(data: ReplayData, profile: CostProfile, batch_size: int,
+                rounds: int = 50) -> StepOracle:
+    """The `StepOracle` whose rate `lam` gives the best replayed tokens/s: Dinkelbach's
+    iteration (lam set to the schedule's throughput until it no longer rises)."""
+    if data.mode != "exact":
+        raise MCSDError("the batch oracle needs exact replay (a dense greedy collection)")
+    lam, best = 0.0, (0.0, StepOracle(0.0))
+    for _ in range(rounds):
+        oracle = StepOracle(lam)
+        tps = replay(data, oracle, profile, batch_size=batch_size).throughput
+        if tps <= best[0] * (1 + 1e-9):
+            break
+        best, lam = (tps, oracle), tps
+    return best[1]
+
+
+def oracle_bound(data: ReplayData, profile: CostProfile, batch_size: int) -> float:
+    """An upper bound on the replayed tokens/s of any schedule at `batch_size` (exact replay).
+
+    Every schedule commits the same tokens (the outputs), so only its seconds differ. A step of
+    the batch over A rows costs c(A, s, P) at batch depth s and most pending P; each row's share
+    c / A is at least the cheapest share at the row's own depth and pending over 1..batch_size
+    rows (costs rise with depth and pending; a row drafts at most the batch's depth). The sum of
+    those shares, minimised per row over its stop plans by `_plan_prompt`, is then at most the
+    schedule's seconds (decisions cost >= 0). At batch size 1 it is the throughput oracle."""
+    if data.mode != "exact":
+        raise MCSDError("the batch oracle bound needs exact replay (a dense greedy collection)")
+    costs = {(s, pend): min(profile.step_seconds(data.tree, s, pend, a) / a
+                            for a in range(1, batch_size + 1))
+             for s in range(data.depth + 1) for pend in PENDING_STATES}
+    tokens = seconds = 0.0
+    for p in data.prompts.values():
+        tk, sec = _plan_prompt(p, True, costs, 1.0, {})
+        tokens, seconds = tokens + tk, seconds + sec
+    return metrics.throughput(tokens, seconds)
 
 
 class _Frontier:
@@ -284,88 +362,159 @@ def _infer_k_config(df: pd.DataFrame) -> tuple[int, ...]:
     return tuple(k)
 
 
+def _resolve(data: ReplayData, stopper, profile: CostProfile, name: str | None,
+             batch_size: int) -> tuple[object, str]:
+    """The stopper object a spec names (oracles included) and the result's name."""
+    if not isinstance(stopper, str):
+        return stopper, name or repr(stopper)
+    if stopper == "oracle":
+        obj = (PlanStopper(optimal_plan(data, profile)) if batch_size == 1
+               else step_oracle(data, profile, batch_size))
+    elif stopper == "oracle-accepted":
+        obj = AcceptedOracle()
+    else:
+        obj = make_stopper(stopper)
+    return obj, name or stopper
+
+
+class _Row:
+    """One sequence in the batch: its prompt, where the walk stands, its own stopper copy and
+    trajectory."""
+
+    __slots__ = ("prompt", "stopper", "traj", "pending", "t", "steps", "step")
+
+    def __init__(self, prompt: Prompt, stopper) -> None:
+        self.prompt, self.stopper, self.traj = prompt, copy.copy(stopper), Trajectory()
+        self.stopper.reset()
+        self.pending, self.t, self.steps = FIRST_PENDING, 0, iter(prompt.steps)
+        self.step: Step | None = None
+
+    def advance(self, exact: bool) -> bool:
+        """Move to the next step; False when the sequence is done. `step` is None for the last
+        token of a budget-capped output, which drafts nothing."""
+        p = self.prompt
+        if not exact:
+            self.step = next(self.steps, None)
+            return self.step is not None
+        if self.t >= p.new_tokens:
+            return False
+        self.step = p.by_position.get(self.t)
+        if self.step is None and self.t != p.new_tokens - 1:
+            raise MCSDError(f"{p.key}: no recorded step at position {self.t}")
+        return True
+
+    @property
+    def cap(self) -> int:
+        return self.step.cap if self.step else 0
+
+
 def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: str | None = None,
-           decision_s: float = 0.0) -> ReplayResult:
-    """Replay `stopper` (a spec string, a stopper object, or 'oracle') over every prompt."""
+           decision_s: float = 0.0, batch_size: int = 1,
+           decision_row_s: float = 0.0) -> ReplayResult:
+    """Replay `stopper` (a spec string, a stopper object, or 'oracle') over every prompt,
+    `batch_size` sequences at a time as `MCSDDecoder.generate_batch` decodes them: prompts
+    admitted in order into free slots, every step's forwards over all active rows, the batch
+    drafting one more depth while `stopper.batch_continue(frontiers)` says so (one decision for
+    the batch) or, for a stopper without it, while ANY row's own copy of it says so; every row
+    drafted to the batch's depth within its own cap (`stopper.for_batch(batch_size)` first,
+    where it has it). Batch size 1 is the decoder's `generate`. A decision costs `decision_s`,
+    plus `decision_row_s` per row beyond the first that one batched call reads."""
     profile = profile or CostProfile.relative()
-    if isinstance(stopper, str):
-        name = name or stopper
-        if stopper == "oracle":
-            stopper = PlanStopper(optimal_plan(data, profile))
-        elif stopper == "oracle-accepted":
-            stopper = AcceptedOracle()
-        else:
-            stopper = make_stopper(stopper)
-    res = ReplayResult(stopper=name or repr(stopper), mode=data.mode)
-    tree, D = data.tree, data.depth
-    exact = data.mode == "exact"
-    for p in data.prompts.values():
-        stopper.reset()
-        traj = Trajectory()
-        pending = FIRST_PENDING
-        t = 0
-        it = iter(p.steps)
-        while True:
-            if exact:
-                if t >= p.new_tokens:
-                    break
-                step = p.by_position.get(t)
-                if step is None and t != p.new_tokens - 1:
-                    raise MCSDError(f"{p.key}: no recorded step at position {t}")
-            else:
-                step = next(it, None)
-                if step is None:
-                    break
-            # the last token of a budget-capped output drafts nothing (depth 0)
-            s = _stop_depth(stopper, step, p.key, traj, D, res) if step else 0
-            out = step_outcome(step.accepted if step else 0, s, pending,
-                               p.new_tokens - t if exact else None)
-            forwards = step_forwards(tree, s, pending)
-            res.cost_s += profile.step_seconds(tree, s, pending)
-            res.draft_forwards += len(forwards.draft)
+    if batch_size < 1:
+        raise MCSDError(f"batch size must be at least 1, got {batch_size}")
+    stopper, name = _resolve(data, stopper, profile, name, batch_size)
+    if hasattr(stopper, "for_batch"):
+        stopper = stopper.for_batch(batch_size)
+    oracle = stopper if isinstance(stopper, StepOracle) else None
+    res = ReplayResult(stopper=name, mode=data.mode, batch_size=batch_size)
+    tree, exact = data.tree, data.mode == "exact"
+    queue = iter(data.prompts.values())
+    rows: list[_Row] = []
+    while True:
+        while len(rows) < batch_size and (p := next(queue, None)) is not None:
+            row = _Row(p, stopper)
+            if row.advance(exact):
+                rows.append(row)
+        if not rows:
+            break
+        depth = (oracle.depth(rows, tree, profile) if oracle
+                 else _batch_depth(stopper, rows, data.depth, res))
+        pending = max(r.pending for r in rows)  # the first draft forward pads to it
+        forwards = step_forwards(tree, depth, pending)
+        res.cost_s += profile.step_seconds(tree, depth, pending, len(rows))
+        res.draft_forwards += len(forwards.draft)
+        res.batch_steps += 1
+        for row in list(rows):
+            s = min(depth, row.cap)
+            step, p = row.step, row.prompt
+            out = step_outcome(step.accepted if step else 0, s, row.pending,
+                               p.new_tokens - row.t if exact else None)
             res.tokens += out.committed
             res.steps += 1
             res.accepted += out.accepted
             res.drafted_depth += s
-            res.drafted_tokens += forwards.target - 1
-            res.target_tokens += forwards.target
+            res.drafted_tokens += tree.cum[s]
+            res.target_tokens += 1 + tree.cum[s]
             if s:
                 res.acceptance_sum += out.accepted / s
                 res.drafting_steps += 1
-            traj.update(out.accepted, out.committed, s)
-            stopper.update(s, out.accepted)
-            t += out.committed
-            pending = out.pending
+            row.traj.update(out.accepted, out.committed, s)
+            row.stopper.update(s, out.accepted)
+            row.t += out.committed
+            row.pending = out.pending
+            if not row.advance(exact):
+                rows.remove(row)
     res.cost_s += decision_s * res.decisions
+    res.cost_s += decision_row_s * (res.decision_rows - res.decisions)
     return res
 
 
-def _stop_depth(stopper, step: Step, key: str, traj: Trajectory, max_depth: int,
-                res: ReplayResult) -> int:
-    """The depth `stopper` stops `step` at (at least 1, at most the step's cap), counting the
-    decisions that looked at the frontier in `res`."""
-    s = 1
-    while s < step.cap:
-        fr = _Frontier(s, max_depth, step.nodes[s - 1], traj.values(),
-                       step.hidden[s - 1] if step.hidden else None, step.accepted,
-                       (key, step.position, s))
-        go = stopper.should_continue(fr)
-        res.decisions += fr.read  # a decision costs time only if it looked
+def _batch_depth(stopper, rows: list[_Row], max_depth: int, res: ReplayResult) -> int:
+    """The depth the batch drafts to: 1 (0 when no row may draft), then one more while some
+    row's cap is deeper and the stopper says so; counts the decisions that looked at a frontier
+    (and the rows they read) in `res`."""
+    batch = getattr(stopper, "batch_continue", None)
+    s = 1 if any(r.cap for r in rows) else 0
+    while s:
+        asked = [r for r in rows if s < r.cap]
+        if not asked:
+            break
+        frontiers = [_frontier(r, s, max_depth) for r in asked]
+        if batch is not None:
+            go = batch(frontiers)
+            read = sum(f.read for f in frontiers)
+            res.decisions += read > 0  # a decision costs time only if it looked
+            res.decision_rows += read
+        else:  # every asked row's own stopper decides; the batch drafts on if ANY says so
+            votes = [r.stopper.should_continue(f) for r, f in zip(asked, frontiers, strict=True)]
+            go = any(votes)
+            read = sum(f.read for f in frontiers)
+            res.decisions += read
+            res.decision_rows += read
         if not go:
             break
         s += 1
     return s
 
 
+def _frontier(row: _Row, depth: int, max_depth: int) -> _Frontier:
+    step = row.step
+    return _Frontier(depth, max_depth, step.nodes[depth - 1], row.traj.values(),
+                     step.hidden[depth - 1] if step.hidden else None, step.accepted,
+                     (row.prompt.key, step.position, depth))
+
+
 class MemoStopper(StopperBase):
     """A learned stopper whose node scores are cached by (prompt, position, depth, trajectory),
-    so that sweeping thresholds and aggregations costs one model call per distinct frontier."""
+    so that sweeping thresholds and aggregations costs one model call per distinct frontier.
+    Decides as `LearnedStopper` does, alone and for a batch (`row_aggregation`)."""
 
     def __init__(self, learned, cache: dict | None = None) -> None:
         self.learned = learned
         self.cache = {} if cache is None else cache
         self.threshold, self.aggregation = learned.threshold, learned.aggregation
         self.min_depth, self.min_depth_gate = learned.min_depth, learned.min_depth_gate
+        self.row_aggregation = learned.row_aggregation
         self.needs_hidden = learned.needs_hidden
 
     def reset(self) -> None:
@@ -374,12 +523,9 @@ class MemoStopper(StopperBase):
     def update(self, drafted: int, accepted: int) -> None:
         self.learned.update(drafted, accepted)
 
-    def should_continue(self, frontier: _Frontier) -> bool:
+    def _score(self, frontier: _Frontier) -> float:
         from mcsd_runtime.aggregation import AGGREGATIONS
-        from mcsd_runtime.learned import drafts_without_deciding
 
-        if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
-            return True
         key = (*frontier.key, *frontier.trajectory())
         hit = self.cache.get(key)
         if hit is None:
@@ -391,7 +537,29 @@ class MemoStopper(StopperBase):
             hit = (self.learned.node_scores(x), feats)
             self.cache[key] = hit
         frontier.read = True
-        return AGGREGATIONS[self.aggregation](*hit) >= self.threshold
+        return AGGREGATIONS[self.aggregation](*hit)
+
+    def _skips(self, frontier: _Frontier) -> bool:
+        from mcsd_runtime.learned import drafts_without_deciding
+
+        return drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate)
+
+    def should_continue(self, frontier: _Frontier) -> bool:
+        from mcsd_runtime.aggregation import reachable
+
+        if self._skips(frontier):
+            return True
+        return reachable("max", self.threshold, 1) and self._score(frontier) >= self.threshold
+
+    def batch_continue(self, frontiers: list[_Frontier]) -> bool:
+        from mcsd_runtime.aggregation import batch_decision, reachable
+
+        if any(self._skips(f) for f in frontiers):
+            return True
+        if not reachable(self.row_aggregation, self.threshold, len(frontiers)):
+            return False
+        return batch_decision(self.row_aggregation, [self._score(f) for f in frontiers],
+                              self.threshold)
 
 
 THRESHOLDS = np.round(np.concatenate([np.linspace(0.02, 0.2, 10), np.linspace(0.25, 0.95, 15)]),
@@ -403,51 +571,72 @@ MIN_DEPTHS = (1, 2, 3)
 GATES = (0.0, 0.4, 0.5, 0.6, 0.7)
 
 
+def row_thresholds(row_aggregation: str, batch_size: int, thresholds=THRESHOLDS) -> np.ndarray:
+    """The thresholds swept for a row aggregation: a `sum` over rows ranges up to the batch
+    size, so its grid is scaled by it."""
+    return np.asarray(thresholds) * (batch_size if row_aggregation == "sum" else 1)
+
+
+def _setting_name(s: dict) -> str:
+    rows = f"/{s['row_aggregation']}" if s.get("row_aggregation", "max") != "max" else ""
+    gate = f"/{s['min_depth_gate']:g}" if "min_depth_gate" in s else ""
+    return f"learned:{s['aggregation']}{rows}@{s['threshold']:g}/{s['min_depth']}{gate}"
+
+
+def replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache: dict,
+                   setting: dict, batch_size: int = 1, decision_s: float = 0.0,
+                   decision_row_s: float = 0.0) -> dict:
+    """The learned stopper replayed with `setting`'s fields (threshold, aggregations,
+    min_depth, gate; node scores cached in `cache`): the setting and the ReplayResult."""
+    memo = MemoStopper(learned, cache)
+    for k, v in setting.items():
+        setattr(memo, k, v)
+    r = replay(data, memo, profile, name=_setting_name(setting), decision_s=decision_s,
+               batch_size=batch_size, decision_row_s=decision_row_s)
+    return setting | r.as_dict()
+
+
 def sweep(data: ReplayData, learned, profile: CostProfile | None, aggregations,
           thresholds=THRESHOLDS, decision_s: float = 0.0, progress: bool = False,
-          min_depths=MIN_DEPTHS) -> list[dict]:
-    """Replay the learned stopper at every (aggregation, threshold, min_depth) (`progress`: on
-    stderr); decisions are charged `decision_s` each, where the stopper looked."""
+          min_depths=MIN_DEPTHS, batch_size: int = 1, row_aggregations=("max",),
+          decision_row_s: float = 0.0) -> list[dict]:
+    """Replay the learned stopper at every (aggregation, row aggregation, threshold, min_depth)
+    at `batch_size` (`progress`: on stderr); decisions are charged `decision_s` each, where the
+    stopper looked, plus `decision_row_s` per further row a batched decision read."""
     from mcsd_runtime.progress import progress as progress_bar
 
     cache: dict = {}
-    curve = []
-    grid = [(agg, thr, m) for agg in aggregations for thr in thresholds for m in min_depths
-            if m < data.depth or m == 1]
-    for agg, thr, m in progress_bar(grid, desc="replay sweep", unit="setting",
-                                    disable=not progress):
-        memo = MemoStopper(learned, cache)
-        memo.aggregation, memo.threshold, memo.min_depth = agg, float(thr), m
-        r = replay(data, memo, profile, name=f"learned:{agg}@{thr:g}/{m}", decision_s=decision_s)
-        curve.append({"aggregation": agg, "threshold": float(thr), "min_depth": m}
-                     | r.as_dict())
-    return curve
+    grid = [{"aggregation": agg, "row_aggregation": rows, "threshold": float(thr),
+             "min_depth": m}
+            for agg in aggregations for rows in row_aggregations
+            for thr in row_thresholds(rows, batch_size, thresholds)
+            for m in min_depths if m < data.depth or m == 1]
+    return [replay_setting(data, learned, profile, cache, s, batch_size, decision_s,
+                            decision_row_s)
+            for s in progress_bar(grid, desc="replay sweep", unit="setting",
+                                  disable=not progress)]
 
 
 def sweep_gates(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
-                gates=GATES, decision_s: float = 0.0, min_depths=MIN_DEPTHS) -> list[dict]:
-    """Replay the chosen aggregation and threshold at every (min_depth, min_depth_gate); gates
+                gates=GATES, decision_s: float = 0.0, min_depths=MIN_DEPTHS,
+                batch_size: int = 1, decision_row_s: float = 0.0) -> list[dict]:
+    """Replay the chosen aggregations and threshold at every (min_depth, min_depth_gate); gates
     apply below a min_depth above 1 only."""
     cache: dict = {}
-    curve = []
-    for m in (m for m in min_depths if 1 < m < data.depth):
-        for gate in gates:
-            memo = MemoStopper(learned, cache)
-            memo.aggregation, memo.threshold = chosen["aggregation"], chosen["threshold"]
-            memo.min_depth, memo.min_depth_gate = m, float(gate)
-            r = replay(data, memo, profile, decision_s=decision_s,
-                       name=f"learned:{memo.aggregation}@{memo.threshold:g}/{m}/{gate:g}")
-            curve.append({"aggregation": memo.aggregation, "threshold": memo.threshold,
-                          "min_depth": m, "min_depth_gate": float(gate)} | r.as_dict())
-    return curve
+    keep = {k: chosen[k] for k in ("aggregation", "row_aggregation", "threshold")
+            if k in chosen}
+    return [replay_setting(data, learned, profile, cache,
+                            keep | {"min_depth": m, "min_depth_gate": float(gate)}, batch_size,
+                            decision_s, decision_row_s)
+            for m in min_depths if 1 < m < data.depth for gate in gates]
 
 
-def baselines(data: ReplayData, profile: CostProfile | None) -> dict[str, ReplayResult]:
+def baselines(data: ReplayData, profile: CostProfile | None,
+              batch_size: int = 1) -> dict[str, ReplayResult]:
     """Static depths 1..D, the built-in heuristics at their defaults, the throughput oracle and
-    the accepted-length oracle."""
-    out = {f"static:{d}": replay(data, f"static:{d}", profile) for d in range(1, data.depth + 1)}
-    for spec in ("heuristic", "confidence", "entropy", "cumprod"):
-        out[spec] = replay(data, spec, profile)
-    out["oracle"] = replay(data, "oracle", profile)
-    out["oracle-accepted"] = replay(data, "oracle-accepted", profile)
+    the accepted-length oracle, at `batch_size` (above 1 the oracle is `step_oracle`'s)."""
+    out = {f"static:{d}": replay(data, f"static:{d}", profile, batch_size=batch_size)
+           for d in range(1, data.depth + 1)}
+    for spec in ("heuristic", "confidence", "entropy", "cumprod", "oracle", "oracle-accepted"):
+        out[spec] = replay(data, spec, profile, batch_size=batch_size)
     return out

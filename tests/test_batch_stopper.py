@@ -1,0 +1,172 @@
+"""Learned stoppers under a batch: stopper.json's `batch` table (typed, round trip, old artifacts
+unchanged), `for_batch` picking a batch size's setting, and `batch_continue` scoring every row
+in one model call and aggregating over rows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mcsd_runtime.artifact import FILE, ArtifactSpec, BatchSetting
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.learned import LearnedStopper, load_stopper
+
+OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
+TABLE = {"8": {"threshold": 0.3, "aggregation": "sum", "row_aggregation": "mean",
+               "min_depth": 2, "min_depth_gate": 0.5},
+         "16": {"threshold": 1.5, "row_aggregation": "sum"}}
+
+
+def with_table(tmp_path: Path, table: dict = TABLE) -> Path:
+    folder = tmp_path / "lightgbm"
+    shutil.copytree(OLD / "lightgbm", folder)
+    data = json.loads((folder / FILE).read_text()) | {"batch": table}
+    (folder / FILE).write_text(json.dumps(data))
+    return folder
+
+
+def test_the_table_round_trips_and_fills_in_the_top_level(tmp_path):
+    spec = ArtifactSpec.read(with_table(tmp_path))
+    assert spec.batch == {
+        8: BatchSetting(threshold=0.3, aggregation="sum", row_aggregation="mean", min_depth=2,
+                        min_depth_gate=0.5),
+        16: BatchSetting(threshold=1.5, aggregation=spec.aggregation, row_aggregation="sum",
+                         min_depth=spec.min_depth, min_depth_gate=spec.min_depth_gate)}
+    out = tmp_path / "again"
+    out.mkdir()
+    spec.write(out)
+    assert ArtifactSpec.read(out) == spec
+    assert list(json.loads((out / FILE).read_text())["batch"]) == ["8", "16"]
+
+
+def test_an_artifact_without_the_table_is_written_as_before(tmp_path):
+    spec = ArtifactSpec.read(OLD / "lightgbm")
+    assert spec.batch is None and "batch" not in spec.to_json()
+    old = load_stopper(OLD / "lightgbm")
+    assert old.for_batch(8) is old and old.row_aggregation == "max"
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"0": {"threshold": 0.5}}, "batch: '0' is not a batch size"),
+    ({"eight": {"threshold": 0.5}}, "batch: 'eight' is not a batch size"),
+    ({"8": {"aggregation": "max"}}, r"batch\[8\] must be an object with a threshold"),
+    ({"8": {"threshold": 0.5, "row_aggregation": "median"}},
+     r"batch\[8\]: unknown row aggregation 'median'"),
+    ({"8": {"threshold": "high"}}, r"batch\[8\]: missing or non-numeric threshold"),
+    ({"8": {"threshold": 0.5, "min_depth": 0}}, r"batch\[8\]: min_depth must be a positive"),
+    ([0.5], "batch must map batch sizes to settings"),
+])
+def test_a_bad_table_is_named(tmp_path, table, message):
+    with pytest.raises(MCSDError, match=message) as err:
+        ArtifactSpec.read(with_table(tmp_path, table))
+    assert str(err.value).startswith(str(tmp_path / "lightgbm" / FILE))
+
+
+def test_for_batch_takes_the_largest_size_at_or_below(tmp_path):
+    stopper = load_stopper(with_table(tmp_path))
+    top = (stopper.threshold, stopper.aggregation, "max", stopper.min_depth)
+    pick = {b: stopper.for_batch(b) for b in (1, 4, 8, 12, 16, 64)}
+    for b in (1, 4):
+        s = pick[b]
+        assert (s.threshold, s.aggregation, s.row_aggregation, s.min_depth) == top
+    for b in (8, 12):
+        s = pick[b]
+        assert (s.threshold, s.aggregation, s.row_aggregation, s.min_depth,
+                s.min_depth_gate) == (0.3, "sum", "mean", 2, 0.5)
+    assert (pick[16].threshold, pick[64].row_aggregation) == (1.5, "sum")
+    assert stopper.threshold == top[0] and pick[8].model is stopper.model  # a copy
+    # an explicit override applies at every batch size: the table is dropped
+    fixed = load_stopper(with_table(tmp_path / "x"), threshold=0.7)
+    assert fixed.for_batch(8).threshold == 0.7
+
+
+# ------------------------------------------------------------------ batch_continue
+class CountingModel:
+    """Scores a node by its first feature; counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return np.asarray(x[:, 0], dtype=np.float64)
+
+
+class Front:
+    """A frontier whose nodes score `scores` (first decision feature)."""
+
+    def __init__(self, scores: list[float], depth: int = 2, recent: float = 0.0) -> None:
+        self.depth, self.max_depth, self.scores, self.recent = depth, 4, scores, recent
+
+    def trajectory(self) -> list[float]:
+        t = [0.0] * len(TRAJECTORY_FEATURES)
+        t[TRAJECTORY_FEATURES.index("accept_rate_recent")] = self.recent
+        return t
+
+    def decision_features(self) -> np.ndarray:
+        x = np.zeros((len(self.scores), len(DECISION_FEATURES)))
+        x[:, 0] = self.scores
+        return x
+
+
+def stopper(**setting) -> tuple[LearnedStopper, CountingModel]:
+    spec = replace(ArtifactSpec.read(OLD / "lightgbm"), aggregation="max", threshold=0.5,
+                   min_depth=1, min_depth_gate=0.0,
+                   batch={4: BatchSetting(**({"threshold": 0.5, "aggregation": "max"}
+                                             | setting))})
+    model = CountingModel()
+    return LearnedStopper(spec, model).for_batch(4), model
+
+
+# node scores per row (max over nodes): 0.9, 0.1, 0.2; their mean 0.4, their sum 1.2
+ROWS = [[0.9, 0.3], [0.1], [0.2, 0.05, 0.0]]
+
+
+@pytest.mark.parametrize(("rows", "threshold", "want"), [
+    ("max", 0.5, True), ("mean", 0.5, False), ("mean", 0.35, True),
+    ("sum", 1.0, True), ("sum", 1.3, False)])
+def test_rows_aggregate_by_the_batch_setting_in_one_model_call(rows, threshold, want):
+    s, model = stopper(row_aggregation=rows, threshold=threshold)
+    assert s.batch_continue([Front(r) for r in ROWS]) is want
+    assert model.calls == 1  # all rows' nodes scored at once
+    assert s.frontier_scores([Front(r) for r in ROWS]) == pytest.approx([0.9, 0.1, 0.2])
+
+
+def test_max_over_rows_decides_as_any_row_alone():
+    s, _ = stopper(row_aggregation="max", threshold=0.5)
+    for rows in (ROWS, ROWS[1:], [[0.5]], [[0.49], [0.2]]):
+        fronts = [Front(r) for r in rows]
+        assert s.batch_continue(fronts) is any(s.should_continue(f) for f in fronts)
+
+
+def test_a_row_in_its_no_decision_zone_keeps_the_batch_drafting():
+    """min_depth 3: a row at depth 2 with recent acceptance above the gate drafts on without
+    the model; below the gate (or at depth 3) the model decides."""
+    s, model = stopper(row_aggregation="mean", threshold=0.9, min_depth=3, min_depth_gate=0.5)
+    low = [Front([0.1], depth=3), Front([0.1], depth=2, recent=0.2)]
+    assert s.batch_continue(low) is False and model.calls == 1
+    assert s.batch_continue([*low, Front([0.1], depth=2, recent=0.6)]) is True
+    assert model.calls == 1  # no model call when a row skips the decision
+
+
+def test_an_unreachable_threshold_is_a_static_depth_without_a_model_call():
+    """Frontier scores lie in [0, 1], so a threshold above 1 (above the number of rows for a
+    sum) stops at min_depth without scoring: a static depth that costs no decision."""
+    from mcsd_runtime.aggregation import reachable
+
+    assert reachable("max", 1.0, 8) and not reachable("mean", 1.01, 8)
+    assert reachable("sum", 3.0, 3) and not reachable("sum", 3.5, 3)
+    s, model = stopper(row_aggregation="max", threshold=2.0, min_depth=3)
+    assert s.batch_continue([Front([1.0], depth=2), Front([1.0], depth=2)]) is True
+    assert s.batch_continue([Front([1.0], depth=3)]) is False
+    assert s.should_continue(Front([1.0], depth=3)) is False and model.calls == 0
+    s, model = stopper(row_aggregation="sum", threshold=2.5)
+    assert s.batch_continue([Front([1.0]), Front([1.0])]) is False and model.calls == 0
+    assert s.batch_continue([Front([1.0]), Front([1.0]), Front([0.6])]) is True
+    assert model.calls == 1
