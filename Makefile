@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # (`TORCH_SPEC=torch make venv` keeps whatever torch is already installed in .venv).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo drafts test lint clean clean-cache
+.PHONY: venv demo drafts batches test lint clean clean-cache
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -91,6 +91,31 @@ drafts: venv
 			--prompts $(DRAFTS_DOMAINS) --limit $(DRAFTS_EVAL) --max-new-tokens $(DRAFTS_TOKENS) \
 			--k-config $(DRAFTS_K) --temperature $$temp --ignore-eos --threads 1 \
 			--out $(DRAFTS_RUN)/t$$temp || exit 1; \
+	done
+
+# Batches (README "Batches"): the demo's chain collected at batch size 8, profiled and trained
+# for batch sizes 1, 4, 8 and 16, then evaluated across those batch sizes on held-out code and on
+# prose (about 30 minutes on a 2-core CPU after the toy pair's build).
+BATCH := data/runs/batch
+BATCH_SIZES := 1,4,8,16
+BATCH_DOMAINS := toy-code pkg-prose
+BATCH_EVAL := 64
+BATCH_METHODS := ar,$(DEMO_STATIC),HEURISTIC,stopper:$(BATCH)/stoppers/lightgbm
+
+batches: venv
+	$(MCSD) collect $(DEMO_DENSE) --prompts toy-code-collect --limit $(DEMO_COLLECT) \
+		--batch-size 8 --out $(BATCH)/collect
+	$(MCSD) profile --target toy --out $(BATCH)/cost.json --max-tokens 16 --k-config $(DEMO_K) \
+		--overhead-limit 8 --threads 1 --batch-sizes $(BATCH_SIZES)
+	$(MCSD) train --data $(BATCH)/collect --model lightgbm --cost-profile $(BATCH)/cost.json \
+		--val-frac 0.3 --batch-size $(BATCH_SIZES) --out $(BATCH)/stoppers/lightgbm --threads 1
+	heuristic=$$($(BIN)/python -c "import json; print(json.load(open(\
+		'$(BATCH)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
+	for set in $(BATCH_DOMAINS); do \
+		$(MCSD) eval --target toy --prompts $$set --limit $(BATCH_EVAL) --k-config $(DEMO_K) \
+			--max-new-tokens $(DEMO_TOKENS) --batch-size $(BATCH_SIZES) --threads 1 \
+			--methods "$(subst HEURISTIC,$$heuristic,$(BATCH_METHODS))" \
+			--out $(BATCH)/eval-$$set || exit 1; \
 	done
 
 test: venv
