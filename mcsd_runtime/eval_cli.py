@@ -123,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
         SINGLE_SEQUENCE,
         check_batch_methods,
         check_method,
-        check_writable,
         explicit_label,
         explicit_methods,
         markdown_notes,
@@ -136,8 +135,6 @@ def run(args: argparse.Namespace) -> int:
         tree_for,
         write_outputs,
     )
-    from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
 
     apply_threads(args)
     sizes = parse_batch_sizes(args.batch_size)
@@ -172,11 +169,7 @@ def run(args: argparse.Namespace) -> int:
         return run_batch_sizes(args, methods, base, sizes)
     if "," in args.prompts:
         return run_domains(args, methods, base)
-    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
-    if not prompts:
-        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
-    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
-    check_writable(out)
+    prompts, out = one_prompt_set(args)
     pair = pair_from_args(args)
     print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
           flush=True)
@@ -198,6 +191,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def one_prompt_set(args: argparse.Namespace) -> tuple[list, Path]:
+    """The prompts of `--prompts` (one set, not empty) and the output folder, checked
+    writable before any model loads."""
+    from mcsd_runtime.evaluate import check_writable
+    from mcsd_runtime.paths import runs_dir
+    from mcsd_runtime.prompts import load_prompts
+
+    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
+    if not prompts:
+        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
+    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
+    check_writable(out)
+    return prompts, out
+
+
 def parse_batch_sizes(text: str) -> list[int]:
     """`--batch-size`: one count or several, comma-separated, each >= 1."""
     try:
@@ -217,16 +225,10 @@ def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: l
     """One interleaved run per batch size (subfolders b1, b4, ...), then the table across batch
     sizes (batches.md, batches.json)."""
     from mcsd_runtime import batch_report
-    from mcsd_runtime.evaluate import check_writable, run_eval, summarize, write_outputs
-    from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.evaluate import run_eval, summarize, write_outputs
 
     heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
-    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
-    if not prompts:
-        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
-    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
-    check_writable(out)
+    prompts, out = one_prompt_set(args)
     pair = pair_from_args(args)
     greedy = base.temperature == 0
     by_batch = {}

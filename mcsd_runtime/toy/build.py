@@ -20,6 +20,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -132,15 +133,22 @@ def resolve_toy(spec: str) -> tuple[str, str] | None:
 
 def read_card(root: str | Path) -> dict:
     """The pair's card (MCSDError if missing or unreadable)."""
-    path = Path(root) / CARD_NAME
+    return read_card_file(root, CARD_NAME, CARD_FORMAT, "toy-pair", _broken)
+
+
+def read_card_file(root: str | Path, name: str, fmt: str, kind: str,
+                   broken: Callable[[str | Path, str], str]) -> dict:
+    """The JSON card `name` of a built folder, whose `format` must be `fmt` (MCSDError naming
+    the fix, `broken(root, what)`, if missing, unreadable or another kind of card)."""
+    path = Path(root) / name
     try:
         card = json.loads(path.read_text())
     except FileNotFoundError:
-        raise MCSDError(_broken(root, f"{CARD_NAME} is missing")) from None
+        raise MCSDError(broken(root, f"{name} is missing")) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise MCSDError(_broken(root, f"{CARD_NAME} is unreadable ({err})")) from None
-    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
-        raise MCSDError(_broken(root, f"{CARD_NAME} is not a toy-pair card"))
+        raise MCSDError(broken(root, f"{name} is unreadable ({err})")) from None
+    if not isinstance(card, dict) or card.get("format") != fmt:
+        raise MCSDError(broken(root, f"{name} is not a {kind} card"))
     return card
 
 

@@ -118,16 +118,7 @@ def resolve_draft(draft_spec: str, target_spec: str) -> tuple[str, str]:
 
 def read_card(root: str | Path) -> dict:
     """A built draft's card (MCSDError if missing or not a draft card)."""
-    path = Path(root) / CARD_NAME
-    try:
-        card = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MCSDError(_broken(root, f"{CARD_NAME} is missing")) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise MCSDError(_broken(root, f"{CARD_NAME} is unreadable ({err})")) from None
-    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
-        raise MCSDError(_broken(root, f"{CARD_NAME} is not a toy-draft card"))
-    return card
+    return pair_build.read_card_file(root, CARD_NAME, CARD_FORMAT, "toy-draft", _broken)
 
 
 def verify_draft(root: str | Path, target_root: str | Path | None = None,
