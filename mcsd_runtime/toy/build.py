@@ -97,12 +97,22 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
         print(f"building the toy pair ({recipe.preset}, seed {recipe.seed}) into {dest}"
               + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
     tmp = _make_tmp(dest)
+    card = build_then_install(tmp, dest, lambda: _build_into(tmp, recipe, progress))
+    if progress:
+        print(summary(dest, card), flush=True)
+    return dest
+
+
+def build_then_install(tmp: Path, dest: Path, build: Callable[[], dict]) -> dict:
+    """Run `build()`, which writes a model folder into `tmp` and returns its card, with
+    transformers' per-shard progress bars off, then move `tmp` to `dest`; `tmp` is removed if
+    anything fails."""
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # per-shard save/load bars are noise here
     try:
-        card = _build_into(tmp, recipe, progress)
+        card = build()
         _install(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -110,9 +120,7 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    if progress:
-        print(summary(dest, card), flush=True)
-    return dest
+    return card
 
 
 def toy_pair_dirs(preset: str = "default", seed: int = 0) -> tuple[Path, Path]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -80,19 +79,8 @@ def build_draft(name: str, target_seed: int = 0, *, recipe: DraftRecipe | None =
         print(f"distilling the toy draft {recipe.name!r} from {target_root / 'target'} into "
               f"{dest}" + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
     tmp = pair_build._make_tmp(dest)
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # per-shard save/load bars are noise here
-    try:
-        card = _build_into(tmp, recipe, hash12, target_root, target_card, progress)
-        pair_build._install(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    card = pair_build.build_then_install(
+        tmp, dest, lambda: _build_into(tmp, recipe, hash12, target_root, target_card, progress))
     if progress:
         print(draft_summary(dest, card), flush=True)
     return dest
