@@ -158,8 +158,7 @@ class BatchRun:
             new = RowCache(len(take), self.dev)
             if n:
                 self._forward(model, new, ids, pos, block, valid, keep=1)
-                new.lens = list(lens)  # each row's prefix: its prompt but the last token
-                new.compact([[] for _ in take])
+                new.settle(lens)  # each row's prefix: its prompt but the last token
             cache.extend(new)
         dt = time.perf_counter() - t0
         self.stats.prefill_time += dt
@@ -246,13 +245,7 @@ class BatchRun:
             rs.draft_calls += times["draft_calls"]
             rs.target_time += times["target"]
             rs.draft_time += times["draft"]
-            before = (rs.drafted_tokens, rs.accepted_tokens, rs.drafting_steps,
-                      rs.acceptance_sum)
-            dec._learn(r.st, rs, draft, v, new, row=r.index)
-            self.stats.drafted_tokens += rs.drafted_tokens - before[0]
-            self.stats.accepted_tokens += rs.accepted_tokens - before[1]
-            self.stats.drafting_steps += rs.drafting_steps - before[2]
-            self.stats.acceptance_sum += rs.acceptance_sum - before[3]
+            dec._learn(r.st, draft, v, new, rs, self.stats, row=r.index)
             r.steps.append(StepRecord(
                 drafted=draft.depth, accepted=v.accepted, committed=len(new),
                 tree_size=tree.cum[draft.depth], target_cache=tc.lens[i],
@@ -283,7 +276,7 @@ class BatchRun:
         logits = out.logits.gather(1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
         hidden = None
         if dec._needs_hidden:
-            h = out.hidden_states[-1][:, -m:]
+            h = out.hidden_states[-1]
             hidden = h.gather(1, last.expand(-1, 1, h.shape[-1]))
         return dec._probs(logits), hidden
 

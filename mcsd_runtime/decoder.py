@@ -473,16 +473,17 @@ class MCSDDecoder:
     # -- 5. account: recorder, trajectory, stopper, statistics
     def _account(self, st: RowState, stats: DecodeStats, draft: Draft, v: Verdict,
                  committed: list[int]) -> StepRecord:
-        self._learn(st, stats, draft, v, committed)
+        self._learn(st, draft, v, committed, stats)
         s = draft.depth
         return StepRecord(drafted=s, accepted=v.accepted, committed=len(committed),
                           tree_size=self.tree.cum[s], target_cache=cache_len(st.t_cache),
                           draft_cache=cache_len(st.d_cache), target_pending=len(st.t_pending),
                           draft_pending=len(st.d_pending))
 
-    def _learn(self, st: RowState, stats: DecodeStats, draft: Draft, v: Verdict,
-               committed: list[int], row: int = 0) -> None:
-        """Tell the recorder, the trajectory, the stopper and the statistics how the step went."""
+    def _learn(self, st: RowState, draft: Draft, v: Verdict, committed: list[int],
+               *stats: DecodeStats, row: int = 0) -> None:
+        """Tell the recorder, the trajectory, the stopper and each of `stats` how the step
+        went."""
         s, c = draft.depth, self.tree.cum[draft.depth]
         roots = self.tree.sizes[0] if self._target_init and s else 0  # the target's, not drafted
         drafted_depth = s - 1 if roots else s
@@ -490,11 +491,12 @@ class MCSDDecoder:
             self.recorder.on_step(self._trace(st, draft, v, row))
         st.trajectory.update(v.accepted, len(committed), drafted_depth)
         st.stopper.update(drafted_depth, v.accepted)
-        stats.drafted_tokens += c - roots
-        stats.accepted_tokens += v.accepted
-        if drafted_depth:
-            stats.drafting_steps += 1
-            stats.acceptance_sum += v.accepted / drafted_depth
+        for counts in stats:
+            counts.drafted_tokens += c - roots
+            counts.accepted_tokens += v.accepted
+            if drafted_depth:
+                counts.drafting_steps += 1
+                counts.acceptance_sum += v.accepted / drafted_depth
 
     def _trace(self, st: RowState, draft: Draft, v: Verdict, row: int = 0) -> StepTrace:
         tt, s = self.tt, draft.depth

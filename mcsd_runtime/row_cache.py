@@ -65,6 +65,11 @@ class RowCache:
                     t[r_idx, :, d_idx] = t[r_idx, :, s_idx]
         self._cut()
 
+    def settle(self, lens: list[int]) -> None:
+        """Each row's valid entries are now its first `lens[r]` slots (after a prefill)."""
+        self.lens = list(lens)
+        self._cut()
+
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (in this order)."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
@@ -91,8 +96,8 @@ class RowCache:
                 merged.update(torch.cat([parts[0], parts[2]]), torch.cat([parts[1], parts[3]]),
                               i)
             self.cache = merged
-        pad = lambda v: torch.nn.functional.pad(v, (0, length - v.shape[1]))  # noqa: E731
-        self.valid = torch.cat([pad(self.valid), pad(other.valid)])
+        self.valid = torch.cat([torch.nn.functional.pad(v, (0, length - v.shape[1]))
+                                for v in (self.valid, other.valid)])
         self.lens = self.lens + other.lens
 
     def _cut(self) -> None:

@@ -172,15 +172,7 @@ def verify_pair(root: str | Path, recipe: Recipe | None = None) -> dict:
             f"{root} holds a toy pair of another recipe (hash {card.get('recipe_hash')}, wanted "
             f"{recipe.hash12()}); pass --force to rebuild it there or choose another --out"
         )
-    files = card.get("files")
-    if not isinstance(files, dict) or not files:
-        raise MCSDError(_broken(root, "the card lists no files"))
-    for rel, digest in sorted(files.items()):
-        path = root / rel
-        if not path.is_file():
-            raise MCSDError(_broken(root, f"{rel} is missing"))
-        if _sha256(path) != digest:
-            raise MCSDError(_broken(root, f"{rel} does not match its checksum"))
+    check_files(root, card, _broken)
     from transformers import AutoConfig, AutoTokenizer
 
     for sub in ("target", "draft"):
@@ -373,6 +365,20 @@ def _limit_chars(texts: list[str], limit: int) -> list[str]:
 
 def _params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def check_files(root: Path, card: dict, broken: Callable[[str | Path, str], str]) -> None:
+    """Every file the card lists is in `root` with its SHA-256 (MCSDError, `broken(root, what)`,
+    otherwise)."""
+    files = card.get("files")
+    if not isinstance(files, dict) or not files:
+        raise MCSDError(broken(root, "the card lists no files"))
+    for rel, digest in sorted(files.items()):
+        path = root / rel
+        if not path.is_file():
+            raise MCSDError(broken(root, f"{rel} is missing"))
+        if _sha256(path) != digest:
+            raise MCSDError(broken(root, f"{rel} does not match its checksum"))
 
 
 def _sha256(path: Path) -> str:

@@ -120,15 +120,7 @@ def verify_draft(root: str | Path, target_root: str | Path | None = None,
         raise MCSDError(f"{root} holds a toy draft of another recipe (hash "
                         f"{card.get('recipe_hash')}, wanted {recipe_hash}); pass --force to "
                         f"rebuild it there or choose another --out")
-    files = card.get("files")
-    if not isinstance(files, dict) or not files:
-        raise MCSDError(_broken(root, "the card lists no files"))
-    for rel, digest in sorted(files.items()):
-        path = root / rel
-        if not path.is_file():
-            raise MCSDError(_broken(root, f"{rel} is missing"))
-        if pair_build._sha256(path) != digest:
-            raise MCSDError(_broken(root, f"{rel} does not match its checksum"))
+    pair_build.check_files(root, card, _broken)
     if target_root is not None:
         digest = pair_build.read_card(target_root).get("files", {}).get(TARGET_WEIGHTS)
         if card.get("target", {}).get("weights_sha256") != digest:
