@@ -10,12 +10,14 @@ import torch
 from test_decoder_greedy import prompts, reference
 from test_decoder_sampling import (
     ALPHA,
+    DRAFTS,
     PROMPT,
     VOCAB,
     exact_joint,
     micro_pair,
     p_value,
     residual_from_p,
+    unguarded_verify,
 )
 
 from conftest import make_pair
@@ -180,9 +182,10 @@ def test_batch_errors(pair):
 
 
 # ---------------------------------------------------------------------------- sampling
-def batch_counts(pair, n: int = 1000, batch_size: int = 8) -> torch.Tensor:
-    dec = MCSDDecoder(pair, DecodeConfig(k_config=(3, 2), temperature=1.0, max_new_tokens=3),
-                      stopper="heuristic")
+def batch_counts(pair, n: int = 1000, batch_size: int = 8, temperature: float = 1.0,
+                 k_config: tuple[int, ...] = (3, 2)) -> torch.Tensor:
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
+                                         max_new_tokens=3), stopper="heuristic")
     out = dec.generate_batch([PROMPT] * n, batch_size=batch_size, seeds=list(range(n)))
     counts = torch.zeros(VOCAB * VOCAB)
     for res in out:
@@ -197,6 +200,18 @@ def test_sampled_rows_follow_the_target_and_a_biased_verifier_fails(monkeypatch)
     assert p_value(batch_counts(micro), exact) > ALPHA
     monkeypatch.setattr(V, "verify_children", residual_from_p)
     assert p_value(batch_counts(micro), exact) < ALPHA
+
+
+@pytest.mark.parametrize("draft_kind", ["one-hot", "sharp-T0.2"])
+def test_batched_rows_stay_exact_under_degenerate_drafts(draft_kind, monkeypatch):
+    """A one-hot draft, and a sharp draft at temperature 0.2: proposals with fewer non-zero
+    tokens than the tree has slots, in batches; the unguarded verifier fails the same test."""
+    _, temperature, k_config = DRAFTS[draft_kind]
+    pair = micro_pair(draft_kind)
+    exact = exact_joint(pair, temperature)
+    assert p_value(batch_counts(pair, temperature=temperature, k_config=k_config), exact) > ALPHA
+    monkeypatch.setattr(V, "verify_children", unguarded_verify)
+    assert p_value(batch_counts(pair, temperature=temperature, k_config=k_config), exact) < ALPHA
 
 
 def test_sampled_rows_draw_as_the_prompt_alone(pair, refs):
