@@ -21,7 +21,7 @@ from mcsd_runtime import metrics
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mcsd_runtime.cli_args import add_decode_args, add_pair_args, add_threads_arg
+    from mcsd_runtime.cli.args import add_decode_args, add_pair_args, add_threads_arg
 
     p = argparse.ArgumentParser(prog="python -m collect.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,7 +40,7 @@ def bench(pair, config, prompts, save_hidden: bool = False) -> dict:
     import pyarrow.parquet as pq
 
     from collect.recorder import RowRecorder
-    from mcsd_runtime.decoder import MCSDDecoder
+    from mcsd_runtime.decode.decoder import MCSDDecoder
 
     rec = RowRecorder(config.k_config, "bench", config.init, save_hidden)
     plain = MCSDDecoder(pair, config, stopper="static")
@@ -82,9 +82,9 @@ def bench(pair, config, prompts, save_hidden: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    from mcsd_runtime.cli_args import apply_threads, decode_config_from_args, pair_from_args
+    from mcsd_runtime.cli.args import apply_threads, decode_config_from_args, pair_from_args
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.prompts.sets import load_prompts
 
     args = build_parser().parse_args(argv)
     try:

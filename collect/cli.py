@@ -27,7 +27,7 @@ data_dir=DIR) or any Parquet reader; collect.load_manifest(DIR) gives the manife
 
 
 def add_collect_args(p: argparse.ArgumentParser) -> None:
-    from mcsd_runtime.cli_args import (
+    from mcsd_runtime.cli.args import (
         add_batch_size_arg,
         add_decode_args,
         add_pair_args,
@@ -105,15 +105,15 @@ def job_from_args(args: argparse.Namespace):
     from pathlib import Path
 
     from collect.run import CollectJob
-    from mcsd_runtime.cli_args import (
+    from mcsd_runtime.cli.args import (
         check_batch_size,
         check_threads,
         decode_config_from_args,
         pair_paths,
     )
-    from mcsd_runtime.pair import pick_device
+    from mcsd_runtime.models.pair import pick_device
     from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.prompts.sets import load_prompts
 
     check_threads(args.threads)
     check_batch_size(args.batch_size)

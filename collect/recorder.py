@@ -15,9 +15,9 @@ import pyarrow as pa
 import torch
 
 from collect.schema import prompt_hash, row_schema
-from mcsd_runtime.decoder import StepTrace
-from mcsd_runtime.features import NODE_FEATURES, TRAJECTORY_FEATURES
-from mcsd_runtime.tree import Tree
+from mcsd_runtime.decode.decoder import StepTrace
+from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.stop.features import NODE_FEATURES, TRAJECTORY_FEATURES
 
 _N = len(NODE_FEATURES)
 

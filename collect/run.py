@@ -26,12 +26,12 @@ from collect.recorder import RowRecorder
 from collect.schema import ROW_SCHEMA_VERSION
 from collect.store import now
 from mcsd_runtime import metrics
-from mcsd_runtime.cli_args import set_threads
-from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
+from mcsd_runtime.cli.args import set_threads
+from mcsd_runtime.decode.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
-from mcsd_runtime.pair import Pair
-from mcsd_runtime.prompts import Prompt
+from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.prompts.sets import Prompt
+from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
 
 DEFAULT_SHARD_ROWS = 1 << 18
 
@@ -400,7 +400,7 @@ def _load_pair(job: CollectJob, device: str) -> Pair:
     set_threads(job.threads)
     if job.pair_loader is not None:
         return job.pair_loader(device)
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.models.pair import load_pair
 
     return load_pair(**(job.pair_args | {"device": device}))
 
@@ -446,7 +446,7 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
     if devices < 1 or num_nodes < 1:
         raise MCSDError("--devices and --num-nodes must be >= 1")
     if devices == 1 and num_nodes == 1 and not externally_launched():
-        from mcsd_runtime.pair import pick_device
+        from mcsd_runtime.models.pair import pick_device
 
         with store.run_lock(job.out):  # before the pair loads: a second job is refused at once
             return collect_prompts(job, _load_pair(job, str(pick_device(device))))

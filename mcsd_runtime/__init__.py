@@ -11,23 +11,23 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` imports on use
-    from mcsd_runtime.decoder import ARDecoder as ARDecoder
-    from mcsd_runtime.decoder import DecodeConfig as DecodeConfig
-    from mcsd_runtime.decoder import GenerationResult as GenerationResult
-    from mcsd_runtime.decoder import MCSDDecoder as MCSDDecoder
-    from mcsd_runtime.decoder import StepTrace as StepTrace
+    from mcsd_runtime.decode.decoder import ARDecoder as ARDecoder
+    from mcsd_runtime.decode.decoder import DecodeConfig as DecodeConfig
+    from mcsd_runtime.decode.decoder import GenerationResult as GenerationResult
+    from mcsd_runtime.decode.decoder import MCSDDecoder as MCSDDecoder
+    from mcsd_runtime.decode.decoder import StepTrace as StepTrace
     from mcsd_runtime.errors import MCSDError as MCSDError
-    from mcsd_runtime.features import FEATURE_NAMES as FEATURE_NAMES
-    from mcsd_runtime.features import NODE_FEATURES as NODE_FEATURES
-    from mcsd_runtime.features import SCHEMA_VERSION as SCHEMA_VERSION
-    from mcsd_runtime.features import TRAJECTORY_FEATURES as TRAJECTORY_FEATURES
-    from mcsd_runtime.hf import mcsd_generate as mcsd_generate
-    from mcsd_runtime.learned import check_pair as check_pair
-    from mcsd_runtime.learned import load_stopper as load_stopper
-    from mcsd_runtime.pair import Pair as Pair
-    from mcsd_runtime.pair import load_pair as load_pair
-    from mcsd_runtime.stoppers import Stopper as Stopper
-    from mcsd_runtime.stoppers import make_stopper as make_stopper
+    from mcsd_runtime.models.hf import mcsd_generate as mcsd_generate
+    from mcsd_runtime.models.pair import Pair as Pair
+    from mcsd_runtime.models.pair import load_pair as load_pair
+    from mcsd_runtime.stop.builtin import Stopper as Stopper
+    from mcsd_runtime.stop.builtin import make_stopper as make_stopper
+    from mcsd_runtime.stop.features import FEATURE_NAMES as FEATURE_NAMES
+    from mcsd_runtime.stop.features import NODE_FEATURES as NODE_FEATURES
+    from mcsd_runtime.stop.features import SCHEMA_VERSION as SCHEMA_VERSION
+    from mcsd_runtime.stop.features import TRAJECTORY_FEATURES as TRAJECTORY_FEATURES
+    from mcsd_runtime.stop.learned import check_pair as check_pair
+    from mcsd_runtime.stop.learned import load_stopper as load_stopper
 
 _EXPORTS = {
     "ARDecoder": "decoder", "DecodeConfig": "decoder", "GenerationResult": "decoder",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mcsd_runtime.pair import Pair
+from mcsd_runtime.models.pair import Pair
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a shared 2-core machine
 
@@ -72,6 +72,6 @@ def toy_tiny(toy_tiny_build) -> Path:
 
 @pytest.fixture(scope="session")
 def toy_pair(toy_tiny):
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.models.pair import load_pair
 
     return load_pair(toy_tiny / "target", toy_tiny / "draft", device="cpu", dtype="float32")

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from conftest import make_pair
-from mcsd_runtime.cost import BatchCosts, CostProfile, measure, parse_batch_sizes
+from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile, measure, parse_batch_sizes
+from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.tree import Tree
 
 PROFILE = CostProfile(tokens=[1, 8], target_s=[1.0, 2.0], draft_s=[0.1, 0.2],
                       step_overhead_s=0.01, depth_overhead_s=0.001,
@@ -95,8 +95,8 @@ def test_measure_at_batch_sizes_on_a_tiny_pair():
 def test_static_runs_at_a_batch_size_time_the_batched_decoder():
     """One run per static depth through generate_batch: its steps, drafted depths and tokens
     are the batch's; the forward timer sees exactly the decode-phase forwards (no prefill)."""
-    from mcsd_runtime.cost import _ForwardTimer, calibrate, static_runs
-    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.costmodel.profile import _ForwardTimer, calibrate, static_runs
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
     pair = make_pair()
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12], [13]]

@@ -21,10 +21,10 @@ from test_decoder_sampling import (
 )
 
 from conftest import make_pair
-from mcsd_runtime import verify as V
-from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stoppers import StopperBase, make_stopper
+from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 
 CASES = [((4, 2, 2, 1), "static"), ((4, 2, 2, 1), "heuristic"), ((2, 3), "static:1"),
          ((1, 1, 1, 1), "confidence:0.3"), ((3, 1, 1, 1, 1, 1), "cumprod:0.8")]

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from test_train_data import dense_rows
 
-from mcsd_runtime.artifact import ArtifactSpec
-from mcsd_runtime.cost import BatchCosts, CostProfile
+from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
+from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
+from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import NODE_FEATURES, Trajectory
-from mcsd_runtime.learned import load_stopper, stopper_from
-from mcsd_runtime.step_model import FIRST_PENDING, step_forwards, step_outcome
-from mcsd_runtime.stoppers import StopperBase, make_stopper
-from mcsd_runtime.tree import Tree
+from mcsd_runtime.stop.artifact import ArtifactSpec
+from mcsd_runtime.stop.builtin import StopperBase, make_stopper
+from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
+from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from train import replay as R
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
@@ -256,7 +256,7 @@ def test_batched_replay_matches_generate_batch(data, spec, batch_size):
     learned stopper decides through batch_continue with a mean over rows from its table."""
     from test_train_data import K_CONFIG, MAX_NEW, prompts, small_pair
 
-    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
     def build():
         if spec == "learned-mean":

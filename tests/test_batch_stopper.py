@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcsd_runtime.artifact import FILE, ArtifactSpec, BatchSetting
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
-from mcsd_runtime.learned import LearnedStopper, load_stopper
+from mcsd_runtime.stop.artifact import FILE, ArtifactSpec, BatchSetting
+from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.stop.learned import LearnedStopper, load_stopper
 
 OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 TABLE = {"8": {"threshold": 0.3, "aggregation": "sum", "row_aggregation": "mean",
@@ -158,7 +158,7 @@ def test_a_row_in_its_no_decision_zone_keeps_the_batch_drafting():
 def test_an_unreachable_threshold_is_a_static_depth_without_a_model_call():
     """Frontier scores lie in [0, 1], so a threshold above 1 (above the number of rows for a
     sum) stops at min_depth without scoring: a static depth that costs no decision."""
-    from mcsd_runtime.aggregation import reachable
+    from mcsd_runtime.stop.aggregation import reachable
 
     assert reachable("max", 1.0, 8) and not reachable("mean", 1.01, 8)
     assert reachable("sum", 3.0, 3) and not reachable("sum", 3.5, 3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mcsd_runtime.cli import build_parser
-from mcsd_runtime.cli_args import add_decode_args, apply_threads, pair_paths
+from mcsd_runtime.cli.args import add_decode_args, apply_threads, pair_paths
 from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 
@@ -116,7 +116,7 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
 @pytest.fixture
 def no_pair(monkeypatch):
     """Loading a pair, or building the toy one, fails the test: bad options fail first."""
-    from mcsd_runtime import pair
+    from mcsd_runtime.models import pair
     from mcsd_runtime.toy import build
 
     def refuse(*_, **__):
@@ -160,7 +160,7 @@ def test_bad_device_is_a_clear_error(command, device, message, tmp_path, capsys,
 
 
 def test_pick_device_counts_cuda_devices(monkeypatch):
-    from mcsd_runtime.pair import pick_device
+    from mcsd_runtime.models.pair import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -11,7 +11,7 @@ from mcsd_runtime.cli import main
 @pytest.fixture(autouse=True)
 def no_pair(monkeypatch):
     """Loading a pair, or building the toy one, fails the test: bad options fail first."""
-    from mcsd_runtime import pair
+    from mcsd_runtime.models import pair
     from mcsd_runtime.toy import build
 
     def refuse(*_, **__):

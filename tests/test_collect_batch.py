@@ -10,7 +10,7 @@ from collect import load_rows
 from collect.run import collect_prompts
 from collect.store import shard_paths
 from mcsd_runtime.cli import main as mcsd
-from mcsd_runtime.decoder import DecodeConfig
+from mcsd_runtime.decode.decoder import DecodeConfig
 
 LABELS = ["run_id", "prompt_id", "prompt_hash", "init", "step", "position", "node", "parent",
           "token", "on_accepted_path", "accepted_length", "drafted_depth"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import make_pair
-from mcsd_runtime.cost import (
+from mcsd_runtime.costmodel.profile import (
     CostProfile,
     calibrate,
     fit_overheads,
@@ -63,7 +63,7 @@ def test_fit_overheads_recovers_known_costs():
 def test_static_runs_record_each_depths_decoding():
     """One run per prompt and static depth, with the decoder's own counts, and every forward
     logged by (model, tokens): depth d's target forward takes the root and d nodes."""
-    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
     pair = make_pair()
     prompts = [[1, 2, 3], [4, 5]]
@@ -109,7 +109,7 @@ def test_calibrate_takes_the_decoders_medians_and_fits_overheads():
 
 
 def test_step_seconds_counts_the_forwards_of_a_step():
-    from mcsd_runtime.tree import Tree
+    from mcsd_runtime.decode.tree import Tree
 
     p = CostProfile(tokens=[1, 8], target_s=[1.0, 1.7], draft_s=[0.1, 0.8], step_overhead_s=0.01,
                     depth_overhead_s=0.001)

@@ -7,9 +7,9 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import make_pair, tiny_llama
 from mcsd_runtime import MCSDError
-from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.pair import Pair, check_same_vocab
-from mcsd_runtime.stoppers import make_stopper
+from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.models.pair import Pair, check_same_vocab
+from mcsd_runtime.stop.builtin import make_stopper
 
 
 def test_mismatched_model_vocab():
@@ -74,7 +74,7 @@ def test_unknown_stopper_spec(spec):
 
 
 def test_missing_model_folder():
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.models.pair import load_pair
 
     with pytest.raises(MCSDError, match="no model folder at /no/such/model"):
         load_pair("/no/such/model", "/no/such/draft")
@@ -95,7 +95,7 @@ def test_an_object_without_the_stopper_contract_is_refused(pair):
 def test_config_fingerprint_ignores_how_a_model_was_saved_not_what_it_computes():
     """A pair keeps its fingerprint across transformers versions, folders and dtypes (a stopper
     collected under one version loads under another); an architecture change alters it."""
-    from mcsd_runtime.pair import config_hash
+    from mcsd_runtime.models.pair import config_hash
 
     model = tiny_llama(64, 2, 32, seed=0)
     before = config_hash(model)

@@ -15,9 +15,9 @@ import torch
 from scipy.stats import chisquare
 
 from conftest import make_pair
-from mcsd_runtime import verify as V
 from mcsd_runtime.constants import VERIFIERS
-from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
 VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 1000
 ALPHA = 1e-3

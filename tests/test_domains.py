@@ -7,8 +7,10 @@ import json
 import pytest
 
 from mcsd_runtime import cli
-from mcsd_runtime.domain_report import domain_rows, markdown, worst_domains
-from mcsd_runtime.domains import (
+from mcsd_runtime.cli.eval import register
+from mcsd_runtime.evaluate.domain_report import domain_rows, markdown, worst_domains
+from mcsd_runtime.evaluate.run import Record
+from mcsd_runtime.prompts.domains import (
     DOMAIN_SETS,
     MAX_CHARS,
     MIN_CHARS,
@@ -16,9 +18,7 @@ from mcsd_runtime.domains import (
     cut_shift,
     prose_paragraphs,
 )
-from mcsd_runtime.eval_cli import register
-from mcsd_runtime.evaluate import Record
-from mcsd_runtime.prompts import load_prompts
+from mcsd_runtime.prompts.sets import load_prompts
 
 BODY = "\n".join(f"    value_{i} = compute_something(value_{i - 1}, option={i})"
                  for i in range(1, 9))
@@ -105,7 +105,7 @@ def test_training_and_evaluation_sets_share_no_file():
 
 
 def test_prompts_list_names_every_domain(capsys):
-    from mcsd_runtime.prompts import register as register_prompts
+    from mcsd_runtime.prompts.sets import register as register_prompts
 
     code = cli.run_parser(cli.build_parser([register_prompts]), ["prompts", "--list"])
     out = capsys.readouterr().out

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mcsd_runtime import cli
+from mcsd_runtime.cli.eval import register as eval_register
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.eval_cli import register as eval_register
-from mcsd_runtime.pair import load_pair, pair_names
+from mcsd_runtime.models.pair import load_pair, pair_names
 from mcsd_runtime.toy import build as toy_build
 from mcsd_runtime.toy import drafts
 from mcsd_runtime.toy.cli import register as toy_register
@@ -60,7 +60,7 @@ def test_a_draft_with_every_target_layer_is_the_target(toy_pair):
     """Copying all of a target's layers reproduces it exactly; fewer layers do not; another
     width is refused."""
     from mcsd_runtime.toy.recipe import ModelShape
-    from mcsd_runtime.toy.train import make_model
+    from mcsd_runtime.toy.training import make_model
 
     target, tok = toy_pair.target, toy_pair.tokenizer
     c = target.config

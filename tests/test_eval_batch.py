@@ -8,9 +8,9 @@ import json
 import pytest
 
 from mcsd_runtime import cli
-from mcsd_runtime.decoder import DecodeConfig
-from mcsd_runtime.evaluate import _geo, _tps_by_unit, run_eval, summarize
-from mcsd_runtime.prompts import load_prompts
+from mcsd_runtime.decode.decoder import DecodeConfig
+from mcsd_runtime.evaluate.run import _geo, _tps_by_unit, run_eval, summarize
+from mcsd_runtime.prompts.sets import load_prompts
 
 
 def test_batched_records_pair_speed_per_batch(toy_pair):

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from mcsd_runtime import cli
-from mcsd_runtime.decoder import DecodeConfig
+from mcsd_runtime.cli.eval import register
+from mcsd_runtime.decode.decoder import DecodeConfig
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.eval_cli import register
-from mcsd_runtime.evaluate import run_eval, split_methods, summarize
-from mcsd_runtime.prompts import load_prompts
+from mcsd_runtime.evaluate.run import run_eval, split_methods, summarize
+from mcsd_runtime.prompts.sets import load_prompts
 
 METHODS = "ar,mcsd:2,2,1,mcsd-target-init:2,2,1,confidence:0.3,heuristic,hf-assisted"
 
@@ -115,8 +115,7 @@ def test_user_errors(toy_tiny, tmp_path, capsys, argv, message):
 def test_bad_methods_fail_before_the_pair_loads(tmp_path, capsys, monkeypatch):
     """A stopper folder is checked the way loading it will be, before prompts or the pair: a
     bogus --target never gets to fail first."""
-    from mcsd_runtime import pair
-
+    from mcsd_runtime.models import pair
     def no_pair(*_, **__):
         raise AssertionError("the pair was loaded")
 
@@ -161,8 +160,8 @@ def test_empty_prompt_set(toy_tiny, tmp_path, capsys):
 
 def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
     """A method whose stopper was trained for another pair stops eval before any decoding."""
-    from mcsd_runtime import evaluate
     from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.evaluate import run as evaluate
 
     class Foreign:
         pair_fingerprint = dict(toy_pair.fingerprint, target_config="0" * 16)
@@ -174,13 +173,13 @@ def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
 
 
 def _rec(method: str, prompt: str, tps: float):
-    from mcsd_runtime.evaluate import Record
+    from mcsd_runtime.evaluate.run import Record
 
     return Record(method, prompt, [1, 2], 100, 100 / tps, 10, 10, 10, 5, 0.5, True, [])
 
 
 def test_paired_geomean_against_ar_and_the_best_static():
-    from mcsd_runtime.evaluate import best_static, summarize
+    from mcsd_runtime.evaluate.run import best_static, summarize
 
     recs = []
     for i, base in enumerate((100.0, 150.0, 80.0, 120.0)):
@@ -205,7 +204,7 @@ def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
     one's differs where its output does); the report shows the columns."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mcsd_runtime.quality import repeated_ngram_share, target_scores
+    from mcsd_runtime.evaluate.quality import repeated_ngram_share, target_scores
 
     records = [json.loads(line) for line in
                (eval_dir / "per_prompt.jsonl").read_text().splitlines()]

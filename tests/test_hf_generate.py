@@ -18,9 +18,9 @@ from transformers import (
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from conftest import make_pair
-from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.hf import generate as mcsd_generate
+from mcsd_runtime.models.hf import generate as mcsd_generate
 
 K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,)]
 STOPPERS = ["static", "heuristic", "confidence:0.3"]

@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from mcsd_runtime import verify as V
-from mcsd_runtime.artifact import FORMAT
+from mcsd_runtime.decode import verify as V
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, SCHEMA_VERSION
-from mcsd_runtime.hf import generate as mcsd_generate
+from mcsd_runtime.models.hf import generate as mcsd_generate
+from mcsd_runtime.stop.artifact import FORMAT
+from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
 
 PROMPT = [5, 9, 2]
 K = (2, 2, 1)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from mcsd_runtime import cli
-from mcsd_runtime.bench import register as bench_register
-from mcsd_runtime.decoder import DecodeConfig
-from mcsd_runtime.eval_cli import register as eval_register
-from mcsd_runtime.evaluate import (
+from mcsd_runtime.cli.eval import register as eval_register
+from mcsd_runtime.decode.decoder import DecodeConfig
+from mcsd_runtime.evaluate.bench import register as bench_register
+from mcsd_runtime.evaluate.run import (
     Record,
     first_difference,
     mark_divergences,
@@ -25,7 +25,7 @@ from mcsd_runtime.evaluate import (
     summarize,
     top2_margin,
 )
-from mcsd_runtime.prompts import load_prompts
+from mcsd_runtime.prompts.sets import load_prompts
 
 
 def mcsd(argv: list[str]) -> int:
@@ -161,7 +161,7 @@ def test_bench_reports_ar_and_hf(toy_tiny, tmp_path, capsys):
 
 def test_hf_generate_needs_a_stopper_spec():
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.evaluate import check_method
+    from mcsd_runtime.evaluate.run import check_method
 
     for name in ("hf", "hf-generate:heuristic", "hf-generate:confidence:0.4"):
         check_method(name)
@@ -174,8 +174,8 @@ def test_hf_generate_needs_a_stopper_spec():
 
 def test_ar_takes_its_first_token_from_the_prefill(pair):
     """One target forward per new token, like generate(): the prefill gives the first token."""
-    from mcsd_runtime.decoder import ARDecoder
-    from mcsd_runtime.evaluate import ForwardMeter
+    from mcsd_runtime.decode.decoder import ARDecoder
+    from mcsd_runtime.evaluate.run import ForwardMeter
 
     prompt = [5, 9, 13, 2]
     x = torch.tensor([prompt])
@@ -196,7 +196,7 @@ def test_ar_sampling_follows_the_target():
     from scipy.stats import chisquare
 
     from conftest import make_pair
-    from mcsd_runtime.decoder import ARDecoder
+    from mcsd_runtime.decode.decoder import ARDecoder
 
     micro = make_pair(vocab=6, seed=3, init_range=0.5)
     prompt, vocab, temp, n = [1, 4, 2], 6, 0.7, 1500

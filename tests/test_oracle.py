@@ -9,8 +9,8 @@ import pytest
 from test_train_data import Recorder
 
 from conftest import make_pair
-from mcsd_runtime.cost import CostProfile
-from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from train import replay as R
 
 K, MAX_NEW = (2, 1, 1), 7

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mcsd_runtime import quality
-from mcsd_runtime.quality import (
+from mcsd_runtime.evaluate import quality
+from mcsd_runtime.evaluate.quality import (
     annotate,
     repeated_ngram_share,
     summary,
@@ -42,7 +42,7 @@ def test_greedy_output_is_likelier_than_a_perturbed_one(pair):
     swapped for the target's least likely token there, and every one of its tokens is the
     target's top-1; the perturbed one overrides the target once (its later tokens are scored
     after the swapped one, so they may or may not be top-1 there)."""
-    from mcsd_runtime.decoder import ARDecoder, DecodeConfig
+    from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig
 
     prompt = [5, 1, 8, 2]
     out = ARDecoder(pair, DecodeConfig(max_new_tokens=8)).generate(prompt).token_ids

@@ -11,10 +11,10 @@ from test_train_data import prompts
 
 from collect.run import CollectJob, collect_prompts
 from conftest import make_pair
-from mcsd_runtime.cost import CostProfile
-from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.prompts import Prompt
-from mcsd_runtime.stoppers import StopperBase
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.prompts.sets import Prompt
+from mcsd_runtime.stop.builtin import StopperBase
 from train import replay as R
 from train.config import TrainConfig
 from train.data import load_runs
@@ -99,7 +99,7 @@ def test_replay_matches_the_decoder_per_prompt_when_outputs_end_in_eos(eos_pair,
 
 def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root):
     """`mcsd train --domains` replays another collection through the same lengths."""
-    from mcsd_runtime.learned import stopper_from
+    from mcsd_runtime.stop.learned import stopper_from
     from train.domain_check import check_domain
 
     result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",

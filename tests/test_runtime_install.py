@@ -24,7 +24,7 @@ for name in {blocked!r}:
 import torch
 from conftest import make_pair
 from mcsd_runtime import DecodeConfig, MCSDDecoder
-from mcsd_runtime.hf import generate
+from mcsd_runtime.models.hf import generate
 
 pair, stopper, prompt = make_pair(), "stopper:{artifact}", [5, 6, 7, 8]
 config = DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=16)
@@ -78,7 +78,6 @@ def test_toolkit_commands_are_refused_before_any_work(monkeypatch, capsys, tmp_p
     import importlib.util
 
     from mcsd_runtime import cli
-
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))

@@ -18,9 +18,9 @@ from test_decoder_sampling import (
     sampled_counts,
 )
 
-from mcsd_runtime import verify as V
-from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.stoppers import make_stopper
+from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.stop.builtin import make_stopper
 
 ADAPTIVE = ["confidence:0.5", "heuristic:2", "cumprod:0.6", "entropy:0.6:0.3"]
 
@@ -130,7 +130,7 @@ def test_ar_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):
 
 
 def _generate_counts(pair, n: int) -> torch.Tensor:
-    from mcsd_runtime.hf import generate as mcsd_generate
+    from mcsd_runtime.models.hf import generate as mcsd_generate
 
     x = torch.tensor([PROMPT])
 

@@ -1,10 +1,15 @@
-"""The step rules every consumer shares (`mcsd_runtime.step_model`); that they are the decoder's
+"""The step rules every consumer shares (`costmodel.step_model`); that they are the decoder's
 is checked by the exact-replay tests (test_train), which replay collected runs token for token."""
 
 from __future__ import annotations
 
-from mcsd_runtime.step_model import FIRST_PENDING, PENDING_STATES, step_forwards, step_outcome
-from mcsd_runtime.tree import Tree
+from mcsd_runtime.costmodel.step_model import (
+    FIRST_PENDING,
+    PENDING_STATES,
+    step_forwards,
+    step_outcome,
+)
+from mcsd_runtime.decode.tree import Tree
 
 
 def test_a_step_accepts_at_most_its_depth_and_commits_one_more():

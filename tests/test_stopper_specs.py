@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.evaluate import check_method
-from mcsd_runtime.hf import _stopper
-from mcsd_runtime.stoppers import (
+from mcsd_runtime.evaluate.run import check_method
+from mcsd_runtime.models.hf import _stopper
+from mcsd_runtime.stop.builtin import (
     HeuristicStopper,
     StaticStopper,
     UnknownStopperError,

@@ -144,7 +144,7 @@ def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
     assert mcsd(["toy", "info", "--preset", "tiny"]) == 0
     assert str(cached) in capsys.readouterr().out
     # From Python as from the command line: load_pair("toy:tiny"), the draft coming with it.
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.models.pair import load_pair
 
     pair = load_pair("toy:tiny", device="cpu")
     assert (pair.target_name, pair.draft_name) == (str(target), str(draft))

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, small_pair
 
-from mcsd_runtime.cost import CostProfile
-from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
-from mcsd_runtime.learned import check_pair, load_stopper
-from mcsd_runtime.stoppers import StopperBase, make_stopper
+from mcsd_runtime.stop.builtin import StopperBase, make_stopper
+from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.stop.learned import check_pair, load_stopper
 from train import replay as R
 from train.data import collected_k_config, prompt_groups, sequence_ids, split_prompts
 from train.labels import add_labels
@@ -217,7 +217,7 @@ def test_hidden_stopper_needs_hidden_states(artifacts):
     stopper = load_stopper(folder)
     assert stopper.needs_hidden
 
-    from mcsd_runtime.decision_cost import bench_frontier
+    from mcsd_runtime.costmodel.decision_cost import bench_frontier
 
     size = stopper.spec.hidden_size
     assert isinstance(stopper.should_continue(bench_frontier(4, hidden_size=size)), bool)
@@ -308,8 +308,7 @@ def test_decision_cost_inside_the_decoder(artifacts):
     the model; the replay charges what was measured there."""
     from types import SimpleNamespace
 
-    from mcsd_runtime import decision_cost as dc
-
+    from mcsd_runtime.costmodel import decision_cost as dc
     clock = [0.0]  # a fake clock for decision_cost: only the stopper's own calls advance it
 
     class ThreeMicroseconds(StopperBase):
@@ -355,7 +354,7 @@ def test_stopper_loads_only_into_the_tree_it_was_trained_on(artifacts):
         with pytest.raises(MCSDError, match=f"trained on k-config 4,2,2,1 trees, but the decoder "
                                             f"drafts k-config {text};"):
             MCSDDecoder(small_pair(), DecodeConfig(k_config=other), stopper=load_stopper(folder))
-    from mcsd_runtime.evaluate import build_method  # eval builds its decoders the same way
+    from mcsd_runtime.evaluate.run import build_method  # eval builds its decoders the same way
 
     with pytest.raises(MCSDError, match="decoder drafts k-config 3,1;"):
         build_method(f"stopper:{folder}", small_pair(), DecodeConfig(k_config=(3, 1)))

@@ -12,12 +12,12 @@ import pytest
 import torch
 from test_train_data import K_CONFIG, N_PROMPTS, dense_rows, small_pair
 
-from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.constants import STOPPER_KINDS
-from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES
-from mcsd_runtime.learned import load_mlp, load_stopper
+from mcsd_runtime.stop.artifact import ArtifactSpec
+from mcsd_runtime.stop.features import DECISION_FEATURES
+from mcsd_runtime.stop.learned import load_mlp, load_stopper
 from train.config import TrainConfig, default_label
 from train.pipeline import PEER_GRID, choose, fit, prepare, train_stopper, write
 

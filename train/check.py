@@ -15,7 +15,7 @@ import random
 import statistics
 
 from mcsd_runtime import metrics
-from mcsd_runtime.cost import CostProfile
+from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import progress as progress_bar
 from train import replay as R
@@ -24,7 +24,7 @@ from train.data import sequence_parts
 
 def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[tuple[str, str]]:
     """(sequence key, prompt text) of up to `limit` replayed sequences, from their runs' sets."""
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.prompts.sets import load_prompts
 
     by_run = {m.get("run_id"): m for m in manifests}
     texts: dict[str, dict[str, str]] = {}
@@ -54,8 +54,8 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
     a fresh random order each time) and replayed at that batch size, in the same order."""
     import torch
 
-    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.models.pair import load_pair
 
     if profile.threads:  # time as the profile was timed
         torch.set_num_threads(profile.threads)

@@ -24,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mcsd_runtime.cli_args import add_threads_arg, apply_threads
+from mcsd_runtime.cli.args import add_threads_arg, apply_threads
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.extras import require_toolkit
@@ -61,7 +61,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="test prompts (default %(default)s)")
     p.add_argument("--aggregations", default=D.aggregations,
                    help="frontier aggregations to try, comma-separated (default: all that "
-                        "mcsd_runtime.learned.AGGREGATIONS defines)")
+                        "mcsd_runtime.stop.learned.AGGREGATIONS defines)")
     p.add_argument("--replay", default=D.replay_mode, choices=REPLAY_MODES,
                    help="exact walk (dense greedy runs) or per-step estimate (default: "
                         "%(default)s)")
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             raise MCSDError("--data RUN_DIR is required (or --bench-latency with an "
                             "existing --out)")
         return _bench(args.out)
-    from mcsd_runtime.cost import CostProfile
+    from mcsd_runtime.costmodel.profile import CostProfile
     from train.data import load_runs
     from train.pipeline import train_stopper
 
@@ -130,8 +130,8 @@ def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> N
     """Add the stopper's figures on other domains to metrics.json, with their reliability plot."""
     import json
 
-    from mcsd_runtime.cost import CostProfile
-    from mcsd_runtime.learned import load_stopper
+    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.stop.learned import load_stopper
     from train import report
     from train.domain_check import check_domains, format_domains
 
@@ -148,7 +148,7 @@ def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> N
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed `mcsd train` arguments (MCSDError when one is invalid)."""
-    from mcsd_runtime.cost import parse_batch_sizes
+    from mcsd_runtime.costmodel.profile import parse_batch_sizes
 
     aggs = (None if args.aggregations is None
             else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))
@@ -170,8 +170,8 @@ def _quiet_lightning() -> None:
 
 
 def _bench(out: Path) -> int:
-    from mcsd_runtime.decision_cost import bench_latency
-    from mcsd_runtime.learned import load_stopper
+    from mcsd_runtime.costmodel.decision_cost import bench_latency
+    from mcsd_runtime.stop.learned import load_stopper
 
     stopper = load_stopper(out)
     size = stopper.spec.hidden_size if stopper.needs_hidden else None

@@ -40,7 +40,7 @@ class TrainConfig:
     seed: int = 0  # split and model seed
     val_frac: float = 0.2  # share of prompts for validation (choosing threshold, aggregation)
     test_frac: float = 0.2  # share of prompts for the held-out report
-    aggregations: tuple[str, ...] | None = None  # None: all of mcsd_runtime.learned.AGGREGATIONS
+    aggregations: tuple[str, ...] | None = None  # None: all of stop.learned.AGGREGATIONS
     replay_mode: str = "auto"  # one of REPLAY_MODES
     max_epochs: int | None = None  # MLP epochs cap; None: MLP_EPOCHS
     trajectory: str = "walk"  # one of TRAJECTORIES
@@ -79,7 +79,7 @@ class TrainConfig:
             raise MCSDError(f"batch sizes must be positive integers, got {self.batch_sizes!r}")
         object.__setattr__(self, "batch_sizes", tuple(sorted({1, *sizes})))
         if self.aggregations is not None:
-            from mcsd_runtime.aggregation import AGGREGATIONS  # imports torch: only when given
+            from mcsd_runtime.stop.aggregation import AGGREGATIONS  # imports torch: only when given
 
             aggs = tuple(self.aggregations)
             bad = [a for a in aggs if a not in AGGREGATIONS]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
 
 NEEDED = ("run_id", "prompt_id", "step", "position", "node", "parent", "init",
           "on_accepted_path", "accepted_length", "drafted_depth", "soft_label", *FEATURE_NAMES)

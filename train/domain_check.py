@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcsd_runtime.cost import CostProfile
-from mcsd_runtime.features import DECISION_FEATURES
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.stop.features import DECISION_FEATURES
 from train import labels as L
 from train import replay as R
 from train import report

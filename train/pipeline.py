@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from mcsd_runtime.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
-from mcsd_runtime.artifact import ArtifactSpec, BatchSetting
-from mcsd_runtime.cost import CostProfile
-from mcsd_runtime.decision_cost import bench_latency
+from mcsd_runtime.costmodel.decision_cost import bench_latency
+from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, SCHEMA_VERSION
-from mcsd_runtime.learned import LearnedStopper, load_stopper, stopper_from
+from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
+from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
+from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
+from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
 from train import labels as L
 from train import replay as R
 from train import report
@@ -225,7 +225,7 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
         latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
     vocab = _vocab_size(fp)
     if vocab and hidden_size is None:
-        from mcsd_runtime.decision_cost import decision_cost
+        from mcsd_runtime.costmodel.decision_cost import decision_cost
 
         pair = _small_local_pair(fp)
         cost = decision_cost(stopper, vocab, k_config or (1, 1, 1, 1), pair=pair)
@@ -241,7 +241,7 @@ def batch_row_latency(stopper: LearnedStopper, hidden_size: int | None, rows: in
     medians of chunks): what a batched decision costs on top of a single one."""
     import statistics
 
-    from mcsd_runtime.decision_cost import bench_frontier
+    from mcsd_runtime.costmodel.decision_cost import bench_frontier
 
     fronts = [bench_frontier(16, hidden_size, seed=i) for i in range(rows)]
 
@@ -264,7 +264,7 @@ SMALL_PAIR_BYTES = 1 << 30  # the decision benchmark loads the collection's pair
 def _small_local_pair(fp: dict | None):
     """The collection's pair on the CPU when both models are local folders holding at most
     SMALL_PAIR_BYTES of weights, else None."""
-    from mcsd_runtime.pair import load_pair
+    from mcsd_runtime.models.pair import load_pair
 
     try:
         folders = [Path(fp["target"]), Path(fp["draft"])]

@@ -12,7 +12,7 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
   expected tokens per step over expected cost per step. Labelled `estimate` in every result.
 
 What a step stopped at depth s accepts, commits and leaves pending, and which forwards it runs,
-are the rules of `mcsd_runtime.step_model`; the profile prices those forwards
+are the rules of `mcsd_runtime.costmodel.step_model`; the profile prices those forwards
 (`CostProfile.step_seconds`), and learned stoppers add a per-decision latency.
 
 Batches (`replay(..., batch_size=B)`) follow `MCSDDecoder.generate_batch`: B rows, prompts
@@ -35,18 +35,18 @@ import pandas as pd
 import torch
 
 from mcsd_runtime import metrics
-from mcsd_runtime.cost import CostProfile
-from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, NODE_FEATURES, Trajectory, with_trajectory
-from mcsd_runtime.step_model import (
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.costmodel.step_model import (
     FIRST_PENDING,
     PENDING_STATES,
     StepOutcome,
     step_forwards,
     step_outcome,
 )
-from mcsd_runtime.stoppers import StopperBase, make_stopper
-from mcsd_runtime.tree import Tree
+from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.builtin import StopperBase, make_stopper
+from mcsd_runtime.stop.features import DECISION_FEATURES, NODE_FEATURES, Trajectory, with_trajectory
 from train.config import REPLAY_MODES
 from train.data import SEQUENCE_KEY, sequence_ids
 
@@ -524,7 +524,7 @@ class MemoStopper(StopperBase):
         self.learned.update(drafted, accepted)
 
     def _score(self, frontier: _Frontier) -> float:
-        from mcsd_runtime.aggregation import AGGREGATIONS
+        from mcsd_runtime.stop.aggregation import AGGREGATIONS
 
         key = (*frontier.key, *frontier.trajectory())
         hit = self.cache.get(key)
@@ -540,19 +540,19 @@ class MemoStopper(StopperBase):
         return AGGREGATIONS[self.aggregation](*hit)
 
     def _skips(self, frontier: _Frontier) -> bool:
-        from mcsd_runtime.learned import drafts_without_deciding
+        from mcsd_runtime.stop.learned import drafts_without_deciding
 
         return drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate)
 
     def should_continue(self, frontier: _Frontier) -> bool:
-        from mcsd_runtime.aggregation import reachable
+        from mcsd_runtime.stop.aggregation import reachable
 
         if self._skips(frontier):
             return True
         return reachable("max", self.threshold, 1) and self._score(frontier) >= self.threshold
 
     def batch_continue(self, frontiers: list[_Frontier]) -> bool:
-        from mcsd_runtime.aggregation import batch_decision, reachable
+        from mcsd_runtime.stop.aggregation import batch_decision, reachable
 
         if any(self._skips(f) for f in frontiers):
             return True

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsd_runtime.features import DECISION_FEATURES
+from mcsd_runtime.stop.features import DECISION_FEATURES
 
 
 def classification_metrics(y_hard: np.ndarray, p: np.ndarray, y_soft: np.ndarray | None = None,

@@ -218,7 +218,7 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
     from mcsd_runtime.toy.tokenizer import train_tokenizer
-    from mcsd_runtime.toy.train import (
+    from mcsd_runtime.toy.training import (
         TRAIN_THREADS,
         eval_windows,
         heldout_metrics,

@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `mcsd toy build` and `mcsd toy info` (and `mcsd prompts`, until the prompts command
     has its own entry point)."""
     if "prompts" not in subparsers.choices:
-        from mcsd_runtime.prompts import register as register_prompts
+        from mcsd_runtime.prompts.sets import register as register_prompts
 
         register_prompts(subparsers)
     toy = subparsers.add_parser(

@@ -170,7 +170,7 @@ def _build_into(folder: Path, recipe: DraftRecipe, hash12: str, target_root: Pat
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mcsd_runtime.toy.corpus import split_texts
-    from mcsd_runtime.toy.train import (
+    from mcsd_runtime.toy.training import (
         TRAIN_THREADS,
         eval_windows,
         heldout_metrics,
@@ -237,7 +237,7 @@ def _distil(recipe: DraftRecipe, target, tokenizer, stream: torch.Tensor,
     returns it (eval mode) and the training seconds."""
     import lightning.pytorch as pl
 
-    from mcsd_runtime.toy.train import (
+    from mcsd_runtime.toy.training import (
         JointModule,
         WindowDataset,
         _fit,

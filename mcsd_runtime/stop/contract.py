@@ -24,8 +24,8 @@ A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The de
 from the tensors it drafted with, offline replay from collected rows; both compute features only
 when asked, so stoppers that ignore them cost nothing.
 
-The built-in stoppers and the spec strings that name them live in `mcsd_runtime.stoppers`; learned
-ones in `mcsd_runtime.learned`.
+The built-in stoppers and the spec strings that name them live in
+`mcsd_runtime.stop.builtin`; learned ones in `mcsd_runtime.stop.learned`.
 """
 
 from __future__ import annotations

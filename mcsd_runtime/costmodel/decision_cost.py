@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from mcsd_runtime.features import TOP_K_MASS, Trajectory
-from mcsd_runtime.stoppers import Frontier, Stopper, StopperBase, make_stopper
-from mcsd_runtime.tree import Tree, TreeTensors
+from mcsd_runtime.decode.tree import Tree, TreeTensors
+from mcsd_runtime.stop.builtin import Frontier, Stopper, StopperBase, make_stopper
+from mcsd_runtime.stop.features import TOP_K_MASS, Trajectory
 
 
 class _Timed(StopperBase):
@@ -50,7 +50,7 @@ def random_pair(vocab_size: int, hidden: int = 64, seed: int = 0):
     """A one-layer random Llama target and draft sharing a vocabulary (no tokenizer)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mcsd_runtime.pair import Pair
+    from mcsd_runtime.models.pair import Pair
 
     def model(s: int) -> LlamaForCausalLM:
         torch.manual_seed(s)
@@ -70,7 +70,7 @@ def decision_cost(stopper: Stopper | str, vocab_size: int, k_config=(1, 1, 1, 1,
     when given (the pair the stopper will run with: its forwards between two decisions evict
     what the decision needs from the CPU's caches as a real decode does), else a one-layer
     random pair of that vocabulary."""
-    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
     pair = pair or random_pair(vocab_size, seed=seed)
     timed = _Timed(make_stopper(stopper))
@@ -94,7 +94,7 @@ def bench_frontier(n: int = 16, hidden_size: int | None = None, depth: int = 4,
     """The decoder's own frontier over a random draft: `n` nodes at `depth` of the tree
     (1, ..., 1, n), proposed greedily by one random distribution over `vocab_size` tokens (with
     a random hidden state of `hidden_size`, if given), after a few steps of trajectory."""
-    from mcsd_runtime.decoder import DraftFrontier, DraftLayer
+    from mcsd_runtime.decode.decoder import DraftFrontier, DraftLayer
 
     gen = torch.Generator().manual_seed(seed)
     tree = Tree((1,) * (depth - 1) + (n,))

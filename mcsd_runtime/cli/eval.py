@@ -11,7 +11,7 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          MCSD with --k-config and that stopper
   stopper:PATH           MCSD with --k-config and a trained stopper artifact
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
-  hf-generate:STOPPER    our decoder inside generate(custom_generate=mcsd_runtime.hf.generate)
+  hf-generate:STOPPER    our decoder inside generate(custom_generate=models.hf.generate)
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
                          with the same stopper run directly when both are listed
 
@@ -43,7 +43,7 @@ import argparse
 import time
 from pathlib import Path
 
-from mcsd_runtime.cli_args import (
+from mcsd_runtime.cli.args import (
     FROM_STOPPER,
     add_decode_args,
     add_pair_args,
@@ -119,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
 
-    from mcsd_runtime.evaluate import (
+    from mcsd_runtime.evaluate.run import (
         SINGLE_SEQUENCE,
         check_batch_methods,
         check_method,
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     check_batch_methods(methods, args.batch_size)
     base = decode_config_from_args(args, k_config=k_config)
-    if args.drafts is not None:  # several drafts: mcsd_runtime.multi_draft
-        from mcsd_runtime.multi_draft import run_drafts
+    if args.drafts is not None:  # several drafts: mcsd_runtime.evaluate.multi_draft
+        from mcsd_runtime.evaluate.multi_draft import run_drafts
 
         return run_drafts(args, methods, base, settings_of=_settings, why=why)
     if args.from_runs:
@@ -194,9 +194,9 @@ def run(args: argparse.Namespace) -> int:
 def one_prompt_set(args: argparse.Namespace) -> tuple[list, Path]:
     """The prompts of `--prompts` (one set, not empty) and the output folder, checked
     writable before any model loads."""
-    from mcsd_runtime.evaluate import check_writable
+    from mcsd_runtime.evaluate.run import check_writable
     from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.prompts.sets import load_prompts
 
     prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
     if not prompts:
@@ -224,8 +224,8 @@ def parse_batch_sizes(text: str) -> list[int]:
 def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: list[int]) -> int:
     """One interleaved run per batch size (subfolders b1, b4, ...), then the table across batch
     sizes (batches.md, batches.json)."""
-    from mcsd_runtime import batch_report
-    from mcsd_runtime.evaluate import run_eval, summarize, write_outputs
+    from mcsd_runtime.evaluate import batch_report
+    from mcsd_runtime.evaluate.run import run_eval, summarize, write_outputs
 
     heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
     prompts, out = one_prompt_set(args)
@@ -253,7 +253,7 @@ def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: l
 def domain_baselines(args: argparse.Namespace, methods: list[str]) -> tuple[str | None, str | None]:
     """The deploy static and the heuristic of an evaluation across domains (see --help); the
     deploy static joins `methods` when it is not there."""
-    from mcsd_runtime.domain_report import deploy_static_of
+    from mcsd_runtime.evaluate.domain_report import deploy_static_of
 
     deploy = args.deploy
     if deploy is None:
@@ -271,8 +271,8 @@ def domain_baselines(args: argparse.Namespace, methods: list[str]) -> tuple[str 
 def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     """One interleaved run per prompt set, each written to its own subfolder, then the table
     across domains (domains.md, domains.json)."""
-    from mcsd_runtime import domain_report
-    from mcsd_runtime.evaluate import (
+    from mcsd_runtime.evaluate import domain_report
+    from mcsd_runtime.evaluate.run import (
         check_writable,
         run_eval,
         stopper_results,
@@ -280,7 +280,7 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
         write_outputs,
     )
     from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.prompts.sets import load_prompts
 
     specs = [s.strip() for s in args.prompts.split(",") if s.strip()]
     if len(set(specs)) != len(specs):
@@ -324,8 +324,7 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
 
 def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
     """The table across domains from finished eval folders (`--from-runs`), named by folder."""
-    from mcsd_runtime import domain_report
-
+    from mcsd_runtime.evaluate import domain_report
     if args.out is None:
         raise MCSDError("--from-runs needs --out, the folder for domains.md and domains.json")
     by_domain = {Path(d).name: domain_report.read_records(d) for d in args.from_runs}

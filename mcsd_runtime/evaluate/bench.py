@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from mcsd_runtime.cli_args import (
+from mcsd_runtime.cli.args import (
     FROM_STOPPER,
     add_batch_size_arg,
     add_decode_args,
@@ -43,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.decoder import MCSDDecoder
-    from mcsd_runtime.evaluate import (
+    from mcsd_runtime.decode.decoder import MCSDDecoder
+    from mcsd_runtime.evaluate.run import (
         DecoderRunner,
         build_method,
         check_method,
@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
         summarize,
         tree_for,
     )
-    from mcsd_runtime.learned import check_pair
-    from mcsd_runtime.prompts import load_prompts
-    from mcsd_runtime.stoppers import make_stopper
+    from mcsd_runtime.prompts.sets import load_prompts
+    from mcsd_runtime.stop.builtin import make_stopper
+    from mcsd_runtime.stop.learned import check_pair
 
     apply_threads(args)
     check_batch_size(args.batch_size)

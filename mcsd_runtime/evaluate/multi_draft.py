@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mcsd_runtime import quality
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.pair import Pair
+from mcsd_runtime.evaluate import quality
+from mcsd_runtime.models.pair import Pair
 
 DRAFT_FREE = ("ar", "hf")
 
@@ -49,7 +49,7 @@ def labelled(methods: list[str], drafts: list[str]) -> list[tuple[str, str, str]
 
 def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
     """One pair per draft, all sharing the first one's target model (loaded once in effect)."""
-    from mcsd_runtime.pair import load_pair, pair_names, pick_device
+    from mcsd_runtime.models.pair import load_pair, pair_names, pick_device
 
     pick_device(args.device)
     names = {d: pair_names(args.target, d) for d in drafts}  # every name checked first
@@ -67,7 +67,7 @@ def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
 def run_once(pairs: dict[str, Pair], prompts, methods: list[str], base, chat: bool = False
              ) -> list:
     """Every (method, draft) on every prompt, interleaved after a warm-up; then quality."""
-    from mcsd_runtime.evaluate import build_method, encode_prompt, run_runners
+    from mcsd_runtime.evaluate.run import build_method, encode_prompt, run_runners
 
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
@@ -110,7 +110,7 @@ def draft_rows(by_domain: dict[str, list], runs: list[tuple[str, str, str]],
     """One row per (domain, label): method, draft, τ, speedup over ar (and over lossless mcsd
     with the same draft, for mcsd-target-init), agreement and equality with ar (greedy), and
     the quality columns."""
-    from mcsd_runtime.evaluate import _by_method, _geo, _paired
+    from mcsd_runtime.evaluate.run import _by_method, _geo, _paired
     from mcsd_runtime.metrics import tau
 
     rows = []
@@ -141,7 +141,7 @@ def draft_rows(by_domain: dict[str, list], runs: list[tuple[str, str, str]],
 
 def markdown(rows: list[dict], cards: dict[str, dict | None]) -> str:
     """The drafts' cards, then the table of every (domain, method, draft)."""
-    from mcsd_runtime.evaluate import _ci, _delta, _fmt, _nll
+    from mcsd_runtime.evaluate.run import _ci, _delta, _fmt, _nll
 
     lines = ["| draft | layers | params | held-out NLL (target's) | agreement with target | "
              "cost ratio (target/draft) |", "|---|---|---|---|---|---|"]
@@ -183,9 +183,9 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
     """`mcsd eval --drafts`: one interleaved run per prompt set with every draft, each set's
     report in its own subfolder (or in --out for one set), then drafts.md / drafts.json.
     `settings_of(args, pair, base, prompts, n_prompts)` gives a run's settings (eval's)."""
-    from mcsd_runtime.evaluate import check_writable, short_table, summarize, write_outputs
+    from mcsd_runtime.evaluate.run import check_writable, short_table, summarize, write_outputs
     from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts import load_prompts
+    from mcsd_runtime.prompts.sets import load_prompts
 
     if args.from_runs:
         raise MCSDError("--drafts decodes; --from-runs only combines finished runs: pass one")

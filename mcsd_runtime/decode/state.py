@@ -14,15 +14,15 @@ from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
+from mcsd_runtime.decode.tree import TreeTensors, parse_k_config
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import (
+from mcsd_runtime.stop.features import (
     TOP_K_MASS,
     Trajectory,
     decision_matrix,
     node_features,
     with_trajectory,
 )
-from mcsd_runtime.tree import TreeTensors, parse_k_config
 
 
 @dataclass(frozen=True)

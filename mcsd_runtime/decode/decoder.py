@@ -20,9 +20,10 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
-from mcsd_runtime import verify as V
-from mcsd_runtime.batch import BatchResult, BatchRun
-from mcsd_runtime.decode_state import (
+from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.batch import BatchResult, BatchRun
+from mcsd_runtime.decode.kv import cache_len, keep_path
+from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
     Draft,
@@ -36,12 +37,11 @@ from mcsd_runtime.decode_state import (
     Verdict,
     causal_bias,
 )
+from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import TOP_K_MASS
-from mcsd_runtime.kv import cache_len, keep_path
-from mcsd_runtime.pair import Pair
-from mcsd_runtime.stoppers import Stopper, make_stopper
-from mcsd_runtime.tree import Tree, TreeTensors
+from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.stop.builtin import Stopper, make_stopper
+from mcsd_runtime.stop.features import TOP_K_MASS
 
 __all__ = ["ARDecoder", "BatchResult", "DecodeConfig", "DecodeStats", "DraftFrontier", "DraftLayer",
            "GenerationResult", "MCSDDecoder", "Recorder", "StepRecord", "StepTrace",
@@ -153,7 +153,7 @@ class MCSDDecoder:
                        seeds: Sequence[int] | None = None,
                        on_result: Callable[[int, GenerationResult], None] | None = None,
                        ) -> BatchResult:
-        """Decode many prompts, up to `batch_size` of them per forward (`mcsd_runtime.batch`):
+        """Decode many prompts, up to `batch_size` of them per forward (`decode.batch`):
         one `GenerationResult` per prompt, in order, plus the batch's statistics. Greedy rows
         equal `generate` of the same prompt; sampled rows draw with their own generator
         (`seeds[i]`, default the config's seed). `on_result(i, result)`, if given, sees each

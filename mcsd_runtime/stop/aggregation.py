@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import column
+from mcsd_runtime.stop.features import column
 
 _LOG_PATH = column("log_path_prob")
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mcsd_runtime.decode_state import (
+from mcsd_runtime.decode.row_cache import RowCache
+from mcsd_runtime.decode.state import (
     DecodeStats,
     Draft,
     DraftFrontier,
@@ -40,11 +41,10 @@ from mcsd_runtime.decode_state import (
     causal_bias,
 )
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import TOP_K_MASS
-from mcsd_runtime.row_cache import RowCache
+from mcsd_runtime.stop.features import TOP_K_MASS
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decoder import MCSDDecoder
+    from mcsd_runtime.decode.decoder import MCSDDecoder
 
 
 @dataclass

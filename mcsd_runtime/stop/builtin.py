@@ -1,13 +1,13 @@
 """The built-in early-stop policies, and stopper specs: the strings that name a stopper, parsed
 in one place with one set of rules (`make_stopper`, `parse_stopper_spec`).
 
-Every stopper keeps the contract of `mcsd_runtime.stopper_contract` (`Stopper`, `Frontier`,
+Every stopper keeps the contract of `mcsd_runtime.stop.contract` (`Stopper`, `Frontier`,
 `StopperBase`; importable from here too). A spec is one of
 
 - `NAME[:P[:P]]`: a built-in of `BUILTIN` with its numeric parameters (`static:4`,
   `confidence:0.4`, `heuristic`);
 - `stopper:PATH`, or a bare PATH that is a folder: a trained stopper's artifact folder, which must
-  hold `stopper.json` (`mcsd_runtime.learned`).
+  hold `stopper.json` (`mcsd_runtime.stop.learned`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.artifact import ArtifactSpec
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import column
-from mcsd_runtime.learned import stopper_from
-from mcsd_runtime.stopper_contract import MEMBERS, Frontier, Stopper, StopperBase
+from mcsd_runtime.stop.artifact import ArtifactSpec
+from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase
+from mcsd_runtime.stop.features import column
+from mcsd_runtime.stop.learned import stopper_from
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
            "make_stopper", "parse_stopper_spec", "stopper_help"]
@@ -200,7 +200,7 @@ def make_stopper(spec: str | Stopper | None,
     missing = [m for m in MEMBERS if not hasattr(stopper, m)]
     if missing:
         raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
-                        f"{', '.join(missing)}; subclass mcsd_runtime.stoppers.StopperBase")
+                        f"{', '.join(missing)}; subclass mcsd_runtime.stop.builtin.StopperBase")
     if k_config is not None:
         stopper.check_tree(tuple(k_config))
     return stopper

@@ -1,18 +1,18 @@
 """`stopper.json`, the description of a trained stopper's artifact folder, as one typed contract.
 
-`ArtifactSpec` is read by the runtime (`mcsd_runtime.learned`) and written by `train`; the
+`ArtifactSpec` is read by the runtime (`mcsd_runtime.stop.learned`) and written by `train`; the
 reader owns the format. Fields, in file order:
 
     format            "mcsd-stopper"
     kind              the model: one of STOPPER_KINDS (its files: MODEL_FILES[kind])
-    schema_version    the feature schema it was trained on (mcsd_runtime.features)
+    schema_version    the feature schema it was trained on (mcsd_runtime.stop.features)
     feature_names     FEATURE_NAMES or DECISION_FEATURES, in that order
     inputs            "features" or "hidden" (the draft's last hidden state)
     hidden_size       width of the hidden state (inputs "hidden"), else null
-    aggregation       how node scores become one frontier score (mcsd_runtime.aggregation)
+    aggregation       how node scores become one frontier score (mcsd_runtime.stop.aggregation)
     threshold         continue while the frontier score is >= it
     label, label_definition   what the model was fitted to (train.config.LABEL_DOC)
-    pair_fingerprint  the model pair of the training collection (mcsd_runtime.pair)
+    pair_fingerprint  the model pair of the training collection (mcsd_runtime.models.pair)
     k_config          the tree it was trained on (null in artifacts older than the field)
     min_depth         depths below it are drafted without asking the model (absent: 1)...
     min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
@@ -32,11 +32,11 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mcsd_runtime.aggregation import check_aggregation, check_row_aggregation
 from mcsd_runtime.constants import STOPPER_KINDS
+from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
-from mcsd_runtime.tree import parse_k_config
+from mcsd_runtime.stop.aggregation import check_aggregation, check_row_aggregation
+from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
 
 FORMAT = "mcsd-stopper"
 FILE = "stopper.json"
@@ -48,7 +48,7 @@ INPUTS = ("features", "hidden")
 @dataclass(frozen=True, kw_only=True)
 class BatchSetting:
     """How a learned stopper decides at one batch size: the node `aggregation` and `threshold`,
-    the `row_aggregation` of the asked rows' frontier scores (mcsd_runtime.aggregation), and
+    the `row_aggregation` of the asked rows' frontier scores (mcsd_runtime.stop.aggregation), and
     `min_depth` / `min_depth_gate` as at the top level. Checked on construction."""
 
     threshold: float

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime import metrics, quality
-from mcsd_runtime.artifact import ArtifactSpec
-from mcsd_runtime.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
+from mcsd_runtime import metrics
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
+from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.learned import check_pair
-from mcsd_runtime.pair import Pair
+from mcsd_runtime.evaluate import quality
+from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.paths import short_model_name
-from mcsd_runtime.stoppers import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
-from mcsd_runtime.tree import parse_k_config
+from mcsd_runtime.stop.artifact import ArtifactSpec
+from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
+from mcsd_runtime.stop.learned import check_pair
 
 
 def split_methods(spec: str) -> list[str]:
@@ -59,7 +60,7 @@ class Record:
     # their throughput is the batch's, committed tokens of all rows per decode second
     batch_id: str | None = None
     batch_tokens_per_s: float | None = None
-    target_nll: float | None = None  # target NLL per new token (mcsd_runtime.quality)
+    target_nll: float | None = None  # target NLL per new token (mcsd_runtime.evaluate.quality)
     target_top1_share: float | None = None  # share of new tokens that are the target's top-1
     repeat_share: float | None = None  # share of the output's 4-grams seen earlier in it
 
@@ -174,7 +175,7 @@ def _quiet_transformers(quiet: bool = True):
 
 
 class HFCustomGenerate:
-    """Our decoder behind transformers' `generate(custom_generate=mcsd_runtime.hf.generate)`
+    """Our decoder behind transformers' `generate(custom_generate=mcsd_runtime.models.hf.generate)`
     (`hf-generate:STOPPER`), timed around the call like `hf`: its overhead against the same
     stopper run through `MCSDDecoder` directly."""
 
@@ -186,7 +187,7 @@ class HFCustomGenerate:
 
     @torch.inference_mode()
     def generate(self, ids: list[int]) -> Record:
-        from mcsd_runtime.hf import generate as mcsd_generate
+        from mcsd_runtime.models.hf import generate as mcsd_generate
 
         pair, cfg = self.pair, self.config
         x = torch.tensor([ids], device=pair.device)
@@ -409,7 +410,7 @@ def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: 
     """Run every method on every prompt (or batch of `batch_size` prompts), interleaved, after
     one warm-up generation each (`batched`: through `generate_batch` even at batch size 1,
     so that speed is over the decode phase as at larger batch sizes); then score every
-    output's quality (`mcsd_runtime.quality`)."""
+    output's quality (`mcsd_runtime.evaluate.quality`)."""
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
     check_batch_methods(methods, batch_size)

@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from mcsd_runtime import metrics
+from mcsd_runtime.costmodel.step_model import step_forwards
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.step_model import step_forwards
 
 FORMAT = "mcsd-cost-profile"
 VERSION = 2  # 2 added `batches`; a version-1 file reads as a profile of batch size 1
@@ -196,7 +196,7 @@ class CostProfile:
     def step_seconds(self, tree, s: int, pending: int, rows: int = 1) -> float:
         """Seconds of one decoder step over `rows` rows stopped at depth `s` of `tree` with
         `pending` tokens the draft has not seen (the most of any row: forwards are padded to
-        it): its forwards (`mcsd_runtime.step_model.step_forwards`, each over every row) plus
+        it): its forwards (`step_model.step_forwards`, each over every row) plus
         the per-step and per-depth overheads."""
         forwards = step_forwards(tree, s, pending)
         step, depth = self.overheads(rows)
@@ -272,7 +272,7 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
     import torch
     from transformers import DynamicCache
 
-    from mcsd_runtime.decoder import causal_bias
+    from mcsd_runtime.decode.decoder import causal_bias
     from mcsd_runtime.progress import progress as progress_bar
 
     sizes = sorted({1, *(int(b) for b in batch_sizes)})
@@ -333,7 +333,7 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     `draft_first`; above batch size 1 only forwards over `batch_size` rows."""
     import random
 
-    from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
     from mcsd_runtime.progress import progress as progress_bar
 
     depth = len(k_config)
@@ -477,7 +477,7 @@ def static_throughput(runs: list[dict]) -> dict[str, float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli_args import DEFAULT_K_TEXT, add_pair_args, add_threads_arg
+    from mcsd_runtime.cli.args import DEFAULT_K_TEXT, add_pair_args, add_threads_arg
 
     p = sub.add_parser(
         "profile", help="measure forward latency against tokens processed (cost profile JSON)",
@@ -513,9 +513,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.cli_args import apply_threads, pair_from_args
+    from mcsd_runtime.cli.args import apply_threads, pair_from_args
+    from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.extras import require_toolkit
-    from mcsd_runtime.tree import parse_k_config
 
     require_toolkit("mcsd profile", "sklearn", "scipy")  # the monotone fit, the overhead fit
     if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
@@ -534,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
     profile = measure(pair, tokens, context=args.context, rounds=args.rounds, progress=True,
                       batch_sizes=tuple(sizes))
     if args.overhead_prompts != "none" and k_config:
-        from mcsd_runtime.prompts import load_prompts
+        from mcsd_runtime.prompts.sets import load_prompts
 
         for b in sizes:  # above batch size 1: enough prompts to fill the batch twice
             limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)

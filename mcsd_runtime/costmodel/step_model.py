@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcsd_runtime.tree import Tree
+from mcsd_runtime.decode.tree import Tree
 
 FIRST_PENDING = 1  # a sequence starts with the prompt's last token pending (prefill takes the rest)
 PENDING_STATES = (1, 2)  # what a step can start with: the first, or after any drafting step

@@ -1,14 +1,14 @@
 """Learned stoppers at inference: load an artifact folder, score the frontier's nodes, aggregate
 the node scores into one continue-probability, compare it with the artifact's threshold.
 
-An artifact folder holds `stopper.json` (`mcsd_runtime.artifact.ArtifactSpec`: kind, feature
+An artifact folder holds `stopper.json` (`mcsd_runtime.stop.artifact.ArtifactSpec`: kind, feature
 schema, aggregation, threshold, pair fingerprint, the k-config it was trained on, metrics) and
 the model: `model.txt` (LightGBM) or `model.safetensors` plus `config.json` (MLP). `train`
 writes them; this module only reads them, so the runtime never imports `train`. The MLP module
 is defined here and `train` imports it.
 
 Node score: the model's estimate that the node is on the accepted path *and* the accepted path
-continues past it (the label `train` fits); `mcsd_runtime.aggregation` turns the frontier's node
+continues past it (the label `train` fits); `stop.aggregation` turns the frontier's node
 scores into one.
 
 In a batch, `for_batch(B)` gives the stopper the setting `stopper.json` holds for B rows (its
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from mcsd_runtime.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
-from mcsd_runtime.artifact import ArtifactSpec, artifact_folder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.features import DECISION_FEATURES, TRAJECTORY_FEATURES
-from mcsd_runtime.lightgbm_native import LightGBMError, NativeBooster
-from mcsd_runtime.stopper_contract import Frontier, StopperBase
+from mcsd_runtime.stop.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
+from mcsd_runtime.stop.artifact import ArtifactSpec, artifact_folder
+from mcsd_runtime.stop.contract import Frontier, StopperBase
+from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
            "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",

@@ -9,8 +9,8 @@ from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decoder import DecodeConfig
-    from mcsd_runtime.pair import Pair
+    from mcsd_runtime.decode.decoder import DecodeConfig
+    from mcsd_runtime.models.pair import Pair
 
 TOY_HELP = "'toy' (default) or 'toy:tiny' is the embedded pair, built on first use"
 
@@ -81,7 +81,7 @@ def apply_threads(args: argparse.Namespace) -> None:
     command calls this first, so bad values fail before any work (MCSDError)."""
     set_threads(getattr(args, "threads", None))
     if getattr(args, "device", "auto") != "auto":
-        from mcsd_runtime.pair import pick_device
+        from mcsd_runtime.models.pair import pick_device
 
         pick_device(args.device)
 
@@ -103,16 +103,16 @@ def set_threads(threads: int | None) -> None:
 
 
 def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
-    """The target and draft that `--target`/`--draft` name (`mcsd_runtime.pair.pair_names`): a
+    """The target and draft that `--target`/`--draft` name (`models.pair.pair_names`): a
     toy spec as target brings its own draft (built if needed); any other target needs a
     `--draft`."""
-    from mcsd_runtime.pair import pair_names
+    from mcsd_runtime.models.pair import pair_names
 
     return pair_names(args.target, args.draft)
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
-    from mcsd_runtime.pair import load_pair, pick_device
+    from mcsd_runtime.models.pair import load_pair, pick_device
 
     pick_device(args.device)  # a bad --device fails before a toy pair is built
     target, draft = pair_paths(args)
@@ -120,7 +120,7 @@ def pair_from_args(args: argparse.Namespace) -> Pair:
 
 
 def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfig:
-    from mcsd_runtime.decoder import DecodeConfig
+    from mcsd_runtime.decode.decoder import DecodeConfig
 
     k_config = DEFAULT_K_CONFIG if args.k_config is None else args.k_config
     values = dict(k_config=k_config, init=args.init, temperature=args.temperature,

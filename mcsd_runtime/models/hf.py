@@ -1,6 +1,6 @@
 """MCSD inside Hugging Face `generate()`, as a `custom_generate` decoding loop.
 
-    from mcsd_runtime.hf import generate as mcsd_generate
+    from mcsd_runtime.models.hf import generate as mcsd_generate
     out = target.generate(**tok(prompt, return_tensors="pt"), custom_generate=mcsd_generate,
                           draft_model=draft, k_config=(4, 2, 2, 1), stopper="heuristic",
                           max_new_tokens=200, do_sample=False)
@@ -36,13 +36,13 @@ from transformers.generation import (
     TemperatureLogitsWarper,
 )
 
-from mcsd_runtime.artifact import description_file
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
-from mcsd_runtime.decoder import DecodeConfig, GenerationResult, MCSDDecoder
+from mcsd_runtime.decode.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.learned import check_pair
-from mcsd_runtime.pair import Pair, check_same_vocab
-from mcsd_runtime.stoppers import Stopper, make_stopper, parse_stopper_spec
+from mcsd_runtime.models.pair import Pair, check_same_vocab
+from mcsd_runtime.stop.artifact import description_file
+from mcsd_runtime.stop.builtin import Stopper, make_stopper, parse_stopper_spec
+from mcsd_runtime.stop.learned import check_pair
 
 _HINTS = {"TopKLogitsWarper": "pass top_k=0 (the generation config's default is 50)",
           "TopPLogitsWarper": "pass top_p=1.0"}

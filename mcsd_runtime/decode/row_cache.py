@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from mcsd_runtime.kv import new_cache
+from mcsd_runtime.decode.kv import new_cache
 
 
 class RowCache:

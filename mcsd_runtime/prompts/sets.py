@@ -4,7 +4,7 @@
 
 - `toy-code`: code prompts cut from the toy pair's held-out `eval` stdlib files (evaluation);
 - `toy-code-collect`: the same cut from the disjoint held-out `collect` files (collection);
-- the other offline domains of `mcsd_runtime.domains` (`toy-doc`, `toy-shift`, `pkg-code`,
+- the other offline domains of `mcsd_runtime.prompts.domains` (`toy-doc`, `toy-shift`, `pkg-code`,
   `pkg-prose`, ...): prose, shifting and foreign-code prompts for evaluation across domains;
 - `mt-bench`, `alpaca`, `trivia-qa`, `wmt-de`: the benchmarks, from the Hugging Face hub;
 - `SET=PATH` (e.g. `mt-bench=question.jsonl`): a local .json/.jsonl/.parquet file in that set's
@@ -22,8 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mcsd_runtime.domains import DOMAIN_SETS, Prompt, cut_code, domain_prompts, toy_code_prompts
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.prompts.domains import (
+    DOMAIN_SETS,
+    Prompt,
+    cut_code,
+    domain_prompts,
+    toy_code_prompts,
+)
 
 __all__ = ["KNOWN_SETS", "Prompt", "cut_code", "load_prompts", "toy_code_prompts"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mcsd_runtime import quality
-from mcsd_runtime.evaluate import Record, _by_method, _delta, _geo, _nll, best_static
+from mcsd_runtime.evaluate import quality
+from mcsd_runtime.evaluate.run import Record, _by_method, _delta, _geo, _nll, best_static
 from mcsd_runtime.metrics import tau
 
 BASELINES = ("ar", "deploy", "best_static", "heuristic")
@@ -67,7 +67,7 @@ def domain_rows(by_domain: dict[str, list[Record]], deploy: str | None,
                 heuristic: str | None, greedy: bool = True) -> list[dict]:
     """One row per (domain, method): paired speedups against each of BASELINES, τ, drafted
     tokens per committed token, for greedy runs whether every output equals `ar`'s, and the
-    quality columns of `mcsd_runtime.quality.summary`."""
+    quality columns of `mcsd_runtime.evaluate.quality.summary`."""
     rows = []
     for domain, records in by_domain.items():
         by_method = _by_method(records)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mcsd_runtime.evaluate import Record, _by_method, _geo, _tps_by_unit, best_static
+from mcsd_runtime.evaluate.run import Record, _by_method, _geo, _tps_by_unit, best_static
 
 
 def throughput(records: list[Record]) -> float:

@@ -1,0 +1,1 @@
+"""Cost modelling: a step's rules, forward-latency profiles, decision costs."""

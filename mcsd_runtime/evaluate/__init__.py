@@ -1,0 +1,1 @@
+"""End-to-end evaluation: interleaved runs, statistics, reports, output quality."""

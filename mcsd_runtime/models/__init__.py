@@ -1,0 +1,1 @@
+"""Model pairs: loading a target and draft, and the `generate()` integration."""

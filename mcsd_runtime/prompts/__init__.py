@@ -1,0 +1,1 @@
+"""Prompt sets: built-in domains, files and hub data sets."""

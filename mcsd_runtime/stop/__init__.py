@@ -1,0 +1,2 @@
+"""Stoppers: the contract, the built-in policies, the feature schema, learned models and
+their artifacts."""
