@@ -1,0 +1,709 @@
+"""The decode loop: one step engine for one sequence (`generate`) or many (`generate_batch`).
+
+A step, over every row of the batch at once:
+
+1. draft: each row's pending draft tokens go in, depth 1 is proposed; then, while the stopper
+   says so, the frontier goes through the draft (one forward for all rows, tree attention) and
+   the next depth is proposed;
+2. one target forward over every row's pending root and tree (a 4D mask per row, explicit
+   position ids);
+3. verify each row's tree: the accepted path and the token after it (`verify_tree`);
+4. commit each row's tokens, clipped at EOS and the token budget, and cut both caches to the
+   accepted paths;
+5. account: recorder, trajectory, stopper, statistics.
+
+Cache convention: each model's cache holds the committed tokens except its *pending* ones, which
+it takes in first at its next forward. The target's pending token is the previous step's bonus
+token (none with target-initialized candidates); the draft may also lag by accepted nodes of the
+last depth, which it never forwarded. Caches are `RowCache`s: a row keeps its committed prefix,
+the rest is masked and compacted away after every step. A finished row (EOS, max_new_tokens)
+leaves, and the next queued prompt is prefilled into the free slot (continuous batching).
+
+Depth in a batch: padded forwards make a shallower tree no cheaper, so every row is drafted to
+the batch's depth, capped by its own token budget. After each depth the batch drafts one more if
+the stopper's `batch_continue(frontiers)` says so, or else if ANY row's own stopper (a copy of the
+given one) does. `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own
+stopper chooses. A batch of one asks the decoder's stopper itself, depth by depth.
+
+Randomness: each row draws with its own generator (seeded like `generate`); nodes past a row's own
+depth draw from a spare one. A sampled row's draws therefore equal those of the prompt decoded
+alone whenever its trees do: in row mode, or when every row stops where it would alone (a static
+stopper). In the default max mode an adaptive stopper may draft a row deeper than it would go
+alone; its draws then differ, while its output still follows the target's distribution.
+
+Host syncs per step, each marked `# sync:`: the verdicts of all rows (one copy), and whatever a
+stopper reads to decide (`DraftFrontier`). On a GPU with `DecodeConfig(profile=True)` forwards are
+also synchronized to be timed.
+
+Target-initialized candidates (the paper's, NOT lossless: `init="target"`) live behind one seam,
+`TargetInit`: the target supplies the first layer from its own distribution, so it takes the
+whole prompt at the prefill and has no pending root; only batches of one use it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.state import (
+    DecodeStats,
+    Draft,
+    DraftFrontier,
+    DraftLayer,
+    GenerationResult,
+    RowState,
+    StepRecord,
+    StepTrace,
+    Verdict,
+)
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.features import TOP_K_MASS
+
+if TYPE_CHECKING:
+    from mcsd_runtime.decode.decoder import MCSDDecoder
+
+CommitHook = Callable[[list[int]], "int | None"]
+
+
+@dataclass
+class BatchResult:
+    """One `GenerationResult` per prompt, in the prompts' order (indexable and iterable like a
+    list), and the batch's own statistics: tokens of all rows, one target call per step, and
+    the batch's wall and prefill seconds (`stats.decode_time` excludes every admission's
+    prefill)."""
+
+    results: list[GenerationResult]
+    stats: DecodeStats
+    batch_size: int
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __getitem__(self, i: int) -> GenerationResult:
+        return self.results[i]
+
+
+@dataclass
+class Row:
+    """One sequence in the batch."""
+
+    index: int  # the prompt's position in the call
+    st: RowState
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    steps: list[StepRecord] = field(default_factory=list)
+    admitted: float = 0.0
+
+
+@dataclass
+class Timing:
+    """Forward seconds and draft calls of one step (or one admission)."""
+
+    target: float = 0.0
+    draft: float = 0.0
+    draft_calls: int = 0
+
+
+@dataclass
+class Drafted:
+    """Every row's tree after the draft phase."""
+
+    layers: list[list[DraftLayer]]  # per row; layers[i][d - 1] holds depth d
+    depths: list[int]  # each row's tree depth: what it verifies
+    pending: list[int]  # each row's pending draft tokens at the start of the step
+    pending_base: int  # draft cache length before the pending tokens went in
+    cache_base: int = 0  # draft cache length where depth-1 nodes start
+    depth: int = 0  # the batch's depth (the deepest row's)
+    forwarded: int = 0  # deepest depth whose nodes went through the draft
+    fed: bool = False  # the pending draft tokens went through the draft this step
+
+
+class Engine:
+    """One `generate` / `generate_batch` call of `dec` at batch size `batch_size`."""
+
+    def __init__(self, dec: MCSDDecoder, batch_size: int,
+                 on_commit: CommitHook | None = None) -> None:
+        self.dec, self.batch_size, self.on_commit = dec, batch_size, on_commit
+        self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
+        self.dev, self.dtype = dec.pair.device, dec.pair.dtype
+        self.init = TargetInit(self) if self.cfg.init == "target" else None
+        if self.init is not None and batch_size > 1:
+            raise MCSDError("batched decoding supports init='draft' (lossless) only; decode "
+                            "target-initialized runs one at a time (batch size 1)")
+        self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
+        stopper = dec.stopper
+        if batch_size > 1 and hasattr(stopper, "for_batch"):
+            stopper = stopper.for_batch(batch_size)
+        self.stopper = stopper
+        self.batch_decide = (getattr(stopper, "batch_continue", None)
+                             if batch_size > 1 and self.cfg.batch_depth == "max" else None)
+        self.needs_hidden = dec.needs_hidden
+        # the target takes the whole prompt at the prefill when it supplies the first token (AR)
+        # or the first roots (target-init)
+        self.target_takes_prompt = self.init is not None or not self.tree.depth
+        self.stats = DecodeStats()
+        # draws for nodes beyond a row's own depth, which it never verifies: kept off the row's
+        # generator so that its draws stay those of the prompt decoded alone
+        self.spare = torch.Generator(self.dev)
+        self.spare.manual_seed(self.cfg.seed)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, prompts: list[list[int]], seeds: list[int],
+            on_result: Callable[[int, GenerationResult], None] | None = None) -> BatchResult:
+        queue = deque(range(len(prompts)))
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        rows: list[Row] = []
+        tc, dc = RowCache(0, self.dev), RowCache(0, self.dev)
+        t_start = time.perf_counter()
+        while queue or rows:
+            if queue and len(rows) < self.batch_size:
+                take = [queue.popleft() for _ in range(min(len(queue),
+                                                           self.batch_size - len(rows)))]
+                rows += self.admit(take, prompts, seeds, tc, dc)
+                rows = self.retire(rows, results, tc, dc, on_result)
+            if rows:
+                self.step(rows, tc, dc)
+                rows = self.retire(rows, results, tc, dc, on_result)
+        self.stats.wall_time = time.perf_counter() - t_start
+        self.stats.new_tokens = sum(len(r.token_ids) for r in results)
+        return BatchResult(results, self.stats, self.batch_size)
+
+    def retire(self, rows: list[Row], results: list, tc: RowCache, dc: RowCache,
+               on_result: Callable[[int, GenerationResult], None] | None) -> list[Row]:
+        """Finished rows leave the batch (and its caches); returns the rows that stay."""
+        if not any(r.st.done for r in rows):
+            return rows
+        now = time.perf_counter()
+        for r in rows:
+            if r.st.done:
+                results[r.index] = self.result(r, now)
+                if on_result is not None:
+                    on_result(r.index, results[r.index])
+        keep = [i for i, r in enumerate(rows) if not r.st.done]
+        tc.select(keep)
+        if self.tree.depth:
+            dc.select(keep)
+        return [rows[i] for i in keep]
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, take: list[int], prompts: list[list[int]], seeds: list[int],
+              tc: RowCache, dc: RowCache) -> list[Row]:
+        """Prefill the prompts `take` and append their rows to the batch's caches. Both models
+        take each prompt but its last token, which stays pending; the target takes that one too
+        when it must supply the first token (AR) or the first roots (target-init)."""
+        t0 = time.perf_counter()
+        rows = [self.new_row(i, prompts[i], seeds[i], t0) for i in take]
+        ids = [prompts[i] for i in take]
+        timing = Timing()
+        n_t = [len(p) - (0 if self.target_takes_prompt else 1) for p in ids]
+        logits = self.prefill(self.pair.target, tc, ids, n_t, timing)
+        if self.tree.depth:
+            self.prefill(self.pair.draft, dc, ids, [len(p) - 1 for p in ids], timing)
+        for r, n in zip(rows, n_t, strict=True):
+            r.st.t_pending = r.st.committed[n:]
+            r.st.d_pending = r.st.committed[-1:] if self.tree.depth else []
+        dt = time.perf_counter() - t0
+        self.stats.prefill_time += dt
+        self.stats.target_time += timing.target
+        self.stats.draft_time += timing.draft
+        for i, r in enumerate(rows):
+            r.stats.prefill_time = dt
+            r.stats.target_time, r.stats.draft_time = timing.target, timing.draft
+            if self.init is not None:
+                self.init.after_prefill(r, logits[i])
+            elif not self.tree.depth:
+                self.first_token(r, logits[i])
+        return rows
+
+    def new_row(self, index: int, ids: list[int], seed: int, t0: float) -> Row:
+        gen = torch.Generator(self.dev)
+        gen.manual_seed(seed)
+        # a batch of one asks the decoder's own stopper; rows of a batch, their own copies
+        stopper = self.stopper if self.batch_size == 1 else copy.copy(self.stopper)
+        stopper.reset()
+        st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
+                      t_pending=[], d_pending=[], generator=gen, stopper=stopper)
+        return Row(index, st, admitted=t0)
+
+    def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
+                timing: Timing) -> torch.Tensor | None:
+        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded); returns the
+        logits [rows, V] at each row's last one."""
+        n = max(lens)
+        new = RowCache(len(prompts), self.dev)
+        logits = None
+        if n:
+            ids = torch.zeros(len(prompts), n, dtype=torch.long, device=self.dev)
+            for r, p in enumerate(prompts):
+                ids[r, : lens[r]] = torch.tensor(p[: lens[r]], device=self.dev)
+            pos = torch.arange(n, device=self.dev).expand(len(prompts), -1)
+            ragged = len(set(lens)) > 1
+            valid = pos < torch.tensor(lens, device=self.dev)[:, None] if ragged else None
+            out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
+                               timing, keep=n if ragged else 1, prefill=True)
+            last = torch.tensor(lens, device=self.dev) - 1 if ragged else None
+            logits = out.logits[:, -1] if last is None else out.logits[
+                torch.arange(len(prompts), device=self.dev), last]
+            new.settle(lens)
+        cache.extend(new)
+        return logits
+
+    def first_token(self, r: Row, logits: torch.Tensor) -> None:
+        """AR: commit the first token from the prefill's last logits, as a step would."""
+        st = r.st
+        if self.cfg.temperature == 0:
+            token = int(logits.argmax())  # sync: the token
+        else:
+            token = int(V.sample(self.dec.probs(logits[None]), st.generator)[0])  # sync
+        st.committed.append(token)
+        st.t_pending = [token]
+        st.done = token in self.dec.eos or self.cfg.max_new_tokens == 1
+        for counts in (r.stats, self.stats):
+            counts.target_calls += 1
+        st.trajectory.update(0, 1, 0)
+        st.stopper.update(0, 0)
+        r.steps.append(StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
+                                  target_cache=len(st.committed) - 1, draft_cache=0,
+                                  target_pending=1, draft_pending=0))
+        self.commit_hook(r)
+
+    # ------------------------------------------------------------------ one step
+    def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:
+        """Draft all rows' trees, verify them in one target forward, commit each row."""
+        tree, tt, lo = self.tree, self.tt, self.lo
+        remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
+                     for r in rows]
+        # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
+        caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
+        root_pos = torch.tensor([len(r.st.committed) - 1 for r in rows], device=self.dev)
+        tokens = torch.zeros(len(rows), 1 + tree.num_nodes, dtype=torch.long, device=self.dev)
+        tokens[:, 0] = torch.tensor([r.st.committed[-1] for r in rows], device=self.dev)
+        timing = Timing()
+
+        # 1. draft, depth by depth
+        d = self.draft(rows, tokens, root_pos, caps, dc, timing)
+
+        # 2. one target forward over every row's pending root and tree
+        c = tree.cum[d.depth]
+        target_base = tc.length
+        logits = self.forward(self.pair.target, tc, tokens[:, lo : 1 + c],
+                              root_pos[:, None] + tt.depth[lo : 1 + c][None],
+                              tt.bias[lo : 1 + c, lo : 1 + c][None], None, timing).logits
+
+        # 3-4. per row: verify, commit, and the cache entries to keep
+        keep_t, keep_d, outcomes = [], [], []
+        for i, r in enumerate(rows):
+            s = d.depths[i]
+            draft = Draft(tokens[i], d.layers[i][:s], d.forwarded, d.cache_base)
+            v = self.verify(r.st, draft, logits[i, : 1 + tree.cum[s] - lo])
+            new, path = self.commit(r.st, v, remaining[i], d.forwarded)
+            keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
+            keep_d.append(self.draft_keep(d, i, path))
+            outcomes.append((draft, v, new))
+        tc.compact(keep_t)
+        if tree.depth:
+            dc.compact(keep_d)
+
+        # 5. account
+        self.account(rows, outcomes, timing, tc, dc)
+
+    def draft_keep(self, d: Drafted, i: int, path: list[int]) -> list[int]:
+        """Row i's draft cache slots to keep: its pending tokens, if they went in this step, and
+        the accepted nodes the draft has seen."""
+        slots = [d.pending_base + k for k in range(d.pending[i])] if d.fed else []
+        return slots + [d.cache_base + j - 1 for j in path if self.tt.depths[j] <= d.forwarded]
+
+    # -- 1. draft
+    def draft(self, rows: list[Row], tokens: torch.Tensor, root_pos: torch.Tensor,
+              caps: list[int], dc: RowCache, timing: Timing) -> Drafted:
+        """Draft every row up to the batch's depth, asking the stopper after each depth before
+        forwarding it."""
+        d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
+                    dc.length)
+        if max(caps) <= 0:
+            return d
+        if self.init is not None:
+            first = [self.init.roots(rows[0].st)]
+        else:
+            q, hidden = self.feed_pending(rows, dc, root_pos, timing)
+            d.fed = True
+            first = self.propose(q[:, None], hidden, 1, None, rows, caps)
+        d.cache_base = dc.length
+        self.add_layers(d.layers, tokens, first)
+        depth = 1
+        open_rows = [c > 0 for c in caps]
+        while depth < max(caps) and self.go_deeper(rows, d.layers, depth, caps, open_rows,
+                                                    d.depths):
+            q, hidden = self.forward_frontier(rows, tokens, root_pos, dc, d, depth, timing)
+            d.forwarded = depth
+            parent = torch.stack([rl[-1].log_path for rl in d.layers])
+            own = [caps[i] if open_rows[i] else d.depths[i] for i in range(len(rows))]
+            self.add_layers(d.layers, tokens,
+                            self.propose(q, hidden, depth + 1, parent, rows, own))
+            depth += 1
+        d.depth = depth
+        d.depths = [max(0, min(depth if open_rows[i] else d.depths[i], caps[i]))
+                    for i in range(len(rows))]
+        return d
+
+    def feed_pending(self, rows: list[Row], dc: RowCache, root_pos: torch.Tensor,
+                     timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed every row its pending draft tokens (right-padded); returns q [rows, V] (and the
+        hidden state [rows, 1, H]) at each row's last pending token."""
+        counts = [len(r.st.d_pending) for r in rows]
+        m = max(counts)
+        ids = torch.zeros(len(rows), m, dtype=torch.long, device=self.dev)
+        for i, r in enumerate(rows):
+            ids[i, : counts[i]] = torch.tensor(r.st.d_pending, device=self.dev)
+            r.st.d_pending = []
+        n = torch.tensor(counts, device=self.dev)[:, None]
+        offsets = torch.arange(m, device=self.dev)[None]
+        pos = root_pos[:, None] - n + 1 + offsets.clamp(max=n - 1)
+        ragged = len(set(counts)) > 1
+        out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
+                           offsets < n if ragged else None, timing, keep=m if ragged else 1,
+                           hidden=self.needs_hidden)
+        last = (n - 1)[:, :, None] if ragged else None
+        logits = out.logits[:, -1] if last is None else out.logits.gather(
+            1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
+        hidden = None
+        if self.needs_hidden:
+            h = out.hidden_states[-1]
+            hidden = h[:, -1:] if last is None else h.gather(1, last.expand(-1, 1, h.shape[-1]))
+        return self.dec.probs(logits), hidden
+
+    def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, root_pos: torch.Tensor,
+                         dc: RowCache, d: Drafted, depth: int, timing: Timing,
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the draft over every row's nodes of `depth`; returns their distributions q
+        [rows, n, V] (and hidden states): the next depth's proposals."""
+        if depth == 1 and self.init is not None:  # the roots go in with the pending tokens
+            d.fed = True
+            return self.init.feed_roots(rows[0], tokens, root_pos, dc, d, timing)
+        nodes = self.tree.depth_slice(depth)
+        out = self.forward(self.pair.draft, dc, tokens[:, nodes],
+                           root_pos[:, None] + self.tt.depth[nodes][None],
+                           self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
+                           hidden=self.needs_hidden)
+        return self.dec.probs(out.logits), out.hidden_states[-1] if self.needs_hidden else None
+
+    def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
+                  caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
+        """After `depth`, draft one more? Asks about the rows that may still go deeper."""
+        ask = [i for i in range(len(rows)) if open_rows[i] and depth < caps[i]]
+        if not ask:
+            return False
+        frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
+                                   rows[i].st.trajectory) for i in ask]
+        if self.batch_decide is not None:
+            return bool(self.batch_decide(frontiers))
+        votes = [rows[i].st.stopper.should_continue(f) for i, f in zip(ask, frontiers, strict=True)]
+        if self.cfg.batch_depth == "row":
+            for i, vote in zip(ask, votes, strict=True):
+                if not vote:
+                    open_rows[i], depths[i] = False, depth
+        return any(votes)
+
+    def propose(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
+                parent_log_path: torch.Tensor | None, rows: list[Row],
+                own: list[int]) -> list[DraftLayer]:
+        """Depth `d`'s candidates for every row from q [rows, m, V]: the top-k of all rows in one
+        call when greedy; sampled rows draw with their own generator up to their own depth
+        `own[i]` (`propose_row`)."""
+        k = self.cfg.k_config[d - 1]
+        if self.cfg.temperature != 0:
+            return [self.propose_row(q[i], None if hidden is None else hidden[i], d,
+                                     None if parent_log_path is None else parent_log_path[i],
+                                     r.st.generator if d <= own[i] else self.spare)
+                    for i, r in enumerate(rows)]
+        values, toks = q.topk(max(k, TOP_K_MASS), dim=-1)
+        top, toks = values[..., :TOP_K_MASS], toks[..., :k].reshape(len(rows), -1)
+        prob = q.reshape(-1, q.shape[-1]).gather(1, toks.reshape(-1, k)).reshape(len(rows), -1)
+        log_path = prob.clamp_min(1e-30).log()
+        if parent_log_path is not None:
+            log_path = log_path + parent_log_path.repeat_interleave(k, dim=1)
+        return [DraftLayer(toks[i], q[i], None if hidden is None else hidden[i], prob[i],
+                           log_path[i], top[i]) for i in range(len(rows))]
+
+    def propose_row(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
+                    parent_log_path: torch.Tensor | None, gen: torch.Generator) -> DraftLayer:
+        """One row's sampled depth-`d` candidates from its parents' distributions q [m, V]."""
+        k = self.cfg.k_config[d - 1]
+        if self.cfg.verify == "mcss-replacement":
+            toks = V.sample_with_replacement(q, k, gen)
+        else:
+            toks = V.sample_without_replacement(q, k, gen)
+        prob = q.gather(1, toks).reshape(-1)
+        log_path = prob.clamp_min(1e-30).log()
+        if parent_log_path is not None:
+            log_path = log_path + parent_log_path.repeat_interleave(k)
+        return DraftLayer(toks.reshape(-1), q, hidden, prob, log_path, None)
+
+    def add_layers(self, layers: list[list[DraftLayer]], tokens: torch.Tensor,
+                   new: list[DraftLayer]) -> None:
+        d = len(layers[0]) + 1
+        tokens[:, self.tree.depth_slice(d)] = torch.stack([layer.tokens for layer in new])
+        for row_layers, layer in zip(layers, new, strict=True):
+            row_layers.append(layer)
+
+    # -- 3. verify
+    def verify(self, st: RowState, draft: Draft, logits: torch.Tensor) -> Verdict:
+        """The row's accepted child and next token at every node, then the deepest node whose
+        whole path was accepted: one walk on the device, one host copy."""
+        tt, c = self.tt, self.tree.cum[draft.depth]
+        tokens = draft.tokens[: 1 + c]
+        greedy = self.cfg.temperature == 0
+        probs = None
+        if not greedy or self.dec.recorder is not None or self.init is not None:
+            probs = self.dec.probs(logits)
+        if self.init is not None:
+            probs = self.init.with_root(st, probs)
+        if greedy:
+            nxt = logits.argmax(-1)
+            if self.init is not None:
+                nxt = torch.cat([st.root_probs.argmax(-1), nxt])
+            match = tokens[1:] == nxt[tt.parent[1 : 1 + c]]
+        else:
+            match, nxt = self.verify_sampled(probs, draft, st.generator)
+        if self.init is not None:
+            self.init.match_roots(match, draft)
+        acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)
+        score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
+        best = score.argmax()
+        host = torch.cat([best.view(1), nxt[best].view(1), tokens]).tolist()  # sync: verdict
+        path = tt.paths[host[0]]
+        return Verdict(path=path, accepted=len(path) - self.lo, best=host[0], bonus=host[1],
+                       tokens=host[2:], probs=probs)
+
+    def verify_sampled(self, probs: torch.Tensor, draft: Draft, gen: torch.Generator,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-node accepted child and next token for the sampling verifiers."""
+        tree, tt = self.tree, self.tt
+        c = tree.cum[draft.depth]
+        rank_rows, next_rows = [], []
+        for d, layer in enumerate(draft.layers, 1):
+            if d == 1 and self.init is not None:  # the roots are the target's own: no test
+                zero = torch.zeros(1, dtype=torch.long, device=probs.device)
+                rank_rows.append(zero)
+                next_rows.append(zero)
+                continue
+            rows = slice(0, 1) if d == 1 else tree.depth_slice(d - 1)
+            cands = layer.tokens.view(-1, tree.k_config[d - 1])
+            rank, nxt = V.verify_children(probs[rows], layer.proposal, cands, self.cfg.verify,
+                                          gen)
+            rank_rows.append(rank)
+            next_rows.append(nxt)
+        leaves = tree.depth_slice(draft.depth) if draft.depth else slice(0, 1)
+        next_rows.append(V.sample(probs[leaves], gen))
+        rank = torch.cat(rank_rows) if rank_rows else probs.new_zeros(0, dtype=torch.long)
+        match = tt.sibling_rank[1 : 1 + c] == rank[tt.parent[1 : 1 + c]]
+        return match, torch.cat(next_rows)
+
+    # -- 4. commit
+    def commit(self, st: RowState, v: Verdict, remaining: int,
+               forwarded: int) -> tuple[list[int], list[int]]:
+        """Commit the path (and the bonus token), clipped at max_new_tokens, commit_limit and
+        EOS, and set both models' pending tokens (`forwarded`: the deepest depth the draft has
+        seen). When clipped, the caches keep the committed part of the path and its last token
+        becomes the pending one. Returns the committed tokens and the path the caches keep."""
+        lo = self.lo
+        new = [v.tokens[j] for j in v.path] + ([] if lo else [v.bonus])
+        new = new[: min(remaining, self.cfg.commit_limit or remaining)]
+        path, bonus = v.path, [] if lo else [v.bonus]
+        if not lo and len(new) <= len(path):
+            path, bonus = path[: len(new) - 1], [new[-1]]
+        for i, t in enumerate(new):
+            if t in self.dec.eos:
+                new = new[: i + 1]
+                st.done = True
+                break
+        st.committed.extend(new)
+        if len(st.committed) - st.n_prompt >= self.cfg.max_new_tokens:
+            st.done = True
+        st.t_pending = bonus
+        if self.tree.depth:
+            st.d_pending += [v.tokens[j] for j in path if self.tt.depths[j] > forwarded] + bonus
+        if self.init is not None:
+            self.init.after_commit(st, v)
+        return new, path
+
+    def commit_hook(self, r: Row) -> None:
+        """`on_commit(tokens)` of `generate` sees the step's committed tokens; a count keeps
+        only that many and ends the generation."""
+        if self.on_commit is None:
+            return
+        st, step = r.st, r.steps[-1]
+        start = len(st.committed) - step.committed
+        keep = self.on_commit(st.committed[start:])
+        if keep is not None:
+            del st.committed[start + keep:]
+            step.committed, st.done = min(step.committed, keep), True
+
+    # -- 5. account: recorder, trajectory, stopper, statistics
+    def account(self, rows: list[Row], outcomes: list, timing: Timing, tc: RowCache,
+                dc: RowCache) -> None:
+        self.stats.target_calls += 1
+        self.stats.draft_calls += timing.draft_calls
+        self.stats.target_time += timing.target
+        self.stats.draft_time += timing.draft
+        for i, r in enumerate(rows):
+            draft, v, new = outcomes[i]
+            rs = r.stats
+            rs.target_calls += 1
+            rs.draft_calls += timing.draft_calls
+            rs.target_time += timing.target
+            rs.draft_time += timing.draft
+            self.learn(r.st, draft, v, new, rs, self.stats, row=r.index)
+            r.steps.append(StepRecord(
+                drafted=draft.depth, accepted=v.accepted, committed=len(new),
+                tree_size=self.tree.cum[draft.depth], target_cache=tc.lens[i],
+                draft_cache=dc.lens[i] if self.tree.depth else 0,
+                target_pending=len(r.st.t_pending), draft_pending=len(r.st.d_pending)))
+            self.commit_hook(r)
+
+    def learn(self, st: RowState, draft: Draft, v: Verdict, committed: list[int],
+              *stats: DecodeStats, row: int = 0) -> None:
+        """Tell the recorder, the trajectory, the stopper and each of `stats` how the step
+        went."""
+        s, c = draft.depth, self.tree.cum[draft.depth]
+        roots = self.tree.sizes[0] if self.init is not None and s else 0  # the target's
+        drafted_depth = s - 1 if roots else s
+        if self.dec.recorder is not None:
+            self.dec.recorder.on_step(self.trace(st, draft, v, row))
+        st.trajectory.update(v.accepted, len(committed), drafted_depth)
+        st.stopper.update(drafted_depth, v.accepted)
+        for counts in stats:
+            counts.drafted_tokens += c - roots
+            counts.accepted_tokens += v.accepted
+            if drafted_depth:
+                counts.drafting_steps += 1
+                counts.acceptance_sum += v.accepted / drafted_depth
+
+    def trace(self, st: RowState, draft: Draft, v: Verdict, row: int = 0) -> StepTrace:
+        tt, s = self.tt, draft.depth
+        c = self.tree.cum[s]
+        layers = draft.layers
+        empty = v.probs.new_zeros(0)
+        feats = [layer.node_features(tt.static_features[self.tree.depth_slice(d)])
+                 for d, layer in enumerate(layers, 1)]
+        hidden = None
+        if self.needs_hidden and s:
+            model = self.pair.draft
+            hidden = torch.cat([
+                h if (h := layer.hidden()) is not None else  # target-init roots: zeros
+                torch.zeros(layer.prob.shape[0], model.config.hidden_size, dtype=model.dtype,
+                            device=model.device)
+                for layer in layers])
+        return StepTrace(
+            step=st.trajectory.steps, tokens=draft.tokens[: 1 + c],
+            node_features=torch.cat(feats) if s else empty,
+            trajectory=st.trajectory.values(),
+            target_prob=v.probs[tt.parent[1 : 1 + c], draft.tokens[1 : 1 + c]],
+            draft_prob=torch.cat([layer.prob for layer in layers]) if s else empty,
+            hidden=hidden, path=v.path, accepted=v.accepted, drafted=s, row=row)
+
+    # ------------------------------------------------------------------ forwards, results
+    def forward(self, model, cache: RowCache, ids: torch.Tensor, pos: torch.Tensor,
+                block: torch.Tensor, valid: torch.Tensor | None, timing: Timing,
+                keep: int = 0, hidden: bool = False, prefill: bool = False):
+        """One forward of ids [rows, n] at positions pos over `cache`, timed into `timing`.
+        `block` [rows or 1, n, nb] masks the new tokens over the last nb keys (the new ones and
+        the nb - n before them); `valid` [rows, n]: which new slots rows may attend to later
+        (None: all)."""
+        sync = self.dec.sync_forwards
+        mask = cache.mask(block, self.dtype)
+        if sync:
+            torch.cuda.synchronize()  # sync: timing forwards on a GPU (profile=True)
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                    past_key_values=cache.cache, use_cache=True, logits_to_keep=keep,
+                    output_hidden_states=hidden)
+        if sync:
+            torch.cuda.synchronize()  # sync: as above
+        dt = time.perf_counter() - t0
+        cache.appended(ids.shape[1], valid)
+        is_target = model is self.pair.target
+        if is_target:
+            timing.target += dt
+        else:
+            timing.draft += dt
+            timing.draft_calls += not prefill
+        log = self.dec.forward_log
+        if log is not None and not prefill:
+            log.append(("target" if is_target else "draft", ids.shape[1], dt))
+        return out
+
+    def result(self, r: Row, now: float) -> GenerationResult:
+        new = r.st.committed[r.st.n_prompt:]
+        r.stats.new_tokens = len(new)
+        r.stats.wall_time = now - r.admitted
+        tok = self.pair.tokenizer
+        return GenerationResult(new, tok.decode(new) if tok is not None else None, r.steps,
+                                r.stats, self.cfg.lossless)
+
+
+class TargetInit:
+    """The seam of target-initialized candidates (the paper's; NOT lossless): the target's own
+    distribution at the root supplies the first layer, the draft extends each root, and the
+    branch with the longest accepted continuation wins (which can differ from the target's
+    choice). The target takes the whole prompt at the prefill and verifies from node 1."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+
+    def after_prefill(self, r: Row, logits: torch.Tensor) -> None:
+        r.st.root_probs = self.e.dec.probs(logits[None])
+        for counts in (r.stats, self.e.stats):
+            counts.target_calls += 1
+
+    def roots(self, st: RowState) -> DraftLayer:
+        """The first layer: the target's top (greedy) or sampled candidates at the root."""
+        k, p = self.e.cfg.k_config[0], st.root_probs
+        if self.e.cfg.temperature == 0:
+            toks = p.topk(k, dim=-1).indices
+        else:
+            toks = V.sample_without_replacement(p, k, st.generator)
+        prob = p.gather(1, toks).view(-1)
+        return DraftLayer(toks.view(-1), p, None, prob, prob.clamp_min(1e-30).log(), None)
+
+    def feed_roots(self, r: Row, tokens: torch.Tensor, root_pos: torch.Tensor, dc: RowCache,
+                   d: Drafted, timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The pending draft tokens and the roots in one draft forward; returns q [1, k, V] (and
+        hidden states) at the roots, and moves `d.cache_base` to the first root."""
+        e, st = self.e, r.st
+        m, extra = len(st.d_pending), e.tree.sizes[0]
+        pending = torch.tensor(st.d_pending, dtype=torch.long, device=e.dev)
+        first = int(root_pos[0]) - m + 1
+        ids = torch.cat([pending, tokens[0, 1 : 1 + extra]])
+        pos = torch.cat([torch.arange(first, first + m, device=e.dev),
+                         e.tt.depth[1 : 1 + extra] + root_pos[0]])
+        block = e.dec.causal_block(m + extra).clone()
+        block[m:, m:] = e.tt.bias[1 : 1 + extra, 1 : 1 + extra]
+        out = e.forward(e.pair.draft, dc, ids[None], pos[None], block[None], None, timing,
+                        keep=extra, hidden=e.needs_hidden)
+        st.d_pending = []
+        d.cache_base = dc.length - extra
+        hidden = out.hidden_states[-1][:, -extra:] if e.needs_hidden else None
+        return e.dec.probs(out.logits[:, -extra:]), hidden
+
+    def with_root(self, st: RowState, probs: torch.Tensor) -> torch.Tensor:
+        """Row 0, the root: the target's distribution from the last step."""
+        return torch.cat([st.root_probs, probs])
+
+    def match_roots(self, match: torch.Tensor, draft: Draft) -> None:
+        """Every root the target can produce is a candidate; the longest branch wins."""
+        match[: self.e.tree.sizes[0]] = draft.layers[0].prob > 0
+
+    def after_commit(self, st: RowState, v: Verdict) -> None:
+        """The next roots come from the target's distribution after the path."""
+        st.root_probs = v.probs[v.best : v.best + 1]
