@@ -8,7 +8,9 @@ import json
 import pytest
 
 from conftest import make_pair
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile, measure, parse_batch_sizes
+from mcsd_runtime.cli.args import parse_batch_sizes
+from mcsd_runtime.costmodel.measure import measure
+from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
 
@@ -95,7 +97,8 @@ def test_measure_at_batch_sizes_on_a_tiny_pair():
 def test_static_runs_at_a_batch_size_time_the_batched_decoder():
     """One run per static depth through generate_batch: its steps, drafted depths and tokens
     are the batch's; the forward timer sees exactly the decode-phase forwards (no prefill)."""
-    from mcsd_runtime.costmodel.profile import _ForwardTimer, calibrate, static_runs
+    from mcsd_runtime.costmodel.measure import ForwardTimer as _ForwardTimer
+    from mcsd_runtime.costmodel.measure import calibrate, static_runs
     from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
     pair = make_pair()

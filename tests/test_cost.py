@@ -7,14 +7,14 @@ import json
 import pytest
 
 from conftest import make_pair
-from mcsd_runtime.costmodel.profile import (
-    CostProfile,
+from mcsd_runtime.costmodel.measure import (
     calibrate,
     fit_overheads,
     measure,
     monotone,
     static_runs,
 )
+from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
 
 

@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 from collect.cli import register as collect_register
 from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register as eval_register
-from mcsd_runtime.costmodel.profile import register as profile_register
+from mcsd_runtime.cli.profile import register as profile_register
 from train.cli import register as train_register
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))

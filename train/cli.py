@@ -148,7 +148,7 @@ def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> N
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed `mcsd train` arguments (MCSDError when one is invalid)."""
-    from mcsd_runtime.costmodel.profile import parse_batch_sizes
+    from mcsd_runtime.cli.args import parse_batch_sizes
 
     aggs = (None if args.aggregations is None
             else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))

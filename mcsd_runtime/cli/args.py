@@ -76,6 +76,18 @@ def check_batch_size(batch_size: int) -> None:
         raise MCSDError(f"--batch-size must be 1 or more, got {batch_size}")
 
 
+def parse_batch_sizes(text: str, option: str) -> tuple[int, ...]:
+    """`1,8` -> (1, 8); MCSDError naming `option` for anything else."""
+    try:
+        sizes = tuple(int(b) for b in str(text).split(",") if b.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise MCSDError(f"{option} takes positive integers separated by commas (e.g. 1,8), got "
+                        f"{text!r}")
+    return sizes
+
+
 def apply_threads(args: argparse.Namespace) -> None:
     """Apply `--threads` to this process, and check `--device` where the command has one: every
     command calls this first, so bad values fail before any work (MCSDError)."""

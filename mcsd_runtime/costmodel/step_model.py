@@ -18,8 +18,10 @@ output capped by `max_new_tokens`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mcsd_runtime.decode.tree import Tree
+if TYPE_CHECKING:  # a type only: the rules need no torch
+    from mcsd_runtime.decode.tree import Tree
 
 FIRST_PENDING = 1  # a sequence starts with the prompt's last token pending (prefill takes the rest)
 PENDING_STATES = (1, 2)  # what a step can start with: the first, or after any drafting step

@@ -1,0 +1,104 @@
+"""`mcsd profile`: measure a cost profile on this machine (`costmodel.measure`) and write it
+(`costmodel.profile`); the command's description is those two modules' documentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mcsd_runtime.costmodel import measure as cost_measure
+from mcsd_runtime.costmodel import profile as cost_profile
+from mcsd_runtime.errors import MCSDError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from mcsd_runtime.cli.args import DEFAULT_K_TEXT, add_pair_args, add_threads_arg
+
+    p = sub.add_parser(
+        "profile", help="measure forward latency against tokens processed (cost profile JSON)",
+        description=f"{cost_profile.__doc__}\n{cost_measure.__doc__}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(p)
+    p.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    p.add_argument("--max-tokens", type=int, default=64,
+                   help="largest number of new tokens per forward (default %(default)s)")
+    p.add_argument("--context", type=int, default=256,
+                   help="KV cache length the forwards run over (default %(default)s)")
+    p.add_argument("--rounds", "--repeats", type=int, default=7, dest="rounds",
+                   help="timed rounds over all token counts, each in a random order; the median "
+                        "is kept (default %(default)s)")
+    p.add_argument("--batch-sizes", default=",".join(map(str, cost_measure.DEFAULT_BATCH_SIZES)),
+                   metavar="B[,B...]",
+                   help="batch sizes whose forwards are timed (B rows of n tokens each; 1 is "
+                        "always measured) and whose overheads are fitted to batched runs; "
+                        "replay at B rows needs B within them (default %(default)s)")
+    p.add_argument("--k-config", default=DEFAULT_K_TEXT,
+                   help="tree whose static depths 1..D are run end to end: the forwards timed "
+                        "there replace the isolated ones, and the decoder's per-step and "
+                        "per-depth overheads are fitted to them; use the collection's tree "
+                        "(default %(default)s, as collect's)")
+    p.add_argument("--overhead-prompts", default="toy-code", help="prompt set of those runs; "
+                   "'none' to skip (default %(default)s)")
+    p.add_argument("--overhead-limit", type=int, default=6,
+                   help="prompts of those runs (at batch size B > 1 at least 2B; default "
+                        "%(default)s)")
+    p.add_argument("--overhead-tokens", type=int, default=48,
+                   help="new tokens per run (default %(default)s)")
+    add_threads_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.cli.args import apply_threads, pair_from_args, parse_batch_sizes
+    from mcsd_runtime.decode.tree import parse_k_config
+    from mcsd_runtime.extras import require_toolkit
+
+    require_toolkit("mcsd profile", "sklearn", "scipy")  # the monotone fit, the overhead fit
+    if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
+           args.overhead_tokens) < 1:
+        raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "
+                        "--overhead-tokens must be positive")
+    k_config = parse_k_config(args.k_config)
+    sizes = sorted({1, *parse_batch_sizes(args.batch_sizes, "--batch-sizes")})
+    apply_threads(args)
+    pair = pair_from_args(args)
+    tokens = [n for n in cost_measure.DEFAULT_TOKENS if n <= args.max_tokens]
+    if tokens[-1] != args.max_tokens:
+        tokens.append(args.max_tokens)
+    print(f"timing forwards: {len(tokens)} token counts x 2 models x {len(sizes)} batch size(s) "
+          f"x {args.rounds} rounds", flush=True)
+    profile = cost_measure.measure(pair, tokens, context=args.context, rounds=args.rounds,
+                                   progress=True, batch_sizes=tuple(sizes))
+    if args.overhead_prompts != "none" and k_config:
+        profile = _calibrate(args, pair, profile, k_config, sizes)
+    profile.save(args.out)
+    for b in profile.batch_sizes:
+        t, d = profile._curve("target_s", b), profile._curve("draft_s", b)
+        step, depth = profile.overheads(b)
+        print(f"B={b}: target {t[0] * 1e3:.2f} ms at 1 token per row, {t[-1] * 1e3:.2f} ms at "
+              f"{tokens[-1]}; draft {d[0] * 1e3:.2f} ms / {d[-1] * 1e3:.2f} ms; overhead "
+              f"{step * 1e3:.2f} ms/step + {depth * 1e3:.3f} ms/depth")
+    print(f"-> {args.out}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile,
+               k_config: tuple[int, ...], sizes: list[int]) -> cost_profile.CostProfile:
+    """`profile` calibrated on the decoder's static runs at every batch size of `sizes`."""
+    from mcsd_runtime.prompts.sets import load_prompts
+
+    for b in sizes:  # above batch size 1: enough prompts to fill the batch twice
+        limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)
+        texts = [p.text for p in load_prompts(args.overhead_prompts, limit=limit)]
+        ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
+        print(f"calibrating on the decoder at batch size {b}: static depths "
+              f"1..{len(k_config)} of {k_config} on {len(ids)} prompts", flush=True)
+        runs, forwards = cost_measure.static_runs(pair, ids, k_config, args.overhead_tokens,
+                                                  progress=True, batch_size=b)
+        profile = cost_measure.calibrate(profile, runs, forwards, batch_size=b)
+        if b > 1:
+            profile.batches[b].static["prompts"] = len(ids)
+    profile.static |= {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
+                       "max_new_tokens": args.overhead_tokens}
+    return profile

@@ -1,0 +1,272 @@
+"""Measuring a cost profile (`costmodel.profile.CostProfile`) on this machine, the way the
+decoder runs.
+
+`measure` times each model's forward over B rows of n new tokens, for every token count and
+batch size: (model, B, n) jobs are timed in a random order, round after round (so slow spells of a
+shared machine spread over all counts instead of bending the curve), each count's median is kept,
+and the curve is made non-decreasing (isotonic fit, `monotone`): a forward over more tokens never
+costs less.
+`static_runs` then decodes every static depth of a k-config end to end, interleaved per prompt
+(at B > 1: per batch of prompts, `MCSDDecoder.generate_batch`), and `calibrate` replaces the
+isolated forwards' latencies by the ones timed there and fits the decoder's per-step and
+per-depth overheads to those runs by least squares (`fit_overheads`); the runs' tokens/s are
+kept under the profile's `static`.
+Every forward is timed by one helper, `ForwardTimer` (module hooks on both models).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import replace
+
+from mcsd_runtime import metrics
+from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
+from mcsd_runtime.errors import MCSDError
+
+DEFAULT_TOKENS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)
+DEFAULT_BATCH_SIZES = (1,)
+
+Forwards = dict[tuple[str, int], list[float]]  # (model or "draft_first", new tokens) -> seconds
+
+
+class ForwardTimer:
+    """Times every forward of a pair's two models through module hooks, as (model, rows, new
+    tokens per row, seconds), synchronizing a GPU around each; leaves out prefills (a target
+    forward that keeps one position's logits, and the draft forward that follows it). Use:
+    `with ForwardTimer(pair) as log: ...`; the hooks are removed on leaving."""
+
+    def __init__(self, pair) -> None:
+        self.pair, self.log, self._handles = pair, [], []
+        self._t0, self._prefill = 0.0, False
+
+    def __enter__(self) -> list[tuple[str, int, int, float]]:
+        for name, model in (("target", self.pair.target), ("draft", self.pair.draft)):
+            self._handles.append(model.register_forward_pre_hook(self._start, with_kwargs=True))
+            self._handles.append(model.register_forward_hook(
+                lambda m, args, kwargs, out, name=name: self._stop(name, kwargs),
+                with_kwargs=True))
+        return self.log
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _sync(self) -> None:
+        if self.pair.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _start(self, module, args, kwargs) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, name: str, kwargs: dict) -> None:
+        self._sync()
+        dt = time.perf_counter() - self._t0
+        rows, n = kwargs["input_ids"].shape
+        if name == "target" and kwargs.get("logits_to_keep") == 1:
+            self._prefill = True  # an admission: the target's prefill, then the draft's
+        elif self._prefill and name == "draft":
+            self._prefill = False
+        else:
+            self.log.append((name, rows, n, dt))
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in least squares (isotonic fit)."""
+    from sklearn.isotonic import IsotonicRegression
+
+    xs = list(range(len(values)))
+    return [float(v) for v in IsotonicRegression().fit_transform(xs, values)]
+
+
+def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
+            seed: int = 0, progress: bool = False,
+            batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> CostProfile:
+    """Median forward latency of each model over B rows of `n` new tokens each, on a cache of
+    `context` tokens per row, with the decoder's 4D additive mask (one per row) and position ids
+    per row, for every B of `batch_sizes` (1 is always measured); (model, B, n) jobs in a fresh
+    random order every round (`progress`: report rounds on stderr, see
+    mcsd_runtime.progress)."""
+    import torch
+
+    sizes = sorted({1, *(int(b) for b in batch_sizes)})
+    if sizes[0] < 1:
+        raise MCSDError(f"batch sizes must be positive, got {batch_sizes}")
+    context = max(1, min(context, pair.max_positions - max(tokens)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        caches = _context_caches(pair, sizes, context, gen)
+        samples = _time_forwards(pair, caches, sizes, tokens, context, rounds, gen,
+                                 random.Random(seed), progress)
+    curve = {(name, b): monotone([statistics.median(samples[(name, b, n)]) for n in tokens])
+             for name in ("target", "draft") for b in sizes}
+    batches = {b: BatchCosts(target_s=curve[("target", b)], draft_s=curve[("draft", b)])
+               for b in sizes[1:]}
+    return CostProfile(tokens=list(tokens), target_s=curve[("target", 1)],
+                       draft_s=curve[("draft", 1)], context=context, device=str(pair.device),
+                       threads=torch.get_num_threads(), batches=batches,
+                       dtype=str(pair.dtype).replace("torch.", ""), pair=dict(pair.fingerprint))
+
+
+def _context_caches(pair, sizes: list[int], context: int, gen) -> dict:
+    """(model, B) -> a KV cache of `context` random tokens in each of B rows."""
+    import torch
+    from transformers import DynamicCache
+
+    caches = {}
+    for b in sizes:
+        ctx_ids = torch.randint(0, pair.vocab_size, (b, context), generator=gen).to(pair.device)
+        for name, model in (("target", pair.target), ("draft", pair.draft)):
+            caches[(name, b)] = DynamicCache()
+            model(input_ids=ctx_ids, past_key_values=caches[(name, b)], use_cache=True,
+                  logits_to_keep=1)
+    return caches
+
+
+def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, rounds: int,
+                   gen, order: random.Random, progress: bool) -> dict:
+    """(model, B, n) -> `rounds` seconds of forwards over B rows of `n` random new tokens on
+    `caches[(model, B)]` (cut back after each), after a warm-up round; jobs shuffled by `order`
+    every round."""
+    import torch
+
+    from mcsd_runtime.decode.decoder import causal_bias
+    from mcsd_runtime.progress import progress as progress_bar
+
+    dev = pair.device
+    block = causal_bias(max(tokens), pair.dtype, dev)
+    models = {"target": pair.target, "draft": pair.draft}
+    samples = {(name, b, n): [] for name in models for b in sizes for n in tokens}
+    jobs = list(samples)
+    with ForwardTimer(pair) as log:
+        for r in progress_bar(range(rounds + 1), desc="profile", unit="round",
+                              disable=not progress):  # round 0 warms up
+            order.shuffle(jobs)
+            for name, b, n in jobs:
+                ids = torch.randint(0, pair.vocab_size, (b, n), generator=gen).to(dev)
+                pos = torch.arange(context, context + n, device=dev)[None].expand(b, n)
+                mask = torch.cat([torch.zeros(n, context, dtype=pair.dtype, device=dev),
+                                  block[:n, :n]], -1)[None, None].expand(b, 1, n, context + n)
+                models[name](input_ids=ids, position_ids=pos, attention_mask=mask,
+                             past_key_values=caches[(name, b)], use_cache=True)
+                if r:
+                    samples[(name, b, n)].append(log[-1][3])
+                caches[(name, b)].crop(-n)  # transformers 5: a negative count removes tokens
+    return samples
+
+
+def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
+                seed: int = 0, progress: bool = False,
+                batch_size: int = 1) -> tuple[list[dict], Forwards]:
+    """Every static depth 1..D of `k_config` end to end, after one warm-up. At batch size 1 each
+    prompt alone, depths in a fresh random order per prompt; above it all `prompts` through
+    `MCSDDecoder.generate_batch` once per depth, in a random order. Returns the runs (depth,
+    steps, drafted depths, tokens, decode seconds after the prefill, seconds inside forwards
+    then) and every forward's seconds by (model, new tokens per row): forwards timed by
+    `ForwardTimer` as the decoder runs them, a step's first draft forward (right after a target
+    forward) apart as `draft_first`; above batch size 1 only forwards over `batch_size` rows."""
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.progress import progress as progress_bar
+
+    depth = len(k_config)
+    decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
+                           stopper=f"static:{d}") for d in range(1, depth + 1)}
+    order = random.Random(seed)
+    if batch_size > 1:
+        return _static_batch_runs(pair, decs, prompts, batch_size, order, progress)
+    decs[depth].generate(prompts[0])
+    runs, forwards = [], {}
+    for i, ids in enumerate(progress_bar(prompts, desc="static runs", unit="prompt",
+                                         disable=not progress)):
+        depths = list(decs)
+        order.shuffle(depths)
+        for d in depths:
+            with ForwardTimer(pair) as log:
+                r = decs[d].generate(ids)
+            _add_forwards(forwards, log, rows=1)
+            runs.append({"prompt": i, "depth": d, "steps": len(r.steps),
+                         "drafted": sum(s.drafted for s in r.steps),
+                         "tokens": r.stats.new_tokens, "decode_s": r.stats.decode_time,
+                         "forward_s": sum(x[3] for x in log)})
+    return runs, forwards
+
+
+def _static_batch_runs(pair, decs: dict, prompts: list[list[int]], batch_size: int, order,
+                       progress: bool) -> tuple[list[dict], Forwards]:
+    """`static_runs` above batch size 1: each static depth decodes all prompts once with
+    `generate_batch`, depths in a random order after a warm-up of the deepest."""
+    from mcsd_runtime.progress import progress as progress_bar
+
+    decs[max(decs)].generate_batch(prompts[:batch_size], batch_size=batch_size)
+    depths = list(decs)
+    order.shuffle(depths)
+    runs, forwards = [], {}
+    for d in progress_bar(depths, desc=f"static runs at batch size {batch_size}", unit="depth",
+                          disable=not progress):
+        with ForwardTimer(pair) as log:
+            st = decs[d].generate_batch(prompts, batch_size=batch_size).stats
+        _add_forwards(forwards, log, rows=batch_size)
+        # a drafting step of the batch runs one draft forward per depth it drafts
+        runs.append({"prompt": 0, "depth": d, "steps": st.target_calls,
+                     "drafted": st.draft_calls, "tokens": st.new_tokens,
+                     "decode_s": st.decode_time, "forward_s": sum(x[3] for x in log)})
+    return runs, forwards
+
+
+def _add_forwards(forwards: Forwards, log: list[tuple[str, int, int, float]], rows: int) -> None:
+    """Add a run's `ForwardTimer` log to `forwards` by (kind, new tokens), kind "draft_first"
+    for a draft forward right after a target forward (the first logged forward follows the
+    prefill: a first draft too); only forwards over `rows` rows."""
+    prev = "target"
+    for name, r, n, dt in log:
+        kind = "draft_first" if name == "draft" and prev == "target" else name
+        if r == rows:
+            forwards.setdefault((kind, n), []).append(dt)
+        prev = name
+
+
+def calibrate(profile: CostProfile, runs: list[dict], forwards: Forwards,
+              min_samples: int = 5, batch_size: int = 1) -> CostProfile:
+    """`profile` with batch size `batch_size`'s forward latencies replaced by the ones the
+    decoder itself measured (medians, where a token count was seen `min_samples` times; curves
+    made monotone again) and its per-step and per-depth overheads fitted to those runs."""
+    own = profile if batch_size == 1 else profile.batches[batch_size]
+    curves = {"target": list(own.target_s), "draft": list(own.draft_s),
+              "draft_first": list(own.draft_s)}
+    for (name, n), samples in forwards.items():
+        if n in profile.tokens and len(samples) >= min_samples:
+            curves[name][profile.tokens.index(n)] = statistics.median(samples)
+    step, depth = fit_overheads(runs)
+    fitted = dict(target_s=monotone(curves["target"]), draft_s=monotone(curves["draft"]),
+                  draft_first_s=monotone(curves["draft_first"]), step_overhead_s=step,
+                  depth_overhead_s=depth, static={"tokens_per_s": static_throughput(runs)})
+    if batch_size == 1:
+        return replace(profile, **fitted)
+    return replace(profile, batches=profile.batches | {batch_size: BatchCosts(**fitted)})
+
+
+def fit_overheads(runs: list[dict]) -> tuple[float, float]:
+    """Per-step and per-drafted-depth seconds outside forwards in decode time (both >= 0,
+    least squares): the decoder's own work."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([[r["steps"], r["drafted"]] for r in runs], dtype=float)
+    b = np.array([r["decode_s"] - r["forward_s"] for r in runs])
+    coef, _ = nnls(a, b)
+    return float(coef[0]), float(coef[1])
+
+
+def static_throughput(runs: list[dict]) -> dict[str, float]:
+    """Decode-phase tokens/s of each static depth over all prompts of `static_runs`."""
+    out = {}
+    for d in sorted({r["depth"] for r in runs}):
+        sel = [r for r in runs if r["depth"] == d]
+        out[f"static:{d}"] = metrics.throughput(sum(r["tokens"] for r in sel),
+                                                sum(r["decode_s"] for r in sel))
+    return out
