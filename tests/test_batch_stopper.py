@@ -249,7 +249,8 @@ def test_a_real_stopper_decides_a_decoded_batch_as_its_rows_scored_alone(pair, t
     """A real artifact decodes 7 prompts 3 at a time. At every depth the batch asks, its
     decision equals the one computed here from each asked row's frontier alone (its own node
     scores, aggregated over its nodes, then over the rows by the B=3 setting, against the B=3
-    threshold); with row aggregation max, that is "any row's own should_continue says yes"."""
+    threshold), and `frontier_scores` gives each row's own score in order; with row aggregation
+    max, the decision is "any row's own should_continue says yes"."""
     from test_decoder_greedy import prompts
 
     from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
@@ -263,6 +264,9 @@ def test_a_real_stopper_decides_a_decoded_batch_as_its_rows_scored_alone(pair, t
     def recording(self, frontiers):
         assert self.threshold == setting["threshold"]  # for_batch(3)'s copy decides
         mine = [NODE[setting["aggregation"]](score(f)) for f in frontiers]
+        # the one-call scores are each row's own, in the rows' order (row aggregations do not
+        # see the order; a path aggregation or a caller reading them per row would)
+        assert self.frontier_scores(frontiers) == pytest.approx(mine, rel=1e-6, abs=1e-9)
         alone = [self.should_continue(f) for f in frontiers]
         decision = real(self, frontiers)
         calls.append((mine, alone, decision))
