@@ -6,32 +6,99 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from mcsd_runtime import cli
-from mcsd_runtime.decoder import DecodeConfig
-from mcsd_runtime.evaluate import _geo, _tps_by_unit, run_eval, summarize
+from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.evaluate import _geo, run_eval, summarize
 from mcsd_runtime.prompts import load_prompts
 
 
-def test_batched_records_pair_speed_per_batch(toy_pair):
+def test_batched_records_pair_speed_per_batch(toy_pair, monkeypatch):
+    """Every record of a batch carries that batch's throughput: its rows' committed tokens
+    (counted here from the records) over the batch's decode seconds (its wall seconds less its
+    prefills, read from the BatchResult each generate_batch call returned); and outputs are
+    still compared per prompt."""
+    calls = []  # (prompts, BatchResult) of every generate_batch call, in order
+    real = MCSDDecoder.generate_batch
+
+    def recording(self, prompts, *args, **kwargs):
+        out = real(self, prompts, *args, **kwargs)
+        calls.append(([list(p) for p in prompts], out))
+        return out
+
+    monkeypatch.setattr(MCSDDecoder, "generate_batch", recording)
     prompts = load_prompts("toy-code", limit=7)
-    records = run_eval(toy_pair, prompts, ["ar", "static:1", "heuristic"],
+    methods = ["ar", "static:1", "heuristic"]
+    records = run_eval(toy_pair, prompts, methods,
                        DecodeConfig(k_config=(2, 2, 1), max_new_tokens=12), progress=False,
                        batch_size=3)
-    by = {m: [r for r in records if r.method == m] for m in ("ar", "static:1", "heuristic")}
+    by = {m: [r for r in records if r.method == m] for m in methods}
     for recs in by.values():
         assert [r.prompt_id for r in recs] == [p.id for p in prompts]
         assert [r.batch_id for r in recs] == ["batch0000"] * 3 + ["batch0001"] * 3 + [
             "batch0002"]
-        # one throughput per batch: the batch's tokens over its decode seconds
-        assert len(set(_tps_by_unit(recs))) == 3
-        assert {r.tokens_per_s for r in recs if r.batch_id == "batch0000"} == {
-            _tps_by_unit(recs)["batch0000"]}
+    # records in run order, grouped by (method, batch), meet the timed calls after one warm-up
+    # call per method
+    groups: list[list] = []
+    for r in records:
+        if groups and (groups[-1][0].method, groups[-1][0].batch_id) == (r.method, r.batch_id):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    ids = {p.id: toy_pair.tokenizer(p.text)["input_ids"] for p in prompts}
+    assert len(calls) == len(methods) + len(groups) == len(methods) + 3 * 3
+    for recs, (asked, out) in zip(groups, calls[len(methods):], strict=True):
+        assert asked == [ids[r.prompt_id] for r in recs]
+        assert [r.token_ids for r in recs] == [res.token_ids for res in out]
+        decode_s = out.stats.wall_time - out.stats.prefill_time
+        assert 0 < decode_s < out.stats.wall_time
+        tps = sum(len(r.token_ids) for r in recs) / decode_s
+        for r in recs:
+            assert r.batch_tokens_per_s == pytest.approx(tps, rel=1e-12)
+            assert r.tokens_per_s == r.batch_tokens_per_s
     for m in ("static:1", "heuristic"):  # lossless per prompt
         assert [r.token_ids for r in by[m]] == [r.token_ids for r in by["ar"]]
     assert _geo(by["heuristic"], by["ar"])["n"] == 3  # paired on batches, not prompts
     rows = {r["method"]: r for r in summarize(records, greedy=True)}
     assert rows["heuristic"]["ar_equal_share"] == 1.0 and rows["heuristic"]["prompts"] == 7
+
+
+def test_batched_records_are_scored_on_their_own_prompt_and_output(toy_pair):
+    """Quality on batched records: each record's target NLL, target top-1 share and repeated
+    4-gram share, computed here from its own prompt and output; greedy lossless methods score
+    100% target top-1 (their rows are the target's greedy continuations of their own prompts)
+    and equal AR's scores exactly, prompt by prompt."""
+    prompts = load_prompts("toy-code", limit=5)
+    methods = ["ar", "static:2", "heuristic"]
+    records = run_eval(toy_pair, prompts, methods,
+                       DecodeConfig(k_config=(2, 2, 1), max_new_tokens=10), progress=False,
+                       batch_size=3)
+    ids = {p.id: toy_pair.tokenizer(p.text)["input_ids"] for p in prompts}
+    ar = {r.prompt_id: r for r in records if r.method == "ar"}
+    assert len(records) == 3 * 5 and {r.batch_id for r in records} == {"batch0000",
+                                                                       "batch0001"}
+    for r in records:
+        nll, top1 = scores_here(toy_pair.target, ids[r.prompt_id], r.token_ids)
+        assert len(r.token_ids) > 4 and r.target_nll == pytest.approx(nll, rel=1e-9)
+        assert r.target_top1_share == top1 == 1.0
+        grams = [tuple(r.token_ids[i:i + 4]) for i in range(len(r.token_ids) - 3)]
+        assert r.repeat_share == pytest.approx((len(grams) - len(set(grams))) / len(grams))
+        a = ar[r.prompt_id]
+        assert (r.target_nll, r.target_top1_share, r.repeat_share) == (
+            a.target_nll, a.target_top1_share, a.repeat_share)
+    assert len({r.target_nll for r in ar.values()}) == 5  # five outputs, five scores
+
+
+def scores_here(model, prompt: list[int], output: list[int]) -> tuple[float, float]:
+    """(mean NLL per output token, share of output tokens that are the model's argmax) from a
+    teacher-forced forward over prompt + output."""
+    x = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(input_ids=x).logits[0, len(prompt) - 1 : -1].double()
+    y = torch.tensor(output)
+    nll = torch.nn.functional.cross_entropy(logits, y)
+    return float(nll), float((logits.argmax(-1) == y).double().mean())
 
 
 def test_eval_cli_batches_and_refuses_single_sequence_methods(toy_tiny, tmp_path, capsys):
