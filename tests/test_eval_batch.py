@@ -7,14 +7,40 @@ import json
 
 import pytest
 import torch
+from test_decoder_greedy import prompts as random_prompts
 
 from mcsd_runtime import cli
 from mcsd_runtime.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.domains import Prompt
 from mcsd_runtime.evaluate import _geo, run_eval, summarize
-from mcsd_runtime.prompts import load_prompts
+from mcsd_runtime.pair import Pair
 
 
-def test_batched_records_pair_speed_per_batch(toy_pair, monkeypatch):
+class Digits:
+    """Token ids written as numbers: a tokenizer for conftest's random pair, whose greedy
+    outputs differ from prompt to prompt (the tiny toy pair's continue every toy-code prompt
+    with one repeated token, so they cannot tell one prompt's row from another's)."""
+
+    eos_token_id = None
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [int(t) for t in text.split()]}
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module")
+def digit_pair(pair) -> Pair:
+    return Pair(pair.target, pair.draft, tokenizer=Digits(), fingerprint=pair.fingerprint)
+
+
+def digit_prompts(n: int) -> list[Prompt]:
+    return [Prompt(f"p{i}", " ".join(map(str, ids)), "random")
+            for i, ids in enumerate(random_prompts(64, n=n, seed=5))]
+
+
+def test_batched_records_pair_speed_per_batch(digit_pair, monkeypatch):
     """Every record of a batch carries that batch's throughput: its rows' committed tokens
     (counted here from the records) over the batch's decode seconds (its wall seconds less its
     prefills, read from the BatchResult each generate_batch call returned); and outputs are
@@ -28,9 +54,9 @@ def test_batched_records_pair_speed_per_batch(toy_pair, monkeypatch):
         return out
 
     monkeypatch.setattr(MCSDDecoder, "generate_batch", recording)
-    prompts = load_prompts("toy-code", limit=7)
+    prompts = digit_prompts(7)
     methods = ["ar", "static:1", "heuristic"]
-    records = run_eval(toy_pair, prompts, methods,
+    records = run_eval(digit_pair, prompts, methods,
                        DecodeConfig(k_config=(2, 2, 1), max_new_tokens=12), progress=False,
                        batch_size=3)
     by = {m: [r for r in records if r.method == m] for m in methods}
@@ -46,7 +72,7 @@ def test_batched_records_pair_speed_per_batch(toy_pair, monkeypatch):
             groups[-1].append(r)
         else:
             groups.append([r])
-    ids = {p.id: toy_pair.tokenizer(p.text)["input_ids"] for p in prompts}
+    ids = {p.id: Digits()(p.text)["input_ids"] for p in prompts}
     assert len(calls) == len(methods) + len(groups) == len(methods) + 3 * 3
     for recs, (asked, out) in zip(groups, calls[len(methods):], strict=True):
         assert asked == [ids[r.prompt_id] for r in recs]
@@ -59,27 +85,28 @@ def test_batched_records_pair_speed_per_batch(toy_pair, monkeypatch):
             assert r.tokens_per_s == r.batch_tokens_per_s
     for m in ("static:1", "heuristic"):  # lossless per prompt
         assert [r.token_ids for r in by[m]] == [r.token_ids for r in by["ar"]]
+    assert len({tuple(r.token_ids) for r in by["ar"]}) == 7  # seven prompts, seven outputs
     assert _geo(by["heuristic"], by["ar"])["n"] == 3  # paired on batches, not prompts
     rows = {r["method"]: r for r in summarize(records, greedy=True)}
     assert rows["heuristic"]["ar_equal_share"] == 1.0 and rows["heuristic"]["prompts"] == 7
 
 
-def test_batched_records_are_scored_on_their_own_prompt_and_output(toy_pair):
+def test_batched_records_are_scored_on_their_own_prompt_and_output(digit_pair):
     """Quality on batched records: each record's target NLL, target top-1 share and repeated
     4-gram share, computed here from its own prompt and output; greedy lossless methods score
     100% target top-1 (their rows are the target's greedy continuations of their own prompts)
     and equal AR's scores exactly, prompt by prompt."""
-    prompts = load_prompts("toy-code", limit=5)
+    prompts = digit_prompts(5)
     methods = ["ar", "static:2", "heuristic"]
-    records = run_eval(toy_pair, prompts, methods,
+    records = run_eval(digit_pair, prompts, methods,
                        DecodeConfig(k_config=(2, 2, 1), max_new_tokens=10), progress=False,
                        batch_size=3)
-    ids = {p.id: toy_pair.tokenizer(p.text)["input_ids"] for p in prompts}
+    ids = {p.id: Digits()(p.text)["input_ids"] for p in prompts}
     ar = {r.prompt_id: r for r in records if r.method == "ar"}
     assert len(records) == 3 * 5 and {r.batch_id for r in records} == {"batch0000",
                                                                        "batch0001"}
     for r in records:
-        nll, top1 = scores_here(toy_pair.target, ids[r.prompt_id], r.token_ids)
+        nll, top1 = scores_here(digit_pair.target, ids[r.prompt_id], r.token_ids)
         assert len(r.token_ids) > 4 and r.target_nll == pytest.approx(nll, rel=1e-9)
         assert r.target_top1_share == top1 == 1.0
         grams = [tuple(r.token_ids[i:i + 4]) for i in range(len(r.token_ids) - 3)]
@@ -87,7 +114,7 @@ def test_batched_records_are_scored_on_their_own_prompt_and_output(toy_pair):
         a = ar[r.prompt_id]
         assert (r.target_nll, r.target_top1_share, r.repeat_share) == (
             a.target_nll, a.target_top1_share, a.repeat_share)
-    assert len({r.target_nll for r in ar.values()}) == 5  # five outputs, five scores
+    assert len({tuple(r.token_ids) for r in ar.values()}) == 5  # five outputs
 
 
 def scores_here(model, prompt: list[int], output: list[int]) -> tuple[float, float]:
