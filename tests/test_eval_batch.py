@@ -99,7 +99,7 @@ def test_batched_records_are_scored_on_their_own_prompt_and_output(digit_pair):
     prompts = digit_prompts(5)
     methods = ["ar", "static:2", "heuristic"]
     records = run_eval(digit_pair, prompts, methods,
-                       DecodeConfig(k_config=(2, 2, 1), max_new_tokens=10), progress=False,
+                       DecodeConfig(k_config=(2, 2, 1), max_new_tokens=40), progress=False,
                        batch_size=3)
     ids = {p.id: Digits()(p.text)["input_ids"] for p in prompts}
     ar = {r.prompt_id: r for r in records if r.method == "ar"}
@@ -115,6 +115,7 @@ def test_batched_records_are_scored_on_their_own_prompt_and_output(digit_pair):
         assert (r.target_nll, r.target_top1_share, r.repeat_share) == (
             a.target_nll, a.target_top1_share, a.repeat_share)
     assert len({tuple(r.token_ids) for r in ar.values()}) == 5  # five outputs
+    assert any(r.repeat_share > 0 for r in ar.values())  # a 4-gram repeats
 
 
 def scores_here(model, prompt: list[int], output: list[int]) -> tuple[float, float]:
