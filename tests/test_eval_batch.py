@@ -4,6 +4,8 @@ batch, outputs are still compared per prompt."""
 from __future__ import annotations
 
 import json
+import math
+import statistics
 
 import pytest
 import torch
@@ -139,8 +141,8 @@ def test_eval_cli_batches_and_refuses_single_sequence_methods(toy_tiny, tmp_path
                if line.startswith("| ") and not line.startswith("| method")
                and not line.startswith("| ---")}
     assert methods == {"ar", "mcsd:2,1", "confidence:0.4", "heuristic"}
-    settings = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert "batch_size" in json.dumps(settings)
+    settings = json.loads((tmp_path / "run" / "summary.json").read_text())["settings"]
+    assert settings["batch_size"] == 2
     code = cli.main([*argv[:-2], "--methods", "ar,hf,mcsd-target-init", "--out",
                      str(tmp_path / "bad")])
     err = capsys.readouterr().err
@@ -167,14 +169,44 @@ def test_eval_across_batch_sizes_writes_the_table(toy_tiny, tmp_path, capsys):
     rows = {(r["method"], r["batch_size"]): r for r in data["rows"]}
     assert set(rows) == {(m, b) for m in ("ar", "static:1", "static:2", "heuristic")
                          for b in (1, 2)}
+    methods = ("ar", "static:1", "static:2", "heuristic")
+    tps = {}  # (method, batch size) -> {batch: tokens/s}, from the per-prompt records alone
+    tokens = {}  # (method, batch size) -> {batch: committed tokens of its rows}
     for b in (1, 2):
-        best = rows["ar", b]["best_static"]
-        assert best in ("static:1", "static:2") and rows[best, b]["vs_best_static"] == 1.0
-        assert all(rows[m, b]["ar_equal_share"] == 1.0 for m in ("static:1", "heuristic"))
         records = [json.loads(x) for x in (out / f"b{b}" / "per_prompt.jsonl").read_text()
                    .splitlines()]
         assert len({r["batch_id"] for r in records}) == 4 // b  # paired per batch
-    assert rows["ar", 1]["vs_b1"] == 1.0 and rows["ar", 2]["vs_b1"] > 0
+        for r in records:
+            key = r["method"], b
+            tps.setdefault(key, {})[r["batch_id"]] = r["tokens_per_s"]
+            tokens.setdefault(key, {}).setdefault(r["batch_id"], 0)
+            tokens[key][r["batch_id"]] += len(r["token_ids"])
+        assert all(rows[m, b]["ar_equal_share"] == 1.0 for m in ("static:1", "heuristic"))
+
+    def geomean(m: str, ref: str, b: int) -> float:
+        """The geometric mean over batches of m's tokens/s over ref's on the same batch."""
+        mine, theirs = tps[m, b], tps[ref, b]
+        assert set(mine) == set(theirs)
+        return math.exp(statistics.mean(math.log(mine[u] / theirs[u]) for u in mine))
+
+    def whole(m: str, b: int) -> float:
+        """All batches' tokens over all their decode seconds (a batch's: tokens / tokens/s)."""
+        seconds = sum(tokens[m, b][u] / tps[m, b][u] for u in tps[m, b])
+        return sum(tokens[m, b].values()) / seconds
+
+    for b in (1, 2):
+        best = max(("static:1", "static:2"), key=lambda m: geomean(m, "ar", b))
+        for m in methods:
+            row = rows[m, b]
+            assert row["best_static"] == best
+            assert row["tokens_per_s"] == pytest.approx(whole(m, b), rel=1e-9)
+            assert row["vs_b1"] == pytest.approx(whole(m, b) / whole(m, 1), rel=1e-9)
+            for key, ref in (("ar", "ar"), ("best_static", best), ("heuristic", "heuristic")):
+                assert row[f"vs_{key}"] == pytest.approx(geomean(m, ref, b), rel=1e-9), (m, key)
+    # the statics and batch sizes differ in speed: each comparison above can come out wrong
+    assert len({round(geomean(m, "ar", b), 9) for m in ("static:1", "static:2")
+                for b in (1, 2)}) == 4
+    assert whole("ar", 2) != whole("ar", 1)
     assert "Best static at each batch size: B=1:" in (out / "batches.md").read_text()
     assert cli.main(["eval", "--batch-size", "2,2", "--out", str(tmp_path / "x")]) == 2
     assert "names a batch size twice" in capsys.readouterr().err
