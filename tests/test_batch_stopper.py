@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import FILE, ArtifactSpec, BatchSetting
@@ -170,3 +171,122 @@ def test_an_unreachable_threshold_is_a_static_depth_without_a_model_call():
     assert s.batch_continue([Front([1.0]), Front([1.0])]) is False and model.calls == 0
     assert s.batch_continue([Front([1.0]), Front([1.0]), Front([0.6])]) is True
     assert model.calls == 1
+
+
+# ------------------------------------------------------------------ real stoppers, real frontiers
+K_CONFIG = (4, 2, 2, 1)  # the tree the fixtures were trained on (tests/test_train_data.py)
+B = 3
+# per model: the top-level setting (batch size 1) and the setting stopper.json gives B rows; the
+# two thresholds differ where the batch's row score often lies between them
+SETTINGS = {
+    "lightgbm": ({"threshold": 0.95, "aggregation": "sum"},
+                 {"threshold": 0.7, "aggregation": "sum", "row_aggregation": "max"}),
+    "mlp": ({"threshold": 0.6, "aggregation": "sum"},
+            {"threshold": 0.45, "aggregation": "sum", "row_aggregation": "mean"}),
+    "mlp-hidden": ({"threshold": 0.4, "aggregation": "max"},
+                   {"threshold": 0.6, "aggregation": "max", "row_aggregation": "max"}),
+}
+NODE = {"max": lambda p: float(np.max(p)), "sum": lambda p: float(min(1.0, np.sum(p)))}
+ROW = {"max": max, "mean": lambda s: sum(s) / len(s), "sum": sum}
+
+
+def hidden_artifact(folder: Path, hidden_size: int) -> None:
+    """An mlp-hidden artifact on the draft's hidden states: a seeded DecisionMLP, its weights
+    scaled so that its node scores spread over (0, 1)."""
+    from safetensors.torch import save_file
+
+    from mcsd_runtime.stop.features import SCHEMA_VERSION
+    from mcsd_runtime.stop.learned import DecisionMLP
+
+    torch.manual_seed(0)
+    net = DecisionMLP(hidden_size, (16,))
+    with torch.no_grad():
+        net.net[-1].weight.mul_(6.0)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(net.config()))
+    ArtifactSpec(kind="mlp-hidden", schema_version=SCHEMA_VERSION,
+                 feature_names=DECISION_FEATURES, inputs="hidden", hidden_size=hidden_size,
+                 aggregation="max", threshold=0.5, k_config=K_CONFIG).write(folder)
+
+
+def real_artifact(tmp_path: Path, kind: str, hidden_size: int) -> Path:
+    """The saved fixture (or, for mlp-hidden, a written artifact) with SETTINGS[kind]."""
+    folder = tmp_path / kind
+    if kind == "mlp-hidden":
+        hidden_artifact(folder, hidden_size)
+    else:
+        shutil.copytree(OLD / kind, folder)
+    top, batch = SETTINGS[kind]
+    data = json.loads((folder / FILE).read_text()) | top | {"batch": {str(B): batch}}
+    (folder / FILE).write_text(json.dumps(data))
+    return folder
+
+
+def node_scorer(kind: str, folder: Path):
+    """Node scores of one frontier, computed here: LightGBM through its own Python package, the
+    MLPs by a forward of the artifact's network on that frontier's rows alone."""
+    if kind == "lightgbm":
+        import lightgbm
+
+        booster = lightgbm.Booster(model_file=str(folder / "model.txt"))
+        return lambda f: booster.predict(f.decision_features())
+    from mcsd_runtime.stop.learned import load_mlp
+
+    net = load_mlp(folder)
+
+    def mlp(f) -> np.ndarray:
+        x = f.hidden() if kind == "mlp-hidden" else torch.from_numpy(f.decision_features())
+        with torch.no_grad():
+            return torch.sigmoid(net(x.cpu())).double().numpy()
+    return mlp
+
+
+@pytest.mark.parametrize("kind", ["lightgbm", "mlp", "mlp-hidden"])
+def test_a_real_stopper_decides_a_decoded_batch_as_its_rows_scored_alone(pair, tmp_path,
+                                                                         monkeypatch, kind):
+    """A real artifact decodes 7 prompts 3 at a time. At every depth the batch asks, its
+    decision equals the one computed here from each asked row's frontier alone (its own node
+    scores, aggregated over its nodes, then over the rows by the B=3 setting, against the B=3
+    threshold), and `frontier_scores` gives each row's own score in order; with row aggregation
+    max, the decision is "any row's own should_continue says yes"."""
+    from test_decoder_greedy import prompts
+
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+
+    folder = real_artifact(tmp_path, kind, pair.draft.config.hidden_size)
+    top, setting = SETTINGS[kind]
+    score = node_scorer(kind, folder)
+    calls = []  # (row scores computed here, each row's should_continue alone, the decision)
+    real = LearnedStopper.batch_continue
+
+    def recording(self, frontiers):
+        assert self.threshold == setting["threshold"]  # for_batch(3)'s copy decides
+        mine = [NODE[setting["aggregation"]](score(f)) for f in frontiers]
+        # the one-call scores are each row's own, in the rows' order (row aggregations do not
+        # see the order; a path aggregation or a caller reading them per row would)
+        assert self.frontier_scores(frontiers) == pytest.approx(mine, rel=1e-6, abs=1e-9)
+        alone = [self.should_continue(f) for f in frontiers]
+        decision = real(self, frontiers)
+        calls.append((mine, alone, decision))
+        return decision
+
+    monkeypatch.setattr(LearnedStopper, "batch_continue", recording)
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=K_CONFIG, max_new_tokens=20),
+                      stopper=load_stopper(folder))
+    out = dec.generate_batch(prompts(pair.vocab_size, n=7, seed=5), batch_size=B)
+    assert len(out) == 7 and len(calls) > 10
+    rows, thr = ROW[setting["row_aggregation"]], setting["threshold"]
+    for mine, alone, decision in calls:
+        assert decision is (rows(mine) >= thr), (mine, decision)
+        if setting["row_aggregation"] == "max":
+            assert decision is any(alone), (mine, alone)
+    # the calls can tell a wrong batch decision from the right one: several rows asked at once,
+    # both outcomes, a row aggregation other than the batch's, a batch without its last row,
+    # and the batch-size-1 threshold would each decide some call differently
+    many = [m for m, _, _ in calls if len(m) > 1]
+    assert {d for _, _, d in calls} == {True, False} and len(many) > 5
+    assert any((rows(m) >= thr) != (min(m) >= thr) for m in many)
+    assert any((rows(m) >= thr) != (rows(m[:-1]) >= thr) for m in many)
+    assert any((rows(m) >= thr) != (rows(m) >= top["threshold"]) for m, _, _ in calls)
