@@ -109,17 +109,23 @@ def test_batch_size_one_oracle_is_unchanged(data):
 
 # ------------------------------------------------------------------ hand-made walks
 def walk_data(lengths: dict[str, list[int]], k_config: tuple[int, ...],
-              new_tokens: dict[str, int]) -> R.ReplayData:
+              new_tokens: dict[str, int], budget: dict[str, int] | None = None,
+              ) -> R.ReplayData:
     """A dense replay by hand: prompt -> accepted length of the full-depth step at each
-    position (the last position, where the budget leaves nothing to draft, has no step)."""
+    position. An output the budget ended (`budget` absent or equal to its length) has no step
+    at its last position, where the budget leaves nothing to draft; one that ended early, as at
+    an EOS (`budget[key]` > `new_tokens[key]`), has a step at every position, drafted as deep as
+    the budget allows (`budget - t - 1`), its commits clipped at the output's end."""
     tree = Tree(k_config)
     data = object.__new__(R.ReplayData)
     data.tree, data.depth, data.mode, data.prompts = tree, tree.depth, "exact", {}
     for key, accepted in lengths.items():
         n = new_tokens[key]
+        room = (budget or {}).get(key, n)
+        assert room >= n and len(accepted) == (n if room > n else n - 1), key
         steps = []
-        for t in range(n - 1):
-            cap = min(tree.depth, n - t - 1)
+        for t in range(len(accepted)):
+            cap = min(tree.depth, room - t - 1)
             nodes = [np.full((tree.sizes[d], len(NODE_FEATURES)), t + 0.01 * d, np.float32)
                      for d in range(cap)]
             steps.append(R.Step(t, accepted[t], cap, nodes))
