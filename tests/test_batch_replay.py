@@ -1,6 +1,6 @@
 """Replay of batches (`train.replay.replay(batch_size=B)`): batch size 1 is the replay of one
 sequence at a time, unchanged; hand-made walks whose batched steps, costs and decisions are
-known; the batch oracle and its bound."""
+known; the step lookahead (`oracle` above batch size 1) and the bound."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def test_replay_refuses_batch_sizes_beyond_the_profile(data):
         R.replay(data, "static:2", PROFILE, batch_size=0)
 
 
-# ------------------------------------------------------------------ oracle and bound
+# ------------------------------------------------------------------ step lookahead and bound
 def test_the_bound_is_the_oracle_at_batch_size_one(data):
     assert R.oracle_bound(data, PROFILE, 1) == pytest.approx(
         R.replay(data, "oracle", PROFILE).throughput, rel=1e-9)
@@ -225,8 +225,8 @@ def test_the_bound_is_the_oracle_at_batch_size_one(data):
 
 @pytest.mark.parametrize("batch_size", [2, 4])
 def test_no_schedule_beats_the_bound(data, batch_size):
-    """Static depths, built-ins, the step oracle and random batch plans replay below the bound;
-    the step oracle beats every static depth."""
+    """Static depths, built-ins, the step lookahead (`oracle` above batch size 1) and random
+    batch plans replay below the bound; the step lookahead beats every static depth."""
     bound = R.oracle_bound(data, PROFILE, batch_size)
     oracle = R.replay(data, "oracle", PROFILE, batch_size=batch_size).throughput
     statics = [R.replay(data, f"static:{d}", PROFILE, batch_size=batch_size).throughput
