@@ -82,12 +82,46 @@ def test_parse_batch_sizes():
             parse_batch_sizes(bad, "--batch-sizes")
 
 
-def test_measure_at_batch_sizes_on_a_tiny_pair():
-    p = measure(make_pair(), tokens=(1, 4), context=16, rounds=2, batch_sizes=(3, 2))
+def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
+    """The forwards run on a tiny pair, timed by a clock that each forward advances by a
+    scripted time per (model, rows, tokens per row) and call: a warm-up round that must be
+    dropped, then rounds of m / 2, 10 m and m, whose median m is kept (their mean would not
+    be). Where a curve's medians fall with more tokens (the target at 2 rows: 3 then 1, the
+    draft at 3 rows: 0.5 then 0.4) the curve is their isotonic fit (the mean of the pair);
+    elsewhere the medians themselves."""
+    from types import SimpleNamespace
+
+    from mcsd_runtime import cost
+
+    medians = {("target", 1): (1.0, 2.0), ("target", 2): (3.0, 1.0), ("target", 3): (2.0, 4.0),
+               ("draft", 1): (0.1, 0.2), ("draft", 2): (0.3, 0.3), ("draft", 3): (0.5, 0.4)}
+    clock, calls = [0.0], {}
+
+    def scripted(name):
+        def hook(module, args, kwargs):
+            rows, n = kwargs["input_ids"].shape
+            if n in (1, 4):  # not a cache's prefill (16 tokens)
+                m = medians[(name, rows)][(1, 4).index(n)]
+                k = calls[(name, rows, n)] = calls.get((name, rows, n), -1) + 1
+                clock[0] += (100.0, m / 2, 10 * m, m)[k]
+        return hook
+
+    pair = make_pair()
+    handles = [pair.target.register_forward_pre_hook(scripted("target"), with_kwargs=True),
+               pair.draft.register_forward_pre_hook(scripted("draft"), with_kwargs=True)]
+    monkeypatch.setattr(cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    try:
+        p = measure(pair, tokens=(1, 4), context=16, rounds=3, batch_sizes=(3, 2))
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(calls.values()) == {3}  # a warm-up and 3 timed rounds of every forward
     assert p.batch_sizes == [1, 2, 3]
+    assert (p.target_s, p.draft_s) == (pytest.approx([1.0, 2.0]), pytest.approx([0.1, 0.2]))
+    want = {2: ([2.0, 2.0], [0.3, 0.3]), 3: ([2.0, 4.0], [0.45, 0.45])}
     for b in (2, 3):
         c = p.batches[b]
-        assert len(c.target_s) == len(c.draft_s) == 2 and c.target_s == sorted(c.target_s)
+        assert (c.target_s, c.draft_s) == tuple(pytest.approx(v) for v in want[b])
         assert c.step_overhead_s is None  # not calibrated: overheads from batch size 1
     assert p.overheads(3) == (0.0, 0.0)
 
