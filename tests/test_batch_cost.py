@@ -4,8 +4,11 @@ version-1 files as batch size 1, the batched measurement, and a step's seconds a
 from __future__ import annotations
 
 import json
+import statistics
 
+import numpy as np
 import pytest
+from scipy.optimize import nnls
 
 from conftest import make_pair
 from mcsd_runtime.cost import BatchCosts, CostProfile, measure, parse_batch_sizes
@@ -154,5 +157,33 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
                     runs, forwards, min_samples=1, batch_size=2)
     assert cal.target_s == [1.0, 1.0, 1.0] and cal.step_overhead_s == 0.0  # size 1 untouched
     b2 = cal.batches[2]
-    assert b2.step_overhead_s is not None and b2.target_s[0] < 1.0  # measured, not 2 s
-    assert set(b2.static["tokens_per_s"]) == {"static:1", "static:2", "static:3"}
+    # each curve: the decoder's median where it ran forwards of that many tokens per row (the
+    # profile's own value elsewhere), made non-decreasing (pooled where medians fall)
+    for curve, kind, base in ((b2.target_s, "target", 2.0), (b2.draft_s, "draft", 0.2),
+                              (b2.draft_first_s, "draft_first", 0.2)):
+        medians = [statistics.median(forwards[(kind, n)]) if (kind, n) in forwards else base
+                   for n in (1, 2, 4)]
+        assert curve == pytest.approx(pooled(medians), rel=1e-12), kind
+    assert ("target", 1) in forwards and b2.target_s != [2.0, 2.0, 2.0]  # it measured some
+    a = np.array([[r["steps"], r["drafted"]] for r in runs], float)
+    coef, _ = nnls(a, np.array([r["decode_s"] - r["forward_s"] for r in runs]))
+    assert (b2.step_overhead_s, b2.depth_overhead_s) == pytest.approx(tuple(coef), rel=1e-9)
+    assert b2.static["tokens_per_s"] == pytest.approx(
+        {f"static:{r['depth']}": r["tokens"] / r["decode_s"] for r in runs}, rel=1e-12)
+
+
+def pooled(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return [s / c for s, c in blocks for _ in range(c)]
+
+
+def test_the_pooled_fit_by_hand():
+    assert pooled([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert pooled([3.0, 1.0, 2.0]) == [2.0, 2.0, 2.0]
