@@ -4,8 +4,11 @@ version-1 files as batch size 1, the batched measurement, and a step's seconds a
 from __future__ import annotations
 
 import json
+import statistics
 
+import numpy as np
 import pytest
+from scipy.optimize import nnls
 
 from conftest import make_pair
 from mcsd_runtime.cli.args import parse_batch_sizes
@@ -84,12 +87,45 @@ def test_parse_batch_sizes():
             parse_batch_sizes(bad, "--batch-sizes")
 
 
-def test_measure_at_batch_sizes_on_a_tiny_pair():
-    p = measure(make_pair(), tokens=(1, 4), context=16, rounds=2, batch_sizes=(3, 2))
+def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
+    """The forwards run on a tiny pair, timed by a clock that each forward advances by a
+    scripted time per (model, rows, tokens per row) and call: a warm-up round that must be
+    dropped, then rounds of m / 2, 10 m and m, whose median m is kept (their mean would not
+    be). Where a curve's medians fall with more tokens (the target at 2 rows: 3 then 1, the
+    draft at 3 rows: 0.5 then 0.4) the curve is their isotonic fit (the mean of the pair);
+    elsewhere the medians themselves."""
+    from types import SimpleNamespace
+
+    from mcsd_runtime.costmodel import measure as cost
+    medians = {("target", 1): (1.0, 2.0), ("target", 2): (3.0, 1.0), ("target", 3): (2.0, 4.0),
+               ("draft", 1): (0.1, 0.2), ("draft", 2): (0.3, 0.3), ("draft", 3): (0.5, 0.4)}
+    clock, calls = [0.0], {}
+
+    def scripted(name):
+        def hook(module, args, kwargs):
+            rows, n = kwargs["input_ids"].shape
+            if n in (1, 4):  # not a cache's prefill (16 tokens)
+                m = medians[(name, rows)][(1, 4).index(n)]
+                k = calls[(name, rows, n)] = calls.get((name, rows, n), -1) + 1
+                clock[0] += (100.0, m / 2, 10 * m, m)[k]
+        return hook
+
+    pair = make_pair()
+    handles = [pair.target.register_forward_pre_hook(scripted("target"), with_kwargs=True),
+               pair.draft.register_forward_pre_hook(scripted("draft"), with_kwargs=True)]
+    monkeypatch.setattr(cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    try:
+        p = measure(pair, tokens=(1, 4), context=16, rounds=3, batch_sizes=(3, 2))
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(calls.values()) == {3}  # a warm-up and 3 timed rounds of every forward
     assert p.batch_sizes == [1, 2, 3]
+    assert (p.target_s, p.draft_s) == (pytest.approx([1.0, 2.0]), pytest.approx([0.1, 0.2]))
+    want = {2: ([2.0, 2.0], [0.3, 0.3]), 3: ([2.0, 4.0], [0.45, 0.45])}
     for b in (2, 3):
         c = p.batches[b]
-        assert len(c.target_s) == len(c.draft_s) == 2 and c.target_s == sorted(c.target_s)
+        assert (c.target_s, c.draft_s) == tuple(pytest.approx(v) for v in want[b])
         assert c.step_overhead_s is None  # not calibrated: overheads from batch size 1
     assert p.overheads(3) == (0.0, 0.0)
 
@@ -123,5 +159,33 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
                     runs, forwards, min_samples=1, batch_size=2)
     assert cal.target_s == [1.0, 1.0, 1.0] and cal.step_overhead_s == 0.0  # size 1 untouched
     b2 = cal.batches[2]
-    assert b2.step_overhead_s is not None and b2.target_s[0] < 1.0  # measured, not 2 s
-    assert set(b2.static["tokens_per_s"]) == {"static:1", "static:2", "static:3"}
+    # each curve: the decoder's median where it ran forwards of that many tokens per row (the
+    # profile's own value elsewhere), made non-decreasing (pooled where medians fall)
+    for curve, kind, base in ((b2.target_s, "target", 2.0), (b2.draft_s, "draft", 0.2),
+                              (b2.draft_first_s, "draft_first", 0.2)):
+        medians = [statistics.median(forwards[(kind, n)]) if (kind, n) in forwards else base
+                   for n in (1, 2, 4)]
+        assert curve == pytest.approx(pooled(medians), rel=1e-12), kind
+    assert ("target", 1) in forwards and b2.target_s != [2.0, 2.0, 2.0]  # it measured some
+    a = np.array([[r["steps"], r["drafted"]] for r in runs], float)
+    coef, _ = nnls(a, np.array([r["decode_s"] - r["forward_s"] for r in runs]))
+    assert (b2.step_overhead_s, b2.depth_overhead_s) == pytest.approx(tuple(coef), rel=1e-9)
+    assert b2.static["tokens_per_s"] == pytest.approx(
+        {f"static:{r['depth']}": r["tokens"] / r["decode_s"] for r in runs}, rel=1e-12)
+
+
+def pooled(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return [s / c for s, c in blocks for _ in range(c)]
+
+
+def test_the_pooled_fit_by_hand():
+    assert pooled([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert pooled([3.0, 1.0, 2.0]) == [2.0, 2.0, 2.0]

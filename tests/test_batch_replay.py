@@ -1,6 +1,6 @@
 """Replay of batches (`train.replay.replay(batch_size=B)`): batch size 1 is the replay of one
 sequence at a time, unchanged; hand-made walks whose batched steps, costs and decisions are
-known; the batch oracle and its bound."""
+known; the step lookahead (`oracle` above batch size 1) and the bound."""
 
 from __future__ import annotations
 
@@ -109,17 +109,23 @@ def test_batch_size_one_oracle_is_unchanged(data):
 
 # ------------------------------------------------------------------ hand-made walks
 def walk_data(lengths: dict[str, list[int]], k_config: tuple[int, ...],
-              new_tokens: dict[str, int]) -> R.ReplayData:
+              new_tokens: dict[str, int], budget: dict[str, int] | None = None,
+              ) -> R.ReplayData:
     """A dense replay by hand: prompt -> accepted length of the full-depth step at each
-    position (the last position, where the budget leaves nothing to draft, has no step)."""
+    position. An output the budget ended (`budget` absent or equal to its length) has no step
+    at its last position, where the budget leaves nothing to draft; one that ended early, as at
+    an EOS (`budget[key]` > `new_tokens[key]`), has a step at every position, drafted as deep as
+    the budget allows (`budget - t - 1`), its commits clipped at the output's end."""
     tree = Tree(k_config)
     data = object.__new__(R.ReplayData)
     data.tree, data.depth, data.mode, data.prompts = tree, tree.depth, "exact", {}
     for key, accepted in lengths.items():
         n = new_tokens[key]
+        room = (budget or {}).get(key, n)
+        assert room >= n and len(accepted) == (n if room > n else n - 1), key
         steps = []
-        for t in range(n - 1):
-            cap = min(tree.depth, n - t - 1)
+        for t in range(len(accepted)):
+            cap = min(tree.depth, room - t - 1)
             nodes = [np.full((tree.sizes[d], len(NODE_FEATURES)), t + 0.01 * d, np.float32)
                      for d in range(cap)]
             steps.append(R.Step(t, accepted[t], cap, nodes))
@@ -211,7 +217,7 @@ def test_replay_refuses_batch_sizes_beyond_the_profile(data):
         R.replay(data, "static:2", PROFILE, batch_size=0)
 
 
-# ------------------------------------------------------------------ oracle and bound
+# ------------------------------------------------------------------ step lookahead and bound
 def test_the_bound_is_the_oracle_at_batch_size_one(data):
     assert R.oracle_bound(data, PROFILE, 1) == pytest.approx(
         R.replay(data, "oracle", PROFILE).throughput, rel=1e-9)
@@ -219,8 +225,8 @@ def test_the_bound_is_the_oracle_at_batch_size_one(data):
 
 @pytest.mark.parametrize("batch_size", [2, 4])
 def test_no_schedule_beats_the_bound(data, batch_size):
-    """Static depths, built-ins, the step oracle and random batch plans replay below the bound;
-    the step oracle beats every static depth."""
+    """Static depths, built-ins, the step lookahead (`oracle` above batch size 1) and random
+    batch plans replay below the bound; the step lookahead beats every static depth."""
     bound = R.oracle_bound(data, PROFILE, batch_size)
     oracle = R.replay(data, "oracle", PROFILE, batch_size=batch_size).throughput
     statics = [R.replay(data, f"static:{d}", PROFILE, batch_size=batch_size).throughput

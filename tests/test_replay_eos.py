@@ -4,6 +4,7 @@ forwards equal the decoder's, including an output whose EOS is the last token bu
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -11,10 +12,10 @@ from test_train_data import prompts
 
 from collect.run import CollectJob, collect_prompts
 from conftest import make_pair
-from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.prompts.sets import Prompt
-from mcsd_runtime.stop.builtin import StopperBase
+from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from train import replay as R
 from train.config import TrainConfig
 from train.data import load_runs
@@ -111,3 +112,60 @@ def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root
         replayed = result["replay"][spec]
         assert (replayed["tokens"], replayed["steps"]) == (
             sum(s.new_tokens for s in stats), sum(s.target_calls for s in stats)), spec
+
+
+class Logged(StopperBase):
+    """A stopper spec's stopper that logs each row's steps (drafted depth, accepted) as the
+    replay runs them: every row's copy appends a fresh log to `logs` at its reset, in the order
+    rows are admitted."""
+
+    def __init__(self, spec: str, logs: list) -> None:
+        self.inner, self.logs, self.log = make_stopper(spec), logs, []
+
+    def __copy__(self) -> Logged:
+        return Logged.__new__(Logged).__init_copy(self)
+
+    def __init_copy(self, other: Logged) -> Logged:
+        self.inner, self.logs, self.log = copy.deepcopy(other.inner), other.logs, []
+        return self
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.log = []
+        self.logs.append(self.log)
+
+    def should_continue(self, frontier) -> bool:
+        return self.inner.should_continue(frontier)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.inner.update(drafted, accepted)
+        self.log.append((drafted, accepted))
+
+
+@pytest.mark.parametrize("batch_size", [3, 4])
+@pytest.mark.parametrize("spec", ["static:1", "static:3", "heuristic"])
+def test_batched_replay_matches_generate_batch_when_outputs_end_in_eos(eos_pair, chosen, spec,
+                                                                       batch_size):
+    """The EOS collection's prompts through `generate_batch` in the replay's order: every row's
+    steps (depth drafted, accepted) and committed tokens, and the batch's target calls, draft
+    forwards, drafted and accepted tokens equal the replay at that batch size; rows whose
+    output ended at EOS before the budget leave the batch early, and the next prompt takes
+    their slot."""
+    data = chosen.data
+    logs: list[list] = []
+    wide = CostProfile(tokens=[1, 64], target_s=[1.0, 2.0], draft_s=[0.1, 0.2],
+                       batches={4: BatchCosts(target_s=[3.0, 9.0], draft_s=[0.2, 0.5])})
+    r = R.replay(data, Logged(spec, logs), wide, batch_size=batch_size)
+    order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
+    out = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
+                      stopper=spec).generate_batch([prompts()[i] for i in order],
+                                                   batch_size=batch_size)
+    ends = [(len(g.token_ids), g.token_ids[-1] == EOS) for g in out]
+    assert (MAX_NEW - 1, True) in ends and (MAX_NEW, False) in ends  # both kinds of ending
+    assert [p.new_tokens for p in data.prompts.values()] == [n for n, _ in ends]
+    assert [sum(s.committed for s in g.steps) for g in out] == [n for n, _ in ends]
+    assert logs == [[(s.drafted, s.accepted) for s in g.steps] for g in out]
+    st = out.stats
+    assert (r.tokens, r.batch_steps, r.draft_forwards, r.drafted_tokens, r.accepted) == (
+        st.new_tokens, st.target_calls, st.draft_calls, st.drafted_tokens, st.accepted_tokens)
+    assert r.steps == sum(len(g.steps) for g in out) and r.batch_steps < r.steps

@@ -373,8 +373,9 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
     """The setting for `batch_size` rows, chosen by batched replay on validation prompts: the
     node aggregation chosen alone, every row aggregation, threshold and min_depth, and every
     static depth (a threshold no score reaches), then gates; peers tuned and every method
-    replayed at that batch size on validation and test prompts, with the batch oracle and its
-    bound."""
+    replayed at that batch size on validation and test prompts, with `oracle` (there the step
+    lookahead, `train.replay.StepLookahead`: a hindsight heuristic below the optimum) and
+    `oracle-bound` (above every schedule)."""
     val = choice.data.subset(choice.sequences["val"])
     test = choice.data.subset(choice.sequences["test"])
     profile, b = choice.profile, batch_size
@@ -420,7 +421,8 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
         headline["oracle_bound_value"] = results["test"]["oracle-bound"][METRIC]
     log(f"batch {b}: learned {headline['learned_value']:.4g} vs best static "
         f"{headline['best_static']} {headline['best_static_value']:.4g} (x"
-        f"{headline['speedup_vs_best_static']:.3f}), step oracle {headline['oracle_value']:.4g}"
+        f"{headline['speedup_vs_best_static']:.3f}), step lookahead (`oracle`, a hindsight "
+        f"heuristic below the optimum) {headline['oracle_value']:.4g}"
         f"; rows {chosen['row_aggregation']} of {chosen['aggregation']}, threshold "
         f"{chosen['threshold']:g}, min_depth {chosen['min_depth']} (gate "
         f"{chosen['min_depth_gate']:g})")
