@@ -20,7 +20,7 @@ from test_decoder_sampling import (
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop.builtin import make_stopper
+from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 
 ADAPTIVE = ["confidence:0.5", "heuristic:2", "cumprod:0.6", "entropy:0.6:0.3"]
 
@@ -46,7 +46,7 @@ def exact_triple(pair, temperature: float) -> torch.Tensor:
     return (pairs[:, None] * third).flatten()
 
 
-class Rotating:
+class Rotating(StopperBase):
     """A different adaptive stopper for each sampled output (one per seed): every one of them
     must leave the output distributed as the target's, so their mixture must too. `learned`:
     a LightGBM stopper artifact's folder, added to the built-in ones."""

@@ -141,12 +141,9 @@ class Engine:
             raise MCSDError("batched decoding supports init='draft' (lossless) only; decode "
                             "target-initialized runs one at a time (batch size 1)")
         self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
-        stopper = dec.stopper
-        if batch_size > 1 and hasattr(stopper, "for_batch"):
-            stopper = stopper.for_batch(batch_size)
-        self.stopper = stopper
-        self.batch_decide = (getattr(stopper, "batch_continue", None)
-                             if batch_size > 1 and self.cfg.batch_depth == "max" else None)
+        self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
+        # a batch in max mode asks the stopper for one decision first (`batch_continue`)
+        self.batch_decide = batch_size > 1 and self.cfg.batch_depth == "max"
         self.needs_hidden = dec.needs_hidden
         # the target takes the whole prompt at the prefill when it supplies the first token (AR)
         # or the first roots (target-init)
@@ -405,8 +402,8 @@ class Engine:
             return False
         frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
                                    rows[i].st.trajectory) for i in ask]
-        if self.batch_decide is not None:
-            return bool(self.batch_decide(frontiers))
+        if self.batch_decide and (go := self.stopper.batch_continue(frontiers)) is not None:
+            return bool(go)
         votes = [rows[i].st.stopper.should_continue(f) for i, f in zip(ask, frontiers, strict=True)]
         if self.cfg.batch_depth == "row":
             for i, vote in zip(ask, votes, strict=True):

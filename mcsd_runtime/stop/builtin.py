@@ -200,7 +200,7 @@ def make_stopper(spec: str | Stopper | None,
     missing = [m for m in MEMBERS if not hasattr(stopper, m)]
     if missing:
         raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
-                        f"{', '.join(missing)}; subclass mcsd_runtime.stop.builtin.StopperBase")
+                        f"{', '.join(missing)}; subclass mcsd_runtime.stop.contract.StopperBase")
     if k_config is not None:
         stopper.check_tree(tuple(k_config))
     return stopper

@@ -15,10 +15,13 @@ outcome). Subclass `StopperBase` and implement `should_continue`:
   shape (a learned one) raises MCSDError for another.
 
 In a batch (`MCSDDecoder.generate_batch`) each sequence runs its own `copy.copy` of the stopper
-(then `reset()`): keep per-sequence state in plain attributes, or define `__copy__`. Two optional
-members let a stopper decide for the batch instead: `for_batch(batch_size) -> Stopper` (the
-stopper to run at that batch size) and `batch_continue(frontiers) -> bool` (one decision for all
-rows that may still go deeper; without it the batch continues if any row's copy says so).
+(then `reset()`): keep per-sequence state in plain attributes, or define `__copy__`. Two more
+members let a stopper decide for the batch (`StopperBase` gives both defaults):
+
+- `for_batch(batch_size) -> Stopper`: the stopper to run at that batch size (default: itself);
+- `batch_continue(frontiers) -> bool | None`: one decision for all rows that may still go
+  deeper; None (the default) leaves it to the rows: the batch continues if any row's copy says
+  so.
 
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
@@ -35,7 +38,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-MEMBERS = ("reset", "should_continue", "update", "check_tree", "needs_hidden")
+MEMBERS = ("reset", "should_continue", "update", "check_tree", "needs_hidden", "for_batch",
+           "batch_continue")
 
 
 class Frontier(Protocol):
@@ -74,10 +78,14 @@ class Stopper(Protocol):
 
     def check_tree(self, k_config: tuple[int, ...]) -> None: ...
 
+    def for_batch(self, batch_size: int) -> Stopper: ...
+
+    def batch_continue(self, frontiers: list[Frontier]) -> bool | None: ...
+
 
 class StopperBase:
     """Defaults for every `Stopper` member but `should_continue`: stateless, features only, any
-    tree."""
+    tree, the same stopper at every batch size, rows deciding a batch's depth."""
 
     needs_hidden = False
 
@@ -92,3 +100,9 @@ class StopperBase:
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         pass
+
+    def for_batch(self, batch_size: int) -> Stopper:
+        return self
+
+    def batch_continue(self, frontiers: list[Frontier]) -> bool | None:
+        return None
