@@ -15,7 +15,7 @@ from mcsd_runtime import cli
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.evaluate.run import _geo, run_eval, summarize
 from mcsd_runtime.models.pair import Pair
-from mcsd_runtime.prompts.sets.domains import Prompt
+from mcsd_runtime.prompts.domains import Prompt
 
 
 class Digits:

@@ -15,7 +15,7 @@ from mcsd_runtime import cli
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.toy import build as toy_build
 from mcsd_runtime.toy import build_pair, get_recipe, pair_dir, resolve_toy, toy_pair_dirs
-from mcsd_runtime.toy import train as toy_train
+from mcsd_runtime.toy import training as toy_train
 from mcsd_runtime.toy.cli import register as toy_register
 
 # Smaller than tiny: for the checks that build more than once.
