@@ -57,8 +57,6 @@ class MCSDDecoder:
         self.sync_forwards = pair.device.type != "cpu" and self.config.profile
         eos = self.config.eos_token_ids
         self.eos = set(pair.eos_token_ids if eos is None else eos)
-        # (model, new tokens, seconds) of every forward after the prefill, when a list (profiling)
-        self.forward_log: list[tuple[str, int, float]] | None = None
 
     # ----------------------------------------------------------------- public API
     def encode(self, prompt: str | list[int]) -> list[int]:

@@ -282,37 +282,53 @@ class Engine:
                      for r in rows]
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
-        root_pos = torch.tensor([len(r.st.committed) - 1 for r in rows], device=self.dev)
+        inputs = self.upload(rows)
         tokens = torch.zeros(len(rows), 1 + tree.num_nodes, dtype=torch.long, device=self.dev)
-        tokens[:, 0] = torch.tensor([r.st.committed[-1] for r in rows], device=self.dev)
+        tokens[:, 0] = inputs[:, 1]
         timing = Timing()
 
         # 1. draft, depth by depth
-        d = self.draft(rows, tokens, root_pos, caps, dc, timing)
+        d = self.draft(rows, tokens, inputs, caps, dc, timing)
 
         # 2. one target forward over every row's pending root and tree
         c = tree.cum[d.depth]
         target_base = tc.length
         logits = self.forward(self.pair.target, tc, tokens[:, lo : 1 + c],
-                              root_pos[:, None] + tt.depth[lo : 1 + c][None],
+                              inputs[:, :1] + tt.depth[lo : 1 + c][None],
                               tt.bias[lo : 1 + c, lo : 1 + c][None], None, timing).logits
 
-        # 3-4. per row: verify, commit, and the cache entries to keep
-        keep_t, keep_d, outcomes = [], [], []
+        # 3. verify every row on the device, then one host copy for all of them
+        drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.forwarded, d.cache_base)
+                  for i in range(len(rows))]
+        judged = [self.judge(r.st, draft, logits[i, : 1 + tree.cum[draft.depth] - lo])
+                  for i, (r, draft) in enumerate(zip(rows, drafts, strict=True))]
+        host = torch.cat([j[0] for j in judged]).tolist()  # sync: every row's verdict
+
+        # 4. per row: commit, and the cache entries to keep
+        keep_t, keep_d, outcomes, at = [], [], [], 0
         for i, r in enumerate(rows):
-            s = d.depths[i]
-            draft = Draft(tokens[i], d.layers[i][:s], d.forwarded, d.cache_base)
-            v = self.verify(r.st, draft, logits[i, : 1 + tree.cum[s] - lo])
+            n = 3 + tree.cum[drafts[i].depth]
+            v = self.verdict(host[at : at + n], judged[i][1])
+            at += n
             new, path = self.commit(r.st, v, remaining[i], d.forwarded)
             keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
             keep_d.append(self.draft_keep(d, i, path))
-            outcomes.append((draft, v, new))
+            outcomes.append((drafts[i], v, new))
         tc.compact(keep_t)
         if tree.depth:
             dc.compact(keep_d)
 
         # 5. account
         self.account(rows, outcomes, timing, tc, dc)
+
+    def upload(self, rows: list[Row]) -> torch.Tensor:
+        """[rows, 3 + m] on the device, in one copy: each row's root position, its last
+        committed token, its count of pending draft tokens, then those tokens (right-padded)."""
+        m = max(len(r.st.d_pending) for r in rows)
+        host = [[len(r.st.committed) - 1, r.st.committed[-1], len(r.st.d_pending),
+                 *r.st.d_pending,
+                 *[0] * (m - len(r.st.d_pending))] for r in rows]
+        return torch.tensor(host, dtype=torch.long, device=self.dev)  # sync: one upload a step
 
     def draft_keep(self, d: Drafted, i: int, path: list[int]) -> list[int]:
         """Row i's draft cache slots to keep: its pending tokens, if they went in this step, and
@@ -321,7 +337,7 @@ class Engine:
         return slots + [d.cache_base + j - 1 for j in path if self.tt.depths[j] <= d.forwarded]
 
     # -- 1. draft
-    def draft(self, rows: list[Row], tokens: torch.Tensor, root_pos: torch.Tensor,
+    def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
               caps: list[int], dc: RowCache, timing: Timing) -> Drafted:
         """Draft every row up to the batch's depth, asking the stopper after each depth before
         forwarding it."""
@@ -332,7 +348,7 @@ class Engine:
         if self.init is not None:
             first = [self.init.roots(rows[0].st)]
         else:
-            q, hidden = self.feed_pending(rows, dc, root_pos, timing)
+            q, hidden = self.feed_pending(rows, dc, inputs, timing)
             d.fed = True
             first = self.propose(q[:, None], hidden, 1, None, rows, caps)
         d.cache_base = dc.length
@@ -341,7 +357,7 @@ class Engine:
         open_rows = [c > 0 for c in caps]
         while depth < max(caps) and self.go_deeper(rows, d.layers, depth, caps, open_rows,
                                                     d.depths):
-            q, hidden = self.forward_frontier(rows, tokens, root_pos, dc, d, depth, timing)
+            q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing)
             d.forwarded = depth
             parent = torch.stack([rl[-1].log_path for rl in d.layers])
             own = [caps[i] if open_rows[i] else d.depths[i] for i in range(len(rows))]
@@ -353,20 +369,18 @@ class Engine:
                     for i in range(len(rows))]
         return d
 
-    def feed_pending(self, rows: list[Row], dc: RowCache, root_pos: torch.Tensor,
+    def feed_pending(self, rows: list[Row], dc: RowCache, inputs: torch.Tensor,
                      timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed every row its pending draft tokens (right-padded); returns q [rows, V] (and the
-        hidden state [rows, 1, H]) at each row's last pending token."""
+        """Feed every row its pending draft tokens (right-padded, from `upload`); returns q
+        [rows, V] (and the hidden state [rows, 1, H]) at each row's last pending token."""
         counts = [len(r.st.d_pending) for r in rows]
         m = max(counts)
-        ids = torch.zeros(len(rows), m, dtype=torch.long, device=self.dev)
-        for i, r in enumerate(rows):
-            ids[i, : counts[i]] = torch.tensor(r.st.d_pending, device=self.dev)
+        for r in rows:
             r.st.d_pending = []
-        n = torch.tensor(counts, device=self.dev)[:, None]
-        offsets = torch.arange(m, device=self.dev)[None]
-        pos = root_pos[:, None] - n + 1 + offsets.clamp(max=n - 1)
         ragged = len(set(counts)) > 1
+        ids, n = inputs[:, 3 : 3 + m], inputs[:, 2:3] if ragged else m
+        offsets = torch.arange(m, device=self.dev)[None]
+        pos = inputs[:, :1] - n + 1 + offsets.clamp(max=n - 1)
         out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
                            offsets < n if ragged else None, timing, keep=m if ragged else 1,
                            hidden=self.needs_hidden)
@@ -379,17 +393,17 @@ class Engine:
             hidden = h[:, -1:] if last is None else h.gather(1, last.expand(-1, 1, h.shape[-1]))
         return self.dec.probs(logits), hidden
 
-    def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, root_pos: torch.Tensor,
+    def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
                          dc: RowCache, d: Drafted, depth: int, timing: Timing,
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the draft over every row's nodes of `depth`; returns their distributions q
         [rows, n, V] (and hidden states): the next depth's proposals."""
         if depth == 1 and self.init is not None:  # the roots go in with the pending tokens
             d.fed = True
-            return self.init.feed_roots(rows[0], tokens, root_pos, dc, d, timing)
+            return self.init.feed_roots(rows[0], tokens, inputs, dc, d, timing)
         nodes = self.tree.depth_slice(depth)
         out = self.forward(self.pair.draft, dc, tokens[:, nodes],
-                           root_pos[:, None] + self.tt.depth[nodes][None],
+                           inputs[:, :1] + self.tt.depth[nodes][None],
                            self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
                            hidden=self.needs_hidden)
         return self.dec.probs(out.logits), out.hidden_states[-1] if self.needs_hidden else None
@@ -454,9 +468,12 @@ class Engine:
             row_layers.append(layer)
 
     # -- 3. verify
-    def verify(self, st: RowState, draft: Draft, logits: torch.Tensor) -> Verdict:
-        """The row's accepted child and next token at every node, then the deepest node whose
-        whole path was accepted: one walk on the device, one host copy."""
+    def judge(self, st: RowState, draft: Draft, logits: torch.Tensor,
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Verify one row's tree on the device: every node's accepted child and next token, then
+        the deepest node whose whole path was accepted. Returns [best, its next token, the
+        tree's tokens] (for the step's one host copy) and the target's distributions, when
+        computed."""
         tt, c = self.tt, self.tree.cum[draft.depth]
         tokens = draft.tokens[: 1 + c]
         greedy = self.cfg.temperature == 0
@@ -477,8 +494,11 @@ class Engine:
         acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)
         score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
         best = score.argmax()
-        host = torch.cat([best.view(1), nxt[best].view(1), tokens]).tolist()  # sync: verdict
-        path = tt.paths[host[0]]
+        return torch.cat([best.view(1), nxt[best].view(1), tokens]), probs
+
+    def verdict(self, host: list[int], probs: torch.Tensor | None) -> Verdict:
+        """The verdict from `judge`'s values on the host."""
+        path = self.tt.paths[host[0]]
         return Verdict(path=path, accepted=len(path) - self.lo, best=host[0], bonus=host[1],
                        tokens=host[2:], probs=probs)
 
@@ -635,9 +655,6 @@ class Engine:
         else:
             timing.draft += dt
             timing.draft_calls += not prefill
-        log = self.dec.forward_log
-        if log is not None and not prefill:
-            log.append(("target" if is_target else "draft", ids.shape[1], dt))
         return out
 
     def result(self, r: Row, now: float) -> GenerationResult:
@@ -673,17 +690,15 @@ class TargetInit:
         prob = p.gather(1, toks).view(-1)
         return DraftLayer(toks.view(-1), p, None, prob, prob.clamp_min(1e-30).log(), None)
 
-    def feed_roots(self, r: Row, tokens: torch.Tensor, root_pos: torch.Tensor, dc: RowCache,
+    def feed_roots(self, r: Row, tokens: torch.Tensor, inputs: torch.Tensor, dc: RowCache,
                    d: Drafted, timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The pending draft tokens and the roots in one draft forward; returns q [1, k, V] (and
         hidden states) at the roots, and moves `d.cache_base` to the first root."""
         e, st = self.e, r.st
         m, extra = len(st.d_pending), e.tree.sizes[0]
-        pending = torch.tensor(st.d_pending, dtype=torch.long, device=e.dev)
-        first = int(root_pos[0]) - m + 1
-        ids = torch.cat([pending, tokens[0, 1 : 1 + extra]])
-        pos = torch.cat([torch.arange(first, first + m, device=e.dev),
-                         e.tt.depth[1 : 1 + extra] + root_pos[0]])
+        ids = torch.cat([inputs[0, 3 : 3 + m], tokens[0, 1 : 1 + extra]])
+        pos = torch.cat([inputs[0, 0] - m + 1 + torch.arange(m, device=e.dev),
+                         e.tt.depth[1 : 1 + extra] + inputs[0, 0]])
         block = e.dec.causal_block(m + extra).clone()
         block[m:, m:] = e.tt.bias[1 : 1 + extra, 1 : 1 + extra]
         out = e.forward(e.pair.draft, dc, ids[None], pos[None], block[None], None, timing,
