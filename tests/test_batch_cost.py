@@ -101,8 +101,8 @@ def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
                ("draft", 1): (0.1, 0.2), ("draft", 2): (0.3, 0.3), ("draft", 3): (0.5, 0.4)}
     clock, calls = [0.0], {}
 
-    def scripted(name):
-        def hook(module, args, kwargs):
+    def scripted(name):  # a forward hook: it runs before the timer's own, which reads the clock
+        def hook(module, args, kwargs, output):
             rows, n = kwargs["input_ids"].shape
             if n in (1, 4):  # not a cache's prefill (16 tokens)
                 m = medians[(name, rows)][(1, 4).index(n)]
@@ -111,8 +111,8 @@ def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
         return hook
 
     pair = make_pair()
-    handles = [pair.target.register_forward_pre_hook(scripted("target"), with_kwargs=True),
-               pair.draft.register_forward_pre_hook(scripted("draft"), with_kwargs=True)]
+    handles = [pair.target.register_forward_hook(scripted("target"), with_kwargs=True),
+               pair.draft.register_forward_hook(scripted("draft"), with_kwargs=True)]
     monkeypatch.setattr(cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     try:
         p = measure(pair, tokens=(1, 4), context=16, rounds=3, batch_sizes=(3, 2))

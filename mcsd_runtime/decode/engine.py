@@ -203,7 +203,8 @@ class Engine:
         ids = [prompts[i] for i in take]
         timing = Timing()
         n_t = [len(p) - (0 if self.target_takes_prompt else 1) for p in ids]
-        logits = self.prefill(self.pair.target, tc, ids, n_t, timing)
+        logits = self.prefill(self.pair.target, tc, ids, n_t, timing,
+                              logits=self.target_takes_prompt)
         if self.tree.depth:
             self.prefill(self.pair.draft, dc, ids, [len(p) - 1 for p in ids], timing)
         for r, n in zip(rows, n_t, strict=True):
@@ -233,12 +234,12 @@ class Engine:
         return Row(index, st, admitted=t0)
 
     def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
-                timing: Timing) -> torch.Tensor | None:
-        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded); returns the
-        logits [rows, V] at each row's last one."""
+                timing: Timing, logits: bool = False) -> torch.Tensor | None:
+        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded); with `logits`,
+        returns the logits [rows, V] at each row's last one."""
         n = max(lens)
         new = RowCache(len(prompts), self.dev)
-        logits = None
+        last = None
         if n:
             ids = torch.zeros(len(prompts), n, dtype=torch.long, device=self.dev)
             for r, p in enumerate(prompts):
@@ -247,13 +248,14 @@ class Engine:
             ragged = len(set(lens)) > 1
             valid = pos < torch.tensor(lens, device=self.dev)[:, None] if ragged else None
             out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
-                               timing, keep=n if ragged else 1, prefill=True)
-            last = torch.tensor(lens, device=self.dev) - 1 if ragged else None
-            logits = out.logits[:, -1] if last is None else out.logits[
-                torch.arange(len(prompts), device=self.dev), last]
+                               timing, keep=n if ragged and logits else 1, prefill=True)
+            if logits:
+                rows = torch.arange(len(prompts), device=self.dev)
+                last = out.logits[:, -1] if not ragged else out.logits[
+                    rows, torch.tensor(lens, device=self.dev) - 1]
             new.settle(lens)
         cache.extend(new)
-        return logits
+        return last
 
     def first_token(self, r: Row, logits: torch.Tensor) -> None:
         """AR: commit the first token from the prefill's last logits, as a step would."""
