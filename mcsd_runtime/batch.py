@@ -14,8 +14,16 @@ After each depth the batch drafts one more if the stopper's `batch_continue(fron
 (learned stoppers score all rows in one call), or else if ANY row's own stopper (a copy of the
 given one, with its own state) says so. `DecodeConfig(batch_depth="row")` instead gives each row
 exactly the tree it would draft alone. A stopper's `for_batch(B)`, when it has one, supplies the
-stopper to run at batch size B. Each row samples with its own generator, seeded like `generate`,
-so a sampled row is the same sequence of draws as that prompt decoded alone.
+stopper to run at batch size B.
+
+Sampling. Each row samples with its own generator, seeded like `generate`, for the depths it
+verifies (nodes past them come from a spare generator), so every row follows the target's
+distribution. A sampled row equals that prompt decoded alone (`generate(prompt, seed=...)`,
+token for token, step for step) when its trees are the ones it would draft alone: always with
+`batch_depth="row"`, and in "max" mode when every row's stopper would choose the batch's depth
+(a static stopper: each row drafts its whole tree, up to its own budget). With an adaptive
+stopper in "max" mode a row verifies deeper trees than alone, so it takes other draws and its
+tokens differ from the prompt decoded alone (greedy rows still equal it).
 """
 
 from __future__ import annotations

@@ -155,11 +155,14 @@ class MCSDDecoder:
                        ) -> BatchResult:
         """Decode many prompts, up to `batch_size` of them per forward (`mcsd_runtime.batch`):
         one `GenerationResult` per prompt, in order, plus the batch's statistics. Greedy rows
-        equal `generate` of the same prompt; sampled rows draw with their own generator
-        (`seeds[i]`, default the config's seed). `on_result(i, result)`, if given, sees each
-        prompt's result as soon as its row finishes (streaming, progress). Recorders see each
-        step's trace with `trace.row = i`. `batch_size=1` decodes one prompt after the other
-        with `generate`."""
+        equal `generate` of the same prompt. Sampled rows follow the target's distribution,
+        each drawing with its own generator (`seeds[i]`, default the config's seed); a sampled
+        row equals `generate(prompt, seed=seeds[i])` with `batch_depth="row"` or a static
+        stopper, not with an adaptive stopper in the default "max" mode, which verifies deeper
+        trees than the prompt alone and so takes other draws. `on_result(i, result)`, if
+        given, sees each prompt's result as soon as its row finishes (streaming, progress).
+        Recorders see each step's trace with `trace.row = i`. `batch_size=1` decodes one prompt
+        after the other with `generate`."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise MCSDError(f"batch_size must be a positive integer, got {batch_size!r}")
         ids = [self.encode(p) for p in prompts]
