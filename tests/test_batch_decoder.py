@@ -4,6 +4,7 @@ decoded alone and the target's own greedy decoding, sampled rows follow the targ
 from __future__ import annotations
 
 import copy
+from collections import deque
 
 import pytest
 import torch
@@ -35,6 +36,56 @@ def refs(pair):
     return [(p, reference(pair, p, 20)) for p in prompts(pair.vocab_size, n=11, seed=5)]
 
 
+def schedule(out, batch_size: int) -> list[list[tuple[int, int]]]:
+    """The steps of a `generate_batch` call, replayed from its rows' step counts: for each batch
+    step, its rows in batch order as (prompt index, the row's step index). Queued prompts take
+    the free slots in their order, finished rows leave, the others keep their order."""
+    n_steps = [len(r.steps) for r in out]
+    queue, rows, done, steps = deque(range(len(n_steps))), [], [0] * len(n_steps), []
+    while queue or rows:
+        while queue and len(rows) < batch_size:
+            rows.append(queue.popleft())
+        steps.append([(i, done[i]) for i in rows])
+        for i in rows:
+            done[i] += 1
+        rows = [i for i in rows if done[i] < n_steps[i]]
+    return steps
+
+
+def caps(out, live: list[tuple[int, int]], depth: int, max_new: int) -> list[int]:
+    """Each live row's deepest draft at that step: the tree's depth, or one less than the
+    tokens its budget has left (a step commits up to depth + 1)."""
+    return [min(depth, max_new - sum(s.committed for s in out[i].steps[:j]) - 1)
+            for i, j in live]
+
+
+def replay_max(out, batch_size: int, depth: int, max_new: int, decide):
+    """A batch_depth='max' batch replayed from its rows' records: at every step depth 1, then
+    one more while some row may go deeper and `decide(depth, rows asked)` says so; a row drafts
+    the batch's depth capped by its own. Returns the decisions asked, (depth, rows asked, rows
+    in the step), and each row's drafted depths."""
+    calls, drafted = [], [[] for _ in out]
+    for live in schedule(out, batch_size):
+        cap = caps(out, live, depth, max_new)
+        d = 1 if max(cap) > 0 else 0
+        while 0 < d < max(cap):
+            asked = sum(c > d for c in cap)
+            calls.append((d, asked, len(live)))
+            if not decide(d, asked):
+                break
+            d += 1
+        for (i, _), c in zip(live, cap, strict=True):
+            drafted[i].append(max(0, min(d, c)))
+    return calls, drafted
+
+
+def row_steps(steps) -> list[tuple[int, ...]]:
+    """What a row's step records share with the prompt decoded alone when its trees are the
+    same (the draft may have seen more of a batch's deeper tree: its cache can be longer)."""
+    return [(s.drafted, s.accepted, s.committed, s.tree_size, s.target_cache, s.target_pending)
+            for s in steps]
+
+
 @pytest.mark.parametrize(("k_config", "stopper"), CASES)
 @pytest.mark.parametrize("batch_size", [3, 8])
 def test_greedy_rows_equal_alone_and_target(pair, refs, k_config, stopper, batch_size):
@@ -44,16 +95,46 @@ def test_greedy_rows_equal_alone_and_target(pair, refs, k_config, stopper, batch
     for (prompt, ref), res in zip(refs, out, strict=True):
         assert res.token_ids == ref
         assert res.token_ids == dec.generate(prompt).token_ids
-    assert out.stats.new_tokens == sum(len(r.token_ids) for r in out)
-    assert out.stats.tau > 1.0  # steps commit several tokens of several rows
-    assert 0 < out.stats.decode_time < out.stats.wall_time
+    check_batch_stats(out, batch_size, dec.tree.cum)
+
+
+def check_batch_stats(out, batch_size: int, cum: list[int]) -> None:
+    """The batch's counts are its rows' (tokens, drafted and accepted nodes), one target call
+    and as many draft calls as the deepest row's depth per batch step; each row counts the
+    batch steps it was in; rows admitted together share that admission's prefill seconds, and
+    the batch's are the sum of its admissions'."""
+    steps, st = schedule(out, batch_size), out.stats
+    assert st.new_tokens == sum(len(r.token_ids) for r in out)
+    assert st.target_calls == len(steps)
+    assert st.tau == st.new_tokens / len(steps)
+    depth = [max(out[i].steps[j].drafted for i, j in live) for live in steps]
+    assert st.draft_calls == sum(depth)
+    for i, r in enumerate(out):
+        assert r.stats.new_tokens == len(r.token_ids) == sum(s.committed for s in r.steps)
+        assert r.stats.target_calls == len(r.steps)
+        assert r.stats.draft_calls == sum(d for live, d in zip(steps, depth, strict=True)
+                                          if any(k == i for k, _ in live))
+        assert r.stats.drafted_tokens == sum(cum[s.drafted] for s in r.steps)
+        assert r.stats.accepted_tokens == sum(s.accepted for s in r.steps)
+    assert st.drafted_tokens == sum(r.stats.drafted_tokens for r in out)
+    assert st.accepted_tokens == sum(r.stats.accepted_tokens for r in out)
+    admissions = [[i for i, j in live if j == 0] for live in steps]
+    admissions = [group for group in admissions if group]
+    assert len(admissions[0]) == min(batch_size, len(out))
+    for group in admissions:
+        assert len({out[i].stats.prefill_time for i in group}) == 1
+    assert st.prefill_time == sum(out[g[0]].stats.prefill_time for g in admissions) > 0
+    assert st.decode_time > 0 and all(r.stats.decode_time > 0 for r in out)
+    assert max(r.stats.wall_time for r in out) <= st.wall_time
 
 
 def test_ar_batches_equal_the_target(pair, refs):
-    out = ARDecoder(pair, DecodeConfig(max_new_tokens=20)).generate_batch(
-        [p for p, _ in refs], batch_size=4)
+    dec = ARDecoder(pair, DecodeConfig(max_new_tokens=20))
+    out = dec.generate_batch([p for p, _ in refs], batch_size=4)
     assert [r.token_ids for r in out] == [ref for _, ref in refs]
     assert all(s.drafted == 0 and s.committed == 1 for r in out for s in r.steps)
+    check_batch_stats(out, 4, dec.tree.cum)
+    assert out.stats.draft_calls == 0
 
 
 def test_rows_finish_at_different_steps_on_eos_inside_accepted_paths():
@@ -162,9 +243,119 @@ def test_batch_continue_decides_for_all_rows(pair, refs):
     out = dec.generate_batch(ps, batch_size=4)
     assert vote.sizes == [4]
     assert {n for _, n in vote.seen} >= {1, 4}  # the full batch, then its tail
-    # every step's depth follows the vote: deep while >= 3 rows are asked, else depth 1
-    assert {s.drafted for r in out for s in r.steps} <= {0, 1, 3, 2}
+    # every step's depth follows the vote: deeper while >= 3 rows may still go deeper
+    calls, drafted = replay_max(out, 4, 3, 20, lambda _d, asked: asked >= 3)
+    assert vote.seen == [(d, asked) for d, asked, _ in calls]
+    assert [[s.drafted for s in r.steps] for r in out] == drafted
+    assert {d for row in drafted for d in row} >= {1, 2, 3}
     assert [r.token_ids for r in out] == [ref for _, ref in refs]
+
+
+class Scripted(StopperBase):
+    """A whole-batch decision that answers its script, call after call; records the depth
+    and the number of rows of every call."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        self.answers, self.calls, self.sizes = answers, [], []
+
+    def for_batch(self, batch_size: int) -> Scripted:
+        self.sizes.append(batch_size)
+        return self
+
+    def should_continue(self, frontier) -> bool:
+        raise AssertionError("a batch decision never asks rows one by one")
+
+    def batch_continue(self, frontiers) -> bool:
+        assert len({f.depth for f in frontiers}) == 1
+        self.calls.append((frontiers[0].depth, len(frontiers)))
+        return self.answers[len(self.calls) - 1]
+
+
+def test_each_step_drafts_the_depth_batch_continue_says(pair, refs):
+    """A scripted batch decision: every step drafts exactly as deep as it said (capped by each
+    row's tree and budget), and it is asked after each depth about exactly the rows that may
+    go deeper: rows at their cap (a nearly spent budget) are left out."""
+    answers = (torch.rand(500, generator=torch.Generator().manual_seed(4)) < 0.7).tolist()
+    script = Scripted(answers)
+    ps = [p for p, _ in refs]
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(2, 2, 1, 1), max_new_tokens=20),
+                      stopper=script)
+    out = dec.generate_batch(ps, batch_size=4)
+    assert script.sizes == [4]
+    said = iter(answers)
+    calls, drafted = replay_max(out, 4, 4, 20, lambda _d, _n: next(said))
+    assert script.calls == [(d, asked) for d, asked, _ in calls], "asked other rows or depths"
+    assert [[s.drafted for s in r.steps] for r in out] == drafted, "drafted other depths"
+    # the script stopped steps at every depth, and rows at their cap sat some decisions out
+    assert {d for row in drafted for d in row} >= {1, 2, 3, 4}
+    assert any(asked < live for _, asked, live in calls)
+    assert [r.token_ids for r in out] == [ref for _, ref in refs]
+
+
+class CapCheck(StopperBase):
+    """Always drafts on; logs (depth, the row's cap) of every frontier it is asked about, the
+    cap computed from the frontier: the tree's depth, or the budget the row has left."""
+
+    def __init__(self, max_new: int, log: list) -> None:
+        self.max_new, self.log = max_new, log
+
+    def should_continue(self, frontier) -> bool:
+        generated = int(frontier.trajectory()[0])  # tokens_generated
+        self.log.append((frontier.depth,
+                         min(frontier.max_depth, self.max_new - generated - 1)))
+        return True
+
+
+@pytest.mark.parametrize("batch_depth", ["max", "row"])
+def test_rows_at_their_cap_are_not_asked(pair, refs, batch_depth):
+    """Each row's own stopper is asked after each depth below its cap, and never at it: a row
+    whose budget is nearly spent does not vote while the others draft deeper."""
+    log: list[tuple[int, int]] = []
+    ps = [p for p, _ in refs]
+    cfg = DecodeConfig(k_config=(2, 2, 1, 1), max_new_tokens=13, batch_depth=batch_depth)
+    out = MCSDDecoder(pair, cfg, stopper=CapCheck(13, log)).generate_batch(ps, batch_size=4)
+    assert [r.token_ids for r in out] == [ref[:13] for _, ref in refs]
+    assert all(depth < cap for depth, cap in log), "a row at its cap was asked"
+    calls, drafted = replay_max(out, 4, 4, 13, lambda _d, _n: True)
+    assert [d for d, _ in log] == [d for d, asked, _ in calls for _ in range(asked)]
+    assert [[s.drafted for s in r.steps] for r in out] == drafted
+    assert any(asked < live for _, asked, live in calls)  # some rows at their cap sat out
+
+
+class TraceRows:
+    """A recorder that keeps the row of every step trace, in order."""
+
+    needs_hidden = False
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def on_step(self, trace) -> None:
+        self.rows.append(trace.row)
+
+
+def test_queued_prompts_join_in_order_length_one_prompts_too(pair):
+    """More prompts than rows, some of one token (nothing to prefill, alone or in a group):
+    queued prompts take freed slots in their order (the recorder sees each step's rows in
+    batch order, the results arrive as rows finish), and every row equals the prompt decoded
+    alone and the target."""
+    ps = prompts(pair.vocab_size, n=10, seed=8)
+    for i in (1, 4, 6, 7, 9):
+        ps[i] = ps[i][:1]
+    rec, finished = TraceRows(), []
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=(3, 2, 1), max_new_tokens=12),
+                      stopper="heuristic", recorder=rec)
+    out = dec.generate_batch(ps, batch_size=3, on_result=lambda i, _r: finished.append(i))
+    steps = schedule(out, 3)
+    assert rec.rows == [i for live in steps for i, _ in live], "rows entered in another order"
+    assert finished == [i for live in steps for i, j in live if j == len(out[i].steps) - 1]
+    alone = MCSDDecoder(pair, DecodeConfig(k_config=(3, 2, 1), max_new_tokens=12),
+                        stopper="heuristic")
+    for p, res in zip(ps, out, strict=True):
+        assert res.token_ids == alone.generate(p).token_ids == reference(pair, p, 12)
+    # length-1 prompts were prefilled beside longer ones, and alone into a running batch
+    assert [len(ps[i]) for i, _ in steps[0]] == [11, 1, 6]
+    assert [1] in [[len(ps[i]) for i, j in live if j == 0] for live in steps[1:]]
 
 
 def test_batch_errors(pair):
