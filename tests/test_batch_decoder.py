@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
+from dataclasses import replace
 
 import pytest
 import torch
@@ -405,13 +406,65 @@ def test_batched_rows_stay_exact_under_degenerate_drafts(draft_kind, monkeypatch
     assert p_value(batch_counts(pair, temperature=temperature, k_config=k_config), exact) < ALPHA
 
 
-def test_sampled_rows_draw_as_the_prompt_alone(pair, refs):
-    """Each row samples with its own generator: the same seed gives the same tokens as
-    `generate`, whatever the batch around it."""
-    cfg = DecodeConfig(k_config=(4, 2, 1), temperature=0.8, max_new_tokens=16)
-    dec = MCSDDecoder(pair, cfg)
+@pytest.mark.parametrize(("batch_depth", "stopper", "temperature"), [
+    ("max", "static", 0.8), ("max", "static:2", 0.8), ("max", "static", 0.0),
+    ("row", "heuristic", 0.8), ("row", "confidence:0.3", 0.8)])
+def test_rows_drafting_their_own_trees_equal_the_prompt_alone(pair, refs, batch_depth, stopper,
+                                                               temperature):
+    """Where each row drafts the trees it would alone (batch_depth='row', or a static stopper
+    in 'max' mode) it is the prompt decoded alone: the same tokens, and the same steps (depth,
+    accepted, committed, cache). A sampled row draws with its own generator, seeded like
+    `generate`, only for the depths it verifies, whatever the batch around it."""
+    cfg = DecodeConfig(k_config=(4, 2, 1), temperature=temperature, max_new_tokens=16,
+                       batch_depth=batch_depth)
+    dec = MCSDDecoder(pair, cfg, stopper=stopper)
     ps = [p for p, _ in refs]
     seeds = [11 * i for i in range(len(ps))]
     out = dec.generate_batch(ps, batch_size=4, seeds=seeds)
-    assert [r.token_ids for r in out] == [dec.generate(p, seed=s).token_ids
-                                          for p, s in zip(ps, seeds, strict=True)]
+    alone = [dec.generate(p, seed=s) for p, s in zip(ps, seeds, strict=True)]
+    assert [r.token_ids for r in out] == [a.token_ids for a in alone]
+    assert [row_steps(r.steps) for r in out] == [row_steps(a.steps) for a in alone]
+    if batch_depth == "row":  # the rows' own trees differ from step to step
+        assert {s.drafted for a in alone for s in a.steps} >= {1, 2, 3}
+
+
+class HiddenLog(StopperBase):
+    """Reads the draft's hidden states (needs_hidden): logs each frontier's depth and hidden()
+    in its own list (one per sequence: `reset` starts it) and decides on them."""
+
+    needs_hidden = True
+
+    def __init__(self, log: list) -> None:
+        self.log, self.mine = log, []
+
+    def reset(self) -> None:
+        self.mine = []
+        self.log.append(self.mine)
+
+    def should_continue(self, frontier) -> bool:
+        hidden = frontier.hidden()
+        self.mine.append((frontier.depth, hidden.clone()))
+        return bool(hidden[:, 0].max() > 0)
+
+
+def test_a_stopper_reading_hidden_states_sees_each_row_its_own(pair, refs):
+    """A stopper that reads the draft's hidden states (an MLP on them) sees in a batch, row by
+    row, the hidden states the prompt alone gives it: rows of different pending lengths and
+    depths gathered apart, never another row's or a padding slot's."""
+    ps = [p for p, _ in refs]
+    cfg = DecodeConfig(k_config=(2, 2, 2, 1), max_new_tokens=16)
+    alone_log: list = []
+    alone = MCSDDecoder(pair, cfg, stopper=HiddenLog(alone_log))
+    solo = [alone.generate(p) for p in ps]
+    log: list = []
+    row = MCSDDecoder(pair, replace(cfg, batch_depth="row"), stopper=HiddenLog(log))
+    out = row.generate_batch(ps, batch_size=4)
+    assert [r.token_ids for r in out] == [r.token_ids for r in solo]
+    assert [row_steps(r.steps) for r in out] == [row_steps(r.steps) for r in solo]
+    assert len(log) == len(alone_log) == len(ps)
+    for mine, theirs in zip(log, alone_log, strict=True):
+        assert [d for d, _ in mine] == [d for d, _ in theirs]
+        for (_, h), (_, h_alone) in zip(mine, theirs, strict=True):
+            assert torch.allclose(h, h_alone, rtol=0, atol=1e-9), "another row's hidden state"
+    decided = [h[:, 0].max() > 0 for mine in alone_log for _, h in mine]
+    assert any(decided) and not all(decided)  # the hidden states steered the depths
