@@ -7,6 +7,7 @@ import copy
 from collections import deque
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from test_decoder_greedy import prompts, reference
@@ -24,8 +25,11 @@ from test_decoder_sampling import (
 
 from conftest import make_pair
 from mcsd_runtime import verify as V
+from mcsd_runtime.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.features import DECISION_FEATURES, SCHEMA_VERSION
+from mcsd_runtime.learned import stopper_from
 from mcsd_runtime.stoppers import StopperBase, make_stopper
 
 CASES = [((4, 2, 2, 1), "static"), ((4, 2, 2, 1), "heuristic"), ((2, 3), "static:1"),
@@ -374,16 +378,26 @@ def test_batch_errors(pair):
 
 
 # ---------------------------------------------------------------------------- sampling
-def batch_counts(pair, n: int = 1000, batch_size: int = 8, temperature: float = 1.0,
-                 k_config: tuple[int, ...] = (3, 2)) -> torch.Tensor:
+def sampled_batch(pair, n: int = 1000, batch_size: int = 8, temperature: float = 1.0,
+                  k_config: tuple[int, ...] = (3, 2), stopper="heuristic",
+                  batch_depth: str = "max"):
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
-                                         max_new_tokens=3), stopper="heuristic")
-    out = dec.generate_batch([PROMPT] * n, batch_size=batch_size, seeds=list(range(n)))
+                                         max_new_tokens=3, batch_depth=batch_depth),
+                      stopper=stopper)
+    return dec.generate_batch([PROMPT] * n, batch_size=batch_size, seeds=list(range(n)))
+
+
+def joint_counts(out) -> torch.Tensor:
+    """How often each pair of first two tokens came out."""
     counts = torch.zeros(VOCAB * VOCAB)
     for res in out:
         x1, x2 = res.token_ids[:2]
         counts[x1 * VOCAB + x2] += 1
     return counts
+
+
+def batch_counts(pair, **kw) -> torch.Tensor:
+    return joint_counts(sampled_batch(pair, **kw))
 
 
 def test_sampled_rows_follow_the_target_and_a_biased_verifier_fails(monkeypatch):
@@ -392,6 +406,83 @@ def test_sampled_rows_follow_the_target_and_a_biased_verifier_fails(monkeypatch)
     assert p_value(batch_counts(micro), exact) > ALPHA
     monkeypatch.setattr(V, "verify_children", residual_from_p)
     assert p_value(batch_counts(micro), exact) < ALPHA
+
+
+DRAFT_PROB = DECISION_FEATURES.index("draft_prob")
+
+
+class FirstCandidate(StopperBase):
+    """Drafts on while the frontier's first (sampled) candidate has draft probability >= 0.5:
+    rows of one prompt draft different depths, as their draws go."""
+
+    def should_continue(self, frontier) -> bool:
+        return bool(frontier.decision_features()[0, DRAFT_PROB] >= 0.5)
+
+
+class FirstRowDecides(FirstCandidate):
+    """A whole-batch decision (`batch_continue`): the first asked row's frontier decides."""
+
+    def for_batch(self, batch_size: int) -> FirstRowDecides:
+        return self
+
+    def should_continue(self, frontier) -> bool:
+        raise AssertionError("a batch decision never asks rows one by one")
+
+    def batch_continue(self, frontiers) -> bool:
+        return FirstCandidate.should_continue(self, frontiers[0])
+
+
+@pytest.fixture(scope="module")
+def lightgbm_folder(tmp_path_factory):
+    """A tiny LightGBM stopper for (3, 2) trees, trained here on made-up rows to score a node
+    high when it is its parent's first candidate and has draft probability above 0.5."""
+    import lightgbm as lgb
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, size=(600, len(DECISION_FEATURES)))
+    rank = DECISION_FEATURES.index("sibling_rank")
+    x[:, rank] = rng.integers(0, 3, 600)
+    y = ((x[:, rank] == 0) & (x[:, DRAFT_PROB] > 0.5)).astype(float)
+    booster = lgb.train({"objective": "binary", "num_leaves": 4, "verbose": -1, "seed": 0,
+                         "num_threads": 1, "min_data_in_leaf": 5},
+                        lgb.Dataset(x, y, feature_name=list(DECISION_FEATURES)),
+                        num_boost_round=20)
+    folder = tmp_path_factory.mktemp("lightgbm")
+    booster.save_model(str(folder / "model.txt"))
+    ArtifactSpec(kind="lightgbm", schema_version=SCHEMA_VERSION,
+                 feature_names=DECISION_FEATURES, aggregation="max", threshold=0.5,
+                 k_config=(3, 2)).write(folder)
+    return folder
+
+
+# kind -> (batch depth, batch size); the stopper is built in the test
+ADAPTIVE = {"lightgbm-row": ("row", 64), "lightgbm-batch": ("max", 16),
+            "batch_continue": ("max", 64)}
+
+
+@pytest.mark.parametrize("kind", list(ADAPTIVE))
+def test_sampled_rows_under_adaptive_depths_follow_the_target(kind, lightgbm_folder,
+                                                              monkeypatch):
+    """Sampled batches whose rows draft depths chosen on their draws stay exact: a learned
+    (LightGBM) stopper asked row by row (row mode), the same stopper deciding for the batch
+    (its `batch` table: continue while the asked rows' mean score is >= 0.5, one model call),
+    a whole-batch `batch_continue`. The biased verifier fails the same test."""
+    if kind == "batch_continue":
+        stopper = FirstRowDecides()
+    else:
+        table = {8: BatchSetting(threshold=0.5, aggregation="max", row_aggregation="mean")}
+        stopper = stopper_from(ArtifactSpec.read(lightgbm_folder), lightgbm_folder,
+                               batch=table)
+    batch_depth, batch_size = ADAPTIVE[kind]
+    micro = micro_pair()
+    exact = exact_joint(micro, 1.0)
+    out = sampled_batch(micro, batch_size=batch_size, stopper=stopper, batch_depth=batch_depth)
+    first = [r.steps[0].drafted for r in out]
+    assert set(first) == {1, 2} and 0.1 < first.count(1) / len(first) < 0.9
+    assert p_value(joint_counts(out), exact) > ALPHA
+    monkeypatch.setattr(V, "verify_children", residual_from_p)
+    out = sampled_batch(micro, batch_size=batch_size, stopper=stopper, batch_depth=batch_depth)
+    assert p_value(joint_counts(out), exact) < ALPHA
 
 
 @pytest.mark.parametrize("draft_kind", ["one-hot", "sharp-T0.2"])
