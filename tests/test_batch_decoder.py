@@ -1,5 +1,11 @@
 """Batched decoding (`generate_batch`) is lossless per row: greedy rows equal the same prompt
-decoded alone and the target's own greedy decoding, sampled rows follow the target."""
+decoded alone and the target's own greedy decoding, sampled rows follow the target (under
+static, adaptive, learned and whole-batch depth decisions), and rows that draft their own trees
+(row mode, static stoppers) equal the prompt alone step for step, sampled ones too.
+
+The batch's own mechanics are checked against a replay from the rows' step records
+(`schedule`, `replay_max`): which rows share each step, the depth every step drafts, whom the
+stopper is asked about, and the batch's counts."""
 
 from __future__ import annotations
 
@@ -550,12 +556,14 @@ def test_a_stopper_reading_hidden_states_sees_each_row_its_own(pair, refs):
     log: list = []
     row = MCSDDecoder(pair, replace(cfg, batch_depth="row"), stopper=HiddenLog(log))
     out = row.generate_batch(ps, batch_size=4)
-    assert [r.token_ids for r in out] == [r.token_ids for r in solo]
-    assert [row_steps(r.steps) for r in out] == [row_steps(r.steps) for r in solo]
     assert len(log) == len(alone_log) == len(ps)
     for mine, theirs in zip(log, alone_log, strict=True):
-        assert [d for d, _ in mine] == [d for d, _ in theirs]
-        for (_, h), (_, h_alone) in zip(mine, theirs, strict=True):
+        # up to the first difference, then the lengths
+        for (d, h), (d_alone, h_alone) in zip(mine, theirs, strict=False):
+            assert d == d_alone
             assert torch.allclose(h, h_alone, rtol=0, atol=1e-9), "another row's hidden state"
+        assert len(mine) == len(theirs)
+    assert [r.token_ids for r in out] == [r.token_ids for r in solo]
+    assert [row_steps(r.steps) for r in out] == [row_steps(r.steps) for r in solo]
     decided = [h[:, 0].max() > 0 for mine in alone_log for _, h in mine]
     assert any(decided) and not all(decided)  # the hidden states steered the depths
