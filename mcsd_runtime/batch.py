@@ -21,7 +21,7 @@ verifies (nodes past them come from a spare generator), so every row follows the
 distribution. A sampled row equals that prompt decoded alone (`generate(prompt, seed=...)`,
 token for token, step for step) when its trees are the ones it would draft alone: always with
 `batch_depth="row"`, and in "max" mode when every row's stopper would choose the batch's depth
-(a static stopper: each row drafts its whole tree, up to its own budget). With an adaptive
+(a static stopper: each row drafts its fixed depth, up to its own budget). With an adaptive
 stopper in "max" mode a row verifies deeper trees than alone, so it takes other draws and its
 tokens differ from the prompt decoded alone (greedy rows still equal it).
 """
