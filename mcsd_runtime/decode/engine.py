@@ -214,6 +214,8 @@ class Engine:
         self.stats.prefill_time += dt
         self.stats.target_time += timing.target
         self.stats.draft_time += timing.draft
+        if self.target_takes_prompt:  # the prefill's last logits serve as one target call
+            self.stats.target_calls += 1
         for i, r in enumerate(rows):
             r.stats.prefill_time = dt
             r.stats.target_time, r.stats.draft_time = timing.target, timing.draft
@@ -267,8 +269,7 @@ class Engine:
         st.committed.append(token)
         st.t_pending = [token]
         st.done = token in self.dec.eos or self.cfg.max_new_tokens == 1
-        for counts in (r.stats, self.stats):
-            counts.target_calls += 1
+        r.stats.target_calls += 1
         st.trajectory.update(0, 1, 0)
         st.stopper.update(0, 0)
         r.steps.append(StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
@@ -679,8 +680,7 @@ class TargetInit:
 
     def after_prefill(self, r: Row, logits: torch.Tensor) -> None:
         r.st.root_probs = self.e.dec.probs(logits[None])
-        for counts in (r.stats, self.e.stats):
-            counts.target_calls += 1
+        r.stats.target_calls += 1
 
     def roots(self, st: RowState) -> DraftLayer:
         """The first layer: the target's top (greedy) or sampled candidates at the root."""
