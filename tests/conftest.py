@@ -54,7 +54,7 @@ def toy_tiny_build(tmp_path_factory) -> tuple[Path, str]:
     terminal), with a progress line at every training step."""
     from mcsd_runtime.toy import build as toy_build
     from mcsd_runtime.toy import build_pair
-    from mcsd_runtime.toy import train as toy_train
+    from mcsd_runtime.toy import training as toy_train
 
     log = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(log):
