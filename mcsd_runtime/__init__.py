@@ -30,12 +30,14 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` 
     from mcsd_runtime.stop.learned import load_stopper as load_stopper
 
 _EXPORTS = {
-    "ARDecoder": "decoder", "DecodeConfig": "decoder", "GenerationResult": "decoder",
-    "MCSDDecoder": "decoder", "StepTrace": "decoder", "MCSDError": "errors",
-    "FEATURE_NAMES": "features", "NODE_FEATURES": "features", "SCHEMA_VERSION": "features",
-    "TRAJECTORY_FEATURES": "features", "check_pair": "learned", "load_stopper": "learned",
-    "Pair": "pair", "load_pair": "pair", "Stopper": "stoppers", "make_stopper": "stoppers",
-    "mcsd_generate": "hf",
+    "ARDecoder": "decode.decoder", "DecodeConfig": "decode.decoder",
+    "GenerationResult": "decode.decoder", "MCSDDecoder": "decode.decoder",
+    "StepTrace": "decode.decoder", "MCSDError": "errors",
+    "FEATURE_NAMES": "stop.features", "NODE_FEATURES": "stop.features",
+    "SCHEMA_VERSION": "stop.features", "TRAJECTORY_FEATURES": "stop.features",
+    "check_pair": "stop.learned", "load_stopper": "stop.learned", "Pair": "models.pair",
+    "load_pair": "models.pair", "Stopper": "stop.builtin", "make_stopper": "stop.builtin",
+    "mcsd_generate": "models.hf",
 }
 __all__ = sorted(_EXPORTS)
 
