@@ -9,7 +9,7 @@ import pytest
 from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register
 from mcsd_runtime.evaluate.domain_report import domain_rows, markdown, worst_domains
-from mcsd_runtime.evaluate.run import Record
+from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.prompts.domains import (
     DOMAIN_SETS,
     MAX_CHARS,

@@ -9,7 +9,10 @@ import pytest
 
 from mcsd_runtime import cli
 from mcsd_runtime.decode.decoder import DecodeConfig
-from mcsd_runtime.evaluate.run import _geo, _tps_by_unit, run_eval, summarize
+from mcsd_runtime.evaluate.loop import run_eval
+from mcsd_runtime.evaluate.stats import paired_geomean as _geo
+from mcsd_runtime.evaluate.stats import summarize
+from mcsd_runtime.evaluate.stats import tps_by_unit as _tps_by_unit
 from mcsd_runtime.prompts.sets import load_prompts
 
 
