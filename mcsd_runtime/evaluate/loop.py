@@ -36,48 +36,35 @@ def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]],
                 batched: bool = False) -> list[Record]:
     """Runners (name -> `.generate(ids) -> Record`) on encoded prompts: one warm-up each, then
     prompt by prompt in a rotating order; greedy records are then compared with `hf`'s. With
-    `batch_size` > 1, consecutive prompts are decoded `batch_size` at a time by every runner's
-    `generate_batch`, batch by batch in a rotating order."""
-    if batch_size > 1 or batched:
-        return _run_batches(pair, runners, encoded, greedy, progress, desc, batch_size)
+    `batch_size` > 1 (or `batched`), consecutive prompts are decoded `batch_size` at a time by
+    every runner's `generate_batch`, batch by batch in a rotating order, each record carrying
+    its batch's id."""
     from mcsd_runtime.progress import progress as progress_bar
 
+    batched = batched or batch_size > 1
+    size = batch_size if batched else 1
+    batches = [encoded[i : i + size] for i in range(0, len(encoded), size)]
     for runner in runners.values():  # warm-up
-        runner.generate(encoded[0][1])
+        _decode(runner, batches[0], batched)
     records: list[Record] = []
     names = list(runners)
-    bar = progress_bar(encoded, desc=desc, unit="prompt", disable=not progress)
-    for i, (pid, ids) in enumerate(bar):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            rec = runners[name].generate(ids)
-            rec.method, rec.prompt_id = name, pid
-            records.append(rec)
-        bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
+    with progress_bar(total=len(encoded), unit="prompt", disable=not progress,
+                      desc=f"{desc} (batch size {batch_size})" if batched else desc) as bar:
+        for i, batch in enumerate(batches):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                for (pid, _), rec in zip(batch, _decode(runners[name], batch, batched),
+                                         strict=True):
+                    rec.method, rec.prompt_id = name, pid
+                    rec.batch_id = f"batch{i:04d}" if batched else None
+                    records.append(rec)
+            bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
+            bar.update(len(batch))
     if greedy:
         mark_divergences(pair, records, dict(encoded))
     return records
 
 
-def _run_batches(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]], greedy: bool,
-                 progress: bool, desc: str, batch_size: int) -> list[Record]:
-    from mcsd_runtime.progress import progress as progress_bar
-
-    batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
-    for runner in runners.values():  # warm-up
-        runner.generate_batch([ids for _, ids in batches[0]])
-    records: list[Record] = []
-    names = list(runners)
-    bar = progress_bar(total=len(encoded), desc=f"{desc} (batch size {batch_size})",
-                       unit="prompt", disable=not progress)
-    for i, batch in enumerate(batches):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            for (pid, _), rec in zip(batch, runners[name].generate_batch(
-                    [ids for _, ids in batch]), strict=True):
-                rec.method, rec.prompt_id, rec.batch_id = name, pid, f"batch{i:04d}"
-                records.append(rec)
-        bar.update(len(batch))
-        bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
-    bar.close()
-    if greedy:
-        mark_divergences(pair, records, dict(encoded))
-    return records
+def _decode(runner, batch: list[tuple[str, list[int]]], batched: bool) -> list[Record]:
+    """A runner's records of one batch: through `generate_batch`, or `generate` (one prompt)."""
+    prompts = [ids for _, ids in batch]
+    return runner.generate_batch(prompts) if batched else [runner.generate(prompts[0])]
