@@ -18,11 +18,24 @@ def throughput(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def mean_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
+    """Mean of `values` with its 95% bootstrap CI (percentile, resampled with replacement,
+    seeded); Nones when empty."""
+    import numpy as np
+
+    if not len(values):
+        return {"mean": None, "ci_low": None, "ci_high": None}
+    x = np.asarray(values, dtype=float)
+    boot = x[np.random.default_rng(seed).integers(0, len(x), (resamples, len(x)))].mean(1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"mean": float(x.mean()), "ci_low": float(lo), "ci_high": float(hi)}
+
+
 def paired_speedup(method_tps: list[float], reference_tps: list[float], resamples: int = 10_000,
                    seed: int = 0) -> dict:
     """Speedup of a method over a reference from paired per-prompt tokens/s (same prompts, one
     interleaved run): geometric mean of the per-prompt ratios and its 95% bootstrap CI
-    (percentile, prompts resampled with replacement, seeded)."""
+    (`mean_ci` of the log ratios: prompts resampled with replacement, seeded)."""
     import numpy as np
 
     a, b = np.asarray(method_tps, dtype=float), np.asarray(reference_tps, dtype=float)
@@ -32,8 +45,6 @@ def paired_speedup(method_tps: list[float], reference_tps: list[float], resample
     logs = np.log(a[ok] / b[ok])
     if not len(logs):
         return {"geomean": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0}
-    rng = np.random.default_rng(seed)
-    boot = logs[rng.integers(0, len(logs), (resamples, len(logs)))].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"geomean": float(np.exp(logs.mean())), "ci_low": float(np.exp(lo)),
-            "ci_high": float(np.exp(hi)), "n": int(len(logs))}
+    ci = mean_ci(logs, resamples, seed)
+    return {"geomean": float(np.exp(ci["mean"])), "ci_low": float(np.exp(ci["ci_low"])),
+            "ci_high": float(np.exp(ci["ci_high"])), "n": int(len(logs))}

@@ -9,7 +9,7 @@ import pytest
 from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register
 from mcsd_runtime.evaluate.domain_report import domain_rows, markdown, worst_domains
-from mcsd_runtime.evaluate.run import Record
+from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.prompts.domains import (
     DOMAIN_SETS,
     MAX_CHARS,
@@ -105,7 +105,7 @@ def test_training_and_evaluation_sets_share_no_file():
 
 
 def test_prompts_list_names_every_domain(capsys):
-    from mcsd_runtime.prompts.sets import register as register_prompts
+    from mcsd_runtime.cli.prompts import register as register_prompts
 
     code = cli.run_parser(cli.build_parser([register_prompts]), ["prompts", "--list"])
     out = capsys.readouterr().out

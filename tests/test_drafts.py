@@ -13,11 +13,11 @@ import torch
 
 from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register as eval_register
+from mcsd_runtime.cli.toy import register as toy_register
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import load_pair, pair_names
 from mcsd_runtime.toy import build as toy_build
 from mcsd_runtime.toy import drafts
-from mcsd_runtime.toy.cli import register as toy_register
 from mcsd_runtime.toy.draft_recipe import get_draft_recipe
 from mcsd_runtime.toy.drafts import (
     build_draft,

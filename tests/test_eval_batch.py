@@ -13,7 +13,9 @@ from test_decoder_greedy import prompts as random_prompts
 
 from mcsd_runtime import cli
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.evaluate.run import _geo, run_eval, summarize
+from mcsd_runtime.evaluate.loop import run_eval
+from mcsd_runtime.evaluate.stats import paired_geomean as _geo
+from mcsd_runtime.evaluate.stats import summarize
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.domains import Prompt
 

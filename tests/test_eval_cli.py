@@ -12,7 +12,8 @@ import pytest
 from mcsd_runtime import cli
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.evaluate.run import check_writable, explicit_methods, tree_for
+from mcsd_runtime.evaluate.methods import explicit_methods, tree_for
+from mcsd_runtime.evaluate.report import check_writable
 
 
 def test_labels_spell_out_defaults():
@@ -113,7 +114,7 @@ def test_eval_output_is_short_and_says_what_it_replaces(toy_tiny, tmp_path, caps
 
 
 def test_plot_lines_never_repeat_a_style():
-    from mcsd_runtime.evaluate.run import line_style
+    from mcsd_runtime.evaluate.plots import line_style
 
     styles = [tuple(sorted(line_style(i).items())) for i in range(40)]
     assert len(set(styles)) == 40
@@ -130,7 +131,11 @@ def test_bench_prints_a_readable_config(toy_tiny, capsys):
 
 
 def test_trained_stoppers_bring_their_training_results(tmp_path):
-    from mcsd_runtime.evaluate.run import stopper_lines, stopper_results, stopper_table
+    from mcsd_runtime.evaluate.training_results import (
+        stopper_lines,
+        stopper_results,
+        stopper_table,
+    )
 
     folder = tmp_path / "lgbm"
     folder.mkdir()

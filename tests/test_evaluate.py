@@ -11,7 +11,9 @@ from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register
 from mcsd_runtime.decode.decoder import DecodeConfig
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.evaluate.run import run_eval, split_methods, summarize
+from mcsd_runtime.evaluate.loop import run_eval
+from mcsd_runtime.evaluate.methods import split_methods
+from mcsd_runtime.evaluate.stats import summarize
 from mcsd_runtime.prompts.sets import load_prompts
 
 METHODS = "ar,mcsd:2,2,1,mcsd-target-init:2,2,1,confidence:0.3,heuristic,hf-assisted"
@@ -161,7 +163,7 @@ def test_empty_prompt_set(toy_tiny, tmp_path, capsys):
 def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
     """A method whose stopper was trained for another pair stops eval before any decoding."""
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.evaluate import run as evaluate
+    from mcsd_runtime.evaluate import runners as evaluate
 
     class Foreign:
         pair_fingerprint = dict(toy_pair.fingerprint, target_config="0" * 16)
@@ -173,13 +175,13 @@ def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
 
 
 def _rec(method: str, prompt: str, tps: float):
-    from mcsd_runtime.evaluate.run import Record
+    from mcsd_runtime.evaluate.record import Record
 
     return Record(method, prompt, [1, 2], 100, 100 / tps, 10, 10, 10, 5, 0.5, True, [])
 
 
 def test_paired_geomean_against_ar_and_the_best_static():
-    from mcsd_runtime.evaluate.run import best_static, summarize
+    from mcsd_runtime.evaluate.stats import best_static, summarize
 
     recs = []
     for i, base in enumerate((100.0, 150.0, 80.0, 120.0)):

@@ -12,19 +12,14 @@ import pytest
 import torch
 
 from mcsd_runtime import cli
+from mcsd_runtime.cli.bench import register as bench_register
 from mcsd_runtime.cli.eval import register as eval_register
 from mcsd_runtime.decode.decoder import DecodeConfig
-from mcsd_runtime.evaluate.bench import register as bench_register
-from mcsd_runtime.evaluate.run import (
-    Record,
-    first_difference,
-    mark_divergences,
-    markdown_notes,
-    markdown_table,
-    run_eval,
-    summarize,
-    top2_margin,
-)
+from mcsd_runtime.evaluate.divergence import first_difference, mark_divergences, top2_margin
+from mcsd_runtime.evaluate.loop import run_eval
+from mcsd_runtime.evaluate.record import Record
+from mcsd_runtime.evaluate.report import markdown_notes, markdown_table
+from mcsd_runtime.evaluate.stats import summarize
 from mcsd_runtime.prompts.sets import load_prompts
 
 
@@ -161,7 +156,7 @@ def test_bench_reports_ar_and_hf(toy_tiny, tmp_path, capsys):
 
 def test_hf_generate_needs_a_stopper_spec():
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.evaluate.run import check_method
+    from mcsd_runtime.evaluate.methods import check_method
 
     for name in ("hf", "hf-generate:heuristic", "hf-generate:confidence:0.4"):
         check_method(name)
@@ -175,7 +170,7 @@ def test_hf_generate_needs_a_stopper_spec():
 def test_ar_takes_its_first_token_from_the_prefill(pair):
     """One target forward per new token, like generate(): the prefill gives the first token."""
     from mcsd_runtime.decode.decoder import ARDecoder
-    from mcsd_runtime.evaluate.run import ForwardMeter
+    from mcsd_runtime.evaluate.runners import ForwardMeter
 
     prompt = [5, 9, 13, 2]
     x = torch.tensor([prompt])

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from mcsd_runtime import cli
+from mcsd_runtime.cli.toy import register as toy_register
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts import sets as prompts
 from mcsd_runtime.prompts.sets import Prompt, cut_code, load_prompts
-from mcsd_runtime.toy.cli import register as toy_register
 from mcsd_runtime.toy.corpus import source_files, split_of
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "prompts"

@@ -12,11 +12,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mcsd_runtime import cli
+from mcsd_runtime.cli.toy import register as toy_register
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.toy import build as toy_build
 from mcsd_runtime.toy import build_pair, get_recipe, pair_dir, resolve_toy, toy_pair_dirs
 from mcsd_runtime.toy import training as toy_train
-from mcsd_runtime.toy.cli import register as toy_register
 
 # Smaller than tiny: for the checks that build more than once.
 MICRO = dict(joint_steps=6, draft_steps=3, max_train_chars=200_000, eval_windows=2)

@@ -354,7 +354,7 @@ def test_stopper_loads_only_into_the_tree_it_was_trained_on(artifacts):
         with pytest.raises(MCSDError, match=f"trained on k-config 4,2,2,1 trees, but the decoder "
                                             f"drafts k-config {text};"):
             MCSDDecoder(small_pair(), DecodeConfig(k_config=other), stopper=load_stopper(folder))
-    from mcsd_runtime.evaluate.run import build_method  # eval builds its decoders the same way
+    from mcsd_runtime.evaluate.runners import build_method  # eval builds its decoders the same way
 
     with pytest.raises(MCSDError, match="decoder drafts k-config 3,1;"):
         build_method(f"stopper:{folder}", small_pair(), DecodeConfig(k_config=(3, 1)))

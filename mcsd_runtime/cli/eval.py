@@ -119,22 +119,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
 
-    from mcsd_runtime.evaluate.run import (
+    from mcsd_runtime.evaluate.loop import run_eval
+    from mcsd_runtime.evaluate.methods import (
         SINGLE_SEQUENCE,
         check_batch_methods,
         check_method,
         explicit_label,
         explicit_methods,
-        markdown_notes,
-        run_eval,
-        short_table,
         split_methods,
-        stopper_lines,
-        stopper_results,
-        summarize,
         tree_for,
-        write_outputs,
     )
+    from mcsd_runtime.evaluate.report import markdown_notes, short_table, write_outputs
+    from mcsd_runtime.evaluate.stats import summarize
+    from mcsd_runtime.evaluate.training_results import stopper_lines, stopper_results
 
     apply_threads(args)
     sizes = parse_batch_sizes(args.batch_size)
@@ -194,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
 def one_prompt_set(args: argparse.Namespace) -> tuple[list, Path]:
     """The prompts of `--prompts` (one set, not empty) and the output folder, checked
     writable before any model loads."""
-    from mcsd_runtime.evaluate.run import check_writable
+    from mcsd_runtime.evaluate.report import check_writable
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_prompts
 
@@ -225,7 +222,9 @@ def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: l
     """One interleaved run per batch size (subfolders b1, b4, ...), then the table across batch
     sizes (batches.md, batches.json)."""
     from mcsd_runtime.evaluate import batch_report
-    from mcsd_runtime.evaluate.run import run_eval, summarize, write_outputs
+    from mcsd_runtime.evaluate.loop import run_eval
+    from mcsd_runtime.evaluate.report import write_outputs
+    from mcsd_runtime.evaluate.stats import summarize
 
     heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
     prompts, out = one_prompt_set(args)
@@ -272,13 +271,10 @@ def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
     """One interleaved run per prompt set, each written to its own subfolder, then the table
     across domains (domains.md, domains.json)."""
     from mcsd_runtime.evaluate import domain_report
-    from mcsd_runtime.evaluate.run import (
-        check_writable,
-        run_eval,
-        stopper_results,
-        summarize,
-        write_outputs,
-    )
+    from mcsd_runtime.evaluate.loop import run_eval
+    from mcsd_runtime.evaluate.report import check_writable, write_outputs
+    from mcsd_runtime.evaluate.stats import summarize
+    from mcsd_runtime.evaluate.training_results import stopper_results
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_prompts
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mcsd_runtime.evaluate.run import Record, _by_method, _geo, _tps_by_unit, best_static
+from mcsd_runtime.evaluate.record import Record
+from mcsd_runtime.evaluate.stats import best_static, group_by_method, paired_geomean, tps_by_unit
 
 
 def throughput(records: list[Record]) -> float:
@@ -23,7 +24,7 @@ def throughput(records: list[Record]) -> float:
     tokens: dict[str, int] = {}
     for r in records:
         tokens[r.unit] = tokens.get(r.unit, 0) + r.new_tokens
-    for unit, tps in _tps_by_unit(records).items():
+    for unit, tps in tps_by_unit(records).items():
         seconds[unit] = tokens[unit] / tps if tps else 0.0
     total = sum(seconds.values())
     return sum(tokens.values()) / total if total else 0.0
@@ -34,10 +35,10 @@ def batch_rows(by_batch: dict[int, list[Record]], heuristic: str | None,
     """One row per (method, batch size): throughput, and paired speedups over ar, the batch
     size's best static and the heuristic."""
     first = min(by_batch)
-    base = {m: throughput(rs) for m, rs in _by_method(by_batch[first]).items()}
+    base = {m: throughput(rs) for m, rs in group_by_method(by_batch[first]).items()}
     rows = []
     for b, records in sorted(by_batch.items()):
-        by_method = _by_method(records)
+        by_method = group_by_method(records)
         best = best_static(records)
         for method, recs in by_method.items():
             row = {"method": method, "batch_size": b, "best_static": best,
@@ -45,7 +46,7 @@ def batch_rows(by_batch: dict[int, list[Record]], heuristic: str | None,
                    "ar_equal_share": _equal(recs, by_method.get("ar", [])) if greedy else None}
             row["vs_b1"] = row["tokens_per_s"] / base[method] if base.get(method) else None
             for key, ref in (("ar", "ar"), ("best_static", best), ("heuristic", heuristic)):
-                geo = _geo(recs, by_method.get(ref, [])) if ref else {"geomean": None}
+                geo = paired_geomean(recs, by_method.get(ref, [])) if ref else {"geomean": None}
                 row[f"vs_{key}"] = geo.get("geomean")
                 row[f"ci_vs_{key}"] = [geo.get("ci_low"), geo.get("ci_high")]
             rows.append(row)

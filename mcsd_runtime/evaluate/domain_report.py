@@ -21,7 +21,9 @@ import json
 from pathlib import Path
 
 from mcsd_runtime.evaluate import quality
-from mcsd_runtime.evaluate.run import Record, _by_method, _delta, _geo, _nll, best_static
+from mcsd_runtime.evaluate.cells import fmt_delta, fmt_nll
+from mcsd_runtime.evaluate.record import Record
+from mcsd_runtime.evaluate.stats import best_static, group_by_method, paired_geomean
 from mcsd_runtime.metrics import tau
 
 BASELINES = ("ar", "deploy", "best_static", "heuristic")
@@ -70,14 +72,14 @@ def domain_rows(by_domain: dict[str, list[Record]], deploy: str | None,
     quality columns of `mcsd_runtime.evaluate.quality.summary`."""
     rows = []
     for domain, records in by_domain.items():
-        by_method = _by_method(records)
+        by_method = group_by_method(records)
         refs = {"ar": "ar", "deploy": deploy, "best_static": best_static(records),
                 "heuristic": heuristic}
         for method, recs in by_method.items():
             row: dict = {"domain": domain, "method": method, "prompts": len(recs),
                          "best_static": refs["best_static"]}
             for key, ref in refs.items():
-                g = _geo(recs, by_method[ref]) if ref in by_method else {}
+                g = paired_geomean(recs, by_method[ref]) if ref in by_method else {}
                 row[f"vs_{key}"] = g.get("geomean")
                 row[f"ci_vs_{key}"] = [g.get("ci_low"), g.get("ci_high")]
             tokens = sum(r.new_tokens for r in recs)
@@ -138,8 +140,8 @@ def markdown(rows: list[dict], worst: list[dict], deploy: str | None,
         rep4 = r.get("repeat4_share")
         lines.append(f"| {r['domain']} | {r['method']} | " + " | ".join(cells) +
                      f" | {r['best_static'] or '–'} | {t} | {dpt} | {eq} | "
-                     f"{_nll(r.get('target_nll'))} | "
-                     f"{_delta(r.get('target_nll_vs_ar'), r.get('ci_target_nll_vs_ar'))} | "
+                     f"{fmt_nll(r.get('target_nll'))} | "
+                     f"{fmt_delta(r.get('target_nll_vs_ar'), r.get('ci_target_nll_vs_ar'))} | "
                      f"{'–' if rep4 is None else f'{rep4:.1%}'} |")
     lines += ["", "Worst domain per method:", "",
               "| method | " + " | ".join(HEADERS[k] for k in BASELINES[1:]) + " |",

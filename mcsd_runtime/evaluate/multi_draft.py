@@ -67,7 +67,8 @@ def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
 def run_once(pairs: dict[str, Pair], prompts, methods: list[str], base, chat: bool = False
              ) -> list:
     """Every (method, draft) on every prompt, interleaved after a warm-up; then quality."""
-    from mcsd_runtime.evaluate.run import build_method, encode_prompt, run_runners
+    from mcsd_runtime.evaluate.loop import run_runners
+    from mcsd_runtime.evaluate.runners import build_method, encode_prompt
 
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
@@ -110,21 +111,21 @@ def draft_rows(by_domain: dict[str, list], runs: list[tuple[str, str, str]],
     """One row per (domain, label): method, draft, τ, speedup over ar (and over lossless mcsd
     with the same draft, for mcsd-target-init), agreement and equality with ar (greedy), and
     the quality columns."""
-    from mcsd_runtime.evaluate.run import _by_method, _geo, _paired
+    from mcsd_runtime.evaluate.stats import group_by_method, paired, paired_geomean
     from mcsd_runtime.metrics import tau
 
     rows = []
     for domain, records in by_domain.items():
-        by = _by_method(records)
+        by = group_by_method(records)
         for label, method, draft in runs:
             recs = by.get(label, [])
             if not recs:
                 continue
-            vs_ar = _geo(recs, by.get("ar", []))
+            vs_ar = paired_geomean(recs, by.get("ar", []))
             twin = (f"mcsd:{method.split(':', 1)[1]}@{draft}"
                     if method.startswith("mcsd-target-init:") else None)
-            vs_twin = _geo(recs, by[twin]) if twin in by else {}
-            paired = _paired(recs, by.get("ar", []), greedy)
+            vs_twin = paired_geomean(recs, by[twin]) if twin in by else {}
+            with_ar = paired(recs, by.get("ar", []), greedy)
             calls = sum(r.target_calls for r in recs)
             rows.append({
                 "domain": domain, "label": label, "method": method,
@@ -134,14 +135,14 @@ def draft_rows(by_domain: dict[str, list], runs: list[tuple[str, str, str]],
                 "lossless_twin": twin if twin in by else None,
                 "vs_lossless": vs_twin.get("geomean"),
                 "ci_vs_lossless": [vs_twin.get("ci_low"), vs_twin.get("ci_high")],
-                "ar_equal_share": paired["equal_share"], "ar_agreement": paired["agreement"],
+                "ar_equal_share": with_ar["equal_share"], "ar_agreement": with_ar["agreement"],
             } | quality.summary(recs, by.get("ar")))
     return rows
 
 
 def markdown(rows: list[dict], cards: dict[str, dict | None]) -> str:
     """The drafts' cards, then the table of every (domain, method, draft)."""
-    from mcsd_runtime.evaluate.run import _ci, _delta, _fmt, _nll
+    from mcsd_runtime.evaluate.cells import fmt, fmt_ci, fmt_delta, fmt_nll
 
     lines = ["| draft | layers | params | held-out NLL (target's) | agreement with target | "
              "cost ratio (target/draft) |", "|---|---|---|---|---|---|"]
@@ -157,13 +158,14 @@ def markdown(rows: list[dict], cards: dict[str, dict | None]) -> str:
               "repeated 4-grams |", "|---" * 12 + "|"]
     for r in rows:
         lines.append(
-            f"| {r['domain']} | {r['method']} | {r['draft'] or '–'} | {_fmt(r['tau'])} | "
-            f"{_ci(r['vs_ar'], r['ci_vs_ar'])} | {_ci(r['vs_lossless'], r['ci_vs_lossless'])} | "
-            f"{_nll(r['target_nll'])} | "
-            f"{_delta(r['target_nll_vs_ar'], r['ci_target_nll_vs_ar'])} | "
-            f"{_fmt(r['target_top1_share'], pct=True)} | {_fmt(r['ar_agreement'], pct=True)} | "
-            f"{_fmt(r['ar_equal_share'], pct=True)} | "
-            f"{_fmt(r['repeat4_share'], pct=True)} |")
+            f"| {r['domain']} | {r['method']} | {r['draft'] or '–'} | {fmt(r['tau'])} | "
+            f"{fmt_ci(r['vs_ar'], r['ci_vs_ar'])} | "
+            f"{fmt_ci(r['vs_lossless'], r['ci_vs_lossless'])} | "
+            f"{fmt_nll(r['target_nll'])} | "
+            f"{fmt_delta(r['target_nll_vs_ar'], r['ci_target_nll_vs_ar'])} | "
+            f"{fmt(r['target_top1_share'], pct=True)} | {fmt(r['ar_agreement'], pct=True)} | "
+            f"{fmt(r['ar_equal_share'], pct=True)} | "
+            f"{fmt(r['repeat4_share'], pct=True)} |")
     lines += ["", "τ: committed tokens per target call. Speedups: geometric means of paired "
               "per-prompt tokens/s ratios (one interleaved run per domain), 95% bootstrap CI. "
               "NLL/token: the target's NLL (nats) of the outputs per new token; NLL vs AR: mean "
@@ -183,7 +185,8 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
     """`mcsd eval --drafts`: one interleaved run per prompt set with every draft, each set's
     report in its own subfolder (or in --out for one set), then drafts.md / drafts.json.
     `settings_of(args, pair, base, prompts, n_prompts)` gives a run's settings (eval's)."""
-    from mcsd_runtime.evaluate.run import check_writable, short_table, summarize, write_outputs
+    from mcsd_runtime.evaluate.report import check_writable, short_table, write_outputs
+    from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_prompts
 

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import torch
 
+from mcsd_runtime.metrics import mean_ci
+
 NGRAM = 4
 LOOP_SHARE = 0.5  # an output with at least this share of repeated 4-grams is in a loop
 
@@ -112,15 +114,3 @@ def summary(records: list, ar: list | None) -> dict:
             "target_top1_share": _weighted(scored, "target_top1_share"),
             "repeat4_share": sum(shares) / len(shares),
             "loop_share": sum(s >= LOOP_SHARE for s in shares) / len(shares)}
-
-
-def mean_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
-    """Mean of `values` with its 95% bootstrap CI (percentile, seeded); Nones when empty."""
-    import numpy as np
-
-    if not values:
-        return {"mean": None, "ci_low": None, "ci_high": None}
-    x = np.asarray(values, dtype=float)
-    boot = x[np.random.default_rng(seed).integers(0, len(x), (resamples, len(x)))].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"mean": float(x.mean()), "ci_low": float(lo), "ci_high": float(hi)}

@@ -13,10 +13,10 @@ PRECISIONS = ("auto", "32-true")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `mcsd toy build` and `mcsd toy info` (and `mcsd prompts`, until the prompts command
-    has its own entry point)."""
+    """Add `mcsd toy build`, `mcsd toy info` and `mcsd toy draft` (and `mcsd prompts`, which
+    previews the toy pair's prompt sets, when its own entry point has not added it)."""
     if "prompts" not in subparsers.choices:
-        from mcsd_runtime.prompts.sets import register as register_prompts
+        from mcsd_runtime.cli.prompts import register as register_prompts
 
         register_prompts(subparsers)
     toy = subparsers.add_parser(

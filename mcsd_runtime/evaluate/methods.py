@@ -1,0 +1,156 @@
+"""Evaluation methods by name (`ar`, `hf`, `mcsd:4,2,2,1`, `heuristic`, `stopper:PATH`, ...):
+splitting `--methods`, refusing a name that cannot run, the label each runs under, the tree
+the trained stoppers among them were trained on, and what kind of method a name is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcsd_runtime.decode.tree import parse_k_config
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.artifact import ArtifactSpec
+from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
+
+SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
+
+
+def split_methods(spec: str) -> list[str]:
+    """`ar,mcsd:4,2,2,1,heuristic` -> `["ar", "mcsd:4,2,2,1", "heuristic"]`."""
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part.isdigit() and out and out[-1].startswith(("mcsd:", "mcsd-target-init:")):
+            out[-1] += f",{part}"
+        else:
+            out.append(part)
+    if not out:
+        raise MCSDError("no methods given: e.g. --methods ar,mcsd:4,2,2,1,heuristic")
+    return out
+
+
+def check_method(name: str) -> None:
+    """Refuse a method that cannot run before any pair is loaded: an unknown name, a bad
+    k-config, or a stopper spec that loading would refuse (`StopperSpec.check`: a built-in with
+    bad parameters, a trained stopper folder whose `stopper.json` is bad)."""
+    kind, _, arg = name.partition(":")
+    if name in ("ar", "hf", "hf-assisted"):
+        return
+    try:
+        if kind in ("mcsd", "mcsd-target-init"):
+            if arg:
+                parse_k_config(arg)
+            return
+        parse_stopper_spec(arg if kind == "hf-generate" else name).check()
+    except UnknownStopperError:
+        raise MCSDError(
+            f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
+            f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH"
+        ) from None
+    except MCSDError as err:
+        raise MCSDError(f"method {name!r}: {err}") from None
+
+
+def check_batch_methods(methods: list[str], batch_size: int) -> None:
+    """Refuse, at batch sizes above 1, the methods that decode one sequence at a time."""
+    single = [m for m in methods if m.split(":", 1)[0] in SINGLE_SEQUENCE]
+    if batch_size > 1 and single:
+        raise MCSDError(f"--batch-size {batch_size}: {', '.join(single)} decode one sequence at "
+                        f"a time (transformers' generate, or the lossy target-initialized "
+                        f"mode); drop them from --methods or use --batch-size 1")
+
+
+def stopper_folder(method: str) -> Path | None:
+    """The trained stopper folder a method runs (`stopper:PATH`, a bare folder, or either
+    inside `hf-generate:`), else None."""
+    kind, _, arg = method.partition(":")
+    try:
+        return parse_stopper_spec(arg if kind == "hf-generate" else method).folder
+    except UnknownStopperError:  # ar, hf, mcsd:K, ...
+        return None
+
+
+def stopper_trees(methods: list[str]) -> dict[str, tuple[int, ...]]:
+    """The k-config each trained stopper among `methods` records (those that record one)."""
+    trees = {}
+    for m in methods:
+        folder = stopper_folder(m)
+        if folder is not None and (k := ArtifactSpec.read(folder).k_config):
+            trees[m] = k
+    return trees
+
+
+def tree_for(methods: list[str], k_config: str | None,
+             default: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """The tree to decode with and why: `k_config` when given, else the one tree the trained
+    stoppers among `methods` were trained on, else `default`."""
+    if k_config is not None:
+        return parse_k_config(k_config), "--k-config"
+    trees = stopper_trees(methods)
+    if len(set(trees.values())) > 1:
+        listed = "; ".join(f"{m}: {','.join(map(str, k))}" for m, k in trees.items())
+        raise MCSDError(f"the trained stoppers were trained on different trees ({listed}); "
+                        f"pass --k-config and keep only the stoppers trained on it")
+    if trees:
+        method, k = next(iter(trees.items()))
+        return k, f"the tree {short_name(method)} was trained on"
+    return default, "the default"
+
+
+def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
+    """The name a method runs under with its defaults spelt out (`mcsd` -> `mcsd:4,2,2,1`,
+    `confidence` -> `confidence:0.4`, `static` -> `static:4`), after checking a built-in
+    stopper against the tree (`static:9` on a 4-deep tree is refused)."""
+    import inspect
+    import itertools
+
+    kind, _, arg = method.partition(":")
+    if kind in ("mcsd", "mcsd-target-init") and not arg:
+        return f"{kind}:{','.join(map(str, k_config))}"
+    if kind == "hf-generate":
+        return f"{kind}:{explicit_label(arg, k_config)}"
+    if kind not in BUILTIN:
+        return method
+    try:
+        stopper = make_stopper(method, k_config)
+    except MCSDError as err:
+        raise MCSDError(f"method {method!r}: {err}") from None
+    if kind == "static":
+        return f"static:{stopper.depth or len(k_config)}"
+    values = [getattr(stopper, p) for p in inspect.signature(type(stopper)).parameters]
+    values = list(itertools.takewhile(lambda v: v is not None, values))
+    return ":".join([kind, *(f"{v:g}" for v in values)])
+
+
+def explicit_methods(methods: list[str], k_config: tuple[int, ...]) -> list[str]:
+    """`explicit_label` of every method, refusing two that name the same run."""
+    labels = [explicit_label(m, k_config) for m in methods]
+    for label in set(labels):
+        same = [m for m, lab in zip(methods, labels, strict=True) if lab == label]
+        if len(same) > 1:
+            raise MCSDError(f"--methods lists {' and '.join(map(repr, same))}, which run the same "
+                            f"thing ({label}); keep one")
+    return labels
+
+
+def short_name(method: str) -> str:
+    """`stopper:/long/path/lightgbm` -> `stopper:lightgbm`, for plot labels."""
+    kind, _, arg = method.partition(":")
+    return f"stopper:{Path(arg).name}" if kind == "stopper" else method
+
+
+def is_static(method: str) -> bool:
+    """A static schedule: `mcsd[:K]` (draft-initialised) or the `static[:D]` stopper."""
+    kind = method.split(":", 1)[0]
+    return kind in ("mcsd", "static")
+
+
+def decoder_twin(method: str, methods: list[str]) -> str | None:
+    """`hf-generate:S`'s twin: the method that runs stopper S through MCSDDecoder directly."""
+    kind, _, spec = method.partition(":")
+    if kind != "hf-generate":
+        return None
+    for name in (spec, "mcsd" if spec == "static" else None):
+        if name in methods:
+            return name
+    return None

@@ -1,0 +1,211 @@
+"""Method runners: each turns a prompt's token ids into a `Record` (`.generate(ids)`, and for
+our decoders `.generate_batch(batch)`): our decoders (`ar`, `mcsd[:K]`, a stopper), the
+target's own `generate()` (`hf`, `hf-assisted`) and our decoder inside it (`hf-generate:S`).
+`build_method` makes the runner of a method name."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+
+import torch
+
+from mcsd_runtime import metrics
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
+from mcsd_runtime.decode.tree import parse_k_config
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.evaluate.methods import check_method
+from mcsd_runtime.evaluate.record import Record
+from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.stop.builtin import make_stopper
+from mcsd_runtime.stop.learned import check_pair
+
+
+class ForwardMeter:
+    """Counts and times the forwards of some models while active, with hooks removed on exit."""
+
+    def __init__(self, models: dict[str, torch.nn.Module]) -> None:
+        self.models = models
+        self.calls = dict.fromkeys(models, 0)
+        self.seconds = 0.0
+        self._handles: list = []
+        self._t0 = 0.0
+
+    def __enter__(self) -> ForwardMeter:
+        for name, model in self.models.items():
+            self._handles.append(model.register_forward_pre_hook(
+                lambda *_, n=name: self._start(n)))
+            self._handles.append(model.register_forward_hook(lambda *_: self._stop()))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _start(self, name: str) -> None:
+        self.calls[name] += 1
+        self._t0 = time.perf_counter()
+
+    def _stop(self) -> None:
+        self.seconds += time.perf_counter() - self._t0
+
+
+def hf_sampling_kwargs(config: DecodeConfig) -> dict:
+    """generate() arguments for greedy decoding, or sampling the full distribution at the
+    config's temperature (no top-k / top-p, as our decoder samples)."""
+    if config.temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0}
+
+
+def _eos_kwargs(config: DecodeConfig) -> dict:
+    """generate() arguments for a config that ignores EOS (`eos_token_ids=()`)."""
+    return {"eos_token_id": None} if config.eos_token_ids == () else {}
+
+
+def clip_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+class HFGenerate:
+    """The target's own `generate()`, timed around the call, its forwards counted and timed with
+    hooks: alone (`hf`, an AR reference sharing no mask or cache code with our decoder) or with
+    the draft as its assistant (`hf-assisted`, whose drafted token count is unknown)."""
+
+    lossless = True
+
+    def __init__(self, pair: Pair, config: DecodeConfig, assisted: bool = False) -> None:
+        self.pair, self.config, self.assisted = pair, config, assisted
+        self.models = {"target": pair.target} | ({"draft": pair.draft} if assisted else {})
+
+    @torch.inference_mode()
+    def generate(self, ids: list[int]) -> Record:
+        pair, cfg = self.pair, self.config
+        x = torch.tensor([ids], device=pair.device)
+        kwargs = hf_sampling_kwargs(cfg) | ({"assistant_model": pair.draft} if self.assisted
+                                            else {})
+        eos = list(pair.eos_token_ids if cfg.eos_token_ids is None else cfg.eos_token_ids)
+        torch.manual_seed(cfg.seed)
+        with ForwardMeter(self.models) as meter, _quiet_transformers(self.assisted):
+            t0 = time.perf_counter()
+            out = pair.target.generate(x, attention_mask=torch.ones_like(x),
+                                       max_new_tokens=cfg.max_new_tokens,
+                                       pad_token_id=(pair.eos_token_ids or [0])[0],
+                                       **kwargs | _eos_kwargs(cfg))
+            wall = time.perf_counter() - t0
+        new = clip_at_eos(out[0, len(ids):].tolist(), eos)
+        unknown = None if self.assisted else 0
+        return Record("", "", new, len(new), wall, meter.calls["target"],
+                      meter.calls.get("draft", 0), unknown, unknown, None, True, [],
+                      forward_time=meter.seconds)
+
+
+@contextlib.contextmanager
+def _quiet_transformers(quiet: bool = True):
+    """transformers' warnings off for a while: assisted generation warns on every call about
+    arguments it passes itself (`generation_config` with `max_new_tokens`)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+class HFCustomGenerate:
+    """Our decoder behind transformers' `generate(custom_generate=mcsd_runtime.models.hf.generate)`
+    (`hf-generate:STOPPER`), timed around the call like `hf`: its overhead against the same
+    stopper run through `MCSDDecoder` directly."""
+
+    lossless = True
+
+    def __init__(self, pair: Pair, config: DecodeConfig, stopper: str) -> None:
+        check_pair(make_stopper(stopper), pair)  # refuse a bad spec before any decoding
+        self.pair, self.config, self.stopper = pair, config, stopper
+
+    @torch.inference_mode()
+    def generate(self, ids: list[int]) -> Record:
+        from mcsd_runtime.models.hf import generate as mcsd_generate
+
+        pair, cfg = self.pair, self.config
+        x = torch.tensor([ids], device=pair.device)
+        torch.manual_seed(cfg.seed)
+        t0 = time.perf_counter()
+        out = pair.target.generate(x, attention_mask=torch.ones_like(x),
+                                   custom_generate=mcsd_generate, draft_model=pair.draft,
+                                   k_config=cfg.k_config, stopper=self.stopper, verify=cfg.verify,
+                                   max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True,
+                                   **hf_sampling_kwargs(cfg) | _eos_kwargs(cfg))
+        wall = time.perf_counter() - t0
+        rec = _from_result(out.mcsd, roots=0)
+        rec.wall_time = wall
+        return rec
+
+
+def _from_result(result: GenerationResult, roots: int) -> Record:
+    """`roots` = 1 when the tree's first layer came from the target (not drafted)."""
+    s = result.stats
+    return Record("", "", result.token_ids, s.new_tokens, s.wall_time, s.target_calls,
+                  s.draft_calls, s.drafted_tokens, s.accepted_tokens,
+                  s.acceptance_rate if s.drafting_steps else None, result.lossless,
+                  [(max(st.drafted - roots, 0), st.accepted) for st in result.steps],
+                  forward_time=s.target_time + s.draft_time)
+
+
+class DecoderRunner:
+    """One of our decoders as an eval method."""
+
+    def __init__(self, decoder: MCSDDecoder) -> None:
+        self.decoder = decoder
+        self.roots = 1 if decoder.config.init == "target" else 0
+
+    def generate(self, ids: list[int]) -> Record:
+        return _from_result(self.decoder.generate(ids), self.roots)
+
+    def generate_batch(self, batch: list[list[int]]) -> list[Record]:
+        """The prompts decoded together (batch size = their number); every record carries the
+        batch's throughput over its decode phase (prefills excluded)."""
+        out = self.decoder.generate_batch(batch, batch_size=len(batch))
+        tps = metrics.throughput(out.stats.new_tokens, out.stats.decode_time)
+        records = [_from_result(r, self.roots) for r in out]
+        for rec in records:
+            rec.batch_tokens_per_s = tps
+        return records
+
+
+def build_method(name: str, pair: Pair, base: DecodeConfig):
+    """A runner with `.generate(ids) -> Record` for one method name."""
+    check_method(name)
+    kind, _, arg = name.partition(":")
+    if name == "ar":
+        return DecoderRunner(ARDecoder(pair, base))
+    if kind in ("mcsd", "mcsd-target-init"):
+        k = parse_k_config(arg) if arg else base.k_config
+        init = "target" if kind == "mcsd-target-init" else "draft"
+        return DecoderRunner(MCSDDecoder(pair, replace(base, k_config=k, init=init), "static"))
+    if name in ("hf", "hf-assisted"):
+        return HFGenerate(pair, base, assisted=name == "hf-assisted")
+    if kind == "hf-generate":
+        return HFCustomGenerate(pair, replace(base, init="draft"), arg)
+    stopper = make_stopper(name)
+    check_pair(stopper, pair)
+    return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
+
+
+def encode_prompt(pair: Pair, text: str, chat: bool) -> list[int]:
+    tok = pair.tokenizer
+    if tok is None:
+        raise MCSDError("this pair has no tokenizer; pass a pair loaded from model folders")
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return tok(text)["input_ids"]
