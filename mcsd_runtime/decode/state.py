@@ -17,9 +17,12 @@ from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
 from mcsd_runtime.decode.tree import TreeTensors, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
+    FEATURE_NAMES,
     TOP_K_MASS,
+    TRAJECTORY_FEATURES,
     Trajectory,
     decision_matrix,
+    node_column,
     node_features,
     with_trajectory,
 )
@@ -250,6 +253,13 @@ class DraftFrontier:
     def features(self) -> torch.Tensor:
         static = self._tt.static_features[self._rows]
         return with_trajectory(self._layer.node_features(static), self.trajectory())
+
+    def column(self, name: str) -> torch.Tensor:
+        if name in TRAJECTORY_FEATURES:
+            return self.features()[:, FEATURE_NAMES.index(name)]
+        layer = self._layer
+        return node_column(name, self._tt.static_features[self._rows], layer.prob,
+                           layer.log_path, layer.proposal, layer.top)
 
     def decision_features(self) -> np.ndarray:
         return decision_matrix(self._tt.static_host[self._rows], self._layer.host(),

@@ -22,7 +22,6 @@ import torch
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase
-from mcsd_runtime.stop.features import column
 from mcsd_runtime.stop.learned import stopper_from
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
@@ -54,7 +53,7 @@ class ConfidenceStopper(StopperBase):
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        prob = frontier.features()[:, column("draft_prob")]
+        prob = frontier.column("draft_prob")
         return bool((prob >= self.threshold).any())
 
 
@@ -66,7 +65,7 @@ class EntropyStopper(StopperBase):
         self.lam, self.gamma = lam, gamma
 
     def should_continue(self, frontier: Frontier) -> bool:
-        entropy = frontier.features()[:, column("q_entropy")]
+        entropy = frontier.column("q_entropy")
         bound = 1.0 - torch.sqrt(self.gamma * entropy.min())
         return bool(bound >= self.lam)
 
@@ -79,7 +78,7 @@ class CumprodStopper(StopperBase):
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        log_path = frontier.features()[:, column("log_path_prob")]
+        log_path = frontier.column("log_path_prob")
         return bool(1.0 - log_path.max().exp() <= self.threshold)
 
 

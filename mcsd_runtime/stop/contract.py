@@ -56,6 +56,11 @@ class Frontier(Protocol):
         """[n, len(FEATURE_NAMES)] float32: node features, then the trajectory on every row."""
         ...
 
+    def column(self, name: str) -> torch.Tensor:
+        """[n] float32: one of FEATURE_NAMES for every node, equal to that column of
+        `features()` but computed alone (no pass over the vocabulary unless it is q_entropy)."""
+        ...
+
     def decision_features(self) -> np.ndarray:
         """[n, len(DECISION_FEATURES)] float64 on the host: the cheap subset learned stoppers
         read (no extra pass over the vocabulary)."""

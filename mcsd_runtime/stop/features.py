@@ -65,6 +65,29 @@ def node_features(static: torch.Tensor, draft_prob: torch.Tensor, log_path_prob:
     return torch.cat([static, draft_prob[:, None], log_path_prob[:, None], stats], -1).float()
 
 
+def node_column(name: str, static: torch.Tensor, draft_prob: torch.Tensor,
+                log_path_prob: torch.Tensor, parent_probs: torch.Tensor,
+                top: torch.Tensor | None = None) -> torch.Tensor:
+    """One column of `node_features` ([n] float32, the same values), computed alone: only
+    `q_entropy` makes a pass over the vocabulary."""
+    if name == "draft_prob":
+        return draft_prob.float()
+    if name == "log_path_prob":
+        return log_path_prob.float()
+    if name in ("depth", "sibling_rank", "frontier_size"):
+        return static[:, NODE_FEATURES.index(name)].float()
+    i = NODE_FEATURES.index(name)  # a statistic of the proposing distribution
+    if name == "q_entropy":
+        value = torch.special.entr(parent_probs).sum(-1)
+    else:
+        if top is None:
+            top = parent_probs.topk(TOP_K_MASS, dim=-1).values
+        value = {"q_top1": top[:, 0], "q_top2": top[:, 1], "q_margin": top[:, 0] - top[:, 1],
+                 "q_topk_mass": top.sum(-1)}[NODE_FEATURES[i]]
+    k = draft_prob.shape[0] // parent_probs.shape[0]
+    return (value.repeat_interleave(k, 0) if k > 1 else value).float()
+
+
 # Prior of the acceptance rates, in pseudo-counts (accepted, tried): 0.5, worth two drafted tokens.
 ACCEPT_PRIOR = (1.0, 2.0)
 RECENT_DECAY = 0.7  # accept_rate_recent: a step's weight decays by this factor per later step
