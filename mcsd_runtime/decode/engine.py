@@ -47,30 +47,50 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.state import (
+    DecodeConfig,
     DecodeStats,
     Draft,
     DraftFrontier,
     DraftLayer,
     GenerationResult,
+    Recorder,
     RowState,
     StepRecord,
     StepTrace,
     Verdict,
 )
+from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import TOP_K_MASS
 
-if TYPE_CHECKING:
-    from mcsd_runtime.decode.decoder import MCSDDecoder
-
 CommitHook = Callable[[list[int]], "int | None"]
+
+
+class Decoding(Protocol):
+    """What the engine reads of the decoder that runs it (`MCSDDecoder`)."""
+
+    pair: Pair
+    config: DecodeConfig
+    tree: Tree
+    tt: TreeTensors
+    stopper: Stopper
+    recorder: Recorder | None
+    needs_hidden: bool  # the stopper or the recorder reads draft hidden states
+    eos: set[int]
+    sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def causal_block(self, n: int) -> torch.Tensor: ...
 
 
 @dataclass
@@ -131,7 +151,7 @@ class Drafted:
 class Engine:
     """One `generate` / `generate_batch` call of `dec` at batch size `batch_size`."""
 
-    def __init__(self, dec: MCSDDecoder, batch_size: int,
+    def __init__(self, dec: Decoding, batch_size: int,
                  on_commit: CommitHook | None = None) -> None:
         self.dec, self.batch_size, self.on_commit = dec, batch_size, on_commit
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
