@@ -19,6 +19,7 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from train import replay as R
+from train.replay.data import _Frontier
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
@@ -47,7 +48,7 @@ def reference_replay(data: R.ReplayData, stopper, profile: CostProfile,
             if step:
                 s = 1
                 while s < step.cap:
-                    fr = R._Frontier(s, depth, step.nodes[s - 1], traj.values(), None,
+                    fr = _Frontier(s, depth, step.nodes[s - 1], traj.values(), None,
                                      step.accepted, (p.key, step.position, s))
                     go = stopper.should_continue(fr)
                     res.decisions += fr.read

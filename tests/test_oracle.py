@@ -10,10 +10,11 @@ from test_train_data import Recorder
 
 from conftest import make_pair
 from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_outcome
+from mcsd_runtime.costmodel.step_model import FIRST_PENDING, PENDING_STATES, step_outcome
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.tree import Tree
 from train import replay as R
+from train.replay.oracles import _plan_prompt
 
 K, MAX_NEW = (2, 1, 1), 7
 PROMPTS = [[3, 9, 4], [17, 2], [40, 41, 42, 43]]
@@ -81,10 +82,10 @@ def test_oracle_program_totals_equal_a_replay_of_its_plan(data, profile):
     lam = R.replay(data, "oracle", profile).throughput
     tree = data.tree
     costs = {(s, pend): profile.step_seconds(tree, s, pend)
-             for s in range(data.depth + 1) for pend in R.PENDING_STATES}
+             for s in range(data.depth + 1) for pend in PENDING_STATES}
     for p in data.prompts.values():
         plan: dict = {}
-        tokens, seconds = R._plan_prompt(p, True, costs, lam, plan)
+        tokens, seconds = _plan_prompt(p, True, costs, lam, plan)
         r = R.replay(data.subset([p.key]), R.PlanStopper(plan), profile)
         assert (r.tokens, r.cost_s) == (pytest.approx(tokens), pytest.approx(seconds))
 

@@ -221,8 +221,7 @@ def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
     (on the default toy pair the decoder pays about 3x what a one-layer random pair shows).
     Otherwise a random pair of the vocabulary stands in, and its fastest tenth is charged."""
     latency = bench_latency(stopper, 16, repeats=1000, hidden_size=hidden_size)
-    if hasattr(stopper, "batch_continue"):
-        latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
+    latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
     vocab = _vocab_size(fp)
     if vocab and hidden_size is None:
         from mcsd_runtime.costmodel.decision_cost import decision_cost
@@ -432,12 +431,9 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
 
 # ------------------------------------------------------------------ 4. write
 
-def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], out: str | Path,
-          config: TrainConfig, log: Log = print, started: float | None = None) -> dict:
-    """Plots, replay_curve.json, metrics.json and the final stopper.json in `out`, then the
-    optional end-to-end check (config.check_prompts); returns the summary (metrics.json).
-    `started`: the run's time.perf_counter() start, for elapsed_s."""
-    out, data, fp = Path(out), choice.data, choice.spec.pair_fingerprint
+def _plots(prep: Prepared, fitted: Fit, choice: Choice, out: Path, config: TrainConfig) -> None:
+    """replay_curve.png, calibration.png and (where there is one) importance.png in `out`."""
+    data, fp = choice.data, choice.spec.pair_fingerprint
     from mcsd_runtime.paths import short_model_name as short
 
     pair = f"{short(fp.get('target'))} / {short(fp.get('draft'))}" if fp else "pair"
@@ -458,8 +454,17 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
         report.plot_importance(fitted.importance, f"feature importance, "
                                f"{prep.n_prompts['test']} test prompts: {what}",
                                out / "importance.png")
+
+
+def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], out: str | Path,
+          config: TrainConfig, log: Log = print, started: float | None = None) -> dict:
+    """Plots, replay_curve.json, metrics.json and the final stopper.json in `out`, then the
+    optional end-to-end check (config.check_prompts); returns the summary (metrics.json).
+    `started`: the run's time.perf_counter() start, for elapsed_s."""
+    out = Path(out)
+    _plots(prep, fitted, choice, out, config)
     _write_json(out / "replay_curve.json",
-                {"metric": METRIC, "mode": data.mode, "curve": choice.curve,
+                {"metric": METRIC, "mode": choice.data.mode, "curve": choice.curve,
                  "chosen": choice.chosen, "baselines_val": choice.results["val"],
                  "batches": {str(b): {"curve": c["curve"], "chosen": c["chosen"]}
                              for b, c in choice.batches.items()}})
@@ -491,28 +496,33 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     spec.write(out)
     final = load_stopper(out)  # the final artifact must load
     if config.check_prompts and choice.measured and not config.hidden:
-        from train.check import end_to_end_check, format_check
-
-        stoppers: dict[str, Any] = {f"static:{d}": f"static:{d}"
-                                    for d in range(1, data.depth + 1)}
-        stoppers["learned"] = final
-        test = data.subset(choice.sequences["test"])
-        check = end_to_end_check(test, manifests, profile, stoppers, limit=config.check_prompts,
-                                 decision_s={"learned": choice.decision_s},
-                                 progress=config.progress)
-        log(format_check(check))
-        summary["replay_check"] = check
-        row_s = choice.latency.get("batch_row_us", 0.0) * 1e-6
-        for b in choice.batches:  # the same prompts decoded together, 3 rounds per size
-            check = end_to_end_check(test, manifests, profile, stoppers,
-                                     limit=config.check_prompts, batch_size=b, repeats=3,
-                                     decision_s={"learned": choice.decision_s},
-                                     decision_row_s={"learned": row_s},
-                                     progress=config.progress)
-            log(format_check(check))
-            summary["batches"][str(b)]["replay_check"] = check
+        _replay_checks(choice, final, manifests, config, summary, log)
         _write_json(out / "metrics.json", summary)
     return summary
+
+
+def _replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
+                   config: TrainConfig, summary: dict, log: Log) -> None:
+    """The end-to-end check of replay against decoding (config.check_prompts test prompts) at
+    batch size 1 and each larger one, into `summary`."""
+    from train.check import end_to_end_check, format_check
+
+    data, profile = choice.data, choice.profile
+    stoppers: dict[str, Any] = {f"static:{d}": f"static:{d}" for d in range(1, data.depth + 1)}
+    stoppers["learned"] = final
+    test = data.subset(choice.sequences["test"])
+    check = end_to_end_check(test, manifests, profile, stoppers, limit=config.check_prompts,
+                             decision_s={"learned": choice.decision_s}, progress=config.progress)
+    log(format_check(check))
+    summary["replay_check"] = check
+    row_s = choice.latency.get("batch_row_us", 0.0) * 1e-6
+    for b in choice.batches:  # the same prompts decoded together, 3 rounds per size
+        check = end_to_end_check(test, manifests, profile, stoppers, limit=config.check_prompts,
+                                 batch_size=b, repeats=3,
+                                 decision_s={"learned": choice.decision_s},
+                                 decision_row_s={"learned": row_s}, progress=config.progress)
+        log(format_check(check))
+        summary["batches"][str(b)]["replay_check"] = check
 
 
 # ------------------------------------------------------------------ all four

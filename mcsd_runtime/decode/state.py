@@ -22,6 +22,7 @@ from mcsd_runtime.stop.features import (
     TRAJECTORY_FEATURES,
     Trajectory,
     decision_matrix,
+    host_nodes,
     node_column,
     node_features,
     with_trajectory,
@@ -195,14 +196,15 @@ class DraftLayer:
         return self._node_features
 
     def host(self) -> np.ndarray:
-        """[n, 2 + TOP_K_MASS] float64 on the host: q(x), log path, the proposal's top-k. One
-        device-to-host copy, and no pass over the vocabulary when drafting took the top-k."""
+        """The nodes' `host_nodes` rows (the layout `decision_matrix` reads) as a float64 host
+        array. One device-to-host copy, and no pass over the vocabulary when drafting took the
+        top-k."""
         if self._host is None:
             top = self.top
             if top is None:  # sampled or target-initialized candidates
                 top = self.proposal.topk(TOP_K_MASS, dim=-1).values
             top = per_node(top, self.prob.shape[0])
-            self._host = to_host(torch.cat([self.prob[:, None], self.log_path[:, None], top], 1))
+            self._host = to_host(host_nodes(self.prob, self.log_path, top))
         return self._host
 
     def hidden(self) -> torch.Tensor | None:

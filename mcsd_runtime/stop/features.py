@@ -144,14 +144,64 @@ def column(name: str) -> int:
     return FEATURE_NAMES.index(name)
 
 
+# ------------------------------------------------------------------ the decision-feature layout
+# Where each DECISION_FEATURES column comes from, named once here. The decoder serves a decision
+# from the tree's static rows and one host copy per depth (`host_nodes`); replay serves it from
+# the collected NODE_FEATURES rows (`decision_from_nodes`); both fill the same columns.
+STATIC_FEATURES: tuple[str, ...] = ("depth", "sibling_rank", "frontier_size")  # fixed by the tree
+# What `host_nodes` packs per node, in order: these node features, then the TOP_K_MASS largest
+# probabilities of the proposing distribution (q_top1, q_top2, q_margin and q_topk_mass follow).
+HOST_FEATURES: tuple[str, ...] = ("draft_prob", "log_path_prob")
+HOST_TOP = slice(len(HOST_FEATURES), len(HOST_FEATURES) + TOP_K_MASS)  # host columns of top-k
+
+
+def _span(names: Sequence[str]) -> slice:
+    """The DECISION_FEATURES columns of `names`, which lie side by side in that order."""
+    start = DECISION_FEATURES.index(names[0])
+    assert DECISION_FEATURES[start:start + len(names)] == tuple(names), names
+    return slice(start, start + len(names))
+
+
+DECISION_STATIC = _span(STATIC_FEATURES)
+DECISION_HOST = _span(HOST_FEATURES)
+DECISION_TOP2 = _span(("q_top1", "q_top2"))
+DECISION_MARGIN = DECISION_FEATURES.index("q_margin")
+DECISION_TOPK_MASS = DECISION_FEATURES.index("q_topk_mass")
+DECISION_TRAJECTORY = _span(TRAJECTORY_FEATURES)
+DECISION_NODE_FEATURES: tuple[str, ...] = tuple(n for n in DECISION_FEATURES
+                                                if n in NODE_FEATURES)
+DECISION_NODE = _span(DECISION_NODE_FEATURES)
+# NODE_FEATURES columns of DECISION_NODE_FEATURES, in order (replay's stored node rows)
+NODE_TO_DECISION: list[int] = [NODE_FEATURES.index(n) for n in DECISION_NODE_FEATURES]
+# the aggregations read the path probability at one index in either matrix
+assert column("log_path_prob") == DECISION_FEATURES.index("log_path_prob")
+
+
+def host_nodes(prob: torch.Tensor, log_path: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """[n, len(HOST_FEATURES) + TOP_K_MASS]: what a depth's `n` nodes need on the host for a
+    decision (`decision_matrix`): q(x), the log path probability, then `top` [n, TOP_K_MASS],
+    the largest probabilities of each node's proposing distribution."""
+    return torch.cat([prob[:, None], log_path[:, None], top], 1)
+
+
 def decision_matrix(static: np.ndarray, node: np.ndarray, trajectory: list[float]) -> np.ndarray:
     """The DECISION_FEATURES of one depth's `n` nodes as a float64 [n, F] host array, from
-    `static` [n, 3] (depth, sibling rank, frontier size) and `node` [n, 2 + TOP_K_MASS]: q(x),
-    log path probability, then the top-k probabilities of the distribution that proposed it."""
+    `static` [n, 3] (STATIC_FEATURES) and `node`, the host rows of `host_nodes`."""
+    top = node[:, HOST_TOP]
     out = np.empty((node.shape[0], len(DECISION_FEATURES)))
-    out[:, 0:3] = static
-    out[:, 3:7] = node[:, 0:4]  # draft_prob, log_path_prob, q_top1, q_top2
-    out[:, 7] = node[:, 2] - node[:, 3]
-    out[:, 8] = node[:, 2:].sum(1)
-    out[:, 9:] = trajectory
+    out[:, DECISION_STATIC] = static
+    out[:, DECISION_HOST] = node[:, :HOST_TOP.start]
+    out[:, DECISION_TOP2] = top[:, :2]
+    out[:, DECISION_MARGIN] = top[:, 0] - top[:, 1]
+    out[:, DECISION_TOPK_MASS] = top.sum(1)
+    out[:, DECISION_TRAJECTORY] = trajectory
+    return out
+
+
+def decision_from_nodes(nodes: np.ndarray, trajectory: list[float]) -> np.ndarray:
+    """The DECISION_FEATURES of `n` nodes as a float64 [n, F] array, from their stored
+    NODE_FEATURES rows [n, len(NODE_FEATURES)] (collected rows, as replay serves them)."""
+    out = np.empty((nodes.shape[0], len(DECISION_FEATURES)))
+    out[:, DECISION_NODE] = nodes[:, NODE_TO_DECISION]
+    out[:, DECISION_TRAJECTORY] = trajectory
     return out

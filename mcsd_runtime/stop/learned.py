@@ -132,7 +132,6 @@ class LearnedStopper(StopperBase):
     def __init__(self, spec: ArtifactSpec, model: Any) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
         self.threshold, self.aggregation = spec.threshold, spec.aggregation
-        self._agg = AGGREGATIONS[spec.aggregation]
         # depths below min_depth are drafted without a decision while the recent acceptance
         # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
         self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
@@ -182,9 +181,11 @@ class LearnedStopper(StopperBase):
                 feats = feats.detach().cpu().numpy()  # once: the model and aggregation share it
         return (frontier.hidden() if self.needs_hidden else feats), feats
 
-    def frontier_scores(self, frontiers: list[Frontier]) -> list[float]:
-        """Each frontier's aggregated node score; the nodes of all of them go through the model
-        in one call."""
+    def node_scores_of(self, frontiers: list[Frontier]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each frontier's node scores and the features its aggregation reads; the nodes of all
+        of them go through the model in one call. The one source of scores the decisions read
+        (`frontier_scores`): a subclass may serve them otherwise (replay's `MemoStopper` serves
+        cached ones), and decides as this stopper does."""
         inputs = [self._inputs(f) for f in frontiers]
         if len(inputs) == 1:
             x = inputs[0][0]
@@ -197,7 +198,12 @@ class LearnedStopper(StopperBase):
         else:
             scores = self.node_scores(x)
         cuts = np.cumsum([len(f) for _, f in inputs])[:-1]
-        return [self._agg(s, f) for s, (_, f) in zip(np.split(scores, cuts), inputs, strict=True)]
+        return [(s, f) for s, (_, f) in zip(np.split(scores, cuts), inputs, strict=True)]
+
+    def frontier_scores(self, frontiers: list[Frontier]) -> list[float]:
+        """Each frontier's aggregated node score (`aggregation`)."""
+        agg = AGGREGATIONS[self.aggregation]
+        return [agg(s, f) for s, f in self.node_scores_of(frontiers)]
 
     def frontier_score(self, frontier: Frontier) -> float:
         return self.frontier_scores([frontier])[0]
@@ -217,7 +223,6 @@ class LearnedStopper(StopperBase):
         setting = self.spec.for_batch(batch_size)
         out = copy.copy(self)
         out.threshold, out.aggregation = setting.threshold, setting.aggregation
-        out._agg = AGGREGATIONS[setting.aggregation]
         out.row_aggregation = setting.row_aggregation
         out.min_depth, out.min_depth_gate = setting.min_depth, setting.min_depth_gate
         return out

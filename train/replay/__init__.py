@@ -1,0 +1,41 @@
+"""Offline replay: what any stopper would have done, from full-depth collected rows.
+
+- `train.replay.data`: the rows arranged by prompt and step (`ReplayData`, `Prompt`, `Step`) and
+  the frontier a stopper sees there;
+- `train.replay.engine`: `replay`, a stopper over every prompt, one sequence or a batch at a
+  time, into a `ReplayResult`;
+- `train.replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
+  `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
+- `train.replay.sweeps`: the learned stopper over a grid of settings, scores cached
+  (`MemoStopper`, `sweep`, `sweep_gates`, `replay_setting`), and `baselines`.
+
+    from train import replay as R
+    data = R.ReplayData(df, new_tokens=output_lengths(manifests))
+    R.replay(data, "static:3").throughput, R.replay(data, "oracle").throughput
+"""
+
+from train.replay.data import Prompt, ReplayData, Step
+from train.replay.engine import ReplayResult, lookahead_schedule, replay
+from train.replay.oracles import (
+    AcceptedOracle,
+    PlanStopper,
+    StepLookahead,
+    optimal_plan,
+    oracle_bound,
+)
+from train.replay.sweeps import (
+    GATES,
+    MIN_DEPTHS,
+    THRESHOLDS,
+    MemoStopper,
+    baselines,
+    replay_setting,
+    row_thresholds,
+    sweep,
+    sweep_gates,
+)
+
+__all__ = ["GATES", "MIN_DEPTHS", "THRESHOLDS", "AcceptedOracle", "MemoStopper", "PlanStopper",
+           "Prompt", "ReplayData", "ReplayResult", "Step", "StepLookahead", "baselines",
+           "lookahead_schedule", "optimal_plan", "oracle_bound", "replay", "replay_setting",
+           "row_thresholds", "sweep", "sweep_gates"]

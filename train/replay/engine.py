@@ -1,0 +1,244 @@
+"""The replay engine: what any stopper would have done, from full-depth collected rows.
+
+A step drafted to full depth D with accepted length L accepts `min(L, s)` when stopped at depth
+s. Stoppers are the runtime's own objects (static, heuristics, learned, the oracles), consulted
+through a frontier that serves the stored node features plus trajectory features recomputed
+along the replayed trajectory (as `Trajectory.update` does in the decoder).
+
+- **exact** (dense greedy collection: one full-depth step at every position t of the AR output):
+  after stopping at depth s at position t the walk continues at t + min(L_t, s) + 1, so tokens,
+  target calls and forwards are those the decoder would produce.
+- **estimate** (any other collection): each recorded step is replayed in order; throughput is
+  expected tokens per step over expected cost per step. Labelled `estimate` in every result.
+
+What a step stopped at depth s accepts, commits and leaves pending, and which forwards it runs,
+are the rules of `mcsd_runtime.costmodel.step_model`; the profile prices those forwards
+(`CostProfile.step_seconds`), and learned stoppers add a per-decision latency.
+
+Batches (`replay(..., batch_size=B)`) follow `MCSDDecoder.generate_batch`: B rows, prompts
+admitted in order into free slots, each batch step's forwards over all active rows (the first
+draft forward padded to the most pending tokens of any row, the target's to the deepest tree),
+one decision per drafted depth for the rows whose cap is deeper (`batch_continue`, or where it
+returns None, ANY row's own stopper), every row drafted to the batch's depth within its cap.
+Batch size 1 is the replay of one sequence at a time. The optimum over schedules is not computed
+there; the spec `oracle` above batch size 1 is `StepLookahead`, a hindsight heuristic (each
+batch step's depth chosen for that step alone: a schedule, below the optimum, a lower bound on
+it), and `oracle_bound` is an upper bound on every schedule; the best schedule lies between them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+from mcsd_runtime import metrics
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
+from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.builtin import make_stopper
+from mcsd_runtime.stop.contract import Stopper
+from mcsd_runtime.stop.features import Trajectory
+from train.replay.data import Prompt, ReplayData, Step, _Frontier
+from train.replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
+
+
+@dataclass
+class ReplayResult:
+    stopper: str
+    mode: str  # "exact" or "estimate"
+    tokens: int = 0  # committed tokens (exact) / expected tokens (estimate)
+    steps: int = 0  # target calls (at B > 1: steps of rows, one per row per batch step)
+    accepted: int = 0
+    drafted_depth: int = 0  # sum over steps of s
+    drafted_tokens: int = 0  # tree nodes drafted
+    target_tokens: int = 0  # tokens through the target
+    draft_forwards: int = 0
+    decisions: int = 0  # stopper consultations
+    cost_s: float = 0.0
+    acceptance_sum: float = 0.0
+    drafting_steps: int = 0  # steps that drafted at least one depth
+    batch_size: int = 1
+    batch_steps: int = 0  # steps of the batch (forwards of the target); `steps` counts rows'
+    decision_rows: int = 0  # frontiers the decisions read (a batched call reads several)
+
+    @property
+    def tau(self) -> float:
+        return metrics.tau(self.tokens, self.steps)
+
+    @property
+    def throughput(self) -> float:
+        return metrics.throughput(self.tokens, self.cost_s)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return metrics.acceptance_rate(self.acceptance_sum, self.drafting_steps)
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"tau": self.tau, "throughput": self.throughput,
+                               "acceptance_rate": self.acceptance_rate}
+
+
+class _Row:
+    """One sequence in the batch: its prompt, where the walk stands, its own stopper copy and
+    trajectory."""
+
+    __slots__ = ("prompt", "stopper", "traj", "pending", "t", "steps", "step")
+
+    def __init__(self, prompt: Prompt, stopper) -> None:
+        self.prompt, self.stopper, self.traj = prompt, copy.copy(stopper), Trajectory()
+        self.stopper.reset()
+        self.pending, self.t, self.steps = FIRST_PENDING, 0, iter(prompt.steps)
+        self.step: Step | None = None
+
+    def advance(self, exact: bool) -> bool:
+        """Move to the next step; False when the sequence is done. `step` is None for the last
+        token of a budget-capped output, which drafts nothing."""
+        p = self.prompt
+        if not exact:
+            self.step = next(self.steps, None)
+            return self.step is not None
+        if self.t >= p.new_tokens:
+            return False
+        self.step = p.by_position.get(self.t)
+        if self.step is None and self.t != p.new_tokens - 1:
+            raise MCSDError(f"{p.key}: no recorded step at position {self.t}")
+        return True
+
+    @property
+    def cap(self) -> int:
+        return self.step.cap if self.step else 0
+
+    def commit(self, s: int, tree: Tree, exact: bool, res: ReplayResult) -> None:
+        """The row's step drafted to depth `s`: count it in `res`, move the walk on."""
+        step, p = self.step, self.prompt
+        out = step_outcome(step.accepted if step else 0, s, self.pending,
+                           p.new_tokens - self.t if exact else None)
+        res.tokens += out.committed
+        res.steps += 1
+        res.accepted += out.accepted
+        res.drafted_depth += s
+        res.drafted_tokens += tree.cum[s]
+        res.target_tokens += 1 + tree.cum[s]
+        if s:
+            res.acceptance_sum += out.accepted / s
+            res.drafting_steps += 1
+        self.traj.update(out.accepted, out.committed, s)
+        self.stopper.update(s, out.accepted)
+        self.t += out.committed
+        self.pending = out.pending
+
+
+def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: str | None = None,
+           decision_s: float = 0.0, batch_size: int = 1,
+           decision_row_s: float = 0.0) -> ReplayResult:
+    """Replay `stopper` (a spec string, a stopper object, or 'oracle': the throughput oracle at
+    batch size 1, the step lookahead above it) over every prompt, `batch_size` sequences at a
+    time as `MCSDDecoder.generate_batch` decodes them: prompts admitted in order into free
+    slots, every step's forwards over all active rows, the batch drafting one more depth while
+    `stopper.batch_continue(frontiers)` says so (one decision for the batch) or, where it
+    returns None, while ANY row's own copy of it says so; every row drafted to the batch's depth
+    within its own cap (the stopper is `stopper.for_batch(batch_size)`). Batch size 1 is the
+    decoder's `generate`. A decision costs `decision_s`, plus `decision_row_s` per row beyond
+    the first that one batched call reads."""
+    profile = profile or CostProfile.relative()
+    if batch_size < 1:
+        raise MCSDError(f"batch size must be at least 1, got {batch_size}")
+    stopper, name = _resolve(data, stopper, profile, name, batch_size)
+    stopper = stopper.for_batch(batch_size)
+    lookahead = stopper if isinstance(stopper, StepLookahead) else None
+    res = ReplayResult(stopper=name, mode=data.mode, batch_size=batch_size)
+    tree, exact = data.tree, data.mode == "exact"
+    queue = iter(data.prompts.values())
+    rows: list[_Row] = []
+    while True:
+        while len(rows) < batch_size and (p := next(queue, None)) is not None:
+            row = _Row(p, stopper)
+            if row.advance(exact):
+                rows.append(row)
+        if not rows:
+            break
+        depth = (lookahead.depth(rows, tree, profile) if lookahead
+                 else _batch_depth(stopper, rows, data.depth, res))
+        pending = max(r.pending for r in rows)  # the first draft forward pads to it
+        forwards = step_forwards(tree, depth, pending)
+        res.cost_s += profile.step_seconds(tree, depth, pending, len(rows))
+        res.draft_forwards += len(forwards.draft)
+        res.batch_steps += 1
+        for row in list(rows):
+            row.commit(min(depth, row.cap), tree, exact, res)
+            if not row.advance(exact):
+                rows.remove(row)
+    res.cost_s += decision_s * res.decisions
+    res.cost_s += decision_row_s * (res.decision_rows - res.decisions)
+    return res
+
+
+def _batch_depth(stopper: Stopper, rows: list[_Row], max_depth: int, res: ReplayResult) -> int:
+    """The depth the batch drafts to: 1 (0 when no row may draft), then one more while some
+    row's cap is deeper and the stopper says so; counts the decisions that looked at a frontier
+    (and the rows they read) in `res`: a `batch_continue` that answers is one decision, whatever
+    rows it read; where it returns None, every asked row's own copy decides, one decision each
+    (what the batched call itself read is not counted)."""
+    s = 1 if any(r.cap for r in rows) else 0
+    while s:
+        asked = [r for r in rows if s < r.cap]
+        if not asked:
+            break
+        frontiers = [_frontier(r, s, max_depth) for r in asked]
+        go = stopper.batch_continue(frontiers)
+        if go is not None:
+            read = sum(f.read for f in frontiers)
+            res.decisions += read > 0  # a decision costs time only if it looked
+            res.decision_rows += read
+        else:  # every asked row's own stopper decides; the batch drafts on if ANY says so
+            for f in frontiers:
+                f.read = False
+            votes = [r.stopper.should_continue(f) for r, f in zip(asked, frontiers, strict=True)]
+            go = any(votes)
+            read = sum(f.read for f in frontiers)
+            res.decisions += read
+            res.decision_rows += read
+        if not go:
+            break
+        s += 1
+    return s
+
+
+def _frontier(row: _Row, depth: int, max_depth: int) -> _Frontier:
+    step = row.step
+    return _Frontier(depth, max_depth, step.nodes[depth - 1], row.traj.values(),
+                     step.hidden[depth - 1] if step.hidden else None, step.accepted,
+                     (row.prompt.key, step.position, depth))
+
+
+def _resolve(data: ReplayData, stopper, profile: CostProfile, name: str | None,
+             batch_size: int) -> tuple[object, str]:
+    """The stopper object a spec names (oracles included) and the result's name."""
+    if not isinstance(stopper, str):
+        return stopper, name or repr(stopper)
+    if stopper == "oracle":
+        obj = (PlanStopper(optimal_plan(data, profile)) if batch_size == 1
+               else lookahead_schedule(data, profile, batch_size))
+    elif stopper == "oracle-accepted":
+        obj = AcceptedOracle()
+    else:
+        obj = make_stopper(stopper)
+    return obj, name or stopper
+
+
+def lookahead_schedule(data: ReplayData, profile: CostProfile, batch_size: int,
+                       rounds: int = 50) -> StepLookahead:
+    """The `StepLookahead` whose rate `lam` gives the best replayed tokens/s among those tried:
+    Dinkelbach's iteration (lam set to the schedule's throughput until it no longer rises).
+    What the spec `oracle` replays above batch size 1; a heuristic, below the optimum."""
+    if data.mode != "exact":
+        raise MCSDError("the step lookahead needs exact replay (a dense greedy collection)")
+    lam, best = 0.0, (0.0, StepLookahead(0.0))
+    for _ in range(rounds):
+        lookahead = StepLookahead(lam)
+        tps = replay(data, lookahead, profile, batch_size=batch_size).throughput
+        if tps <= best[0] * (1 + 1e-9):
+            break
+        best, lam = (tps, lookahead), tps
+    return best[1]
