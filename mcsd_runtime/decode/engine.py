@@ -437,8 +437,10 @@ class Engine:
         ask = [i for i in range(len(rows)) if open_rows[i] and depth < caps[i]]
         if not ask:
             return False
-        frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
-                                   rows[i].st.trajectory) for i in ask]
+        peers = [layers[i][depth - 1] for i in ask]  # one host copy for all, if read
+        frontiers = [DraftFrontier(layer, depth, self.tree.depth, self.tt,
+                                   rows[i].st.trajectory, peers)
+                     for i, layer in zip(ask, peers, strict=True)]
         if self.batch_decide and (go := self.stopper.batch_continue(frontiers)) is not None:
             return bool(go)
         votes = [rows[i].st.stopper.should_continue(f) for i, f in zip(ask, frontiers, strict=True)]

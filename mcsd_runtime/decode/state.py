@@ -197,15 +197,18 @@ class DraftLayer:
 
     def host(self) -> np.ndarray:
         """The nodes' `host_nodes` rows (the layout `decision_matrix` reads) as a float64 host
-        array. One device-to-host copy, and no pass over the vocabulary when drafting took the
-        top-k."""
+        array. One device-to-host copy (`to_host_together` makes one for several layers), and
+        no pass over the vocabulary when drafting took the top-k."""
         if self._host is None:
-            top = self.top
-            if top is None:  # sampled or target-initialized candidates
-                top = self.proposal.topk(TOP_K_MASS, dim=-1).values
-            top = per_node(top, self.prob.shape[0])
-            self._host = to_host(host_nodes(self.prob, self.log_path, top))
+            to_host_together([self])
         return self._host
+
+    def host_rows(self) -> torch.Tensor:
+        """The nodes' `host_nodes` rows, still on the device."""
+        top = self.top
+        if top is None:  # sampled or target-initialized candidates
+            top = self.proposal.topk(TOP_K_MASS, dim=-1).values
+        return host_nodes(self.prob, self.log_path, per_node(top, self.prob.shape[0]))
 
     def hidden(self) -> torch.Tensor | None:
         """[n, H]: the hidden state that proposed each node, or None if not kept."""
@@ -240,14 +243,26 @@ class Verdict:
     probs: torch.Tensor | None  # per row: the target's distribution after it, when computed
 
 
+def to_host_together(layers: list[DraftLayer]) -> None:
+    """Every layer's `host()` rows in one device-to-host copy."""
+    rows = [layer.host_rows() for layer in layers]
+    host = to_host(torch.cat(rows) if len(rows) > 1 else rows[0])  # sync: one copy for all
+    at = 0
+    for layer, r in zip(layers, rows, strict=True):
+        layer._host, at = host[at : at + r.shape[0]], at + r.shape[0]
+
+
 class DraftFrontier:
-    """`stoppers.Frontier` served from the tensors the decoder drafted with."""
+    """`stoppers.Frontier` served from the tensors the decoder drafted with. `peers`: the
+    layers of every frontier asked at the same time (the rows of a batch), copied to the host
+    together when a stopper first reads decision features."""
 
     def __init__(self, layer: DraftLayer, depth: int, max_depth: int, tt: TreeTensors,
-                 trajectory: Trajectory) -> None:
+                 trajectory: Trajectory, peers: list[DraftLayer] | None = None) -> None:
         self.depth, self.max_depth = depth, max_depth
         self._layer, self._tt, self._trajectory = layer, tt, trajectory
         self._rows = tt.tree.depth_slice(depth)
+        self._peers = peers
 
     def trajectory(self) -> list[float]:
         return self._trajectory.values()
@@ -264,6 +279,8 @@ class DraftFrontier:
                            layer.log_path, layer.proposal, layer.top)
 
     def decision_features(self) -> np.ndarray:
+        if self._layer._host is None and self._peers:
+            to_host_together(self._peers)
         return decision_matrix(self._tt.static_host[self._rows], self._layer.host(),
                                self.trajectory())
 
