@@ -325,7 +325,8 @@ class Engine:
                   for i in range(len(rows))]
         judged = [self.judge(r.st, draft, logits[i, : 1 + tree.cum[draft.depth] - lo])
                   for i, (r, draft) in enumerate(zip(rows, drafts, strict=True))]
-        host = torch.cat([j[0] for j in judged]).tolist()  # sync: every row's verdict
+        values = [j[0] for j in judged]
+        host = (torch.cat(values) if len(values) > 1 else values[0]).tolist()  # sync: verdicts
 
         # 4. per row: commit, and the cache entries to keep
         keep_t, keep_d, outcomes, at = [], [], [], 0
