@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.models.cpu import cpu_has_native_bf16
 
 DEVICE_HELP = "use auto, cpu, cuda, cuda:N or mps"
 
@@ -47,13 +48,17 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on a GPU that supports it, float16 on other accelerators, else float32."""
+    """`auto` is bfloat16 on a GPU that supports it, float16 on other accelerators, bfloat16 on
+    a CPU with native bf16 matmuls (`cpu.cpu_has_native_bf16`: AMX or AVX512-BF16, where it
+    is fast), else float32 (emulated bf16 is slower than fp32 on CPUs without them)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float16 if device.type == "mps" else torch.float32
+        if device.type == "mps":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
              "float64": torch.float64}
@@ -175,13 +180,26 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1
 
 
+DISTILL = "distill"  # as draft: the draft distilled from the target (mcsd_runtime.distill)
+
+
 def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str, str]:
-    """The target and draft to load for `load_pair(target, draft)`: a toy spec (`toy`,
-    `toy:PRESET`, `toy:PRESET:SEED`) names the embedded pair's folders (built if needed) and
-    brings its own draft; any other target needs a draft. A local-looking path that does not
-    exist, or a toy draft that is not the toy target's, is refused before anything loads.
-    `toy-draft:NAME` as draft is an extra draft distilled from the toy target (built if
-    needed; `mcsd toy draft --list`)."""
+    """The target and draft to load for `load_pair(target, draft)`.
+
+    - A toy spec (`toy`, `toy:PRESET`, `toy:PRESET:SEED`) names the embedded pair's folders
+      (built if needed) and brings its own draft; `toy-draft:NAME` as draft is an extra draft
+      distilled from the toy target (built if needed; `mcsd toy draft --list`).
+    - A named real model (`smollm2`, `models.named`) resolves to its converted GGUF folder or
+      its hub name, and brings the draft distilled for it.
+    - A `.gguf` file, or a folder holding exactly one, is converted once into the cache
+      (`models.gguf`), as target or as draft.
+    - `distill` as draft is the draft distilled from the target (built on first use).
+    - Any other name is a folder or hub name; such a target needs a draft.
+
+    A local-looking path that does not exist, a missing GGUF file, or a toy draft that is not
+    the toy target's, is refused before anything is built, converted or loaded."""
+    from mcsd_runtime.models.gguf import find_gguf, is_gguf_spec
+    from mcsd_runtime.models.named import is_named
     from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
     from mcsd_runtime.toy.spec import is_draft_spec
 
@@ -191,10 +209,15 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
 
         return resolve_draft(draft, target)
     for role, name in (("target", target), ("draft", draft)):
-        if name is not None and _looks_like_path(name) and not Path(name).expanduser().exists():
+        if name is None or name == DISTILL or is_named(name):
+            continue
+        if is_gguf_spec(name):
+            find_gguf(name)
+        elif _looks_like_path(name) and not Path(name).expanduser().exists():
             raise MCSDError(f"no model folder at {name} (the {role}): pass an existing folder "
-                            f"written by save_pretrained, a hub name such as JackFram/llama-68m, "
-                            f"or toy / toy:tiny for the embedded pair")
+                            f"written by save_pretrained, a .gguf file, a hub name such as "
+                            f"JackFram/llama-68m, smollm2, or toy / toy:tiny for the embedded "
+                            f"pair")
     toy_draft = draft is not None and is_toy_spec(draft)
     if toy_draft and not (is_toy_spec(target) and parse_toy_spec(draft) == parse_toy_spec(target)):
         raise MCSDError(
@@ -204,11 +227,36 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
         from mcsd_runtime.toy.build import resolve_toy
 
         toy_target, toy_draft_dir = resolve_toy(target)
-        return toy_target, toy_draft_dir if draft is None or toy_draft else draft
-    if draft is None:
+        if draft is None or toy_draft:
+            return toy_target, toy_draft_dir
+        target = toy_target
+    elif draft is None and not is_named(target):
         raise MCSDError(f"a draft model is required with target {target!r} (only the toy pair "
-                        f"brings its own): pass --draft, or load_pair(target, draft)")
-    return target, draft
+                        f"and smollm2 bring their own): pass --draft (a folder, hub name, .gguf "
+                        f"file, or {DISTILL} for a draft distilled from the target), or "
+                        f"load_pair(target, draft)")
+    else:
+        target = _real_model(target)
+    if draft is None or draft == DISTILL:
+        return target, _distilled_draft(target)
+    return target, _real_model(draft)
+
+
+def _real_model(name: str) -> str:
+    """A named model or GGUF file as the folder (or hub name) to load; other names as they are."""
+    from mcsd_runtime.models.gguf import gguf_model_dir, is_gguf_spec
+    from mcsd_runtime.models.named import is_named, resolve_named
+
+    if is_named(name):
+        return resolve_named(name)
+    return str(gguf_model_dir(name)) if is_gguf_spec(name) else name
+
+
+def _distilled_draft(target: str) -> str:
+    """The draft distilled from `target` (`mcsd_runtime.distill`), built on first use."""
+    from mcsd_runtime.distill.cache import default_draft_dir
+
+    return str(default_draft_dir(target))
 
 
 def _load_tokenizer(name: str):
@@ -246,8 +294,10 @@ def load_pair(target: str | Path, draft: str | Path | None = None, device: str =
               dtype: str = "auto", attn_implementation: str = "sdpa") -> Pair:
     """Load a target/draft pair, refusing mismatched vocabularies before any weights are loaded.
 
-    `target` and `draft` are hub names or local folders; `load_pair("toy")` (or `"toy:tiny"`)
-    is the embedded toy pair, built on first use into the user cache (`mcsd_runtime.paths`)."""
+    `target` and `draft` are hub names, local folders or `.gguf` files; `load_pair("toy")` (or
+    `"toy:tiny"`) is the embedded toy pair, built on first use into the user cache
+    (`mcsd_runtime.paths`); `load_pair("smollm2")` is SmolLM2-135M-Instruct with its distilled
+    draft (`pair_names` says how every name resolves)."""
     target, draft = pair_names(target, draft)
     t_tok, d_tok = _load_tokenizer(target), _load_tokenizer(draft)
     check_same_vocab(t_tok, d_tok, target, draft)

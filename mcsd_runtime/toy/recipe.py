@@ -54,7 +54,8 @@ class Recipe:
 
     def resolved(self) -> Recipe:
         """The recipe with `precision` fixed for this machine: bf16 autocast where the CPU has
-        native bf16 kernels (measured ~25% faster to train here), fp32 elsewhere."""
+        native bf16 matmuls (AMX or AVX512-BF16; measured ~25% faster to train), fp32
+        elsewhere (emulated bf16 is slower than fp32)."""
         if self.precision != "auto":
             return self
         return replace(self, precision="bf16-mixed" if _cpu_bf16_ok() else "32-true")
@@ -76,12 +77,10 @@ class Recipe:
 
 
 def _cpu_bf16_ok() -> bool:
-    import torch
+    """Whether bf16 autocast pays here: only on a CPU with native bf16 matmuls."""
+    from mcsd_runtime.models.cpu import cpu_has_native_bf16
 
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return cpu_has_native_bf16()
 
 
 PRESETS: dict[str, Recipe] = {
