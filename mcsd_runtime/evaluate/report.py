@@ -108,14 +108,14 @@ def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: 
         text = {"text": tokenizer.decode(r.token_ids)} if tokenizer is not None else {}
         return vars(r) | text | {"tokens_per_s": r.tokens_per_s}
 
-    _atomic(out / "per_prompt.jsonl", "".join(json.dumps(record(r)) + "\n" for r in records))
-    _atomic(out / "summary.json", json.dumps({"settings": settings, "methods": rows,
+    atomic_write_text(out / "per_prompt.jsonl", "".join(json.dumps(record(r)) + "\n" for r in records))
+    atomic_write_text(out / "summary.json", json.dumps({"settings": settings, "methods": rows,
                                               "stoppers": stoppers or []}, indent=2))
-    _atomic(out / "summary.csv", pd.DataFrame(rows).to_csv(index=False))
+    atomic_write_text(out / "summary.csv", pd.DataFrame(rows).to_csv(index=False))
     table = markdown_table(rows)
     notes = markdown_notes(rows, records)
     table += f"\n\n{notes}" if notes else ""
-    _atomic(out / "summary.md", table + "\n")
+    atomic_write_text(out / "summary.md", table + "\n")
     title = (f"{short_model_name(settings['target'])} / {short_model_name(settings['draft'])} · "
              f"{settings['prompts']} x{settings['n_prompts']} · T={settings['temperature']} · "
              f"k={settings['k_config']} · {settings['max_new_tokens']} new tokens")
@@ -127,7 +127,7 @@ def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: 
                    stopper_table(stoppers)]
     report += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
     report += [f"![{f}]({f})" for f in files]
-    _atomic(out / "report.md", "\n".join(report) + "\n")
+    atomic_write_text(out / "report.md", "\n".join(report) + "\n")
     return replaced
 
 
@@ -154,7 +154,8 @@ the target). *repeated 4-grams*: mean share of an output's 4-grams already seen 
 legitimately)."""
 
 
-def _atomic(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file: a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
