@@ -30,14 +30,28 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from mcsd_runtime.errors import MCSDError
+
+KINDS = ("text", "instruction")
+
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: a stable id, the text given to the model, and the set it came from."""
+    """One prompt: a stable id, its text, the set it came from, its category (None where the set
+    has none) and its kind: `text`, to be continued as it is (code, prose), or `instruction`, a
+    user's turn, which a chat model gets inside its chat template (`mcsd_runtime.prompts.chat`
+    decides, by `--chat`)."""
 
     id: str
     text: str
     source: str
+    category: str | None = None
+    kind: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise MCSDError(f"prompt {self.id!r}: kind {self.kind!r}, use one of "
+                            f"{', '.join(KINDS)}")
 
 
 MIN_CHARS, MAX_CHARS = 220, 640  # about 64-200 tokens of the toy tokenizer (~3.2 chars/token)
