@@ -70,7 +70,8 @@ def test_benchmark_formats_from_local_files():
     assert alpaca[1].text.startswith("Summarize the text in one sentence.\n\nThe library")
     assert alpaca[0].text == "Give three tips for keeping a houseplant alive."
     tqa = load_prompts(f"trivia-qa={SAMPLES / 'trivia-qa.sample.jsonl'}")
-    assert tqa[0] == Prompt("tqa_sample_1", "Which planet is known as the Red Planet?", "trivia-qa")
+    assert tqa[0] == Prompt("tqa_sample_1", "Which planet is known as the Red Planet?", "trivia-qa",
+                            category="qa", kind="instruction")
     wmt = load_prompts(f"wmt-de={SAMPLES / 'wmt-de.sample.jsonl'}")
     assert wmt[0].text == "Translate English to German: The house is small.\nGerman:"
     generic = load_prompts(str(SAMPLES / "generic.sample.jsonl"))
@@ -102,7 +103,8 @@ def test_hub_failure_names_the_dataset_and_the_fix(monkeypatch):
 def test_hub_rows_use_the_set_format(monkeypatch):
     rows = [{"prompt": ["Hi?", "More?"], "prompt_id": 81, "category": "writing"}]
     monkeypatch.setattr(prompts, "_hub_load", lambda *a, **k: rows)
-    assert load_prompts("mt-bench") == [Prompt("81", "Hi?\n\nMore?", "mt-bench")]
+    assert load_prompts("mt-bench") == [Prompt("81", "Hi?\n\nMore?", "mt-bench",
+                                               category="writing", kind="instruction")]
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.learned import check_pair
 
@@ -200,12 +201,9 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
 
 
-def encode_prompt(pair: Pair, text: str, chat: bool) -> list[int]:
-    tok = pair.tokenizer
-    if tok is None:
+def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:
+    """The token ids of `prompt` (a Prompt, or a str: a text prompt) for this pair under the
+    `--chat` setting (`mcsd_runtime.prompts.chat`)."""
+    if pair.tokenizer is None:
         raise MCSDError("this pair has no tokenizer; pass a pair loaded from model folders")
-    if chat and getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                      add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    return tok(text)["input_ids"]
+    return chat_encode(prompt, pair.tokenizer, chat)
