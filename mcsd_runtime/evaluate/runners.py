@@ -14,7 +14,6 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
-from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
@@ -204,6 +203,4 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
 def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:
     """The token ids of `prompt` (a Prompt, or a str: a text prompt) for this pair under the
     `--chat` setting (`mcsd_runtime.prompts.chat`)."""
-    if pair.tokenizer is None:
-        raise MCSDError("this pair has no tokenizer; pass a pair loaded from model folders")
     return chat_encode(prompt, pair.tokenizer, chat)

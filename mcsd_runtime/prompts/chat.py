@@ -71,15 +71,17 @@ def _kind(prompt: Any) -> str:
     return getattr(prompt, "kind", "text")
 
 
-def _text(prompt: Any) -> str:
-    return prompt if isinstance(prompt, str) else prompt.text
+def _text(prompt: Any) -> Any:
+    """A Prompt's text (a str, or token ids), or the prompt itself given as a str or ids."""
+    return getattr(prompt, "text", prompt)
 
 
 def uses_template(prompt: Any, tokenizer: Any, chat: str = DEFAULT_CHAT) -> bool:
     """Whether `prompt` (a Prompt, or a str: a text prompt) goes inside the chat template under
-    `chat`; MCSDError for `on` with a tokenizer without a template."""
+    `chat`; MCSDError for `on` with a tokenizer without a template. A prompt given as token ids
+    is never wrapped."""
     check_chat(chat)
-    if chat == "off":
+    if chat == "off" or not isinstance(_text(prompt), str):
         return False
     if chat_template(tokenizer) is None:
         if chat == "on":
@@ -128,7 +130,10 @@ def tokenize(text: str, tokenizer: Any, templated: bool) -> list[int]:
 
 def encode_prompt(prompt: Any, tokenizer: Any, chat: str = DEFAULT_CHAT) -> list[int]:
     """The token ids given to the model for `prompt` under `chat` (`format_prompt`, tokenized
-    without a second BOS where the template was applied)."""
+    without a second BOS where the template was applied); a prompt whose text is token ids
+    already gives them as they are."""
+    if not isinstance(_text(prompt), str):
+        return [int(i) for i in _text(prompt)]
     if tokenizer is None:
         raise MCSDError("this pair has no tokenizer; pass a pair loaded from model folders")
     templated = uses_template(prompt, tokenizer, chat)

@@ -5,7 +5,9 @@ Each is a set of *instructions* (a user's turn: `--chat auto` puts them in the c
 one category per set, in two disjoint halves: `inst-NAME` for collection and training, and its
 twin `inst-NAME-eval` for evaluation. Standard-library material comes from the toy corpus's
 held-out splits (`collect`, `eval`; `mcsd_runtime.toy.corpus`), so the halves share no file;
-material from installed packages is halved by a hash of its file path or distribution name.
+material from installed packages is halved by a hash of its file path or distribution name, and
+an evaluation twin leaves out what also occurs in the collection half (a docstring or function
+that two files share).
 
 - `inst-explain` (category `explain`): explain what a stdlib function does, given its source
   (docstring left out, so the answer is not a copy of it);
@@ -569,8 +571,24 @@ def instruction_prompts(name: str, split: str) -> tuple[Prompt, ...]:
     if name == "mix":
         prompts = [p for n in BUILDERS for p in instruction_prompts(n, split)]
     else:
-        prompts = _limited(BUILDERS[name][1](split))
+        prompts = BUILDERS[name][1](split)
+        if split == "eval":  # a docstring or function two files share stays on one side
+            taken = set().union(*map(_pieces, BUILDERS[name][1]("collect")))
+            if name in ("summarize", "rewrite"):
+                taken |= {para for _, _, text in _passages("collect")
+                          for para in text.split("\n\n")}
+            prompts = [p for p in prompts if not _pieces(p) & taken]
+        prompts = _limited(prompts)
     return tuple(replace(p, source=f"inst-{name}{suffix}") for p in prompts)
+
+
+def _pieces(prompt: Prompt) -> set[str]:
+    """What a prompt is made of, besides its instruction: its material (code, a question) or,
+    for documentation passages, each paragraph."""
+    material = prompt.text.split("\n\n", 1)[-1] if prompt.category != "qa" else prompt.text
+    if prompt.category in ("summarization", "rewrite"):
+        return set(material.split("\n\n"))
+    return {material}
 
 
 def instruction_sets() -> dict[str, tuple[str, Callable[[], tuple[Prompt, ...]]]]:
