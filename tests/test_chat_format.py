@@ -85,6 +85,7 @@ def test_generate_takes_chat_messages(toy_pair, toy_tiny):
         tok = toy_tokenizer(toy_tiny, template, bos=bos)
         dec = MCSDDecoder(Pair(toy_pair.target, toy_pair.draft, tok), config, "static")
         text = format_prompt(INSTRUCTION, tok, "on")
+        assert dec.encode(messages) == encode_prompt(INSTRUCTION, tok)  # one BOS at most
         out = dec.generate(messages)
         assert out.token_ids == dec.generate(encode_prompt(INSTRUCTION, tok)).token_ids
         if not bos:  # the tokenizer adds nothing: the templated text is the same prompt
