@@ -13,6 +13,9 @@ training data:
 - `pkg-prose`: English prose, the long descriptions that installed packages ship in their
   metadata (README text, code blocks and tables left out).
 
+Their prompts are all of kind `text` (continued as they are, never put in a chat template by
+`--chat auto`); the instruction sets by category are in `mcsd_runtime.prompts.instruct`.
+
 The `toy-*` sets come from the toy corpus's held-out splits (`eval`, and `collect` for the
 `-collect` sets): train on `*-collect`, evaluate on the rest. The `pkg-*` sets depend on the
 installed packages and their versions, which a run's prompt ids record.
