@@ -151,6 +151,10 @@ def test_cli_exports_jsonl_readable_back(tmp_path, capsys):
     back = load_prompts(str(out))
     assert [p.text for p in back] == [p.text for p in load_prompts("toy-code", limit=5)]
     assert "wrote 5 prompts" in capsys.readouterr().out
+    spec = f"spec-bench={SAMPLES / 'spec-bench.sample.jsonl'}"  # kinds and categories too
+    assert mcsd(["prompts", spec, "--jsonl", str(out)]) == 0
+    back = [(p.id, p.text, p.category, p.kind) for p in load_prompts(str(out))]
+    assert back == [(p.id, p.text, p.category, p.kind) for p in load_prompts(spec)]
 
 
 def test_a_record_without_a_prompt_is_refused_with_its_line(tmp_path):
