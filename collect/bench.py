@@ -22,6 +22,7 @@ from mcsd_runtime import metrics
 
 def build_parser() -> argparse.ArgumentParser:
     from mcsd_runtime.cli.args import add_decode_args, add_pair_args, add_threads_arg
+    from mcsd_runtime.prompts.chat import add_chat_arg
 
     p = argparse.ArgumentParser(prog="python -m collect.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,21 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=8, help="prompts (default %(default)s)")
     p.add_argument("--save-hidden", action="store_true")
     p.add_argument("--dense", action="store_true")
+    add_chat_arg(p)
     add_threads_arg(p)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p
 
 
-def bench(pair, config, prompts, save_hidden: bool = False) -> dict:
+def bench(pair, config, prompts, save_hidden: bool = False, chat: str = "auto") -> dict:
     import pyarrow.parquet as pq
 
     from collect.recorder import RowRecorder
     from mcsd_runtime.decode.decoder import MCSDDecoder
+    from mcsd_runtime.prompts.chat import encode_prompt
 
     rec = RowRecorder(config.k_config, "bench", config.init, save_hidden)
     plain = MCSDDecoder(pair, config, stopper="static")
     recording = MCSDDecoder(pair, config, stopper="static", recorder=rec)
-    ids = [plain.encode(p.text) for p in prompts]
+    ids = [plain.encode(encode_prompt(p, pair.tokenizer, chat)) for p in prompts]
     tmp = Path(tempfile.mkdtemp(prefix="collect-bench-"))
 
     def run_plain(x):
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
             config = dense_config(config)
         pair = pair_from_args(args)
         prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
-        out = bench(pair, config, prompts, args.save_hidden)
+        out = bench(pair, config, prompts, args.save_hidden, chat=args.chat)
     except MCSDError as err:
         print(f"python -m collect.bench: error: {err}", file=sys.stderr)
         return 2

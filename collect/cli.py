@@ -19,6 +19,8 @@ from mcsd_runtime.toy import is_toy_spec
 EPILOG = """examples:
   mcsd collect --target toy --prompts toy-code-collect --limit 64
   mcsd collect --target toy --prompts toy-code-collect --dense --out data/runs/dense
+  mcsd collect --target CHAT_MODEL --draft DRAFT --prompts inst-mix --limit 400
+      (instruction prompts in the tokenizer's chat template: --chat auto, the default)
   mcsd collect --target meta-llama/Llama-2-7b-chat-hf --draft JackFram/llama-68m \\
       --prompts alpaca=alpaca.json --limit 250 --temperature 0.7 --devices 4 --save-hidden
 
@@ -33,6 +35,7 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
         add_pair_args,
         add_threads_arg,
     )
+    from mcsd_runtime.prompts.chat import add_chat_arg
 
     add_pair_args(p)
     add_decode_args(p)
@@ -43,6 +46,7 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
                         "%(default)s); train on your own traffic, evaluate on other sets")
     g.add_argument("--limit", type=int, default=None,
                    help="a seeded random sample of this many prompts (default: all)")
+    add_chat_arg(g)
     g.add_argument("--out", default=None,
                    help="run folder (default: $MCSD_DATA/runs/<name from the options>, MCSD_DATA "
                         "defaulting to ./data); an existing "
@@ -98,6 +102,8 @@ def default_run_name(args: argparse.Namespace) -> str:
         parts.append("dense")
     if args.save_hidden:
         parts.append("hidden")
+    if getattr(args, "chat", "auto") != "auto":
+        parts.append(f"chat-{args.chat}")
     return "-".join(parts)
 
 
@@ -126,7 +132,7 @@ def job_from_args(args: argparse.Namespace):
                       limit=args.limit, dense=args.dense, save_hidden=args.save_hidden,
                       run_id=args.run_id, shard_prompts=args.shard_prompts,
                       progress=not args.no_progress, threads=args.threads,
-                      batch_size=args.batch_size,
+                      batch_size=args.batch_size, chat=args.chat,
                       pair_args={"target": target, "draft": draft, "device": args.device,
                                  "dtype": args.dtype})
 

@@ -30,6 +30,7 @@ from mcsd_runtime.cli.args import set_threads
 from mcsd_runtime.decode.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.prompts.chat import check_chat, encode_prompt, prompt_format
 from mcsd_runtime.prompts.sets import Prompt
 from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
 
@@ -84,6 +85,7 @@ class CollectJob:
     progress: bool = True
     threads: int | None = None
     batch_size: int = 1  # prompts decoded together (MCSDDecoder.generate_batch)
+    chat: str = "auto"  # how prompts reach the model (mcsd_runtime.prompts.chat)
     # How each rank gets its pair: pair_loader(device) if given, else load_pair(**pair_args).
     pair_args: dict[str, Any] = field(default_factory=dict)
     pair_loader: Callable[[str], Pair] | None = None
@@ -93,6 +95,7 @@ class CollectJob:
             raise MCSDError("--shard-prompts must be >= 1")
         if self.batch_size < 1:
             raise MCSDError(f"--batch-size must be 1 or more, got {self.batch_size}")
+        check_chat(self.chat)
         if self.run_id and "/" in self.run_id:  # training keys a sequence `run_id/prompt_id`
             raise MCSDError(f"--run-id {self.run_id!r}: a run id may not contain '/'")
         self.prompts = unique_ids(self.prompts)
@@ -139,6 +142,8 @@ def identity(job: CollectJob, pair: Pair) -> dict[str, Any]:
         "prompt_set": job.prompt_set,
         "limit": job.limit,
         "prompt_ids": [p.id for p in job.prompts],
+        "prompt_format": prompt_format(job.prompts, pair.tokenizer, job.chat),
+        "chat": job.chat,
     }
 
 
@@ -277,7 +282,7 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
     encoded = []
     for p in job.prompts:  # every rank checks every prompt, so all ranks fail alike, early
         try:
-            encoded.append(decoder.encode(p.text))
+            encoded.append(decoder.encode(encode_prompt(p, pair.tokenizer, job.chat)))
         except MCSDError as err:
             raise MCSDError(f"prompt {p.id!r}: {err}") from None
     barrier()

@@ -24,7 +24,10 @@ manifest.json fields:
     tokenizer), pair_weights {target, draft} (checksums of a few weight tensors), dtype,
     k_config, init, temperature, verify, max_new_tokens, seed, dense, save_hidden,
     feature_schema_version, row_schema_version, feature_names, prompt_set, limit,
-    prompt_ids (the ordered ids; rows are keyed by prompt_id)
+    prompt_ids (the ordered ids; rows are keyed by prompt_id), prompt_format (how the prompts
+    reached the model: {"format": "chat" | "text" | "mixed", "template_hash"},
+    mcsd_runtime.prompts.chat; a manifest without it is text)
+  chat (the --chat setting that gave prompt_format)
   counts {prompts, prompts_done, rows, steps, new_tokens, target_calls, shards}
   summary {tau, mean_accepted, acceptance_rate, accepted_length_histogram {"L": steps}}
   timings {decode_seconds, rows_per_decode_s, wall_seconds}
@@ -47,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.prompts.chat import recorded_format
 
 MANIFEST = "manifest.json"
 FORMAT = "mcsd-collect-run"
@@ -61,7 +65,7 @@ LOCK = ".collect.lock"
 IDENTITY_FIELDS = (
     "format", "pair", "pair_weights", "dtype", "k_config", "init", "temperature", "verify",
     "max_new_tokens", "seed", "dense", "save_hidden", "feature_schema_version",
-    "row_schema_version", "feature_names", "prompt_set", "limit", "prompt_ids",
+    "row_schema_version", "feature_names", "prompt_set", "limit", "prompt_ids", "prompt_format",
 )
 # Those of them fixed by the toolkit's version rather than by the job's options.
 SCHEMA_FIELDS = ("format", "feature_schema_version", "row_schema_version", "feature_names")
@@ -232,6 +236,8 @@ def _comparable(key: str, value):
     in the config, tokenizer and weight hashes, so a run resumes from another directory."""
     if key == "pair" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in ("target", "draft")}
+    if key == "prompt_format":  # a manifest written before the field: raw text prompts
+        return recorded_format(value)
     return value
 
 

@@ -110,6 +110,10 @@ def test_prompts_list_names_every_domain(capsys):
     code = cli.run_parser(cli.build_parser([register_prompts]), ["prompts", "--list"])
     out = capsys.readouterr().out
     assert code == 0 and all(name in out for name in DOMAIN_SETS)
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "instruction; category qa" in lines["inst-qa-eval"]
+    assert "categories explain" in lines["inst-mix"] and "(text)" in lines["humaneval"]
+    assert "prompts: text)" in lines["toy-code"] and "spec-bench=FILE" in lines
 
 
 def _rec(method: str, prompt: str, tps: float, tokens: list[int]) -> Record:

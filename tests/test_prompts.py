@@ -70,7 +70,8 @@ def test_benchmark_formats_from_local_files():
     assert alpaca[1].text.startswith("Summarize the text in one sentence.\n\nThe library")
     assert alpaca[0].text == "Give three tips for keeping a houseplant alive."
     tqa = load_prompts(f"trivia-qa={SAMPLES / 'trivia-qa.sample.jsonl'}")
-    assert tqa[0] == Prompt("tqa_sample_1", "Which planet is known as the Red Planet?", "trivia-qa")
+    assert tqa[0] == Prompt("tqa_sample_1", "Which planet is known as the Red Planet?", "trivia-qa",
+                            category="qa", kind="instruction")
     wmt = load_prompts(f"wmt-de={SAMPLES / 'wmt-de.sample.jsonl'}")
     assert wmt[0].text == "Translate English to German: The house is small.\nGerman:"
     generic = load_prompts(str(SAMPLES / "generic.sample.jsonl"))
@@ -102,7 +103,8 @@ def test_hub_failure_names_the_dataset_and_the_fix(monkeypatch):
 def test_hub_rows_use_the_set_format(monkeypatch):
     rows = [{"prompt": ["Hi?", "More?"], "prompt_id": 81, "category": "writing"}]
     monkeypatch.setattr(prompts, "_hub_load", lambda *a, **k: rows)
-    assert load_prompts("mt-bench") == [Prompt("81", "Hi?\n\nMore?", "mt-bench")]
+    assert load_prompts("mt-bench") == [Prompt("81", "Hi?\n\nMore?", "mt-bench",
+                                               category="writing", kind="instruction")]
 
 
 @pytest.mark.parametrize(
@@ -149,6 +151,10 @@ def test_cli_exports_jsonl_readable_back(tmp_path, capsys):
     back = load_prompts(str(out))
     assert [p.text for p in back] == [p.text for p in load_prompts("toy-code", limit=5)]
     assert "wrote 5 prompts" in capsys.readouterr().out
+    spec = f"spec-bench={SAMPLES / 'spec-bench.sample.jsonl'}"  # kinds and categories too
+    assert mcsd(["prompts", spec, "--jsonl", str(out)]) == 0
+    back = [(p.id, p.text, p.category, p.kind) for p in load_prompts(str(out))]
+    assert back == [(p.id, p.text, p.category, p.kind) for p in load_prompts(spec)]
 
 
 def test_a_record_without_a_prompt_is_refused_with_its_line(tmp_path):

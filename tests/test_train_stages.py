@@ -29,7 +29,8 @@ SUMMARY_KEYS = ["model", "label", "headline", "metrics", "calibration", "importa
                 "peers", "deploy_static", "latency", "fit_s", "profile", "elapsed_s"]
 SPEC_KEYS = ["format", "kind", "schema_version", "feature_names", "inputs", "hidden_size",
              "aggregation", "threshold", "label", "label_definition", "pair_fingerprint",
-             "k_config", "min_depth", "min_depth_gate", "metrics", "training_data", "created"]
+             "k_config", "prompt_format", "min_depth", "min_depth_gate", "metrics",
+             "training_data", "created"]
 
 
 def quiet(*_: object) -> None:
@@ -203,6 +204,7 @@ def test_write_alone_finishes_the_artifact(prep, fitted, chosen, manifests):
         json.dumps(chosen.headline, default=float))
     spec = json.loads((out / "stopper.json").read_text())
     assert list(spec) == SPEC_KEYS
+    assert spec["prompt_format"] == {"format": "text", "template_hash": None}  # raw prompts
     assert (spec["threshold"], spec["aggregation"], spec["min_depth"], spec["min_depth_gate"]) == (
         chosen.chosen["threshold"], chosen.chosen["aggregation"], chosen.chosen["min_depth"],
         chosen.chosen["min_depth_gate"])

@@ -18,16 +18,19 @@ from mcsd_runtime import metrics
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import progress as progress_bar
+from mcsd_runtime.prompts.chat import chat_mode_of, encode_prompt
+from mcsd_runtime.prompts.domains import Prompt
 from train import replay as R
 from train.data import sequence_parts
 
 
-def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[tuple[str, str]]:
-    """(sequence key, prompt text) of up to `limit` replayed sequences, from their runs' sets."""
+def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int
+                ) -> list[tuple[str, Prompt]]:
+    """(sequence key, prompt) of up to `limit` replayed sequences, from their runs' sets."""
     from mcsd_runtime.prompts.sets import load_prompts
 
     by_run = {m.get("run_id"): m for m in manifests}
-    texts: dict[str, dict[str, str]] = {}
+    texts: dict[str, dict[str, Prompt]] = {}
     out = []
     for key in sorted(data.prompts)[:limit]:
         run, pid = sequence_parts(key)
@@ -36,11 +39,19 @@ def _prompt_ids(data: R.ReplayData, manifests: list[dict], limit: int) -> list[t
             raise MCSDError(f"run {run!r} records no prompt set: the end-to-end check needs "
                             f"the collection's manifest")
         if run not in texts:
-            texts[run] = {p.id: p.text for p in load_prompts(m["prompt_set"])}
+            texts[run] = {p.id: p for p in load_prompts(m["prompt_set"])}
         if pid not in texts[run]:
             raise MCSDError(f"prompt {pid!r} is no longer in set {m['prompt_set']!r}")
         out.append((key, texts[run][pid]))
     return out
+
+
+def _encode(decoder, prompt: Prompt | list[int], chat: str) -> list[int]:
+    """A prompt's token ids as its collection gave them to the model (`chat`: the --chat
+    setting that reproduces the run's prompt_format); token ids pass as they are."""
+    if isinstance(prompt, Prompt):
+        prompt = encode_prompt(prompt, decoder.pair.tokenizer, chat)
+    return decoder.encode(prompt)
 
 
 def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostProfile,
@@ -68,7 +79,10 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
     sub.prompts = {k: sub.prompts[k] for k, _ in chosen}  # admitted in the decoded order
     cfg = DecodeConfig(k_config=data.tree.k_config, max_new_tokens=int(m["max_new_tokens"]))
     decoders = {name: MCSDDecoder(pair, cfg, stopper=s) for name, s in stoppers.items()}
-    encoded = [decoders[next(iter(decoders))].encode(text) for _, text in chosen]
+    chats = {m.get("run_id"): chat_mode_of(m.get("prompt_format")) for m in manifests}
+    first = decoders[next(iter(decoders))]  # prompts as their collection formatted them
+    encoded = [_encode(first, prompt, chats.get(sequence_parts(key)[0], "off"))
+               for key, prompt in chosen]
     for dec in decoders.values():  # warm-up
         if batch_size == 1:
             dec.generate(encoded[0])

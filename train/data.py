@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.prompts.chat import combine_formats
 from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
 
 NEEDED = ("run_id", "prompt_id", "step", "position", "node", "parent", "init",
@@ -110,6 +111,13 @@ def collected_k_config(manifests: list[dict]) -> tuple[int, ...] | None:
         raise MCSDError(f"the runs passed to --data were collected with different k-configs "
                         f"({shown}); train one stopper per k-config")
     return configs.pop() if configs else None
+
+
+def collected_prompt_format(manifests: list[dict]) -> dict:
+    """How the runs' prompts reached the model (`mcsd_runtime.prompts.chat`): chat, text, or
+    mixed when the runs differ; a manifest without the field is text. MCSDError for runs
+    formatted with different chat templates."""
+    return combine_formats(m.get("prompt_format") for m in manifests)
 
 
 SEQUENCE_KEY = ("run_id", "prompt_id")  # the columns naming one decoded sequence

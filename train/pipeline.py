@@ -36,6 +36,7 @@ from train.config import LABEL_DOC, TrainConfig
 from train.data import (
     check_rows,
     collected_k_config,
+    collected_prompt_format,
     output_lengths,
     pair_fingerprint,
     prompt_groups,
@@ -202,14 +203,15 @@ class Choice:
 
 
 def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
-                      k_config: tuple[int, ...]) -> ArtifactSpec:
+                      k_config: tuple[int, ...], prompt_format: dict | None = None
+                      ) -> ArtifactSpec:
     return ArtifactSpec(kind=config.model, schema_version=SCHEMA_VERSION,
                         feature_names=DECISION_FEATURES,
                         inputs="hidden" if config.hidden else "features",
                         hidden_size=prep.n_inputs if config.hidden else None,
                         aggregation="max", threshold=0.5, label=config.label,
                         label_definition=LABEL_DOC[config.label], pair_fingerprint=fp,
-                        k_config=k_config)
+                        k_config=k_config, prompt_format=prompt_format)
 
 
 def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
@@ -312,7 +314,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     fp = pair_fingerprint(manifests)
     data = R.ReplayData(prep.df, prep.k_config, mode=config.replay_mode, hidden=config.hidden,
                         new_tokens=output_lengths(manifests))
-    spec = _provisional_spec(prep, config, fp, data.tree.k_config)
+    spec = _provisional_spec(prep, config, fp, data.tree.k_config,
+                             collected_prompt_format(manifests))
     stopper = stopper_from(spec, out)
     latency = _latency(stopper, prep.n_inputs if config.hidden else None, fp, prep.k_config)
     # decisions cost real seconds: only added to a measured (seconds) profile; `decision_us`

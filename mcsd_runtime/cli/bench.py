@@ -24,6 +24,7 @@ from mcsd_runtime.cli.args import (
 )
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.evaluate.cells import fmt_times
+from mcsd_runtime.prompts.chat import add_chat_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
     p.add_argument("--limit", type=int, default=12, help="number of prompts (default %(default)s)")
     p.add_argument("--stopper", default="static", help="stopper spec (default %(default)s)")
+    add_chat_arg(p)
+    p.add_argument("--allow-format-mismatch", action="store_true",
+                   help="run a trained --stopper on prompts formatted otherwise (chat or text) "
+                        "than those it was trained on, with a warning, instead of refusing")
     add_batch_size_arg(p, "ar and MCSD decode the same batches of prompts (hf, which decodes "
                           "one at a time, then sits out); tok/s is the batch's, per decode "
                           "second")
@@ -44,7 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.evaluate.bench import run_bench
-    from mcsd_runtime.evaluate.methods import check_method, explicit_label, tree_for
+    from mcsd_runtime.evaluate.methods import (
+        check_method,
+        check_prompt_formats,
+        explicit_label,
+        tree_for,
+    )
     from mcsd_runtime.evaluate.report import markdown_notes
     from mcsd_runtime.prompts.sets import load_prompts
     from mcsd_runtime.stop.builtin import make_stopper
@@ -60,11 +70,15 @@ def run(args: argparse.Namespace) -> int:
     built = make_stopper(stopper)
     check_pair(built, pair)  # a learned stopper must come from this pair's collections
     prompts = load_prompts(args.prompts, limit=args.limit)
+    fmt = check_prompt_formats([stopper], {args.prompts: prompts}, pair.tokenizer, args.chat,
+                               args.allow_format_mismatch)[args.prompts]
     report, records, rows = run_bench(pair, config, stopper, built, prompts, args.prompts,
-                                      batch_size=args.batch_size)
+                                      batch_size=args.batch_size, chat=args.chat)
+    report |= {"chat": args.chat, "prompt_format": fmt}
     print(f"pair: {pair.target_name} / {pair.draft_name}")
-    print(f"prompts: {args.prompts} x{len(prompts)}; {describe_config(config)} (k-config: "
-          f"{why}); stopper {stopper}; batch size {args.batch_size}")
+    print(f"prompts: {args.prompts} x{len(prompts)}, formatted as {fmt['format']} (--chat "
+          f"{args.chat}); {describe_config(config)} (k-config: {why}); stopper {stopper}; "
+          f"batch size {args.batch_size}")
     w = max(24, *(len(name) + 2 for name in report["methods"]))
     print(f"{'method':<{w}}{'tok/s (median)':>16}{'vs ar':>8}{'vs hf':>8}{'tau':>7}"
           f"{'in forwards':>13}{'ar-equal':>10}{'hf-equal':>10}")

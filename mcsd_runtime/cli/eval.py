@@ -24,6 +24,14 @@ run per set, each in its own subfolder, and a table across domains (domains.md):
 against ar, against the static schedule a user would deploy (--deploy; by default the one a
 listed stopper recorded from its training collection), against each domain's hindsight best
 static schedule and against the tuned heuristic (--heuristic), and each method's worst domain.
+A set whose prompts carry two or more categories (`--prompts spec-bench=question.jsonl`,
+`inst-mix-eval`, `mt-bench`) is split the same way into one domain per category, --limit
+prompts each (--no-by-category keeps it one domain).
+
+Prompts reach the model as --chat says: by default (auto) instruction prompts (benchmarks,
+Spec-Bench, inst-* sets) inside the tokenizer's chat template when it has one, text prompts
+(code, prose) raw. A trained stopper records how its training prompts were formatted; one
+evaluated on prompts formatted otherwise is refused (--allow-format-mismatch runs it anyway).
 
 `--drafts toy,toy-draft:l2,toy-draft:l4` runs every method that uses a draft once per draft
 (METHOD@DRAFT), interleaved with one ar, and writes drafts.md: τ, speedups and quality per
@@ -56,6 +64,7 @@ from mcsd_runtime.cli.args import (
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.extras import require_toolkit
+from mcsd_runtime.prompts.chat import add_chat_arg
 
 DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence,heuristic,hf-assisted"
 # A first try in about a minute on the tiny toy pair (a few on the default one); `make demo`
@@ -99,8 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "τ, speedup and quality per domain, method and draft (e.g. "
                         "toy,toy-draft:l2,toy-draft:l4); --reference then means the first "
                         "draft's")
-    p.add_argument("--chat", action="store_true",
-                   help="wrap prompts in the tokenizer's chat template (chat models)")
+    add_chat_arg(p)
+    p.add_argument("--allow-format-mismatch", action="store_true",
+                   help="run a trained stopper on prompts formatted otherwise (chat or text) "
+                        "than those it was trained on, with a warning, instead of refusing")
+    p.add_argument("--by-category", action=argparse.BooleanOptionalAction, default=None,
+                   help="one domain per category of a categorized prompt set (default: when "
+                        "its prompts carry two or more categories, as a Spec-Bench file does)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA "
                         "defaulting to ./data); an existing one has its reports replaced")
@@ -159,20 +173,24 @@ def run(args: argparse.Namespace) -> int:
     if args.from_runs:
         return combine_runs(args, methods)
     print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
+    domains = prompt_domains(args)
     if len(sizes) > 1:
-        if "," in args.prompts:
-            raise MCSDError("give several --batch-size values or several --prompts sets, not "
-                            "both: run one evaluation per prompt set")
-        return run_batch_sizes(args, methods, base, sizes)
-    if "," in args.prompts:
-        return run_domains(args, methods, base)
-    prompts, out = one_prompt_set(args)
+        if len(domains) > 1:
+            raise MCSDError("give several --batch-size values or several domains (prompt sets, "
+                            "or a set's categories), not both: run one evaluation per domain "
+                            "(--no-by-category keeps a categorized set one domain)")
+        return run_batch_sizes(args, methods, base, sizes, domains)
+    if len(domains) > 1:
+        return run_domains(args, methods, base, domains)
+    ((spec, prompts),) = domains.values()
+    out = output_folder(args)
     pair = pair_from_args(args)
+    fmt = check_formats(args, methods, pair, {spec: prompts})[spec]
     print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
           flush=True)
     records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=args.batch_size)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
-    settings = _settings(args, pair, base, args.prompts, len(prompts))
+    settings = _settings(args, pair, base, args.prompts, len(prompts), fmt)
     stoppers = stopper_results(methods)
     replaced = write_outputs(records, rows, out, settings, tokenizer=pair.tokenizer,
                              stoppers=stoppers)
@@ -188,19 +206,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def one_prompt_set(args: argparse.Namespace) -> tuple[list, Path]:
-    """The prompts of `--prompts` (one set, not empty) and the output folder, checked
-    writable before any model loads."""
+def prompt_domains(args: argparse.Namespace) -> dict[str, tuple[str, list]]:
+    """The domains of `--prompts` (name -> (spec, prompts), none empty; see --help): one per
+    set, a categorized set one per category (`--by-category`), each a --limit sample."""
+    from mcsd_runtime.prompts.sets import load_domains
+
+    domains = load_domains(args.prompts, limit=args.limit or None, seed=args.seed,
+                           by_category=getattr(args, "by_category", None))
+    for name, (_, prompts) in domains.items():
+        if not prompts:
+            raise MCSDError(f"the prompt set {name!r} is empty")
+    return domains
+
+
+def output_folder(args: argparse.Namespace) -> Path:
+    """`--out` (default $MCSD_DATA/runs/eval-<time>), checked writable before any model loads."""
     from mcsd_runtime.evaluate.report import check_writable
     from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts.sets import load_prompts
 
-    prompts = load_prompts(args.prompts, limit=args.limit or None, seed=args.seed)
-    if not prompts:
-        raise MCSDError(f"the prompt set {args.prompts!r} is empty")
     out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
     check_writable(out)
-    return prompts, out
+    return out
+
+
+def check_formats(args: argparse.Namespace, methods: list[str], pair,
+                  domains: dict[str, list]) -> dict[str, dict]:
+    """Each domain's prompt format under --chat (name -> format), after refusing a trained
+    stopper trained on prompts formatted otherwise (--allow-format-mismatch: a warning)."""
+    from mcsd_runtime.evaluate.methods import check_prompt_formats
+
+    return check_prompt_formats(methods, domains, pair.tokenizer, args.chat,
+                                getattr(args, "allow_format_mismatch", False),
+                                log=lambda line: print(line, flush=True))
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -218,17 +255,20 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sorted(sizes)
 
 
-def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: list[int]) -> int:
-    """One interleaved run per batch size (subfolders b1, b4, ...), then the table across batch
-    sizes (batches.md, batches.json)."""
+def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: list[int],
+                    domains: dict[str, tuple[str, list]]) -> int:
+    """One interleaved run per batch size (subfolders b1, b4, ...) on the one domain of
+    `domains`, then the table across batch sizes (batches.md, batches.json)."""
     from mcsd_runtime.evaluate import batch_report
     from mcsd_runtime.evaluate.loop import run_eval
     from mcsd_runtime.evaluate.report import write_outputs
     from mcsd_runtime.evaluate.stats import summarize
 
     heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
-    prompts, out = one_prompt_set(args)
+    ((spec, prompts),) = domains.values()
+    out = output_folder(args)
     pair = pair_from_args(args)
+    fmt = check_formats(args, methods, pair, {spec: prompts})[spec]
     greedy = base.temperature == 0
     by_batch = {}
     for b in sizes:
@@ -238,11 +278,11 @@ def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: l
                            batched=True)
         rows = summarize(records, greedy=greedy, reference=args.reference)
         write_outputs(records, rows, out / f"b{b}",
-                      _settings(args, pair, base, args.prompts, len(prompts)),
+                      _settings(args, pair, base, args.prompts, len(prompts), fmt),
                       tokenizer=pair.tokenizer)
         by_batch[b] = records
     rows = batch_report.batch_rows(by_batch, heuristic, greedy)
-    settings = _settings(args, pair, base, args.prompts, len(prompts)) | {
+    settings = _settings(args, pair, base, args.prompts, len(prompts), fmt) | {
         "batch_sizes": sizes, "heuristic": heuristic}
     print(batch_report.write(rows, out, settings, heuristic))
     print(f"wrote {out}/batches.md")
@@ -267,50 +307,51 @@ def domain_baselines(args: argparse.Namespace, methods: list[str]) -> tuple[str 
     return deploy, heuristic
 
 
-def run_domains(args: argparse.Namespace, methods: list[str], base) -> int:
-    """One interleaved run per prompt set, each written to its own subfolder, then the table
-    across domains (domains.md, domains.json)."""
+def run_domains(args: argparse.Namespace, methods: list[str], base,
+                domains: dict[str, tuple[str, list]]) -> int:
+    """One interleaved run per domain (a prompt set, or a category of one), each written to its
+    own subfolder, then the table across domains (domains.md, domains.json)."""
     from mcsd_runtime.evaluate import domain_report
     from mcsd_runtime.evaluate.loop import run_eval
-    from mcsd_runtime.evaluate.report import check_writable, write_outputs
+    from mcsd_runtime.evaluate.report import write_outputs
     from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.evaluate.training_results import stopper_results
-    from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts.sets import load_prompts
 
-    specs = [s.strip() for s in args.prompts.split(",") if s.strip()]
-    if len(set(specs)) != len(specs):
-        raise MCSDError(f"--prompts names a set twice: {args.prompts!r}")
     deploy, heuristic = domain_baselines(args, methods)
-    sets = {spec: load_prompts(spec, limit=args.limit or None, seed=args.seed) for spec in specs}
-    out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
-    check_writable(out)
+    out = output_folder(args)
     pair = pair_from_args(args)
+    formats = check_formats(args, methods, pair, {n: p for n, (_, p) in domains.items()})
     stoppers = stopper_results(methods)
     by_domain = {}
-    for spec, prompts in sets.items():
-        name = Path(spec).stem if "/" in spec or "=" in spec else spec
+    for name, (spec, prompts) in domains.items():
         print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
         records = run_eval(pair, prompts, methods, base, chat=args.chat,
                            batch_size=args.batch_size)
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
-        write_outputs(records, rows, out / name, _settings(args, pair, base, spec, len(prompts)),
-                      tokenizer=pair.tokenizer, stoppers=stoppers)
+        cats = {p.category for p in prompts}
+        settings = _settings(args, pair, base, spec, len(prompts), formats[name]) | {
+            "category": cats.pop() if len(cats) == 1 else None}
+        write_outputs(records, rows, out / name, settings, tokenizer=pair.tokenizer,
+                      stoppers=stoppers)
         by_domain[name] = records
     rows = domain_report.domain_rows(by_domain, deploy, heuristic, base.temperature == 0)
     worst = domain_report.worst_domains(rows)
-    settings = _settings(args, pair, base, args.prompts, sum(map(len, sets.values())))
-    settings |= {"deploy": deploy, "heuristic": heuristic}
+    settings = _settings(args, pair, base, args.prompts,
+                         sum(len(p) for _, p in domains.values()))
+    settings |= {"deploy": deploy, "heuristic": heuristic,
+                 "domains": {n: spec for n, (spec, _) in domains.items()}}
     print(domain_report.write(rows, worst, out, settings))
     print(f"wrote {out}/domains.md")
     return 0
 
 
-def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int) -> dict:
+def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int,
+              prompt_format: dict | None = None) -> dict:
     import torch
 
     return {"target": pair.target_name, "draft": pair.draft_name, "prompts": prompts,
-            "n_prompts": n_prompts, "temperature": base.temperature,
+            "n_prompts": n_prompts, "chat": getattr(args, "chat", "auto"),
+            "prompt_format": prompt_format, "temperature": base.temperature,
             "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
             "max_new_tokens": base.max_new_tokens, "seed": base.seed,
             "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),

@@ -14,6 +14,7 @@ from mcsd_runtime.errors import MCSDError
 
 def register(sub: argparse._SubParsersAction) -> None:
     from mcsd_runtime.cli.args import DEFAULT_K_TEXT, add_pair_args, add_threads_arg
+    from mcsd_runtime.prompts.chat import add_chat_arg
 
     p = sub.add_parser(
         "profile", help="measure forward latency against tokens processed (cost profile JSON)",
@@ -45,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "%(default)s)")
     p.add_argument("--overhead-tokens", type=int, default=48,
                    help="new tokens per run (default %(default)s)")
+    add_chat_arg(p)
     add_threads_arg(p)
     p.set_defaults(func=run)
 
@@ -86,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile,
                k_config: tuple[int, ...], sizes: list[int]) -> cost_profile.CostProfile:
     """`profile` calibrated on the decoder's static runs at every batch size of `sizes`."""
+    from mcsd_runtime.evaluate.runners import encode_prompt
+    from mcsd_runtime.prompts.chat import prompt_format
     from mcsd_runtime.prompts.sets import load_prompts
 
     for b in sizes:  # above batch size 1: enough prompts to fill the batch twice
         limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)
-        texts = [p.text for p in load_prompts(args.overhead_prompts, limit=limit)]
-        ids = [pair.tokenizer(t)["input_ids"] if pair.tokenizer else t for t in texts]
+        prompts = load_prompts(args.overhead_prompts, limit=limit)
+        ids = [encode_prompt(pair, p, args.chat) for p in prompts]
         print(f"calibrating on the decoder at batch size {b}: static depths "
               f"1..{len(k_config)} of {k_config} on {len(ids)} prompts", flush=True)
         runs, forwards = cost_measure.static_runs(pair, ids, k_config, args.overhead_tokens,
@@ -100,5 +104,6 @@ def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile
         if b > 1:
             profile.batches[b].static["prompts"] = len(ids)
     profile.static |= {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
-                       "max_new_tokens": args.overhead_tokens}
+                       "max_new_tokens": args.overhead_tokens,
+                       "prompt_format": prompt_format(prompts, pair.tokenizer, args.chat)}
     return profile

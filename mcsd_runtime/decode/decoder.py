@@ -10,7 +10,7 @@ wins, which can differ from the target's choice. Results carry `lossless=False`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import torch
@@ -30,7 +30,11 @@ from mcsd_runtime.decode.state import (
 from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.prompts.chat import encode_messages, is_messages
 from mcsd_runtime.stop.builtin import Stopper, make_stopper
+
+# What `generate` decodes: a text, token ids, or chat messages ([{"role": ..., "content": ...}]).
+PromptInput = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 __all__ = ["ARDecoder", "BatchResult", "DecodeConfig", "DecodeStats", "DraftFrontier", "DraftLayer",
            "GenerationResult", "MCSDDecoder", "Recorder", "StepRecord", "StepTrace",
@@ -59,11 +63,19 @@ class MCSDDecoder:
         self.eos = set(pair.eos_token_ids if eos is None else eos)
 
     # ----------------------------------------------------------------- public API
-    def encode(self, prompt: str | list[int]) -> list[int]:
+    def encode(self, prompt: PromptInput) -> list[int]:
+        """Token ids of a prompt, checked: a text as the tokenizer encodes it (its BOS where it
+        adds one), token ids as given, or chat messages (`[{"role": "user", "content": ...}]`)
+        in the tokenizer's chat template with the assistant's turn opened
+        (`mcsd_runtime.prompts.chat.encode_messages`: no second BOS)."""
         if isinstance(prompt, str):
             if self.pair.tokenizer is None:
                 raise MCSDError("this pair has no tokenizer: pass the prompt as token ids")
             ids = self.pair.tokenizer(prompt)["input_ids"]
+        elif is_messages(prompt):
+            if self.pair.tokenizer is None:
+                raise MCSDError("this pair has no tokenizer: pass the prompt as token ids")
+            ids = encode_messages(prompt, self.pair.tokenizer)
         else:
             ids = [int(i) for i in prompt]
         if not ids:
@@ -79,28 +91,29 @@ class MCSDDecoder:
         return ids
 
     @torch.inference_mode()
-    def generate(self, prompt: str | list[int], seed: int | None = None,
+    def generate(self, prompt: PromptInput, seed: int | None = None,
                  on_commit: CommitHook | None = None) -> GenerationResult:
-        """Decode one prompt (a batch of one). `on_commit(tokens)`, if given, sees each step's
-        committed tokens; returning a count keeps only that many of them and ends the
-        generation (stopping criteria, streaming)."""
+        """Decode one prompt (a batch of one): a text, token ids or chat messages (`encode`).
+        `on_commit(tokens)`, if given, sees each step's committed tokens; returning a count
+        keeps only that many of them and ends the generation (stopping criteria, streaming)."""
         ids = self.encode(prompt)
         seed = self.config.seed if seed is None else seed
         return Engine(self, 1, on_commit).run([ids], [seed]).results[0]
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: Sequence[str | list[int]], batch_size: int = 8,
+    def generate_batch(self, prompts: Sequence[PromptInput], batch_size: int = 8,
                        seeds: Sequence[int] | None = None,
                        on_result: Callable[[int, GenerationResult], None] | None = None,
                        ) -> BatchResult:
-        """Decode many prompts, up to `batch_size` of them per forward: one `GenerationResult`
-        per prompt, in order, plus the batch's statistics. Greedy rows equal `generate` of the
-        same prompt. Sampled rows draw with their own generator (`seeds[i]`, default the
-        config's seed) and follow the target's distribution; they equal `generate` with the
-        same seed where their trees do (row mode, or a static stopper; see
-        `mcsd_runtime.decode.engine`). `on_result(i, result)`, if given, sees each prompt's
-        result as soon as its row finishes (streaming, progress). Recorders see each step's
-        trace with `trace.row = i`. `batch_size=1` decodes one prompt after the other."""
+        """Decode many prompts (each a text, token ids or chat messages: `encode`), up to
+        `batch_size` of them per forward: one `GenerationResult` per prompt, in order, plus the
+        batch's statistics. Greedy rows equal `generate` of the same prompt. Sampled rows draw
+        with their own generator (`seeds[i]`, default the config's seed) and follow the target's
+        distribution; they equal `generate` with the same seed where their trees do (row mode,
+        or a static stopper; see `mcsd_runtime.decode.engine`). `on_result(i, result)`, if
+        given, sees each prompt's result as soon as its row finishes (streaming, progress).
+        Recorders see each step's trace with `trace.row = i`. `batch_size=1` decodes one prompt
+        after the other."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise MCSDError(f"batch_size must be a positive integer, got {batch_size!r}")
         ids = [self.encode(p) for p in prompts]

@@ -35,13 +35,14 @@ def bench_runners(pair: Pair, config: DecodeConfig, stopper: str, built,
 
 
 def run_bench(pair: Pair, config: DecodeConfig, stopper: str, built, prompts: list[Prompt],
-              prompt_set: str, batch_size: int = 1) -> tuple[dict, list[Record], list[dict]]:
+              prompt_set: str, batch_size: int = 1, chat: str = "auto"
+              ) -> tuple[dict, list[Record], list[dict]]:
     """The benchmark on `prompts` (from the set named `prompt_set`): its figures (per method:
     tokens/s median, min and max, τ, share of wall time in forwards, speedups and output
     equality; and where greedy outputs leave hf's), the records and `summarize`'s rows."""
     greedy = config.temperature == 0
     runners = bench_runners(pair, config, stopper, built, batch_size)
-    encoded = [(p.id, encode_prompt(pair, p.text, chat=False)) for p in prompts]
+    encoded = [(p.id, encode_prompt(pair, p, chat)) for p in prompts]
     records = run_runners(pair, runners, encoded, greedy, desc="bench", batch_size=batch_size)
     rows = summarize(records, greedy)
     by_name = {r["method"]: r for r in rows}

@@ -14,17 +14,18 @@ from mcsd_runtime.evaluate.runners import build_method, encode_prompt
 from mcsd_runtime.models.pair import Pair
 
 
-def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: bool = False,
+def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: str = "auto",
              progress: bool = True, batch_size: int = 1, batched: bool = False) -> list[Record]:
     """Run every method on every prompt (or batch of `batch_size` prompts), interleaved, after
     one warm-up generation each (`batched`: through `generate_batch` even at batch size 1,
     so that speed is over the decode phase as at larger batch sizes); then score every
-    output's quality (`mcsd_runtime.evaluate.quality`)."""
+    output's quality (`mcsd_runtime.evaluate.quality`). `chat`: how prompts reach the model
+    (`mcsd_runtime.prompts.chat`: auto, on, off)."""
     if not prompts:
         raise MCSDError("the prompt set is empty: pass a set or file with at least one prompt")
     check_batch_methods(methods, batch_size)
     runners = {m: build_method(m, pair, base) for m in methods}
-    encoded = [(p.id, encode_prompt(pair, p.text, chat)) for p in prompts]
+    encoded = [(p.id, encode_prompt(pair, p, chat)) for p in prompts]
     records = run_runners(pair, runners, encoded, greedy=base.temperature == 0, progress=progress,
                           batch_size=batch_size, batched=batched)
     quality.annotate(pair.target, records, dict(encoded))  # after the timed runs

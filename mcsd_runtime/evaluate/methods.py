@@ -1,6 +1,7 @@
 """Evaluation methods by name (`ar`, `hf`, `mcsd:4,2,2,1`, `heuristic`, `stopper:PATH`, ...):
 splitting `--methods`, refusing a name that cannot run, the label each runs under, the tree
-the trained stoppers among them were trained on, and what kind of method a name is."""
+the trained stoppers among them were trained on and the prompt format they were trained on, and
+what kind of method a name is."""
 
 from __future__ import annotations
 
@@ -78,6 +79,29 @@ def stopper_trees(methods: list[str]) -> dict[str, tuple[int, ...]]:
         if folder is not None and (k := ArtifactSpec.read(folder).k_config):
             trees[m] = k
     return trees
+
+
+def check_prompt_formats(methods: list[str], domains: dict[str, list], tokenizer, chat: str,
+                         allow: bool = False, log=print) -> dict[str, dict]:
+    """Each domain's prompt format (name -> `mcsd_runtime.prompts.chat.prompt_format` of its
+    prompts under `chat` with `tokenizer`), after refusing (MCSDError) a trained stopper among
+    `methods` that was trained on prompts formatted otherwise (a stopper recording no format
+    was trained on text); with `allow`, `log` gets a warning instead. Run before decoding."""
+    from mcsd_runtime.prompts.chat import check_format, prompt_format
+
+    formats = {}
+    for name, prompts in domains.items():
+        formats[name] = prompt_format(prompts, tokenizer, chat)
+        for m in methods:
+            folder = stopper_folder(m)
+            if folder is None:
+                continue
+            who = short_name(m) + (f" on {name}" if len(domains) > 1 else "")
+            warning = check_format(ArtifactSpec.read(folder).prompt_format, formats[name], who,
+                                   allow)
+            if warning:
+                log(warning)
+    return formats
 
 
 def tree_for(methods: list[str], k_config: str | None,

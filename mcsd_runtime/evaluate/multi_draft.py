@@ -64,7 +64,7 @@ def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
     return pairs
 
 
-def run_once(pairs: dict[str, Pair], prompts, methods: list[str], base, chat: bool = False
+def run_once(pairs: dict[str, Pair], prompts, methods: list[str], base, chat: str = "auto"
              ) -> list:
     """Every (method, draft) on every prompt, interleaved after a warm-up; then quality."""
     from mcsd_runtime.evaluate.loop import run_runners
@@ -75,7 +75,7 @@ def run_once(pairs: dict[str, Pair], prompts, methods: list[str], base, chat: bo
     first = next(iter(pairs.values()))
     runners = {label: build_method(m, pairs[d], base)
                for label, m, d in labelled(methods, list(pairs))}
-    encoded = [(p.id, encode_prompt(first, p.text, chat)) for p in prompts]
+    encoded = [(p.id, encode_prompt(first, p, chat)) for p in prompts]
     records = run_runners(first, runners, encoded, greedy=base.temperature == 0)
     quality.annotate(first.target, records, dict(encoded))  # after the timed runs
     return records
@@ -184,11 +184,13 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
                settings_of: Callable[..., dict], why: str = "--k-config") -> int:
     """`mcsd eval --drafts`: one interleaved run per prompt set with every draft, each set's
     report in its own subfolder (or in --out for one set), then drafts.md / drafts.json.
-    `settings_of(args, pair, base, prompts, n_prompts)` gives a run's settings (eval's)."""
+    `settings_of(args, pair, base, prompts, n_prompts, prompt_format)` gives a run's settings
+    (eval's). A categorized prompt set gives one domain per category, as in eval."""
+    from mcsd_runtime.evaluate.methods import check_prompt_formats
     from mcsd_runtime.evaluate.report import check_writable, short_table, write_outputs
     from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.paths import runs_dir
-    from mcsd_runtime.prompts.sets import load_prompts
+    from mcsd_runtime.prompts.sets import load_domains
 
     if args.from_runs:
         raise MCSDError("--drafts decodes; --from-runs only combines finished runs: pass one")
@@ -199,25 +201,26 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
         raise MCSDError("--drafts decodes one sequence at a time (mcsd-target-init has no "
                         "batches): drop --batch-size")
     print(f"k-config {','.join(map(str, base.k_config))} ({why})", flush=True)
-    specs = [s.strip() for s in args.prompts.split(",") if s.strip()]
-    if len(set(specs)) != len(specs):
-        raise MCSDError(f"--prompts names a set twice: {args.prompts!r}")
-    sets = {spec: load_prompts(spec, limit=args.limit or None, seed=args.seed) for spec in specs}
+    sets = load_domains(args.prompts, limit=args.limit or None, seed=args.seed,
+                        by_category=getattr(args, "by_category", None))
     out = args.out or runs_dir() / time.strftime("eval-drafts-%Y%m%d-%H%M%S")
     check_writable(out)
     pairs = load_pairs(args, drafts)
+    first = next(iter(pairs.values()))
+    formats = check_prompt_formats(methods, {n: p for n, (_, p) in sets.items()},
+                                   first.tokenizer, args.chat,
+                                   getattr(args, "allow_format_mismatch", False))
     runs = labelled(methods, drafts)
     greedy = base.temperature == 0
     by_domain = {}
-    for spec, prompts in sets.items():
-        name = Path(spec).stem if "/" in spec or "=" in spec else spec
+    for name, (spec, prompts) in sets.items():
         folder = out / name if len(sets) > 1 else out
         print(f"{name}: {len(prompts)} prompts x {len(runs)} methods "
               f"({len(drafts)} drafts)", flush=True)
         records = run_once(pairs, prompts, methods, base, chat=args.chat)
         rows = summarize(records, greedy=greedy, reference=args.reference and
                          _reference_label(args.reference, drafts))
-        settings = settings_of(args, next(iter(pairs.values())), base, spec, len(prompts))
+        settings = settings_of(args, first, base, spec, len(prompts), formats[name])
         write_outputs(records, rows, folder, settings | {"drafts": drafts},
                       tokenizer=next(iter(pairs.values())).tokenizer)
         print(short_table(rows), flush=True)
@@ -225,8 +228,8 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
     cards = {d: draft_card(p.draft_name) for d, p in pairs.items()}
     rows = draft_rows(by_domain, runs, greedy)
     text = markdown(rows, cards)
-    settings = settings_of(args, next(iter(pairs.values())), base, args.prompts,
-                         sum(map(len, sets.values()))) | {"drafts": drafts}
+    settings = settings_of(args, first, base, args.prompts,
+                           sum(len(p) for _, p in sets.values())) | {"drafts": drafts}
     (out / "drafts.json").write_text(json.dumps({"settings": settings, "cards": cards,
                                                  "rows": rows}, indent=1) + "\n")
     (out / "drafts.md").write_text(

@@ -14,10 +14,10 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
-from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.learned import check_pair
 
@@ -200,12 +200,7 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
 
 
-def encode_prompt(pair: Pair, text: str, chat: bool) -> list[int]:
-    tok = pair.tokenizer
-    if tok is None:
-        raise MCSDError("this pair has no tokenizer; pass a pair loaded from model folders")
-    if chat and getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                      add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    return tok(text)["input_ids"]
+def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:
+    """The token ids of `prompt` (a Prompt, or a str: a text prompt) for this pair under the
+    `--chat` setting (`mcsd_runtime.prompts.chat`)."""
+    return chat_encode(prompt, pair.tokenizer, chat)

@@ -1,1 +1,2 @@
-"""Prompt sets: built-in domains, files and hub data sets."""
+"""Prompt sets (built-in domains, instruction sets by category, benchmarks, files) and how a
+prompt reaches the model (`chat`: raw or in the chat template)."""

@@ -13,6 +13,9 @@ training data:
 - `pkg-prose`: English prose, the long descriptions that installed packages ship in their
   metadata (README text, code blocks and tables left out).
 
+Their prompts are all of kind `text` (continued as they are, never put in a chat template by
+`--chat auto`); the instruction sets by category are in `mcsd_runtime.prompts.instruct`.
+
 The `toy-*` sets come from the toy corpus's held-out splits (`eval`, and `collect` for the
 `-collect` sets): train on `*-collect`, evaluate on the rest. The `pkg-*` sets depend on the
 installed packages and their versions, which a run's prompt ids record.
@@ -30,14 +33,28 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from mcsd_runtime.errors import MCSDError
+
+KINDS = ("text", "instruction")
+
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: a stable id, the text given to the model, and the set it came from."""
+    """One prompt: a stable id, its text, the set it came from, its category (None where the set
+    has none) and its kind: `text`, to be continued as it is (code, prose), or `instruction`, a
+    user's turn, which a chat model gets inside its chat template (`mcsd_runtime.prompts.chat`
+    decides, by `--chat`)."""
 
     id: str
     text: str
     source: str
+    category: str | None = None
+    kind: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise MCSDError(f"prompt {self.id!r}: kind {self.kind!r}, use one of "
+                            f"{', '.join(KINDS)}")
 
 
 MIN_CHARS, MAX_CHARS = 220, 640  # about 64-200 tokens of the toy tokenizer (~3.2 chars/token)

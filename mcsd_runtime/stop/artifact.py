@@ -14,6 +14,9 @@ reader owns the format. Fields, in file order:
     label, label_definition   what the model was fitted to (train.config.LABEL_DOC)
     pair_fingerprint  the model pair of the training collection (mcsd_runtime.models.pair)
     k_config          the tree it was trained on (null in artifacts older than the field)
+    prompt_format     how its training prompts reached the model (mcsd_runtime.prompts.chat):
+                      {"format": "chat" | "text" | "mixed", "template_hash"}; absent or null
+                      in artifacts older than the field, which read as text
     min_depth         depths below it are drafted without asking the model (absent: 1)...
     min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
     batch             settings by batch size, chosen by batched replay (absent: the top-level
@@ -35,6 +38,7 @@ from typing import Any
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.prompts.chat import recorded_format
 from mcsd_runtime.stop.aggregation import check_aggregation, check_row_aggregation
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
 
@@ -78,6 +82,7 @@ class ArtifactSpec:
     label_definition: str | None = None
     pair_fingerprint: dict | None = None
     k_config: tuple[int, ...] | None = None
+    prompt_format: dict | None = None
     min_depth: int = 1
     min_depth_gate: float = 0.0
     batch: dict[int, BatchSetting] | None = None
@@ -109,6 +114,8 @@ class ArtifactSpec:
             object.__setattr__(self, "batch", self._batch_table(self.batch))
         if self.hidden_size is not None:
             _set_number(self, "hidden_size", int, "hidden_size must be an integer or null")
+        if self.prompt_format is not None:
+            object.__setattr__(self, "prompt_format", recorded_format(self.prompt_format))
         if self.k_config is not None:
             try:
                 object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -156,8 +163,10 @@ class ArtifactSpec:
 
     def to_json(self) -> dict:
         """The `stopper.json` object, keys in file order (`batch` only when there is a
-        table)."""
+        table, `prompt_format` only when recorded)."""
         out = {"format": FORMAT} | asdict(self)
+        if self.prompt_format is None:
+            del out["prompt_format"]
         out["feature_names"] = list(self.feature_names)
         out["k_config"] = list(self.k_config) if self.k_config is not None else None
         if self.batch is None:
