@@ -3,6 +3,8 @@ with reference AR, per category."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from conftest import make_pair
@@ -75,3 +77,28 @@ def test_summary_by_category_and_all():
     assert s["x"]["mcsd_ref"]["equal_share"] == 1.0
     table = drift_table(s)
     assert table.splitlines()[-1].startswith("| all | 4 | 100% | 50% | 50% | 75% |")
+
+
+def test_the_command_writes_its_table_and_every_output(toy_tiny, tmp_path, capsys):
+    from mcsd_runtime.cli import main
+
+    out = tmp_path / "drift"
+    code = main(["drift", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "2",
+                 "--max-new-tokens", "8", "--k-config", "2,1", "--out", str(out)])
+    assert code == 0
+    saved = json.loads((out / "drift.json").read_text())
+    assert len(saved["rows"]) == 2 and saved["k_config"] == [2, 1]
+    assert all(len(r["outputs"]["ar_ref"]) == 8 for r in saved["rows"])
+    table = (out / "drift.md").read_text()
+    assert table.strip() in capsys.readouterr().out
+    assert table.splitlines()[-1].startswith("| all | 2 | 100% |")
+
+
+def test_the_command_refuses_a_dtype(tmp_path, capsys):
+    from mcsd_runtime.cli import main
+
+    assert main(["drift", "--target", "toy:tiny", "--dtype", "bf16",
+                 "--out", str(tmp_path / "d")]) == 2
+    assert "drop it" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

@@ -108,7 +108,8 @@ def write_outputs(records: list[Record], rows: list[dict], out: Path, settings: 
         text = {"text": tokenizer.decode(r.token_ids)} if tokenizer is not None else {}
         return vars(r) | text | {"tokens_per_s": r.tokens_per_s}
 
-    atomic_write_text(out / "per_prompt.jsonl", "".join(json.dumps(record(r)) + "\n" for r in records))
+    atomic_write_text(out / "per_prompt.jsonl",
+                      "".join(json.dumps(record(r)) + "\n" for r in records))
     atomic_write_text(out / "summary.json", json.dumps({"settings": settings, "methods": rows,
                                               "stoppers": stoppers or []}, indent=2))
     atomic_write_text(out / "summary.csv", pd.DataFrame(rows).to_csv(index=False))
