@@ -1,0 +1,371 @@
+"""Training data for a distilled draft, generated offline by the target itself.
+
+Three kinds of sequences, each stored with the target's `top_k` largest log-probabilities at
+every trained position (so training never runs the target):
+
+- `chat`: Magpie-style self-generated conversations. The target is fed its chat template's
+  user-turn prefix (the template rendered around a placeholder, cut before it) and samples a
+  query until its end of turn; then, with the template applied to that query, it writes its
+  greedy answer. Trained positions: the answer's tokens (its end of turn included). These are
+  what a draft for a chat model must predict, and no corpus has them.
+- `prompt`: instructions of a prompt set (`--prompts SPEC`) answered the same way.
+- `text`: windows of plain text (the interpreter's stdlib sources) scored by the target.
+
+Generation is batched (left padding, `generate` on `gen_batch` rows): one-token forwards are
+latency-bound on a CPU, many rows per forward cost little more than one. Each batch is saved
+as it finishes (`<stream>-NNNNN.pt`, plus `conversations.jsonl` to read), so a run that stops
+resumes where it was; batch `b` of a stream is sampled from a seed of (recipe seed, stream,
+b), so the data do not depend on where a run stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.progress import progress
+
+PLACEHOLDER = "\x00MCSD-QUERY\x00"
+TEXT_BATCH = 8  # windows per target forward when scoring text
+CHARS_PER_TOKEN_SAMPLED = 8  # text sampled per token of text wanted (tokens are ~3-4 chars)
+
+
+@dataclass
+class Sequence:
+    """Token ids with the target's top-k at the trained positions: the target's distribution
+    at position `start - 1 + j` (predicting `tokens[start + j]`) has its `top_k` largest
+    log-probabilities `top_logp[j]` at ids `top_ids[j]`, largest first."""
+
+    kind: str
+    tokens: torch.Tensor  # [n] int64
+    start: int
+    top_ids: torch.Tensor  # [n - start, k] int32
+    top_logp: torch.Tensor  # [n - start, k] float16
+
+    @property
+    def trained(self) -> int:
+        return int(self.tokens.numel()) - self.start
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "tokens": self.tokens, "start": self.start,
+                "top_ids": self.top_ids, "top_logp": self.top_logp}
+
+
+# --------------------------------------------------------------------------- the chat template
+def user_prefix(tokenizer) -> str | None:
+    """The text of a chat up to where the user's first message begins (the system turn the
+    template adds by default included), or None when the tokenizer has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    full = tokenizer.apply_chat_template([{"role": "user", "content": PLACEHOLDER}],
+                                         tokenize=False, add_generation_prompt=False)
+    if PLACEHOLDER not in full:
+        return None
+    return full[: full.index(PLACEHOLDER)]
+
+
+def chat_prompt(tokenizer, query: str) -> str:
+    """The chat template applied to one user message, ready for the assistant's answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def end_ids(model, tokenizer) -> list[int]:
+    """Token ids that end a turn: the generation config's and tokenizer's EOS, and the special
+    token the chat template puts right after a message's content, if any."""
+    ids: set[int] = set()
+    for eos in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    if getattr(tokenizer, "chat_template", None):
+        full = tokenizer.apply_chat_template([{"role": "user", "content": PLACEHOLDER}],
+                                             tokenize=False, add_generation_prompt=False)
+        after = full[full.index(PLACEHOLDER) + len(PLACEHOLDER):] if PLACEHOLDER in full else ""
+        first = tokenizer(after, add_special_tokens=False)["input_ids"][:1]
+        if first and first[0] in set(tokenizer.all_special_ids):
+            ids.add(first[0])
+    if not ids:
+        raise MCSDError("the target names no end-of-sequence token: cannot generate answers")
+    return sorted(ids)
+
+
+def _pad_id(tokenizer, stops: list[int]) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad) if pad is not None else stops[0]
+
+
+def _batch_seed(seed: int, stream: str, batch: int) -> int:
+    blob = f"{seed}:{stream}:{batch}".encode()
+    return int(hashlib.sha256(blob).hexdigest()[:8], 16)
+
+
+def _cut(row: torch.Tensor, stops: list[int]) -> torch.Tensor:
+    """A generated row up to and including its first end token."""
+    hit = torch.isin(row, torch.tensor(stops))
+    return row[: int(hit.nonzero()[0]) + 1] if hit.any() else row
+
+
+@torch.inference_mode()
+def sample_queries(model, tokenizer, n: int, max_tokens: int, temperature: float,
+                   seed: int) -> list[str]:
+    """`n` queries the target writes itself after its chat template's user prefix (sampled,
+    one `generate` call, all rows of the same length so no padding)."""
+    prefix = user_prefix(tokenizer)
+    stops = end_ids(model, tokenizer)
+    ids = torch.tensor([tokenizer(prefix, add_special_tokens=False)["input_ids"]] * n)
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                         temperature=temperature, top_k=0, top_p=1.0,
+                         max_new_tokens=max_tokens, eos_token_id=stops,
+                         pad_token_id=_pad_id(tokenizer, stops))
+    rows = out[:, ids.shape[1]:]
+    special = set(tokenizer.all_special_ids)
+    queries = []
+    for row in rows:
+        kept = [t for t in _cut(row, stops).tolist() if t not in special]
+        queries.append(tokenizer.decode(kept, skip_special_tokens=True).strip())
+    return queries
+
+
+class TopKRecorder:
+    """A logits processor that keeps the top-k log-probabilities of every generation step's
+    scores and changes nothing (storing whole logits would take GBs at 49k tokens)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.ids: list[torch.Tensor] = []
+        self.logp: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        top = torch.log_softmax(scores.float(), -1).topk(self.k, -1)
+        self.ids.append(top.indices.to(torch.int32))
+        self.logp.append(top.values.to(torch.float16))
+        return scores
+
+
+@torch.inference_mode()
+def answer(model, tokenizer, queries: list[str], max_tokens: int, top_k: int,
+           kind: str = "chat") -> list[Sequence]:
+    """The target's greedy answers to `queries` (chat template applied, one left-padded
+    `generate` call), each a Sequence over prompt + answer with the target's top-k at every
+    answer token, recorded from the logits the generation computes anyway."""
+    from transformers import LogitsProcessorList
+
+    stops = end_ids(model, tokenizer)
+    prompts = [tokenizer(chat_prompt(tokenizer, q), add_special_tokens=False)["input_ids"]
+               for q in queries]
+    width = max(map(len, prompts))
+    pad = _pad_id(tokenizer, stops)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    recorder = TopKRecorder(top_k)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                         max_new_tokens=max_tokens, eos_token_id=stops, pad_token_id=pad,
+                         logits_processor=LogitsProcessorList([recorder]))
+    top_ids, top_logp = torch.stack(recorder.ids, 1), torch.stack(recorder.logp, 1)
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        ans = _cut(out[i, width:], stops)
+        n = ans.numel()
+        seqs.append(Sequence(kind, torch.tensor(prompt + ans.tolist()), len(prompt),
+                             top_ids[i, :n].clone(), top_logp[i, :n].clone()))
+    return seqs
+
+
+@torch.inference_mode()
+def score_text(model, windows: torch.Tensor, top_k: int, batch: int = TEXT_BATCH,
+               bar=None) -> list[Sequence]:
+    """Text windows [n, L] scored by the target: each a Sequence trained from its second
+    token on."""
+    seqs = []
+    for i in range(0, windows.shape[0], batch):
+        rows = windows[i : i + batch]
+        logp = torch.log_softmax(model(input_ids=rows).logits[:, :-1].float(), -1)
+        top = logp.topk(top_k, -1)
+        for j in range(rows.shape[0]):
+            seqs.append(Sequence("text", rows[j].clone(), 1, top.indices[j].to(torch.int32),
+                                 top.values[j].to(torch.float16)))
+        if bar is not None:
+            bar.update(rows.shape[0])
+    return seqs
+
+
+def text_windows(tokenizer, split: str, n_tokens: int, seq_len: int) -> torch.Tensor:
+    """`max(1, n_tokens // seq_len)` windows [n, seq_len] of the stdlib split `split`, evenly
+    spaced over a sample of its files (every k-th, about CHARS_PER_TOKEN_SAMPLED characters per
+    token wanted, so that little text is tokenized for nothing)."""
+    from mcsd_runtime.toy.corpus import read_source, source_files
+    from mcsd_runtime.toy.training import token_stream
+
+    files = source_files(split)
+    n = max(1, n_tokens // seq_len)
+    want = n * seq_len * CHARS_PER_TOKEN_SAMPLED
+    sizes = [f.path.stat().st_size for f in files]
+    stride = max(1, int(sum(sizes) // max(want, 1)))
+    stream = token_stream([read_source(f) for f in files[::stride]], tokenizer)
+    if stream.numel() < seq_len:
+        raise MCSDError(f"the stdlib {split} split has fewer than {seq_len} tokens")
+    n = min(n, stream.numel() // seq_len)
+    step = stream.numel() // n
+    return torch.stack([stream[i * step : i * step + seq_len] for i in range(n)])
+
+
+# ------------------------------------------------------------------------- the cached streams
+class DataStore:
+    """A folder of generated batches (`<stream>-NNNNN.pt`) and a readable log of the
+    conversations (`conversations.jsonl`)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, stream: str, batch: int) -> Path:
+        return self.folder / f"{stream}-{batch:05d}.pt"
+
+    def load(self, stream: str, batch: int) -> list[Sequence] | None:
+        path = self._path(stream, batch)
+        if not path.is_file():
+            return None
+        try:
+            rows = torch.load(path, weights_only=True)
+        except Exception:  # noqa: BLE001 - a batch cut short by a crash is generated again
+            return None
+        return [Sequence(**r) for r in rows]
+
+    def save(self, stream: str, batch: int, seqs: list[Sequence], tokenizer=None) -> None:
+        path = self._path(stream, batch)
+        tmp = path.with_suffix(".tmp")
+        torch.save([s.to_dict() for s in seqs], tmp)
+        tmp.replace(path)
+        if tokenizer is not None and seqs and seqs[0].kind != "text":
+            with (self.folder / "conversations.jsonl").open("a") as f:
+                for s in seqs:
+                    f.write(json.dumps({
+                        "stream": stream, "batch": batch,
+                        "prompt": tokenizer.decode(s.tokens[: s.start]),
+                        "answer": tokenizer.decode(s.tokens[s.start:])}) + "\n")
+
+
+def chat_stream(store: DataStore, model, tokenizer, stream: str, n: int, recipe,
+                bar=None) -> list[Sequence]:
+    """`n` self-generated conversations of stream `stream` (from the store, generating the
+    missing batches)."""
+    seqs: list[Sequence] = []
+    batch = 0
+    while len(seqs) < n:
+        got = store.load(stream, batch)
+        if got is None:
+            seed = _batch_seed(recipe.seed, stream, batch)
+            queries = sample_queries(model, tokenizer, recipe.gen_batch, recipe.query_tokens,
+                                     recipe.query_temperature, seed)
+            queries = [q for q in dict.fromkeys(queries) if q]  # no empty or repeated query
+            got = answer(model, tokenizer, queries, recipe.answer_tokens, recipe.top_k) \
+                if queries else []
+            store.save(stream, batch, got, tokenizer)
+        seqs.extend(got[: n - len(seqs)])
+        if bar is not None:
+            bar.update(min(len(got), bar.total - bar.n if bar.total else len(got)))
+        batch += 1
+        if batch > 4 * n + 8 and not seqs:
+            raise MCSDError("the target wrote no usable query in many batches: check its chat "
+                            "template")
+    return seqs
+
+
+def prompt_stream(store: DataStore, model, tokenizer, texts: list[str], recipe,
+                  bar=None) -> list[Sequence]:
+    """The target's answers to the instructions `texts`, in batches (from the store)."""
+    seqs: list[Sequence] = []
+    size = recipe.gen_batch
+    for batch, i in enumerate(range(0, len(texts), size)):
+        got = store.load("prompts", batch)
+        if got is None:
+            got = answer(model, tokenizer, texts[i : i + size], recipe.answer_tokens,
+                         recipe.top_k, kind="prompt")
+            store.save("prompts", batch, got, tokenizer)
+        seqs.extend(got)
+        if bar is not None:
+            bar.update(len(got))
+    return seqs
+
+
+def text_stream(store: DataStore, model, tokenizer, stream: str, split: str, n_tokens: int,
+                recipe, bar=None) -> list[Sequence]:
+    """About `n_tokens` of stdlib text of `split`, scored by the target (from the store)."""
+    if n_tokens <= 0:
+        return []
+    got = store.load(stream, 0)
+    if got is None:
+        windows = text_windows(tokenizer, split, n_tokens, recipe.seq_len)
+        got = score_text(model, windows, recipe.top_k, bar=bar)
+        store.save(stream, 0, got)
+    return got
+
+
+@dataclass
+class DistillData:
+    """The sequences of one recipe, by role, and the seconds spent generating them here."""
+
+    train: list[Sequence]
+    heldout_chat: list[Sequence]
+    heldout_text: list[Sequence]
+    seconds: float
+    has_chat: bool
+    prompts: int = 0
+
+    def counts(self) -> dict:
+        kinds: dict[str, dict[str, int]] = {}
+        for s in self.train:
+            k = kinds.setdefault(s.kind, {"sequences": 0, "trained_tokens": 0})
+            k["sequences"] += 1
+            k["trained_tokens"] += s.trained
+        return {"train": kinds,
+                "heldout_chat": {"sequences": len(self.heldout_chat),
+                                 "tokens": sum(s.trained for s in self.heldout_chat)},
+                "heldout_text": {"sequences": len(self.heldout_text),
+                                 "tokens": sum(s.trained for s in self.heldout_text)}}
+
+
+def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = True
+                  ) -> DistillData:
+    """All sequences of `recipe` for this target, generated into (or read from) `folder`."""
+    from mcsd_runtime.toy.training import torch_threads
+
+    store = DataStore(folder)
+    start = time.perf_counter()
+    has_chat = user_prefix(tokenizer) is not None
+    texts: list[str] = []
+    if recipe.prompts:
+        if not has_chat:
+            raise MCSDError("--prompts needs a target with a chat template; this one has none")
+        from mcsd_runtime.prompts.sets import load_prompts
+
+        texts = [p.text for p in load_prompts(recipe.prompts, limit=recipe.prompt_limit or None,
+                                              seed=recipe.seed)]
+    n_chat = (recipe.conversations + recipe.heldout_conversations) if has_chat else 0
+    text_n = sum(max(1, n // recipe.seq_len) for n in (recipe.text_tokens,
+                                                        recipe.heldout_text_tokens) if n)
+    total = n_chat + len(texts) + text_n
+    bar = progress(total=total, desc="generating data", unit="seq", disable=not progress_on)
+    try:
+        with torch_threads(torch.get_num_threads()):
+            held = chat_stream(store, model, tokenizer, "heldout", recipe.heldout_conversations,
+                               recipe, bar) if has_chat else []
+            chat = chat_stream(store, model, tokenizer, "chat", recipe.conversations, recipe,
+                               bar) if has_chat else []
+            prompted = prompt_stream(store, model, tokenizer, texts, recipe, bar)
+            text = text_stream(store, model, tokenizer, "text", "train", recipe.text_tokens,
+                               recipe, bar)
+            held_text = text_stream(store, model, tokenizer, "heldout-text", "eval",
+                                    recipe.heldout_text_tokens, recipe, bar)
+    finally:
+        bar.close()
+    return DistillData(train=chat + prompted + text, heldout_chat=held, heldout_text=held_text,
+                       seconds=time.perf_counter() - start, has_chat=has_chat,
+                       prompts=len(texts))
