@@ -168,6 +168,17 @@ def test_generated_data_are_reused_not_regenerated(chat_data, monkeypatch):
                                    progress_on=False)
 
 
+def test_worker_processes_generate_the_same_data(chat_data, chat_target, tmp_path):
+    """Batches are seeded one by one: two processes write what one wrote."""
+    target, tok, recipe, folder, data = chat_data
+    par = distill_data.generate_data(tmp_path, target, tok, recipe, progress_on=False,
+                                     workers=2, target_folder=chat_target)
+    for a, b in ((par.train, data.train), (par.heldout_chat, data.heldout_chat),
+                 (par.heldout_text, data.heldout_text)):
+        assert [s.tokens.tolist() for s in a] == [s.tokens.tolist() for s in b]
+        assert all(torch.equal(x.top_logp, y.top_logp) for x, y in zip(a, b, strict=True))
+
+
 def test_a_target_without_chat_template_gets_text_only(toy_tiny, tmp_path):
     target, tok = load_target(toy_tiny / "target")
     assert distill_data.user_prefix(tok) is None

@@ -68,7 +68,8 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
                 data: str | Path | None = None, threads: int | None = None) -> Path:
     """The folder of the draft of `recipe` distilled from `target`, built if missing (or if
     `force`). `out` replaces the cached location, `data` the data cache folder; `threads`
-    sets torch's threads for the build (default: as set)."""
+    sets torch's threads for the build (default: as set), and as many processes of one
+    thread each generate the data."""
     from mcsd_runtime.toy.build import _make_tmp, build_then_install
 
     recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
@@ -178,7 +179,9 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     n_layers = target.config.num_hidden_layers
     layer_ids = (check_layer_ids(recipe.layer_ids, n_layers) if recipe.layer_ids
                  else target_layer_indices(n_layers, recipe.layers))
-    data = generate_data(data_folder, target, tokenizer, recipe, progress)
+    # generation: one process of one thread per core (see data.run_jobs)
+    data = generate_data(data_folder, target, tokenizer, recipe, progress,
+                         workers=torch.get_num_threads(), target_folder=folder)
     stops = end_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     draft = cut_draft(target, layer_ids)

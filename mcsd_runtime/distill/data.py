@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from mcsd_runtime.progress import progress
 
 PLACEHOLDER = "\x00MCSD-QUERY\x00"
 TEXT_BATCH = 8  # windows per target forward when scoring text
+TEXT_CHUNK = 32  # windows per saved text batch (a unit of work and of resumption)
 CHARS_PER_TOKEN_SAMPLED = 8  # text sampled per token of text wanted (tokens are ~3-4 chars)
 
 
@@ -179,8 +181,8 @@ def answer(model, tokenizer, queries: list[str], max_tokens: int, top_k: int,
 
 
 @torch.inference_mode()
-def score_text(model, windows: torch.Tensor, top_k: int, batch: int = TEXT_BATCH,
-               bar=None) -> list[Sequence]:
+def score_text(model, windows: torch.Tensor, top_k: int, batch: int = TEXT_BATCH
+               ) -> list[Sequence]:
     """Text windows [n, L] scored by the target: each a Sequence trained from its second
     token on."""
     seqs = []
@@ -191,8 +193,6 @@ def score_text(model, windows: torch.Tensor, top_k: int, batch: int = TEXT_BATCH
         for j in range(rows.shape[0]):
             seqs.append(Sequence("text", rows[j].clone(), 1, top.indices[j].to(torch.int32),
                                  top.values[j].to(torch.float16)))
-        if bar is not None:
-            bar.update(rows.shape[0])
     return seqs
 
 
@@ -225,87 +225,132 @@ class DataStore:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def _path(self, stream: str, batch: int) -> Path:
+    def path(self, stream: str, batch: int) -> Path:
         return self.folder / f"{stream}-{batch:05d}.pt"
 
+    def has(self, stream: str, batch: int) -> bool:
+        return self.path(stream, batch).is_file()
+
     def load(self, stream: str, batch: int) -> list[Sequence] | None:
-        path = self._path(stream, batch)
+        path = self.path(stream, batch)
         if not path.is_file():
             return None
         try:
             rows = torch.load(path, weights_only=True)
-        except Exception:  # noqa: BLE001 - a batch cut short by a crash is generated again
+        except Exception:  # noqa: BLE001 - a damaged batch is generated again
             return None
         return [Sequence(**r) for r in rows]
 
     def save(self, stream: str, batch: int, seqs: list[Sequence], tokenizer=None) -> None:
-        path = self._path(stream, batch)
-        tmp = path.with_suffix(".tmp")
+        path = self.path(stream, batch)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
         torch.save([s.to_dict() for s in seqs], tmp)
         tmp.replace(path)
         if tokenizer is not None and seqs and seqs[0].kind != "text":
+            lines = [json.dumps({"stream": stream, "batch": batch,
+                                 "prompt": tokenizer.decode(s.tokens[: s.start]),
+                                 "answer": tokenizer.decode(s.tokens[s.start:])}) + "\n"
+                     for s in seqs]
             with (self.folder / "conversations.jsonl").open("a") as f:
-                for s in seqs:
-                    f.write(json.dumps({
-                        "stream": stream, "batch": batch,
-                        "prompt": tokenizer.decode(s.tokens[: s.start]),
-                        "answer": tokenizer.decode(s.tokens[s.start:])}) + "\n")
+                f.write("".join(lines))  # one write per batch: workers do not interleave
 
 
-def chat_stream(store: DataStore, model, tokenizer, stream: str, n: int, recipe,
-                bar=None) -> list[Sequence]:
-    """`n` self-generated conversations of stream `stream` (from the store, generating the
-    missing batches)."""
+@dataclass(frozen=True)
+class Job:
+    """One batch to generate: `kind` chat (self-written queries), prompt (`texts` answered)
+    or text (`windows` scored)."""
+
+    stream: str
+    batch: int
+    kind: str
+    texts: tuple[str, ...] = ()
+    windows: torch.Tensor | None = None
+
+
+def run_job(job: Job, model, tokenizer, recipe, store: DataStore) -> int:
+    """Generate and save `job`'s batch unless the store has it; returns its sequences."""
+    got = store.load(job.stream, job.batch)
+    if got is not None:
+        return len(got)
+    if job.kind == "chat":
+        seed = _batch_seed(recipe.seed, job.stream, job.batch)
+        queries = sample_queries(model, tokenizer, recipe.gen_batch, recipe.query_tokens,
+                                 recipe.query_temperature, seed)
+        queries = [q for q in dict.fromkeys(queries) if q]  # no empty or repeated query
+        got = answer(model, tokenizer, queries, recipe.answer_tokens, recipe.top_k) \
+            if queries else []
+    elif job.kind == "prompt":
+        got = answer(model, tokenizer, list(job.texts), recipe.answer_tokens, recipe.top_k,
+                     kind="prompt")
+    else:
+        got = score_text(model, job.windows, recipe.top_k)
+    store.save(job.stream, job.batch, got, tokenizer)
+    return len(got)
+
+
+# Each worker process holds the target once (set by `_init_worker`).
+_WORKER: dict = {}
+
+
+def _init_worker(folder: str, recipe, store_folder: str) -> None:
+    from mcsd_runtime.distill.target import load_target
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_target(Path(folder))
+    _WORKER.update(model=model, tokenizer=tokenizer, recipe=recipe,
+                   store=DataStore(Path(store_folder)))
+
+
+def _worker_job(job: Job) -> int:
+    w = _WORKER
+    return run_job(job, w["model"], w["tokenizer"], w["recipe"], w["store"])
+
+
+def run_jobs(jobs: list[Job], model, tokenizer, recipe, store: DataStore, bar=None,
+             workers: int = 1, target_folder: Path | None = None) -> None:
+    """Run the jobs the store lacks: here, or in `workers` processes of one torch thread each
+    (each loads the target from `target_folder`). Processes rather than threads: on a shared
+    CPU one busy core stalls every multi-threaded kernel, and one process per core does not."""
+    todo = [j for j in jobs if not store.has(j.stream, j.batch)]
+    for j in jobs:
+        if store.has(j.stream, j.batch) and bar is not None:
+            bar.update(len(store.load(j.stream, j.batch) or []))
+    if not todo:
+        return
+    if workers <= 1 or len(todo) == 1 or target_folder is None:
+        for job in todo:
+            n = run_job(job, model, tokenizer, recipe, store)
+            if bar is not None:
+                bar.update(n)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
+                             mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                             initargs=(str(target_folder), recipe, str(store.folder))) as pool:
+        futures = [pool.submit(_worker_job, job) for job in todo]
+        for fut in as_completed(futures):
+            n = fut.result()
+            if bar is not None:
+                bar.update(n)
+
+
+def _chat_jobs(stream: str, first: int, count: int) -> list[Job]:
+    return [Job(stream, b, "chat") for b in range(first, first + count)]
+
+
+def _collect(store: DataStore, stream: str, n: int) -> tuple[list[Sequence], int]:
+    """The first `n` sequences of a stream's saved batches, and the batches read."""
     seqs: list[Sequence] = []
     batch = 0
     while len(seqs) < n:
         got = store.load(stream, batch)
         if got is None:
-            seed = _batch_seed(recipe.seed, stream, batch)
-            queries = sample_queries(model, tokenizer, recipe.gen_batch, recipe.query_tokens,
-                                     recipe.query_temperature, seed)
-            queries = [q for q in dict.fromkeys(queries) if q]  # no empty or repeated query
-            got = answer(model, tokenizer, queries, recipe.answer_tokens, recipe.top_k) \
-                if queries else []
-            store.save(stream, batch, got, tokenizer)
+            break
         seqs.extend(got[: n - len(seqs)])
-        if bar is not None:
-            bar.update(min(len(got), bar.total - bar.n if bar.total else len(got)))
         batch += 1
-        if batch > 4 * n + 8 and not seqs:
-            raise MCSDError("the target wrote no usable query in many batches: check its chat "
-                            "template")
-    return seqs
-
-
-def prompt_stream(store: DataStore, model, tokenizer, texts: list[str], recipe,
-                  bar=None) -> list[Sequence]:
-    """The target's answers to the instructions `texts`, in batches (from the store)."""
-    seqs: list[Sequence] = []
-    size = recipe.gen_batch
-    for batch, i in enumerate(range(0, len(texts), size)):
-        got = store.load("prompts", batch)
-        if got is None:
-            got = answer(model, tokenizer, texts[i : i + size], recipe.answer_tokens,
-                         recipe.top_k, kind="prompt")
-            store.save("prompts", batch, got, tokenizer)
-        seqs.extend(got)
-        if bar is not None:
-            bar.update(len(got))
-    return seqs
-
-
-def text_stream(store: DataStore, model, tokenizer, stream: str, split: str, n_tokens: int,
-                recipe, bar=None) -> list[Sequence]:
-    """About `n_tokens` of stdlib text of `split`, scored by the target (from the store)."""
-    if n_tokens <= 0:
-        return []
-    got = store.load(stream, 0)
-    if got is None:
-        windows = text_windows(tokenizer, split, n_tokens, recipe.seq_len)
-        got = score_text(model, windows, recipe.top_k, bar=bar)
-        store.save(stream, 0, got)
-    return got
+    return seqs, batch
 
 
 @dataclass
@@ -332,11 +377,10 @@ class DistillData:
                                  "tokens": sum(s.trained for s in self.heldout_text)}}
 
 
-def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = True
-                  ) -> DistillData:
-    """All sequences of `recipe` for this target, generated into (or read from) `folder`."""
-    from mcsd_runtime.toy.training import torch_threads
-
+def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = True,
+                  workers: int = 1, target_folder: Path | None = None) -> DistillData:
+    """All sequences of `recipe` for this target, generated into (or read from) `folder`;
+    with `workers` > 1 and `target_folder`, batches are generated by that many processes."""
     store = DataStore(folder)
     start = time.perf_counter()
     has_chat = user_prefix(tokenizer) is not None
@@ -348,24 +392,43 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
 
         texts = [p.text for p in load_prompts(recipe.prompts, limit=recipe.prompt_limit or None,
                                               seed=recipe.seed)]
-    n_chat = (recipe.conversations + recipe.heldout_conversations) if has_chat else 0
-    text_n = sum(max(1, n // recipe.seq_len) for n in (recipe.text_tokens,
-                                                        recipe.heldout_text_tokens) if n)
-    total = n_chat + len(texts) + text_n
+    size = recipe.gen_batch
+    wanted = {"heldout": recipe.heldout_conversations, "chat": recipe.conversations} \
+        if has_chat else {}
+    jobs = [j for stream, n in wanted.items() for j in _chat_jobs(stream, 0, -(-n // size))]
+    jobs += [Job("prompts", b, "prompt", tuple(texts[i : i + size]))
+             for b, i in enumerate(range(0, len(texts), size))]
+    for stream, split, n_tokens in (("text", "train", recipe.text_tokens),
+                                    ("heldout-text", "eval", recipe.heldout_text_tokens)):
+        if n_tokens > 0:
+            windows = text_windows(tokenizer, split, n_tokens, recipe.seq_len)
+            jobs += [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
+                     for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]
+    total = sum(wanted.values()) + len(texts) + sum(
+        j.windows.shape[0] for j in jobs if j.kind == "text")
     bar = progress(total=total, desc="generating data", unit="seq", disable=not progress_on)
+    chats: dict[str, list[Sequence]] = {}
     try:
-        with torch_threads(torch.get_num_threads()):
-            held = chat_stream(store, model, tokenizer, "heldout", recipe.heldout_conversations,
-                               recipe, bar) if has_chat else []
-            chat = chat_stream(store, model, tokenizer, "chat", recipe.conversations, recipe,
-                               bar) if has_chat else []
-            prompted = prompt_stream(store, model, tokenizer, texts, recipe, bar)
-            text = text_stream(store, model, tokenizer, "text", "train", recipe.text_tokens,
-                               recipe, bar)
-            held_text = text_stream(store, model, tokenizer, "heldout-text", "eval",
-                                    recipe.heldout_text_tokens, recipe, bar)
+        run_jobs(jobs, model, tokenizer, recipe, store, bar, workers, target_folder)
+        for _ in range(64):  # a stream short of sequences (dropped queries): more batches
+            short = {}
+            for stream, n in wanted.items():
+                chats[stream], read = _collect(store, stream, n)
+                if len(chats[stream]) < n:
+                    short[stream] = (read, n - len(chats[stream]))
+            if not short:
+                break
+            more = [j for stream, (first, missing) in short.items()
+                    for j in _chat_jobs(stream, first, -(-missing // size) + 1)]
+            run_jobs(more, model, tokenizer, recipe, store, None, workers, target_folder)
+        else:
+            raise MCSDError("the target wrote too few usable queries: check its chat template")
     finally:
         bar.close()
-    return DistillData(train=chat + prompted + text, heldout_chat=held, heldout_text=held_text,
+    prompted = [s for b in range(-(-len(texts) // size)) for s in store.load("prompts", b)]
+    text = {stream: [s for j in jobs if j.stream == stream for s in store.load(stream, j.batch)]
+            for stream in ("text", "heldout-text")}
+    return DistillData(train=chats.get("chat", []) + prompted + text["text"],
+                       heldout_chat=chats.get("heldout", []), heldout_text=text["heldout-text"],
                        seconds=time.perf_counter() - start, has_chat=has_chat,
                        prompts=len(texts))
