@@ -146,7 +146,8 @@ def summary(root: Path, card: dict) -> str:
         f"  one-token forward  target {t['latency_ms_1thread']:.2f} ms  draft "
         f"{d['latency_ms_1thread']:.2f} ms  (cost ratio {card['cost_ratio_1thread']:.3f}; fp32, "
         f"1 thread)",
-        f"  time               generation {card['seconds']['data']:.0f} s, training "
+        f"  time               generation {card['seconds']['data']:.0f} s (its batches: "
+        f"{card['seconds'].get('data_batches_one_thread', 0):.0f} s of one thread), training "
         f"{card['seconds']['train']:.0f} s, build {card['seconds']['build']:.0f} s "
         f"({card['build_machine']['threads']} threads)",
     ]
@@ -233,7 +234,9 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         "latency_note": (f"median ms of a one-token forward with a KV cache of "
                          f"{int(context.numel())} tokens, fp32, one thread, target and draft "
                          f"alternating, on the build machine"),
-        "seconds": {"data": round(data.seconds, 1), "train": round(train_seconds, 1),
+        "seconds": {"data": round(data.seconds, 1),
+                    "data_batches_one_thread": round(data.batch_seconds, 1),
+                    "train": round(train_seconds, 1),
                     "build": round(time.perf_counter() - start, 1)},
         "files": {p.relative_to(tmp).as_posix(): _sha256(p)
                   for p in sorted(tmp.rglob("*")) if p.is_file()},

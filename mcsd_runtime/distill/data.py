@@ -232,19 +232,28 @@ class DataStore:
         return self.path(stream, batch).is_file()
 
     def load(self, stream: str, batch: int) -> list[Sequence] | None:
+        got = self._read(stream, batch)
+        return None if got is None else [Sequence(**r) for r in got["seqs"]]
+
+    def seconds(self, stream: str, batch: int) -> float:
+        """Seconds (one thread) it took to generate a saved batch."""
+        got = self._read(stream, batch)
+        return 0.0 if got is None else float(got["seconds"])
+
+    def _read(self, stream: str, batch: int) -> dict | None:
         path = self.path(stream, batch)
         if not path.is_file():
             return None
         try:
-            rows = torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True)
         except Exception:  # noqa: BLE001 - a damaged batch is generated again
             return None
-        return [Sequence(**r) for r in rows]
 
-    def save(self, stream: str, batch: int, seqs: list[Sequence], tokenizer=None) -> None:
+    def save(self, stream: str, batch: int, seqs: list[Sequence], seconds: float,
+             tokenizer=None) -> None:
         path = self.path(stream, batch)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save([s.to_dict() for s in seqs], tmp)
+        torch.save({"seqs": [s.to_dict() for s in seqs], "seconds": seconds}, tmp)
         tmp.replace(path)
         if tokenizer is not None and seqs and seqs[0].kind != "text":
             lines = [json.dumps({"stream": stream, "batch": batch,
@@ -272,6 +281,7 @@ def run_job(job: Job, model, tokenizer, recipe, store: DataStore) -> int:
     got = store.load(job.stream, job.batch)
     if got is not None:
         return len(got)
+    start = time.perf_counter()
     if job.kind == "chat":
         seed = _batch_seed(recipe.seed, job.stream, job.batch)
         queries = sample_queries(model, tokenizer, recipe.gen_batch, recipe.query_tokens,
@@ -284,7 +294,7 @@ def run_job(job: Job, model, tokenizer, recipe, store: DataStore) -> int:
                      kind="prompt")
     else:
         got = score_text(model, job.windows, recipe.top_k)
-    store.save(job.stream, job.batch, got, tokenizer)
+    store.save(job.stream, job.batch, got, time.perf_counter() - start, tokenizer)
     return len(got)
 
 
@@ -363,6 +373,7 @@ class DistillData:
     seconds: float
     has_chat: bool
     prompts: int = 0
+    batch_seconds: float = 0.0  # one-thread seconds it took to generate the batches used
 
     def counts(self) -> dict:
         kinds: dict[str, dict[str, int]] = {}
@@ -396,14 +407,19 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
     wanted = {"heldout": recipe.heldout_conversations, "chat": recipe.conversations} \
         if has_chat else {}
     jobs = [j for stream, n in wanted.items() for j in _chat_jobs(stream, 0, -(-n // size))]
-    jobs += [Job("prompts", b, "prompt", tuple(texts[i : i + size]))
+    prompt_stream = f"prompts-{recipe.prompt_limit or 'all'}"
+    jobs += [Job(prompt_stream, b, "prompt", tuple(texts[i : i + size]))
              for b, i in enumerate(range(0, len(texts), size))]
-    for stream, split, n_tokens in (("text", "train", recipe.text_tokens),
-                                    ("heldout-text", "eval", recipe.heldout_text_tokens)):
+    text_streams = {}
+    for role, split, n_tokens in (("text", "train", recipe.text_tokens),
+                                  ("heldout-text", "eval", recipe.heldout_text_tokens)):
+        text_streams[role] = []
         if n_tokens > 0:
             windows = text_windows(tokenizer, split, n_tokens, recipe.seq_len)
-            jobs += [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
-                     for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]
+            stream = f"{role}-{windows.shape[0]}x{recipe.seq_len}"
+            text_streams[role] = [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
+                                  for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]
+            jobs += text_streams[role]
     total = sum(wanted.values()) + len(texts) + sum(
         j.windows.shape[0] for j in jobs if j.kind == "text")
     bar = progress(total=total, desc="generating data", unit="seq", disable=not progress_on)
@@ -425,10 +441,14 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
             raise MCSDError("the target wrote too few usable queries: check its chat template")
     finally:
         bar.close()
-    prompted = [s for b in range(-(-len(texts) // size)) for s in store.load("prompts", b)]
-    text = {stream: [s for j in jobs if j.stream == stream for s in store.load(stream, j.batch)]
-            for stream in ("text", "heldout-text")}
+    prompted = [s for b in range(-(-len(texts) // size)) for s in store.load(prompt_stream, b)]
+    text = {role: [s for j in js for s in store.load(j.stream, j.batch)]
+            for role, js in text_streams.items()}
+    used = [(j.stream, j.batch) for j in jobs if j.kind != "chat"] + [
+        (stream, b) for stream, seqs in chats.items()
+        for b in range(_collect(store, stream, len(seqs))[1])]
     return DistillData(train=chats.get("chat", []) + prompted + text["text"],
                        heldout_chat=chats.get("heldout", []), heldout_text=text["heldout-text"],
                        seconds=time.perf_counter() - start, has_chat=has_chat,
-                       prompts=len(texts))
+                       prompts=len(texts),
+                       batch_seconds=sum(store.seconds(st, b) for st, b in used))

@@ -4,7 +4,8 @@ A recipe fixes everything that determines a draft given its target: which target
 keeps, the self-generated data (how many conversations, how long, plus how much plain text),
 the reduced-vocabulary head and the training. A built draft is cached by a hash of its recipe,
 the target's fingerprint (config, tokenizer, weights) and the code version; its data by a hash
-of the data fields alone, so drafts of several recipes share one generation.
+of the fields that shape a generated batch (DATA_FIELDS), so drafts of several recipes share
+one generation.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from mcsd_runtime.errors import MCSDError
 DISTILL_CODE_VERSION = 1
 DATA_CODE_VERSION = 1
 PRECISIONS = ("auto", "32-true", "bf16-mixed")
-# The fields that determine the generated data (the rest only the training on it).
-DATA_FIELDS = ("conversations", "heldout_conversations", "query_tokens", "answer_tokens",
-               "query_temperature", "gen_batch", "prompts", "prompt_limit", "text_tokens",
-               "heldout_text_tokens", "top_k", "seed")
+# The fields that determine what a generated batch holds: the data folder's key. How many
+# batches a recipe reads (conversations, text tokens, prompt limit, seq_len) names its
+# streams instead, so a recipe asking for fewer conversations reads a prefix of a larger
+# generation and one asking for more generates only the missing batches.
+DATA_FIELDS = ("query_tokens", "answer_tokens", "query_temperature", "gen_batch", "prompts",
+               "top_k", "seed")
 
 
 @dataclass(frozen=True)
