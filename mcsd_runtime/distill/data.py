@@ -9,7 +9,8 @@ every trained position (so training never runs the target):
   greedy answer. Trained positions: the answer's tokens (its end of turn included). These are
   what a draft for a chat model must predict, and no corpus has them.
 - `prompt`: instructions of a prompt set (`--prompts SPEC`) answered the same way.
-- `text`: windows of plain text (the interpreter's stdlib sources) scored by the target.
+- `text`: windows of plain text (the interpreter's stdlib sources, TEXT_WINDOW tokens each)
+  scored by the target.
 
 Generation is batched (left padding, `generate` on `gen_batch` rows): one-token forwards are
 latency-bound on a CPU, many rows per forward cost little more than one. Each batch is saved
@@ -35,6 +36,7 @@ from mcsd_runtime.progress import progress
 PLACEHOLDER = "\x00MCSD-QUERY\x00"
 TEXT_BATCH = 8  # windows per target forward when scoring text
 TEXT_CHUNK = 32  # windows per saved text batch (a unit of work and of resumption)
+TEXT_WINDOW = 256  # tokens per text window (fewer when the recipe's rows are shorter)
 CHARS_PER_TOKEN_SAMPLED = 8  # text sampled per token of text wanted (tokens are ~3-4 chars)
 
 
@@ -415,8 +417,9 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
                                   ("heldout-text", "eval", recipe.heldout_text_tokens)):
         text_streams[role] = []
         if n_tokens > 0:
-            windows = text_windows(tokenizer, split, n_tokens, recipe.seq_len)
-            stream = f"{role}-{windows.shape[0]}x{recipe.seq_len}"
+            window = min(TEXT_WINDOW, recipe.seq_len)
+            windows = text_windows(tokenizer, split, n_tokens, window)
+            stream = f"{role}-{windows.shape[0]}x{window}"
             text_streams[role] = [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
                                   for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]
             jobs += text_streams[role]
