@@ -18,12 +18,16 @@ from pathlib import Path
 
 import torch
 
+from mcsd_runtime.distill.layers import copy_target_layers, target_layer_indices
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import CACHE_HELP, legacy_models_dir, models_dir
 from mcsd_runtime.toy import build as pair_build
 from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS, DraftRecipe, get_draft_recipe
 from mcsd_runtime.toy.recipe import get_recipe
 from mcsd_runtime.toy.spec import is_toy_spec, parse_draft_spec, parse_toy_spec
+
+__all__ = ["build_draft", "copy_target_layers", "draft_dir", "read_card", "target_layer_indices",
+           "verify_draft"]
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-toy-draft"
@@ -263,39 +267,6 @@ def _distil(recipe: DraftRecipe, target, tokenizer, stream: torch.Tensor,
     seconds = _fit(module, data, recipe.batch_size, recipe.steps, recipe.precision, progress,
                    f"distilling draft {recipe.name}")
     return draft.eval(), seconds
-
-
-def target_layer_indices(target_layers: int, draft_layers: int) -> list[int]:
-    """`draft_layers` of `target_layers` evenly spaced from the first to the last (one: the
-    first)."""
-    if not 0 < draft_layers <= target_layers:
-        raise MCSDError(f"a draft initialised from the target's layers needs 1 to "
-                        f"{target_layers} layers, got {draft_layers}")
-    if draft_layers == 1:
-        return [0]
-    step = (target_layers - 1) / (draft_layers - 1)
-    return [round(i * step) for i in range(draft_layers)]
-
-
-@torch.no_grad()
-def copy_target_layers(target: torch.nn.Module, draft: torch.nn.Module) -> list[int]:
-    """Copy the target's embeddings, final norm and evenly spaced layers into `draft` (same
-    width, heads and MLP size); returns the target layers copied."""
-    tc, dc = target.config, draft.config
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "vocab_size"):
-        if getattr(tc, key) != getattr(dc, key):
-            raise MCSDError(f"a draft initialised from the target's layers needs the target's "
-                            f"{key} ({getattr(tc, key)}), got {getattr(dc, key)}; use "
-                            f"init='random' or the target's width")
-    picked = target_layer_indices(tc.num_hidden_layers, dc.num_hidden_layers)
-    draft.model.embed_tokens.load_state_dict(target.model.embed_tokens.state_dict())
-    draft.model.norm.load_state_dict(target.model.norm.state_dict())
-    for mine, theirs in zip(draft.model.layers, picked, strict=True):
-        mine.load_state_dict(target.model.layers[theirs].state_dict())
-    if not dc.tie_word_embeddings:
-        draft.lm_head.load_state_dict(target.lm_head.state_dict())
-    return picked
 
 
 def _holds(path: Path) -> bool:

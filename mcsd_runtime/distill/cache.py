@@ -1,0 +1,265 @@
+"""Building, caching and finding distilled drafts.
+
+A draft lives in one folder, by default `<cache>/models/distill-<target>-<recipe>-<hash12>`
+(the hash covers the recipe, the target's fingerprint and the code version): `draft/` (a
+`save_pretrained` model with the target's tokenizer and, with a reduced head,
+`draft_vocab.safetensors`) and `card.json` (recipe, target fingerprint, held-out agreement on
+the target's own chat answers and on text, one-token latencies and their ratio, timings, the
+machine, a SHA-256 of every file). A build writes a temporary sibling and renames it at the
+end. The generated data are cached apart (`<cache>/distill-data/<target>-<hash12>`, keyed by
+the data fields of the recipe only), so drafts of several recipes share one generation.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from mcsd_runtime.distill.recipe import PRESETS, DistillRecipe, get_recipe
+from mcsd_runtime.distill.target import fingerprint, load_target, resolve_target
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.paths import CACHE_HELP, cache_root, models_dir
+
+CARD_NAME = "card.json"
+CARD_FORMAT = "mcsd-distilled-draft"
+LATENCY_CONTEXT = 128  # tokens of KV cache behind the one-token forwards of the card
+
+
+def _tag(folder: Path) -> str:
+    """A short, file-name-safe name of a target folder (its parent's for a toy `target/`)."""
+    name = folder.parent.name if folder.name == "target" else folder.name
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-").lower()[:40] or "target"
+
+
+def data_dir(folder: Path, recipe: DistillRecipe, fp: dict) -> Path:
+    """Where the generated data of `recipe` for the target at `folder` are cached."""
+    return cache_root() / "distill-data" / f"{_tag(folder)}-{recipe.data_hash12(fp)}"
+
+
+def draft_dir(folder: Path, recipe: DistillRecipe, fp: dict) -> Path:
+    """Where the draft of `recipe` for the target at `folder` is cached."""
+    return models_dir() / f"distill-{_tag(folder)}-{recipe.name}-{recipe.hash12(fp)}"
+
+
+def default_draft_dir(target: str | Path, build: bool = True, progress: bool = True) -> Path:
+    """The cached draft folder (the one holding `config.json`) for `target` under the default
+    recipe, built first if missing and `build` (MCSDError naming the command otherwise)."""
+    folder = resolve_target(target)
+    recipe = PRESETS["default"].resolved()
+    root = draft_dir(folder, recipe, fingerprint(folder))
+    if not _holds(root):
+        if not build:
+            raise MCSDError(f"no distilled draft for {target} yet (looked in {root}); build it "
+                            f"with `mcsd draft distill --target {target}` (about 25 minutes on "
+                            f"a 2-core CPU)")
+        root = build_draft(folder, recipe, progress=progress)
+    else:
+        verify_draft(root, recipe.hash12(fingerprint(folder)))
+    return root / "draft"
+
+
+def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
+                out: str | Path | None = None, force: bool = False, progress: bool = True,
+                data: str | Path | None = None, threads: int | None = None) -> Path:
+    """The folder of the draft of `recipe` distilled from `target`, built if missing (or if
+    `force`). `out` replaces the cached location, `data` the data cache folder; `threads`
+    sets torch's threads for the build (default: as set), and as many processes of one
+    thread each generate the data."""
+    from mcsd_runtime.toy.build import _make_tmp, build_then_install
+
+    recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
+    folder = resolve_target(target)
+    fp = fingerprint(folder)
+    hash12 = recipe.hash12(fp)
+    dest = draft_dir(folder, recipe, fp) if out is None else Path(out)
+    if _holds(dest) and not force:
+        verify_draft(dest, hash12)
+        if progress:
+            print(f"distilled draft already built: {dest}", flush=True)
+        return dest
+    data_folder = Path(data) if data is not None else data_dir(folder, recipe, fp)
+    if progress:
+        print(f"distilling a draft ({recipe.name} recipe) from {folder} into {dest}"
+              + ("" if out is not None else f" (the cache: {CACHE_HELP})")
+              + f"; data in {data_folder}", flush=True)
+    tmp = _make_tmp(dest)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        card = build_then_install(tmp, dest, lambda: _build_into(
+            tmp, recipe, hash12, folder, fp, data_folder, progress))
+    finally:
+        torch.set_num_threads(before)
+    if progress:
+        print(summary(dest, card), flush=True)
+    return dest
+
+
+def read_card(root: str | Path) -> dict:
+    """A distilled draft's card (MCSDError if missing or not such a card)."""
+    from mcsd_runtime.toy.build import read_card_file
+
+    return read_card_file(root, CARD_NAME, CARD_FORMAT, "distilled-draft", _broken)
+
+
+def verify_draft(root: str | Path, recipe_hash: str | None = None) -> dict:
+    """Check a draft folder: its card (of `recipe_hash` if given) and every listed file with
+    its SHA-256. Returns the card."""
+    from mcsd_runtime.toy.build import check_files
+
+    root = Path(root)
+    card = read_card(root)
+    if recipe_hash is not None and card.get("recipe_hash") != recipe_hash:
+        raise MCSDError(f"{root} holds a distilled draft of another recipe or target (hash "
+                        f"{card.get('recipe_hash')}, wanted {recipe_hash}); pass --force to "
+                        f"rebuild it there or choose another --out")
+    check_files(root, card, _broken)
+    return card
+
+
+def summary(root: Path, card: dict) -> str:
+    """A few lines describing a built draft."""
+    r, d, t, m = card["recipe"], card["draft"], card["target"], card["metrics"]
+
+    def pct(x):
+        return "n/a" if x is None else f"{x:.1%}"
+
+    chat, text = m["heldout_chat"], m["heldout_text"]
+    vocab = (f"reduced head of {r['vocab']} tokens (covers {pct(m['vocab_coverage_chat'])} of "
+             f"held-out chat tokens)" if r["vocab"] else "full head")
+    lines = [
+        f"distilled draft ({r['name']} recipe): {root}",
+        f"  from               {t['folder']}",
+        f"  draft              layers {d['layer_ids']} of {t['layers']}, {vocab}, "
+        f"{d['params'] / 1e6:.1f} M params",
+        f"  data               {card['data']['note']}",
+        f"  agreement, chat    top-1 {pct(chat['top1'])}  top-4 {pct(chat['top4'])}  "
+        f"({chat['positions']} held-out answer tokens)",
+        f"  agreement, text    top-1 {pct(text['top1'])}  top-4 {pct(text['top4'])}  "
+        f"({text['positions']} held-out tokens)",
+        f"  one-token forward  target {t['latency_ms_1thread']:.2f} ms  draft "
+        f"{d['latency_ms_1thread']:.2f} ms  (cost ratio {card['cost_ratio_1thread']:.3f}; fp32, "
+        f"1 thread)",
+        f"  time               generation {card['seconds']['data']:.0f} s (its batches: "
+        f"{card['seconds'].get('data_batches_one_thread', 0):.0f} s of one thread), training "
+        f"{card['seconds']['train']:.0f} s, build {card['seconds']['build']:.0f} s "
+        f"({card['build_machine']['threads']} threads)",
+    ]
+    return "\n".join(lines)
+
+
+# --- building -----------------------------------------------------------------------------
+
+
+def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp: dict,
+                data_folder: Path, progress: bool) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from mcsd_runtime.distill.data import end_ids, generate_data
+    from mcsd_runtime.distill.head import (
+        attach_reduced_head,
+        head_of,
+        pick_vocab,
+        reduced_head_from,
+        save_reduced_head,
+    )
+    from mcsd_runtime.distill.layers import check_layer_ids, cut_draft, target_layer_indices
+    from mcsd_runtime.distill.metrics import agreement, coverage
+    from mcsd_runtime.distill.train import distill
+    from mcsd_runtime.toy.build import _params, _sha256, build_machine, decode_latency_ms
+    from mcsd_runtime.toy.training import torch_threads
+
+    start = time.perf_counter()
+    target, tokenizer = load_target(folder)
+    n_layers = target.config.num_hidden_layers
+    layer_ids = (check_layer_ids(recipe.layer_ids, n_layers) if recipe.layer_ids
+                 else target_layer_indices(n_layers, recipe.layers))
+    # generation: one process of one thread per core (see data.run_jobs)
+    data = generate_data(data_folder, target, tokenizer, recipe, progress,
+                         workers=torch.get_num_threads(), target_folder=folder)
+    stops = end_ids(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    draft = cut_draft(target, layer_ids)
+    draft.generation_config = target.generation_config
+    head = None
+    if recipe.vocab:
+        keep = sorted(set(tokenizer.all_special_ids) | set(stops))
+        head = reduced_head_from(draft, pick_vocab(data.train, recipe.vocab,
+                                                   target.config.vocab_size, keep))
+    train_seconds = distill(draft, head, data.train, recipe, pad, progress)
+    out = tmp / "draft"
+    draft.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if head is not None:
+        save_reduced_head(head, out)
+    del draft, head
+    draft = attach_reduced_head(
+        AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32), out).eval()
+    reduced = head_of(draft)
+    context = (data.heldout_chat or data.heldout_text or data.train)[0].tokens[:LATENCY_CONTEXT]
+    with torch_threads(1):
+        chat = agreement(draft, data.heldout_chat, recipe.seq_len, pad)
+        text = agreement(draft, data.heldout_text, recipe.seq_len, pad)
+        t_ms, d_ms = decode_latency_ms(target, draft, context)
+    counts = data.counts()
+    card = {
+        "format": CARD_FORMAT,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": hash12,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "build_machine": {**build_machine(recipe.precision, torch.get_num_threads()),
+                          "threads": torch.get_num_threads()},
+        "target": {"folder": str(folder), "fingerprint": fp, "layers": n_layers,
+                   "params": _params(target), "latency_ms_1thread": round(t_ms, 3)},
+        "draft": {"layer_ids": layer_ids, "params": _params(draft),
+                  "vocab": reduced.ids.numel() if reduced is not None else None,
+                  "latency_ms_1thread": round(d_ms, 3)},
+        "data": {"folder": str(data_folder), "has_chat_template": data.has_chat,
+                 "prompt_set_instructions": data.prompts, "counts": counts,
+                 "note": _data_note(data, counts)},
+        "metrics": {"heldout_chat": chat, "heldout_text": text,
+                    "vocab_coverage_chat": coverage(
+                        reduced.ids if reduced is not None else None, data.heldout_chat),
+                    "note": "agreement of the draft's argmax (top-1) and top-4 with the "
+                            "target's argmax, teacher-forced on held-out sequences never "
+                            "trained on: the target's own greedy chat answers to self-written "
+                            "queries, and stdlib text"},
+        "cost_ratio_1thread": round(d_ms / t_ms, 4),
+        "latency_note": (f"median ms of a one-token forward with a KV cache of "
+                         f"{int(context.numel())} tokens, fp32, one thread, target and draft "
+                         f"alternating, on the build machine"),
+        "seconds": {"data": round(data.seconds, 1),
+                    "data_batches_one_thread": round(data.batch_seconds, 1),
+                    "train": round(train_seconds, 1),
+                    "build": round(time.perf_counter() - start, 1)},
+        "files": {p.relative_to(tmp).as_posix(): _sha256(p)
+                  for p in sorted(tmp.rglob("*")) if p.is_file()},
+    }
+    (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
+    return card
+
+
+def _data_note(data, counts: dict) -> str:
+    train = counts["train"]
+    parts = [f"{v['sequences']} {k} sequences ({v['trained_tokens']} trained tokens)"
+             for k, v in train.items()]
+    note = ", ".join(parts) or "no training data"
+    if not data.has_chat:
+        note += "; the target has no chat template: text only, no self-generated conversations"
+    return note
+
+
+def _holds(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def _broken(root: str | Path, what: str) -> str:
+    return (f"the distilled draft at {root} is incomplete or damaged: {what}. Rebuild it with "
+            f"`mcsd draft distill --force` (same --target, recipe and --out) or delete the "
+            f"folder")
