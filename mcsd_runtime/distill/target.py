@@ -74,7 +74,7 @@ def fingerprint(folder: Path, model=None, tokenizer=None) -> dict:
     files (loads only the config and tokenizer when `model`/`tokenizer` are not given)."""
     from types import SimpleNamespace
 
-    from mcsd_runtime.models.pair import config_hash, tokenizer_hash
+    from mcsd_runtime.models.fingerprint import config_hash, tokenizer_hash
 
     kwargs = _gguf_kwargs(folder)
     if model is None:

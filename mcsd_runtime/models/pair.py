@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.cpu import cpu_has_native_bf16
+from mcsd_runtime.models.fingerprint import config_hash, tokenizer_hash
 
 DEVICE_HELP = "use auto, cpu, cuda, cuda:N or mps"
 
@@ -65,30 +64,6 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if dtype not in names:
         raise MCSDError(f"unknown dtype {dtype!r}: use one of auto, {', '.join(names)}")
     return names[dtype]
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def tokenizer_hash(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items())
-    specials = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id")}
-    return _sha(json.dumps([vocab, specials]))
-
-
-# Config fields that say how a model was saved or is run, not what it computes: the
-# fingerprint leaves them out, so a pair keeps its fingerprint across transformers versions,
-# folders and dtypes.
-VOLATILE_CONFIG = frozenset({"transformers_version", "_name_or_path", "dtype", "torch_dtype",
-                             "use_cache", "output_attentions", "output_hidden_states",
-                             "return_dict"})
-
-
-def config_hash(model: PreTrainedModel) -> str:
-    config = json.loads(model.config.to_json_string(use_diff=False))
-    return _sha(json.dumps({k: v for k, v in config.items() if k not in VOLATILE_CONFIG},
-                           sort_keys=True))
 
 
 def check_same_vocab(target_tok, draft_tok, target_name: str = "target",
