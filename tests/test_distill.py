@@ -177,6 +177,7 @@ def test_worker_processes_generate_the_same_data(chat_data, chat_target, tmp_pat
                  (par.heldout_text, data.heldout_text)):
         assert [s.tokens.tolist() for s in a] == [s.tokens.tolist() for s in b]
         assert all(torch.equal(x.top_logp, y.top_logp) for x, y in zip(a, b, strict=True))
+    assert not list(tmp_path.glob(".*"))  # plans, claims and worker logs are cleaned up
 
 
 def test_a_target_without_chat_template_gets_text_only(toy_tiny, tmp_path):
