@@ -356,6 +356,9 @@ def test_default_draft_dir_builds_once_into_the_cache(chat_target, tmp_path, mon
     monkeypatch.setattr(distill_cache, "_build_into", lambda *a, **k: 1 / 0)
     assert distill_cache.default_draft_dir(chat_target, build=False) == got
     assert distill_cache.default_draft_dir(chat_target) == got
+    # another copy of the same target (same config, tokenizer and weights) finds the same draft
+    copy = shutil.copytree(chat_target, tmp_path / "elsewhere")
+    assert distill_cache.default_draft_dir(copy, build=False) == got
 
 
 # --------------------------------------------------------------------------- the command

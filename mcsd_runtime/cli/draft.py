@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Distil a draft from TARGET (a local model folder written by save_pretrained or "
             "holding one .gguf file; toy or toy:tiny for the embedded toy target). The draft "
-            "is cached under <cache>/models/distill-<target>-<recipe>-<hash> (the cache: "
+            "is cached under <cache>/models/distill-<shape>-<recipe>-<hash> (the cache: "
             "$MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd) with a card: held-out "
             "greedy and top-4 agreement with the target on its own chat answers and on text, "
             "one-token latencies and their ratio; the generated data are cached apart (a "
