@@ -177,6 +177,7 @@ def test_worker_processes_generate_the_same_data(chat_data, chat_target, tmp_pat
                  (par.heldout_text, data.heldout_text)):
         assert [s.tokens.tolist() for s in a] == [s.tokens.tolist() for s in b]
         assert all(torch.equal(x.top_logp, y.top_logp) for x, y in zip(a, b, strict=True))
+    assert not list(tmp_path.glob(".*"))  # plans, claims and worker logs are cleaned up
 
 
 def test_a_target_without_chat_template_gets_text_only(toy_tiny, tmp_path):
@@ -355,6 +356,9 @@ def test_default_draft_dir_builds_once_into_the_cache(chat_target, tmp_path, mon
     monkeypatch.setattr(distill_cache, "_build_into", lambda *a, **k: 1 / 0)
     assert distill_cache.default_draft_dir(chat_target, build=False) == got
     assert distill_cache.default_draft_dir(chat_target) == got
+    # another copy of the same target (same config, tokenizer and weights) finds the same draft
+    copy = shutil.copytree(chat_target, tmp_path / "elsewhere")
+    assert distill_cache.default_draft_dir(copy, build=False) == got
 
 
 # --------------------------------------------------------------------------- the command

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Distil a draft from TARGET (a local model folder written by save_pretrained or "
             "holding one .gguf file; toy or toy:tiny for the embedded toy target). The draft "
-            "is cached under <cache>/models/distill-<target>-<recipe>-<hash> (the cache: "
+            "is cached under <cache>/models/distill-<shape>-<recipe>-<hash> (the cache: "
             "$MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd) with a card: held-out "
             "greedy and top-4 agreement with the target on its own chat answers and on text, "
             "one-token latencies and their ratio; the generated data are cached apart (a "
@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="tokens of plain text trained on (default: the recipe's)")
     distill.add_argument("--lr", type=float, default=None, help="peak learning rate "
                          "(default: the recipe's)")
+    distill.add_argument("--seq-len", type=int, default=None,
+                         help="tokens per packed training row (default: the recipe's)")
+    distill.add_argument("--batch-size", type=int, default=None,
+                         help="rows per optimizer step (default: the recipe's)")
     distill.add_argument("--prompts", default=None, metavar="SPEC",
                          help="also answer the instructions of this prompt set (`mcsd prompts`) "
                               "and train on them")
@@ -90,6 +94,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 
     out = {"layers": args.layers, "steps": args.steps, "conversations": args.conversations,
            "vocab": args.vocab, "text_tokens": args.text_tokens, "lr": args.lr,
+           "seq_len": args.seq_len, "batch_size": args.batch_size,
            "prompts": args.prompts, "prompt_limit": args.prompt_limit, "seed": args.seed}
     if args.layer_ids is not None:
         try:

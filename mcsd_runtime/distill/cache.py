@@ -1,12 +1,14 @@
 """Building, caching and finding distilled drafts.
 
-A draft lives in one folder, by default `<cache>/models/distill-<target>-<recipe>-<hash12>`
-(the hash covers the recipe, the target's fingerprint and the code version): `draft/` (a
+A draft lives in one folder, by default `<cache>/models/distill-<shape>-<recipe>-<hash12>`
+(the shape names the target's architecture, layers and width, e.g. `llama-30x576`; the hash
+covers the recipe, the target's fingerprint (config, tokenizer, weights) and the code
+version, so two copies of one target share a draft): `draft/` (a
 `save_pretrained` model with the target's tokenizer and, with a reduced head,
 `draft_vocab.safetensors`) and `card.json` (recipe, target fingerprint, held-out agreement on
 the target's own chat answers and on text, one-token latencies and their ratio, timings, the
 machine, a SHA-256 of every file). A build writes a temporary sibling and renames it at the
-end. The generated data are cached apart (`<cache>/distill-data/<target>-<hash12>`, keyed by
+end. The generated data are cached apart (`<cache>/distill-data/<shape>-<hash12>`, keyed by
 the data fields of the recipe only), so drafts of several recipes share one generation.
 """
 
@@ -31,9 +33,15 @@ LATENCY_CONTEXT = 128  # tokens of KV cache behind the one-token forwards of the
 
 
 def _tag(folder: Path) -> str:
-    """A short, file-name-safe name of a target folder (its parent's for a toy `target/`)."""
-    name = folder.parent.name if folder.name == "target" else folder.name
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-").lower()[:40] or "target"
+    """A short name of the target's shape (`llama-30x576`), from its config: a folder's name
+    would split the cache between two copies of one target."""
+    from transformers import AutoConfig
+
+    from mcsd_runtime.distill.target import _gguf_kwargs
+
+    c = AutoConfig.from_pretrained(folder, **_gguf_kwargs(folder))
+    name = f"{c.model_type}-{c.num_hidden_layers}x{c.hidden_size}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).lower()
 
 
 def data_dir(folder: Path, recipe: DistillRecipe, fp: dict) -> Path:

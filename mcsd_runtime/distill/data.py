@@ -300,29 +300,13 @@ def run_job(job: Job, model, tokenizer, recipe, store: DataStore) -> int:
     return len(got)
 
 
-# Each worker process holds the target once (set by `_init_worker`).
-_WORKER: dict = {}
-
-
-def _init_worker(folder: str, recipe, store_folder: str) -> None:
-    from mcsd_runtime.distill.target import load_target
-
-    torch.set_num_threads(1)
-    model, tokenizer = load_target(Path(folder))
-    _WORKER.update(model=model, tokenizer=tokenizer, recipe=recipe,
-                   store=DataStore(Path(store_folder)))
-
-
-def _worker_job(job: Job) -> int:
-    w = _WORKER
-    return run_job(job, w["model"], w["tokenizer"], w["recipe"], w["store"])
-
-
 def run_jobs(jobs: list[Job], model, tokenizer, recipe, store: DataStore, bar=None,
              workers: int = 1, target_folder: Path | None = None) -> None:
     """Run the jobs the store lacks: here, or in `workers` processes of one torch thread each
-    (each loads the target from `target_folder`). Processes rather than threads: on a shared
-    CPU one busy core stalls every multi-threaded kernel, and one process per core does not."""
+    (`python -m mcsd_runtime.distill.worker`, each loading the target from `target_folder`).
+    Processes rather than threads: on a shared CPU one busy core stalls every multi-threaded
+    kernel, and one process per core does not. Plain subprocesses rather than
+    multiprocessing's spawn, which would run the caller's script again in every worker."""
     todo = [j for j in jobs if not store.has(j.stream, j.batch)]
     for j in jobs:
         if store.has(j.stream, j.batch) and bar is not None:
@@ -335,17 +319,9 @@ def run_jobs(jobs: list[Job], model, tokenizer, recipe, store: DataStore, bar=No
             if bar is not None:
                 bar.update(n)
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from mcsd_runtime.distill.worker import run_workers
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(todo)),
-                             mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                             initargs=(str(target_folder), recipe, str(store.folder))) as pool:
-        futures = [pool.submit(_worker_job, job) for job in todo]
-        for fut in as_completed(futures):
-            n = fut.result()
-            if bar is not None:
-                bar.update(n)
+    run_workers(todo, recipe, store, Path(target_folder), min(workers, len(todo)), bar)
 
 
 def _chat_jobs(stream: str, first: int, count: int) -> list[Job]:

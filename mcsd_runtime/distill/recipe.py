@@ -134,7 +134,7 @@ PRESETS: dict[str, DistillRecipe] = {
     "default": DistillRecipe(
         name="default", layers=4, vocab=8192, conversations=512, heldout_conversations=64,
         query_tokens=40, answer_tokens=128, gen_batch=32, text_tokens=16_384,
-        heldout_text_tokens=4_096, top_k=32, steps=150, batch_size=8, seq_len=256, lr=1e-3,
+        heldout_text_tokens=4_096, top_k=32, steps=360, batch_size=8, seq_len=256, lr=1e-3,
         warmup_frac=0.05, ce_weight=0.2),
     # For tests: seconds on a tiny target.
     "tiny": DistillRecipe(
