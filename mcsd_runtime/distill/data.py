@@ -303,7 +303,7 @@ def run_job(job: Job, model, tokenizer, recipe, store: DataStore) -> int:
 def run_jobs(jobs: list[Job], model, tokenizer, recipe, store: DataStore, bar=None,
              workers: int = 1, target_folder: Path | None = None) -> None:
     """Run the jobs the store lacks: here, or in `workers` processes of one torch thread each
-    (`python -m mcsd_runtime.distill.worker`, each loading the target from `target_folder`).
+    (`python -m mcsd_runtime.distill.worker_process`, each loading the target from `target_folder`).
     Processes rather than threads: on a shared CPU one busy core stalls every multi-threaded
     kernel, and one process per core does not. Plain subprocesses rather than
     multiprocessing's spawn, which would run the caller's script again in every worker."""

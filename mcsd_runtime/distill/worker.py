@@ -1,8 +1,6 @@
-"""Worker processes that generate distillation data: `python -m mcsd_runtime.distill.worker
-PLAN`. Each loads the target once, on one torch thread, and takes the plan's jobs in order,
-claiming each with a file created exclusively (`.claim-<run>-<stream>-<batch>`), so that the
-workers share the jobs dynamically (a worker on a busy core takes fewer) and no job runs twice.
-A job's batch lands in the store as it finishes; the parent watches the store for progress."""
+"""Starting the processes that generate distillation data (`python -m
+mcsd_runtime.distill.worker_process PLAN`, see there) and watching the store for their batches:
+a job's batch lands in the store as it finishes, which is the parent's progress."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ def run_workers(jobs: list, recipe, store, target_folder: Path, workers: int, ba
         for log in logs:
             with log.open("w") as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "mcsd_runtime.distill.worker", str(plan)],
+                    [sys.executable, "-m", "mcsd_runtime.distill.worker_process", str(plan)],
                     stdout=out, stderr=subprocess.STDOUT, env=env))
         done: set = set()
         while True:
@@ -61,30 +59,3 @@ def run_workers(jobs: list, recipe, store, target_folder: Path, workers: int, ba
             p.wait()
         for path in [plan, *logs, *store.folder.glob(f".claim-{run}-*")]:
             path.unlink(missing_ok=True)
-
-
-def _claim(folder: Path, run: str, job) -> bool:
-    try:
-        os.close(os.open(folder / f".claim-{run}-{job.stream}-{job.batch}",
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    from mcsd_runtime.distill.data import DataStore, run_job
-    from mcsd_runtime.distill.target import load_target
-
-    plan = torch.load((argv or sys.argv[1:])[0], weights_only=False)  # written by run_workers
-    torch.set_num_threads(1)
-    model, tokenizer = load_target(Path(plan["target"]))
-    store = DataStore(Path(plan["store"]))
-    for job in plan["jobs"]:
-        if not store.has(job.stream, job.batch) and _claim(store.folder, plan["run"], job):
-            run_job(job, model, tokenizer, plan["recipe"], store)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
