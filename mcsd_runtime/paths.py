@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -48,3 +49,12 @@ def short_model_name(name: str | None) -> str:
     """A model folder's last two parts (`toy-tiny-abc/target`) for titles; a hub name as is."""
     path = Path(str(name))
     return "/".join(path.parts[-2:]) if path.is_absolute() else str(name)
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks (cards, cache checks)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -16,6 +16,7 @@ from mcsd_runtime.cli.eval import register as eval_register
 from mcsd_runtime.cli.toy import register as toy_register
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import load_pair, pair_names
+from mcsd_runtime.paths import file_sha256
 from mcsd_runtime.toy import build as toy_build
 from mcsd_runtime.toy import drafts
 from mcsd_runtime.toy.draft_recipe import get_draft_recipe
@@ -98,7 +99,7 @@ def test_draft_card_and_reload(tiny_draft, toy_tiny):
     start = pair.target.model.layers[0].mlp.up_proj.weight
     assert not torch.equal(pair.draft.model.layers[0].mlp.up_proj.weight, start)
     # the target was not touched
-    assert toy_build._sha256(toy_tiny / "target/model.safetensors") == \
+    assert file_sha256(toy_tiny / "target/model.safetensors") == \
         pair_card["files"]["target/model.safetensors"]
 
 

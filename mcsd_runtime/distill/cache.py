@@ -180,7 +180,8 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     from mcsd_runtime.distill.layers import check_layer_ids, cut_draft, target_layer_indices
     from mcsd_runtime.distill.metrics import agreement, coverage
     from mcsd_runtime.distill.train import distill
-    from mcsd_runtime.toy.build import _params, _sha256, build_machine, decode_latency_ms
+    from mcsd_runtime.paths import file_sha256
+    from mcsd_runtime.toy.build import _params, build_machine, decode_latency_ms
     from mcsd_runtime.toy.training import torch_threads
 
     start = time.perf_counter()
@@ -246,7 +247,7 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
                     "data_batches_one_thread": round(data.batch_seconds, 1),
                     "train": round(train_seconds, 1),
                     "build": round(time.perf_counter() - start, 1)},
-        "files": {p.relative_to(tmp).as_posix(): _sha256(p)
+        "files": {p.relative_to(tmp).as_posix(): file_sha256(p)
                   for p in sorted(tmp.rglob("*")) if p.is_file()},
     }
     (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")

@@ -105,6 +105,6 @@ def weights_digest(folder: Path) -> str:
 @lru_cache(maxsize=64)
 def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     """A file's SHA-256, remembered per (path, size, mtime) within a process."""
-    from mcsd_runtime.toy.build import _sha256
+    from mcsd_runtime.paths import file_sha256
 
-    return _sha256(Path(path))
+    return file_sha256(Path(path))

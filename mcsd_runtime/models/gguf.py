@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, models_dir
+from mcsd_runtime.paths import CACHE_HELP, file_sha256, models_dir
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-gguf-model"
@@ -63,14 +62,6 @@ def find_gguf(spec: str | Path) -> Path:
         if f.read(4) != GGUF_MAGIC:
             raise MCSDError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
     return path.resolve()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def gguf_sha256(path: Path) -> str:

@@ -12,7 +12,6 @@ looks complete; the card records a SHA-256 of every file, so a damaged pair is d
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, legacy_models_dir, models_dir
+from mcsd_runtime.paths import CACHE_HELP, file_sha256, legacy_models_dir, models_dir
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
 from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, _cpu_bf16_ok, get_recipe
 from mcsd_runtime.toy.spec import is_toy_spec, parse_toy_spec
@@ -282,7 +281,7 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
                          f"{torch.get_num_threads()} torch threads (latency_ms) and with one "
                          "thread (latency_ms_1thread; robust when other processes share the "
                          "CPU)"),
-        "files": {p.relative_to(folder).as_posix(): _sha256(p)
+        "files": {p.relative_to(folder).as_posix(): file_sha256(p)
                   for p in sorted(folder.rglob("*")) if p.is_file()},
     }
     (folder / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
@@ -377,16 +376,8 @@ def check_files(root: Path, card: dict, broken: Callable[[str | Path, str], str]
         path = root / rel
         if not path.is_file():
             raise MCSDError(broken(root, f"{rel} is missing"))
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise MCSDError(broken(root, f"{rel} does not match its checksum"))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _broken(root: str | Path, what: str) -> str:

@@ -20,7 +20,7 @@ import torch
 
 from mcsd_runtime.distill.layers import copy_target_layers, target_layer_indices
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, legacy_models_dir, models_dir
+from mcsd_runtime.paths import CACHE_HELP, file_sha256, legacy_models_dir, models_dir
 from mcsd_runtime.toy import build as pair_build
 from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS, DraftRecipe, get_draft_recipe
 from mcsd_runtime.toy.recipe import get_recipe
@@ -228,7 +228,7 @@ def _build_into(folder: Path, recipe: DraftRecipe, hash12: str, target_root: Pat
         "latency_note": (f"median ms of a one-token forward with a KV cache of "
                          f"{pair_build.LATENCY_CONTEXT} tokens, fp32, one thread, target and "
                          f"draft alternating, on the build machine"),
-        "files": {p.relative_to(folder).as_posix(): pair_build._sha256(p)
+        "files": {p.relative_to(folder).as_posix(): file_sha256(p)
                   for p in sorted(folder.rglob("*")) if p.is_file()},
     }
     (folder / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
