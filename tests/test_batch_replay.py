@@ -19,7 +19,7 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from train import replay as R
-from train.replay.data import _Frontier
+from train.replay.data import NO_NODES, _Frontier
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
@@ -36,7 +36,8 @@ def data() -> R.ReplayData:
 def reference_replay(data: R.ReplayData, stopper, profile: CostProfile,
                      decision_s: float = 0.0) -> dict:
     """The replay of one sequence at a time as it was before batches (commit 65a02a8), kept
-    here as the reference batch size 1 must reproduce."""
+    here as the reference batch size 1 must reproduce; since then a stopper may also draft
+    nothing at a step (`should_draft`)."""
     res = R.ReplayResult(stopper="reference", mode=data.mode)
     tree, depth = data.tree, data.depth
     for p in data.prompts.values():
@@ -45,7 +46,8 @@ def reference_replay(data: R.ReplayData, stopper, profile: CostProfile,
         while t < p.new_tokens:
             step = p.by_position.get(t)
             s = 0
-            if step:
+            if step and stopper.should_draft(_Frontier(0, depth, NO_NODES, traj.values(), None,
+                                                       step.accepted, (p.key, t, 0))):
                 s = 1
                 while s < step.cap:
                     fr = _Frontier(s, depth, step.nodes[s - 1], traj.values(), None,
@@ -81,7 +83,8 @@ SAME = ("tokens", "steps", "accepted", "drafted_depth", "drafted_tokens", "targe
 
 
 @pytest.mark.parametrize("spec", ["static:1", "static:3", "heuristic", "confidence:0.3",
-                                  "cumprod:0.9", "entropy", "learned", "learned-gated"])
+                                  "cumprod:0.9", "entropy", "switch:0.7:3:2", "learned",
+                                  "learned-gated", "learned-skip"])
 def test_batch_size_one_is_the_replay_of_one_sequence_at_a_time(data, spec):
     """Every count and the seconds, to the last bit, for built-in and learned stoppers (the
     learned one decides through `batch_continue` at batch size 1)."""
@@ -91,6 +94,8 @@ def test_batch_size_one_is_the_replay_of_one_sequence_at_a_time(data, spec):
         if spec == "learned-gated":
             return load_stopper(FIXTURES / "lightgbm", threshold=0.2, min_depth=3,
                                 min_depth_gate=0.5)
+        if spec == "learned-skip":
+            return load_stopper(FIXTURES / "lightgbm", threshold=0.3, skip_rate=0.7)
         return make_stopper(spec)
 
     got = R.replay(data, build(), PROFILE, decision_s=1e-4).as_dict()
@@ -99,6 +104,8 @@ def test_batch_size_one_is_the_replay_of_one_sequence_at_a_time(data, spec):
     assert got["batch_steps"] == got["steps"] and got["batch_size"] == 1
     if spec.startswith("learned"):
         assert 0 < got["decisions"] < got["drafted_depth"]  # it decided, and skipped some
+    if "skip" in spec or spec.startswith("switch"):
+        assert 0 < got["drafting_steps"] < got["steps"]  # some steps drafted nothing
 
 
 def test_batch_size_one_oracle_is_unchanged(data):

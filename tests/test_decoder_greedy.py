@@ -11,7 +11,7 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 
 K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,), (2, 3), (3, 1, 1, 1, 1, 1)]
 STOPPERS = ["static", "static:2", "confidence:0.2", "entropy:0.45:0.1", "cumprod:0.9",
-            "heuristic"]
+            "heuristic", "switch:0.7:3:2"]
 N_PROMPTS = 20
 
 
@@ -36,10 +36,15 @@ class Counting(StopperBase):
     """Wraps a stopper and counts its decisions, to show the test exercised early stops."""
 
     def __init__(self, spec: str) -> None:
-        self.inner, self.stops, self.continues = make_stopper(spec), 0, 0
+        self.inner, self.stops, self.continues, self.skips = make_stopper(spec), 0, 0, 0
 
     def reset(self) -> None:
         self.inner.reset()
+
+    def should_draft(self, start) -> bool:
+        go = self.inner.should_draft(start)
+        self.skips += not go
+        return go
 
     def should_continue(self, frontier) -> bool:
         go = self.inner.should_continue(frontier)
@@ -65,6 +70,8 @@ def test_greedy_equals_target(pair, refs, k_config, stopper):
     assert accepted > 0  # the draft is close enough that some drafts were actually used
     if stopper != "static" and len(k_config) > 2:
         assert counting.stops > 0 and counting.continues > 0  # it really stopped early
+    if stopper.startswith("switch"):
+        assert counting.skips > 0  # and decoded steps without a draft
 
 
 def test_ar_decoder_equals_target(pair, refs):

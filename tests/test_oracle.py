@@ -10,11 +10,11 @@ from test_train_data import Recorder
 
 from conftest import make_pair
 from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import FIRST_PENDING, PENDING_STATES, step_outcome
+from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_outcome
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.tree import Tree
 from train import replay as R
-from train.replay.oracles import _plan_prompt
+from train.replay.oracles import StepCosts, _plan_prompt
 
 K, MAX_NEW = (2, 1, 1), 7
 PROMPTS = [[3, 9, 4], [17, 2], [40, 41, 42, 43]]
@@ -40,8 +40,9 @@ def data() -> R.ReplayData:
     return R.ReplayData(pd.concat(frames, ignore_index=True), new_tokens=lengths)
 
 
-def plans(data: R.ReplayData, p: R.Prompt) -> list[dict]:
-    """Every stop plan of one prompt's dense walk: a depth at each position the walk visits."""
+def plans(data: R.ReplayData, p: R.Prompt, skip: bool = True) -> list[dict]:
+    """Every stop plan of one prompt's dense walk: a depth at each position the walk visits
+    (`skip`: depth 0, drafting nothing, among them)."""
     out = []
 
     def walk(t: int, plan: dict) -> None:
@@ -49,30 +50,58 @@ def plans(data: R.ReplayData, p: R.Prompt) -> list[dict]:
         if t >= p.new_tokens or step is None:
             out.append(plan)
             return
-        for s in range(1, step.cap + 1):
+        for s in range(0 if skip else 1, step.cap + 1):
             walk(t + min(step.accepted, s) + 1, plan | {(p.key, t): s})
 
     walk(0, {})
     return out
 
 
+def best_combination(totals: list[np.ndarray]) -> float:
+    """max over one plan per prompt of (sum of tokens) / (sum of seconds), each prompt's plans
+    given as rows (tokens, seconds): the rate lam is optimal when every prompt's best
+    tokens - lam * seconds sums to zero (Dinkelbach's iteration, each prompt's best found by
+    looking at all its plans)."""
+    lam = 0.0
+    for _ in range(100):
+        picks = [t[np.argmax(t[:, 0] - lam * t[:, 1])] for t in totals]
+        new = sum(p[0] for p in picks) / sum(p[1] for p in picks)
+        if new <= lam * (1 + 1e-15):
+            return lam
+        lam = new
+    raise AssertionError("no convergence")
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "no-skip"])
 @pytest.mark.parametrize("profile", PROFILES.values(), ids=PROFILES)
-def test_oracle_is_the_best_of_all_plans(data, profile):
+def test_oracle_is_the_best_of_all_plans(data, profile, skip):
     """Each plan of each prompt replayed alone (tokens and seconds add up over prompts), then
-    the best tokens/s over every combination of the prompts' plans."""
+    the best tokens/s over every combination of the prompts' plans; with steps that draft
+    nothing (`skip`) and without."""
     totals = []
     for p in data.prompts.values():
         runs = [R.replay(data.subset([p.key]), R.PlanStopper(plan), profile)
-                for plan in plans(data, p)]
+                for plan in plans(data, p, skip)]
         totals.append(np.array([(r.tokens, r.cost_s) for r in runs]))
     assert all(len(t) > 10 for t in totals)  # real choices at several positions
-    tokens = sum(np.ix_(*[t[:, 0] for t in totals]))
-    seconds = sum(np.ix_(*[t[:, 1] for t in totals]))
-    best = float((tokens / seconds).max())
-    oracle = R.replay(data, "oracle", profile)
+    best = best_combination(totals)
+    plan = R.optimal_plan(data, profile, skip=skip)
+    oracle = R.replay(data, R.PlanStopper(plan), profile)
     assert oracle.throughput == pytest.approx(best, rel=1e-12)
     static = max(R.replay(data, f"static:{d}", profile).throughput for d in (1, 2, 3))
     assert best > static * 1.02  # a case where no static depth is already optimal
+    if skip:
+        assert R.replay(data, "oracle", profile).throughput == pytest.approx(best, rel=1e-12)
+
+
+def test_drafting_nothing_pays_where_drafts_cost_more_than_they_save(data):
+    """With a draft as costly as the target, the oracle drafts nothing at most steps and beats
+    every plan that drafts at each step."""
+    costly = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[1.0, 1.1, 2.0])
+    with_skip = R.replay(data, "oracle", costly)
+    without = R.replay(data, R.PlanStopper(R.optimal_plan(data, costly, skip=False)), costly)
+    assert with_skip.throughput > without.throughput * 1.05
+    assert with_skip.drafting_steps < with_skip.steps / 2
 
 
 @pytest.mark.parametrize("profile", PROFILES.values(), ids=PROFILES)
@@ -80,9 +109,7 @@ def test_oracle_program_totals_equal_a_replay_of_its_plan(data, profile):
     """At the oracle's own rate, each prompt's dynamic program reports the tokens and seconds
     that replaying the plan it wrote gives."""
     lam = R.replay(data, "oracle", profile).throughput
-    tree = data.tree
-    costs = {(s, pend): profile.step_seconds(tree, s, pend)
-             for s in range(data.depth + 1) for pend in PENDING_STATES}
+    costs = StepCosts(profile, data.tree)
     for p in data.prompts.values():
         plan: dict = {}
         tokens, seconds = _plan_prompt(p, True, costs, lam, plan)
@@ -181,7 +208,8 @@ def true_best(prompts: dict, profile: CostProfile, batch_size: int) -> tuple[flo
 
 @pytest.fixture(scope="module")
 def brute() -> dict:
-    """name -> (batch size, bound, true best, step lookahead, schedules, best ties) on the
+    """name -> (batch size, bound over schedules that draft at every step (the brute force
+    enumerates those), true best, step lookahead, schedules, best ties) on the
     replay test's profile (measured at 1 and 4 rows; 2 and 3 interpolated)."""
     from test_batch_replay import PROFILE as P
 
@@ -189,7 +217,7 @@ def brute() -> dict:
     for name in WALKS:
         b, prompts, data = walk(name)
         best, n, ties = true_best(prompts, P, b)
-        out[name] = (b, R.oracle_bound(data, P, b), best,
+        out[name] = (b, R.oracle_bound(data, P, b, skip=False), best,
                      R.replay(data, "oracle", P, batch_size=b).throughput, n, ties)
     return out
 
@@ -257,8 +285,11 @@ def test_at_batch_size_one_the_bound_is_the_best_schedule(name):
 
     _, prompts, data = walk(name)
     best, _, _ = true_best(prompts, P, 1)
-    assert R.oracle_bound(data, P, 1) == pytest.approx(best, rel=1e-12)
-    assert R.replay(data, "oracle", P).throughput == pytest.approx(best, rel=1e-12)
+    assert R.oracle_bound(data, P, 1, skip=False) == pytest.approx(best, rel=1e-12)
+    no_skip = R.PlanStopper(R.optimal_plan(data, P, skip=False))
+    assert R.replay(data, no_skip, P).throughput == pytest.approx(best, rel=1e-12)
+    # the oracle may also draft nothing at a step: never slower than the best drafting schedule
+    assert R.replay(data, "oracle", P).throughput >= best * (1 - 1e-12)
 
 
 def test_the_bound_by_hand():
@@ -276,7 +307,8 @@ def test_the_bound_by_hand():
     hand = CostProfile(tokens=[1, 2], target_s=[1.0, 1.0], draft_s=[0.5, 0.5],
                        batches={2: BatchCosts(target_s=[1.2, 1.2], draft_s=[0.6, 0.6])})
     data = walk_data({"a": [1, 1, 1], "b": [0, 0]}, (1,), {"a": 4, "b": 3})
-    assert R.oracle_bound(data, hand, 2) == pytest.approx(7 / 4.2, rel=1e-12)
+    assert R.oracle_bound(data, hand, 2, skip=False) == pytest.approx(7 / 4.2, rel=1e-12)
     assert R.replay(data, "static:1", hand, batch_size=2).throughput == pytest.approx(
         7 / 4.6, rel=1e-12)
-    assert R.oracle_bound(data, hand, 1) == pytest.approx(7 / (4 * 1.5 + 1.0), rel=1e-12)
+    assert R.oracle_bound(data, hand, 1, skip=False) == pytest.approx(7 / (4 * 1.5 + 1.0),
+                                                                      rel=1e-12)

@@ -22,7 +22,8 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 
-ADAPTIVE = ["confidence:0.5", "heuristic:2", "cumprod:0.6", "entropy:0.6:0.3"]
+# switch: no draft at the first step (the prior rate 0.5 < 0.6), a draft of 1 depth at the next
+ADAPTIVE = ["confidence:0.5", "heuristic:2", "cumprod:0.6", "entropy:0.6:0.3", "switch:0.6:1:1"]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,7 @@ class Rotating(StopperBase):
         self.stoppers = [make_stopper(s) for s in ADAPTIVE] + [make_stopper(f"stopper:{learned}")]
         self.current = self.stoppers[0]
         self.needs_hidden, self.decisions = False, {s: [0, 0] for s in self.names}
+        self.skipped = 0  # steps some stopper decoded without a draft
 
     def use(self, i: int) -> None:
         self.current = self.stoppers[i % len(self.stoppers)]
@@ -68,6 +70,11 @@ class Rotating(StopperBase):
 
     def check_tree(self, k_config) -> None:
         pass
+
+    def should_draft(self, start) -> bool:
+        go = self.current.should_draft(start)
+        self.skipped += not go
+        return go
 
     def should_continue(self, frontier) -> bool:
         go = self.current.should_continue(frontier)
@@ -95,7 +102,8 @@ def test_adaptive_stoppers_on_a_deeper_tree_keep_three_tokens_exact(micro, monke
     exact = exact_triple(micro, 1.0)
     assert p_value(_triple_counts(micro, stopper), exact) > ALPHA
     for spec, (stops, goes) in stopper.decisions.items():  # each really adapted its depth
-        assert stops > 0 and goes > 0, spec
+        assert stops > 0 and (goes > 0 or spec.startswith("switch")), spec
+    assert stopper.skipped >= N_SAMPLES // len(stopper.names)  # and steps without a draft
     monkeypatch.setattr(V, "verify_children", residual_from_p)  # the same test, a biased verifier
     assert p_value(_triple_counts(micro, Rotating(tmp_path / "learned")), exact) < ALPHA
 

@@ -81,7 +81,8 @@ def test_labels_hard_and_soft(rows):
 
 
 @pytest.mark.parametrize("spec", ["static:1", "static:2", "static:4", "heuristic",
-                                  "confidence:0.3", "cumprod:0.9"])
+                                  "confidence:0.3", "cumprod:0.9", "switch:0.6:3:3",
+                                  "switch:0.9:2:2"])
 def test_exact_replay_matches_decoder(data, spec):
     """Replaying a stopper on the dense collection gives the decoder's own tokens, target calls
     (so τ) and draft forwards, with the same prompts, greedy."""

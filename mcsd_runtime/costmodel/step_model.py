@@ -3,7 +3,7 @@ program, `train.labels.walk_trajectory` and the cost model count it. `MCSDDecode
 rules on real caches; the exact-replay tests check that both agree token for token.
 
 A step stopped at depth `s` of the tree (`s = 0`: it drafts nothing, as for the last token of an
-output capped by `max_new_tokens`):
+output capped by `max_new_tokens`, or where the stopper's `should_draft` says so):
 
 - **forwards**: one draft forward over the tokens the draft has not seen yet (its *pending*
   ones), one per depth 1..s-1 (the stopper decides before a depth is forwarded, so depth s never
@@ -24,7 +24,9 @@ if TYPE_CHECKING:  # a type only: the rules need no torch
     from mcsd_runtime.decode.tree import Tree
 
 FIRST_PENDING = 1  # a sequence starts with the prompt's last token pending (prefill takes the rest)
-PENDING_STATES = (1, 2)  # what a step can start with: the first, or after any drafting step
+# what a step can start with when every step drafts: the first, or after any drafting step (steps
+# that draft nothing add one pending token each)
+PENDING_STATES = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,13 @@ def step_forwards(tree: Tree, depth: int, pending: int) -> StepForwards:
 
 
 def step_outcome(full_accepted: int, depth: int, pending: int = FIRST_PENDING,
-                 room: int | None = None) -> StepOutcome:
+                 room: int | None = None, fed: bool | None = None) -> StepOutcome:
     """The step stopped at `depth` whose full-depth twin accepted `full_accepted` tokens, with
     `pending` draft-pending tokens before it and `room` tokens left in the output (None: no
-    limit)."""
+    limit). `fed`: whether the pending tokens went through the draft (default: when it drafts;
+    in a batch, a row that drafts nothing is fed with the rows that draft)."""
     accepted = min(full_accepted, depth)
     committed = accepted + 1 if room is None else min(accepted + 1, room)
-    after = (0 if depth else pending) + 1 + (1 if depth and accepted >= depth else 0)
+    fed = bool(depth) if fed is None else fed
+    after = (0 if fed else pending) + 1 + (1 if depth and accepted >= depth else 0)
     return StepOutcome(depth, accepted, committed, after)

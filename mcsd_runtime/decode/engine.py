@@ -2,9 +2,11 @@
 
 A step, over every row of the batch at once:
 
-1. draft: each row's pending draft tokens go in, depth 1 is proposed; then, while the stopper
-   says so, the frontier goes through the draft (one forward for all rows, tree attention) and
-   the next depth is proposed;
+1. draft: a row whose stopper says not to draft at all this step (`should_draft`) verifies an
+   empty tree, as autoregressive decoding does, and keeps its pending draft tokens for later;
+   the others' pending draft tokens go in, depth 1 is proposed; then, while the stopper says
+   so, the frontier goes through the draft (one forward for all rows, tree attention) and the
+   next depth is proposed;
 2. one target forward over every row's pending root and tree (a 4D mask per row, explicit
    position ids);
 3. verify each row's tree: the accepted path and the token after it (`verify_tree`);
@@ -69,7 +71,7 @@ from mcsd_runtime.decode.state import (
 from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
-from mcsd_runtime.stop.contract import Stopper
+from mcsd_runtime.stop.contract import StepStart, Stopper
 from mcsd_runtime.stop.features import TOP_K_MASS
 
 CommitHook = Callable[[list[int]], "int | None"]
@@ -305,6 +307,10 @@ class Engine:
                      for r in rows]
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
+        if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
+            caps = [c if c and r.st.stopper.should_draft(
+                StepStart(tree.depth, r.st.trajectory.values())) else 0
+                for c, r in zip(caps, rows, strict=True)]
         inputs = self.upload(rows)
         tokens = torch.zeros(len(rows), 1 + tree.num_nodes, dtype=torch.long, device=self.dev)
         tokens[:, 0] = inputs[:, 1]

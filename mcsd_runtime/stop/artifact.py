@@ -19,6 +19,10 @@ reader owns the format. Fields, in file order:
                       in artifacts older than the field, which read as text
     min_depth         depths below it are drafted without asking the model (absent: 1)...
     min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
+    skip_rate         draft nothing for a step while the recent acceptance rate is below it
+                      (mcsd_runtime.stop.skip.SkipGate; absent: 0, a draft at every step)...
+    skip_probe        ...drafting again after this many steps without a draft (absent: 8);
+                      both hold at every batch size
     batch             settings by batch size, chosen by batched replay (absent: the top-level
                       ones at every batch size): {"8": {"threshold", "aggregation",
                       "row_aggregation", "min_depth", "min_depth_gate"}}; a stopper decoding
@@ -41,6 +45,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import recorded_format
 from mcsd_runtime.stop.aggregation import check_aggregation, check_row_aggregation
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate
 
 FORMAT = "mcsd-stopper"
 FILE = "stopper.json"
@@ -85,6 +90,8 @@ class ArtifactSpec:
     prompt_format: dict | None = None
     min_depth: int = 1
     min_depth_gate: float = 0.0
+    skip_rate: float = 0.0
+    skip_probe: int = DEFAULT_PROBE
     batch: dict[int, BatchSetting] | None = None
     metrics: dict | None = None
     training_data: dict | None = None
@@ -110,6 +117,9 @@ class ArtifactSpec:
             raise MCSDError(f"inputs {self.inputs!r}: use {' or '.join(INPUTS)}")
         check_aggregation(self.aggregation)
         _check_decision(self)
+        _set_number(self, "skip_rate", float, "skip_rate must be a number in [0, 1]")
+        _set_number(self, "skip_probe", int, "skip_probe must be a positive integer")
+        SkipGate(self.skip_rate, self.skip_probe)  # checks both ranges
         if self.batch is not None:
             object.__setattr__(self, "batch", self._batch_table(self.batch))
         if self.hidden_size is not None:

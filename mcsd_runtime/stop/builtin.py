@@ -5,13 +5,14 @@ Every stopper keeps the contract of `mcsd_runtime.stop.contract` (`Stopper`, `Fr
 `StopperBase`; importable from here too). A spec is one of
 
 - `NAME[:P[:P]]`: a built-in of `BUILTIN` with its numeric parameters (`static:4`,
-  `confidence:0.4`, `heuristic`);
+  `confidence:0.4`, `heuristic`, `switch:0.6:2`);
 - `stopper:PATH`, or a bare PATH that is a folder: a trained stopper's artifact folder, which must
   hold `stopper.json` (`mcsd_runtime.stop.learned`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase
 from mcsd_runtime.stop.learned import stopper_from
+from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
            "make_stopper", "parse_stopper_spec", "stopper_help"]
@@ -101,6 +103,40 @@ class HeuristicStopper(StopperBase):
         self.budget = self.budget + 2 if accepted == drafted else max(1, self.budget - 1)
 
 
+class SwitchStopper(StaticStopper):
+    """A static depth with speculation switched off while it cannot pay (as TensorRT-LLM and
+    vLLM do): `depth` depths (None: the whole tree) while the recent acceptance rate is at least
+    `rate`, else no draft at all, drafting again after `probe` steps without one
+    (`mcsd_runtime.stop.skip.SkipGate`)."""
+
+    def __init__(self, rate: float = 0.5, depth: int | None = None,
+                 probe: int = DEFAULT_PROBE) -> None:
+        super().__init__(depth)
+        self.skip = SkipGate(rate, probe)
+
+    def reset(self) -> None:
+        self.skip = copy.copy(self.skip)  # rows of a batch share nothing
+        self.skip.reset()
+
+    def should_draft(self, start: Frontier) -> bool:
+        return self.skip.should_draft(start.trajectory())
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.skip.update(drafted)
+
+
+def _switch(args: list[str], spec: str) -> Stopper:
+    values = _floats(args, spec, 3)
+    if len(values) > 1 and values[1] != int(values[1]):
+        raise MCSDError(f"stopper {spec!r}: DEPTH is a whole number of depths")
+    if len(values) > 2 and values[2] != int(values[2]):
+        raise MCSDError(f"stopper {spec!r}: PROBE is a whole number of steps")
+    rate = values[0] if values else 0.5
+    depth = int(values[1]) if len(values) > 1 else None
+    probe = int(values[2]) if len(values) > 2 else DEFAULT_PROBE
+    return SwitchStopper(rate, depth, probe)
+
+
 def _floats(args: list[str], spec: str, n_max: int) -> list[float]:
     if len(args) > n_max:
         raise MCSDError(f"stopper {spec!r} takes at most {n_max} parameter(s)")
@@ -124,6 +160,9 @@ BUILTIN: dict[str, tuple[str, Builder]] = {
                 lambda a, s: CumprodStopper(*_floats(a, s, 1))),
     "heuristic": ("heuristic HF's +2/-1 depth schedule",
                   lambda a, s: HeuristicStopper(*(int(x) for x in _floats(a, s, 1)))),
+    "switch": ("switch[:RATE[:DEPTH[:PROBE]]] static DEPTH (the whole tree) while the recent "
+               "acceptance rate >= RATE (0.5), else no draft (the target alone), drafting again "
+               f"after PROBE steps without ({DEFAULT_PROBE})", _switch),
 }
 
 

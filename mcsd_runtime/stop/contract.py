@@ -6,6 +6,10 @@ knows which kind it runs (as with transformers' candidate generators: decide, th
 outcome). Subclass `StopperBase` and implement `should_continue`:
 
 - `reset()`: a new sequence starts;
+- `should_draft(start) -> bool`: draft at all this step? Asked before depth 1 with a `Frontier`
+  of depth 0 that has no nodes (only `trajectory()` and `max_depth`); False decodes one token
+  with the target alone (lossless: the step verifies an empty tree) and leaves the draft's
+  pending tokens for the next step that drafts. The default drafts every step;
 - `should_continue(frontier) -> bool`: after drafting `frontier.depth`, draft one more depth? It is
   asked before the frontier goes through the draft, so stopping saves that forward;
 - `update(drafted, accepted)`: the step drafted `drafted` depths and `accepted` were accepted;
@@ -38,14 +42,17 @@ from typing import Protocol
 import numpy as np
 import torch
 
-MEMBERS = ("reset", "should_continue", "update", "check_tree", "needs_hidden", "for_batch",
-           "batch_continue")
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES
+
+MEMBERS = ("reset", "should_draft", "should_continue", "update", "check_tree", "needs_hidden",
+           "for_batch", "batch_continue")
 
 
 class Frontier(Protocol):
     """The nodes of the depth just drafted, before they go through the draft."""
 
-    depth: int  # depth just drafted (1-based)
+    depth: int  # depth just drafted (1-based; 0 before drafting: `should_draft`, no nodes)
     max_depth: int  # deepest depth the decoder could still draft in this step
 
     def trajectory(self) -> list[float]:
@@ -77,6 +84,8 @@ class Stopper(Protocol):
 
     def reset(self) -> None: ...
 
+    def should_draft(self, start: Frontier) -> bool: ...
+
     def should_continue(self, frontier: Frontier) -> bool: ...
 
     def update(self, drafted: int, accepted: int) -> None: ...
@@ -89,13 +98,17 @@ class Stopper(Protocol):
 
 
 class StopperBase:
-    """Defaults for every `Stopper` member but `should_continue`: stateless, features only, any
-    tree, the same stopper at every batch size, rows deciding a batch's depth."""
+    """Defaults for every `Stopper` member but `should_continue`: stateless, features only, a
+    draft at every step, any tree, the same stopper at every batch size, rows deciding a batch's
+    depth."""
 
     needs_hidden = False
 
     def reset(self) -> None:
         pass
+
+    def should_draft(self, start: Frontier) -> bool:
+        return True
 
     def should_continue(self, frontier: Frontier) -> bool:
         raise NotImplementedError
@@ -111,3 +124,29 @@ class StopperBase:
 
     def batch_continue(self, frontiers: list[Frontier]) -> bool | None:
         return None
+
+
+class StepStart:
+    """The `Frontier` of `should_draft`: a step before anything was drafted (depth 0, no
+    nodes), served alike by the decoder and by replay."""
+
+    depth = 0
+
+    def __init__(self, max_depth: int, trajectory: list[float]) -> None:
+        self.max_depth, self._trajectory = max_depth, trajectory
+
+    def trajectory(self) -> list[float]:
+        return self._trajectory
+
+    def features(self) -> torch.Tensor:
+        return torch.zeros(0, len(FEATURE_NAMES))
+
+    def column(self, name: str) -> torch.Tensor:
+        return torch.zeros(0)
+
+    def decision_features(self) -> np.ndarray:
+        return np.zeros((0, len(DECISION_FEATURES)))
+
+    def hidden(self) -> torch.Tensor:
+        raise MCSDError("nothing is drafted before a step starts: should_draft sees the "
+                        "trajectory only")

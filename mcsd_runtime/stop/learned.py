@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,11 @@ from torch import nn
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
-from mcsd_runtime.stop.artifact import ArtifactSpec, artifact_folder
+from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_folder
 from mcsd_runtime.stop.contract import Frontier, StopperBase
 from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
+from mcsd_runtime.stop.skip import SkipGate
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
            "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",
@@ -135,6 +136,8 @@ class LearnedStopper(StopperBase):
         # depths below min_depth are drafted without a decision while the recent acceptance
         # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
         self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
+        # steps without a draft while the recent acceptance rate is below skip_rate (SkipGate)
+        self.skip = SkipGate(spec.skip_rate, spec.skip_probe)
         self.row_aggregation = "max"  # how a batch decision combines rows (for_batch sets it)
         self.pair_fingerprint: dict | None = spec.pair_fingerprint
         self.k_config: tuple[int, ...] | None = spec.k_config or None
@@ -208,6 +211,16 @@ class LearnedStopper(StopperBase):
     def frontier_score(self, frontier: Frontier) -> float:
         return self.frontier_scores([frontier])[0]
 
+    def reset(self) -> None:
+        self.skip = copy.copy(self.skip)  # rows of a batch share nothing
+        self.skip.reset()
+
+    def should_draft(self, start: Frontier) -> bool:
+        return self.skip.should_draft(start.trajectory())
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.skip.update(drafted)
+
     def should_continue(self, frontier: Frontier) -> bool:
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
@@ -243,8 +256,8 @@ class LearnedStopper(StopperBase):
     def __repr__(self) -> str:
         return (f"LearnedStopper(kind={self.kind!r}, aggregation={self.aggregation!r}, "
                 f"threshold={self.threshold:.3f}, min_depth={self.min_depth}, "
-                f"min_depth_gate={self.min_depth_gate:g}, row_aggregation="
-                f"{self.row_aggregation!r})")
+                f"min_depth_gate={self.min_depth_gate:g}, skip_rate={self.skip.rate:g}, "
+                f"skip_probe={self.skip.probe}, row_aggregation={self.row_aggregation!r})")
 
 
 def _k_text(k_config: tuple[int, ...]) -> str:
@@ -253,24 +266,26 @@ def _k_text(k_config: tuple[int, ...]) -> str:
 
 def load_stopper(path: str | Path, threshold: float | None = None,
                  aggregation: str | None = None, min_depth: int | None = None,
-                 min_depth_gate: float | None = None) -> LearnedStopper:
+                 min_depth_gate: float | None = None,
+                 skip_rate: float | None = None) -> LearnedStopper:
     """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation`,
-    `min_depth` and `min_depth_gate` override the artifact's choices (at every batch size: an
-    override drops stopper.json's `batch` table)."""
+    `min_depth`, `min_depth_gate` and `skip_rate` override the artifact's choices (at every
+    batch size: an override drops stopper.json's `batch` table)."""
     folder = artifact_folder(path)
     spec = ArtifactSpec.read(folder)
     overrides = {"threshold": threshold, "aggregation": aggregation, "min_depth": min_depth,
-                 "min_depth_gate": min_depth_gate}
+                 "min_depth_gate": min_depth_gate, "skip_rate": skip_rate}
     return stopper_from(spec, folder, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> LearnedStopper:
     """The stopper `spec` describes, its model read from `folder` (where `spec` need not be
     written yet); `overrides`: fields of `spec` to change (threshold, aggregation, min_depth,
-    min_depth_gate, batch); overriding a top-level setting drops the `batch` table unless
-    `batch` is given too."""
+    min_depth_gate, skip_rate, skip_probe, batch); overriding a setting the `batch` table holds
+    per batch size drops the table unless `batch` is given too."""
     folder = Path(folder)
-    if overrides and "batch" not in overrides:
+    per_batch = {f.name for f in fields(BatchSetting)}
+    if per_batch & set(overrides) and "batch" not in overrides:
         overrides = overrides | {"batch": None}
     spec = replace(spec, **overrides)
     if spec.kind == "lightgbm":

@@ -22,6 +22,7 @@ from train.config import REPLAY_MODES
 from train.data import SEQUENCE_KEY, sequence_ids
 
 NODE_COLS = list(NODE_FEATURES)
+NO_NODES = np.zeros((0, len(NODE_FEATURES)), dtype=np.float32)  # a step before it drafts
 
 
 @dataclass

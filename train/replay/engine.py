@@ -20,7 +20,10 @@ admitted in order into free slots, each batch step's forwards over all active ro
 draft forward padded to the most pending tokens of any row, the target's to the deepest tree),
 one decision per drafted depth for the rows whose cap is deeper (`batch_continue`, or where it
 returns None, ANY row's own stopper), every row drafted to the batch's depth within its cap.
-Batch size 1 is the replay of one sequence at a time. The optimum over schedules is not computed
+Batch size 1 is the replay of one sequence at a time. Before each step every row's stopper is
+asked whether it drafts at all (`should_draft`); a row that does not commits the target's one
+token and keeps its pending draft tokens, unless other rows of the batch draft (then it is fed
+with them, as in the decoder). The optimum over schedules is not computed
 there; the spec `oracle` above batch size 1 is `StepLookahead`, a hindsight heuristic (each
 batch step's depth chosen for that step alone: a schedule, below the optimum, a lower bound on
 it), and `oracle_bound` is an upper bound on every schedule; the best schedule lies between them.
@@ -39,7 +42,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import Trajectory
-from train.replay.data import Prompt, ReplayData, Step, _Frontier
+from train.replay.data import NO_NODES, Prompt, ReplayData, Step, _Frontier
 from train.replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
 
 
@@ -83,13 +86,14 @@ class _Row:
     """One sequence in the batch: its prompt, where the walk stands, its own stopper copy and
     trajectory."""
 
-    __slots__ = ("prompt", "stopper", "traj", "pending", "t", "steps", "step")
+    __slots__ = ("prompt", "stopper", "traj", "pending", "t", "steps", "step", "skip")
 
     def __init__(self, prompt: Prompt, stopper) -> None:
         self.prompt, self.stopper, self.traj = prompt, copy.copy(stopper), Trajectory()
         self.stopper.reset()
         self.pending, self.t, self.steps = FIRST_PENDING, 0, iter(prompt.steps)
         self.step: Step | None = None
+        self.skip = False  # the stopper drafts nothing at this step (`should_draft`)
 
     def advance(self, exact: bool) -> bool:
         """Move to the next step; False when the sequence is done. `step` is None for the last
@@ -105,15 +109,25 @@ class _Row:
             raise MCSDError(f"{p.key}: no recorded step at position {self.t}")
         return True
 
+    def ask_draft(self, max_depth: int) -> None:
+        """Ask the stopper whether this step drafts at all (a step that may draft)."""
+        step = self.step
+        self.skip = bool(step and step.cap) and not self.stopper.should_draft(_Frontier(
+            0, max_depth, NO_NODES, self.traj.values(), None, step.accepted,
+            (self.prompt.key, step.position, 0)))
+
     @property
     def cap(self) -> int:
-        return self.step.cap if self.step else 0
+        return self.step.cap if self.step and not self.skip else 0
 
-    def commit(self, s: int, tree: Tree, exact: bool, res: ReplayResult) -> None:
-        """The row's step drafted to depth `s`: count it in `res`, move the walk on."""
+    def commit(self, s: int, tree: Tree, exact: bool, res: ReplayResult,
+               fed: bool = False) -> None:
+        """The row's step drafted to depth `s` (`fed`: its pending tokens went through the
+        draft, as in a batch step where other rows draft): count it in `res`, move the walk
+        on."""
         step, p = self.step, self.prompt
         out = step_outcome(step.accepted if step else 0, s, self.pending,
-                           p.new_tokens - self.t if exact else None)
+                           p.new_tokens - self.t if exact else None, fed=fed or bool(s))
         res.tokens += out.committed
         res.steps += 1
         res.accepted += out.accepted
@@ -158,6 +172,8 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
                 rows.append(row)
         if not rows:
             break
+        for row in rows:
+            row.ask_draft(data.depth)
         depth = (lookahead.depth(rows, tree, profile) if lookahead
                  else _batch_depth(stopper, rows, data.depth, res))
         pending = max(r.pending for r in rows)  # the first draft forward pads to it
@@ -166,7 +182,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
         res.draft_forwards += len(forwards.draft)
         res.batch_steps += 1
         for row in list(rows):
-            row.commit(min(depth, row.cap), tree, exact, res)
+            row.commit(min(depth, row.cap), tree, exact, res, fed=depth > 0)
             if not row.advance(exact):
                 rows.remove(row)
     res.cost_s += decision_s * res.decisions

@@ -1,11 +1,12 @@
 """Replay's hindsight stoppers and bounds, which know each step's accepted length.
 
-- `optimal_plan` (`PlanStopper` follows it): the stop depth at every step that maximises
-  replayed tokens/s at batch size 1, the true upper bound on speed there (the spec `oracle`);
+- `optimal_plan` (`PlanStopper` follows it): the stop depth at every step, 0 (no draft)
+  included, that maximises replayed tokens/s at batch size 1, the true upper bound on speed
+  there (the spec `oracle`);
 - `AcceptedOracle`: stops at the accepted length, the bound on accepted tokens per target call
   (the spec `oracle-accepted`);
-- `StepLookahead`: above batch size 1, each batch step's depth chosen in hindsight for that step
-  alone, a schedule and so a lower bound on the optimum (its rate is fitted by
+- `StepLookahead`: above batch size 1, each batch step's depth (1 or more) chosen in hindsight
+  for that step alone, a schedule and so a lower bound on the optimum (its rate is fitted by
   `train.replay.engine.lookahead_schedule`, the spec `oracle` there);
 - `oracle_bound`: an upper bound on every schedule at a batch size.
 """
@@ -39,31 +40,54 @@ class AcceptedOracle(StopperBase):
 
 
 class PlanStopper(StopperBase):
-    """Follows a stop plan {(prompt key, position): depth}, e.g. `optimal_plan`'s."""
+    """Follows a stop plan {(prompt key, position): depth}, e.g. `optimal_plan`'s; depth 0 drafts
+    nothing at that step."""
 
     def __init__(self, plan: dict[tuple[str, int], int]) -> None:
         self.plan = plan
+
+    def should_draft(self, start: _Frontier) -> bool:
+        return self.plan.get(start.key[:2], 1) > 0
 
     def should_continue(self, frontier: _Frontier) -> bool:
         return frontier.depth < self.plan[frontier.key[:2]]
 
 
+# the oracle tracks up to this many draft-pending tokens; a longer run of steps without a draft
+# is priced as this many (a catch-up forward priced low: the oracle stays an upper bound)
+PENDING_CAP = 32
+
+
+class StepCosts(dict):
+    """Seconds of one row's step at (depth, pending), priced by `profile` on first use: at one
+    row, or with `batch_size`, the cheapest share of a batch step over 1..batch_size rows."""
+
+    def __init__(self, profile: CostProfile, tree: Tree, batch_size: int = 1) -> None:
+        super().__init__()
+        self.profile, self.tree, self.batch_size = profile, tree, batch_size
+
+    def __missing__(self, key: tuple[int, int]) -> float:
+        s, pend = key
+        self[key] = value = min(self.profile.step_seconds(self.tree, s, pend, a) / a
+                                for a in range(1, self.batch_size + 1))
+        return value
+
+
 def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
-                 ) -> dict[tuple[str, int], int]:
+                 skip: bool = True) -> dict[tuple[str, int], int]:
     """The stop depth at every step that maximises replayed tokens per second, knowing every
-    step's accepted length: the true upper bound on speed for free decisions.
+    step's accepted length: the true upper bound on speed for free decisions. `skip`: a step
+    may also draft nothing (depth 0, the target alone), as `Stopper.should_draft` allows.
 
     Throughput is a ratio, so this is Dinkelbach's method: for a rate `lam`, a dynamic program
     over (position, draft-pending tokens) maximises tokens - lam * seconds; `lam` is then set
     to the plan's throughput, until it no longer rises (a few rounds)."""
-    tree = data.tree
-    costs = {(s, pend): profile.step_seconds(tree, s, pend)
-             for s in range(data.depth + 1) for pend in PENDING_STATES}
+    costs = StepCosts(profile, data.tree)
     lam, plan = 0.0, {}
     for _ in range(100):
         plan, tokens, seconds = {}, 0.0, 0.0
         for p in data.prompts.values():
-            tk, sec = _plan_prompt(p, data.mode == "exact", costs, lam, plan)
+            tk, sec = _plan_prompt(p, data.mode == "exact", costs, lam, plan, skip)
             tokens, seconds = tokens + tk, seconds + sec
         new = metrics.throughput(tokens, seconds)
         if new <= lam * (1 + tol):
@@ -72,11 +96,13 @@ def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
     return plan
 
 
-def _plan_prompt(p: Prompt, exact: bool, costs: dict, lam: float,
-                 plan: dict) -> tuple[float, float]:
-    """Best plan of one prompt at rate `lam` (into `plan`); returns its tokens and seconds."""
+def _plan_prompt(p: Prompt, exact: bool, costs, lam: float, plan: dict,
+                 skip: bool = True) -> tuple[float, float]:
+    """Best plan of one prompt at rate `lam` (into `plan`); returns its tokens and seconds.
+    `costs[(s, pending)]`: a step's seconds (`StepCosts`)."""
     steps = ([p.by_position.get(t) for t in range(p.new_tokens)] if exact else p.steps)
     n = len(steps)
+    low = 0 if skip else 1
 
     def outcome(i: int, s: int, pend: int) -> tuple[StepOutcome, int]:
         """Step i stopped at depth s, and the index of the step after it."""
@@ -85,14 +111,21 @@ def _plan_prompt(p: Prompt, exact: bool, costs: dict, lam: float,
                            p.new_tokens - step.position if exact and step else None)
         return out, (min(i + out.committed, n) if exact else i + 1)
 
-    best = [dict.fromkeys(PENDING_STATES, (0.0, 0.0, 0.0, 0)) for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):  # best[i][pending]: value, tokens, seconds, depth
-        depths = range(1, steps[i].cap + 1) if steps[i] else (0,)  # None: nothing drafted
-        for pend in PENDING_STATES:
+    def states(i: int):  # pending tokens a walk can bring to step i
+        if not skip:
+            return PENDING_STATES
+        return range(1, min(FIRST_PENDING + i, PENDING_CAP) + 1)
+
+    done = (0.0, 0.0, 0.0, 0)
+    best: list[dict] = [{} for _ in range(n + 1)]  # best[i][pending]: value, tokens, seconds, s
+    for i in range(n - 1, -1, -1):
+        depths = range(low, steps[i].cap + 1) if steps[i] else (0,)  # None: nothing drafted
+        for pend in states(i):
             options = []
             for s in depths:
                 out, nxt = outcome(i, s, pend)
-                after = best[nxt][out.pending] if s else (0.0, 0.0, 0.0, 0)  # 0: the last step
+                last = steps[i] is None or nxt >= n
+                after = done if last else best[nxt][min(out.pending, PENDING_CAP)]
                 sec = costs[(s, pend)]
                 options.append((out.committed - lam * sec + after[0], out.committed + after[1],
                                 sec + after[2], s))
@@ -102,7 +135,7 @@ def _plan_prompt(p: Prompt, exact: bool, costs: dict, lam: float,
         s = best[i][pend][3]
         plan[(p.key, steps[i].position)] = s
         out, i = outcome(i, s, pend)
-        pend = out.pending
+        pend = min(out.pending, PENDING_CAP)
     return best[0][FIRST_PENDING][1], best[0][FIRST_PENDING][2]
 
 
@@ -136,8 +169,10 @@ class StepLookahead(StopperBase):
         return best_s
 
 
-def oracle_bound(data: ReplayData, profile: CostProfile, batch_size: int) -> float:
-    """An upper bound on the replayed tokens/s of any schedule at `batch_size` (exact replay).
+def oracle_bound(data: ReplayData, profile: CostProfile, batch_size: int,
+                 skip: bool = True) -> float:
+    """An upper bound on the replayed tokens/s of any schedule at `batch_size` (exact replay);
+    `skip=False`: of the schedules that draft at every step.
 
     Every schedule commits the same tokens (the outputs), so only its seconds differ. A step of
     the batch over A rows costs c(A, s, P) at batch depth s and most pending P; each row's share
@@ -150,11 +185,9 @@ def oracle_bound(data: ReplayData, profile: CostProfile, batch_size: int) -> flo
     tests/test_oracle.py (found there by brute force over every schedule)."""
     if data.mode != "exact":
         raise MCSDError("the batch oracle bound needs exact replay (a dense greedy collection)")
-    costs = {(s, pend): min(profile.step_seconds(data.tree, s, pend, a) / a
-                            for a in range(1, batch_size + 1))
-             for s in range(data.depth + 1) for pend in PENDING_STATES}
+    costs = StepCosts(profile, data.tree, batch_size)
     tokens = seconds = 0.0
     for p in data.prompts.values():
-        tk, sec = _plan_prompt(p, True, costs, 1.0, {})
+        tk, sec = _plan_prompt(p, True, costs, 1.0, {}, skip)
         tokens, seconds = tokens + tk, seconds + sec
     return metrics.throughput(tokens, seconds)
