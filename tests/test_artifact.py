@@ -15,7 +15,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import FILE, ArtifactSpec
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.features import DECISION_FEATURES
-from mcsd_runtime.stop.learned import load_stopper
+from mcsd_runtime.stop.learned import LearnedStopper, load_stopper
 
 # written by `train_stopper` at commit b8df3aa (stopper.json an untyped dict), on the dense rows
 # of test_train_data
@@ -58,10 +58,12 @@ def test_descriptions_older_than_min_depth_and_k_config_load(tmp_path):
 
 def test_write_then_read_is_the_same_description(tmp_path):
     spec = replace(ArtifactSpec.read(OLD / "lightgbm"), threshold=0.25, min_depth=2,
-                   k_config=[2, 1])
+                   k_config=[2, 1], skip_rate=0.4, skip_probe=6)
     assert spec.k_config == (2, 1)  # normalized on construction
     spec.write(tmp_path)
     assert ArtifactSpec.read(tmp_path) == spec
+    stopper = LearnedStopper(ArtifactSpec.read(tmp_path), model=None)
+    assert (stopper.skip.rate, stopper.skip.probe) == (0.4, 6)
     with pytest.raises(MCSDError, match="is not a stopper artifact"):  # it reads folders
         ArtifactSpec.read(tmp_path / FILE)
 
@@ -79,6 +81,9 @@ def test_write_then_read_is_the_same_description(tmp_path):
     ({"min_depth_gate": 1.5}, r"min_depth_gate must be a number in \[0, 1\], got 1.5"),
     ({"inputs": "pixels"}, "inputs 'pixels'"),
     ({"threshold": None}, "non-numeric threshold, got None"),
+    ({"skip_rate": 1.5}, r"skip rate 1.5: an acceptance rate in \[0, 1\]"),
+    ({"skip_rate": "low"}, "skip_rate must be a number in"),
+    ({"skip_rate": 0.5, "skip_probe": 0}, "skip probe 0: a whole number of steps >= 1"),
     ({"feature_names": 5}, "malformed field"),
 ])
 def test_a_bad_field_is_named(tmp_path, change, message):

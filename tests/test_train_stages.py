@@ -19,7 +19,15 @@ from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from mcsd_runtime.stop.learned import load_mlp, load_stopper
 from train.config import TrainConfig, default_label
-from train.pipeline import PEER_GRID, choose, fit, prepare, train_stopper, write
+from train.pipeline import (
+    PEER_GRID,
+    choose,
+    deploy_static,
+    fit,
+    prepare,
+    train_stopper,
+    write,
+)
 
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
                       step_overhead_s=0.05)
@@ -164,6 +172,10 @@ def test_fit_alone_writes_the_model_and_scores_it(prep, fitted):
     assert set(f.importance["mean_abs_shap"]) == set(DECISION_FEATURES)
 
 
+def head_vs_ar(c) -> float:
+    return c.headline["learned_vs_ar"]
+
+
 def test_choose_alone_picks_the_best_validation_setting(prep, fitted, chosen):
     out, _ = fitted
     c = chosen
@@ -173,13 +185,20 @@ def test_choose_alone_picks_the_best_validation_setting(prep, fitted, chosen):
     assert c.spec == ArtifactSpec.from_json(provisional) and c.spec.k_config == K_CONFIG
     assert c.measured and c.decision_s == 0.0 and c.headline["replay_decision_us"] == 0.0
     assert {p["aggregation"] for p in c.curve} == {"max", "sum"}
-    assert c.chosen["throughput"] == max(p["throughput"] for p in c.curve)
+    # the best of the curve, or better where gates or steps without a draft pay
+    assert c.chosen["throughput"] >= max(p["throughput"] for p in c.curve)
+    assert c.chosen["skip_rate"] == 0 or c.chosen["throughput"] > max(
+        p["throughput"] for p in c.curve)
     assert set(c.results) == {"val", "test"}
     for split in ("val", "test"):
         names = set(c.results[split])
         assert {"learned", "oracle", "static:1", "static:4"} <= names
         assert {f"{p}(tuned)" for p in c.peers.values()} <= names
-    assert all(spec.split(":")[0] in PEER_GRID for spec in c.peers.values())
+    assert all(spec.split(":")[0] in PEER_GRID for n, spec in c.peers.items() if n != "switch")
+    rate, depth, probe = c.peers["switch"].split(":")[1:]  # at the deploy static's depth
+    assert f"static:{depth}" == deploy_static(c.results["val"])
+    assert "ar" in c.results["test"] and head_vs_ar(c) == pytest.approx(
+        c.results["test"]["learned"]["throughput"] / c.results["test"]["ar"]["throughput"])
     head, test = c.headline, c.results["test"]
     assert head["learned_value"] == test["learned"]["throughput"]
     assert head["best_static_value"] == max(v["throughput"] for k, v in test.items()
@@ -203,7 +222,9 @@ def test_write_alone_finishes_the_artifact(prep, fitted, chosen, manifests):
     assert json.loads((out / "metrics.json").read_text())["headline"] == json.loads(
         json.dumps(chosen.headline, default=float))
     spec = json.loads((out / "stopper.json").read_text())
-    assert list(spec) == SPEC_KEYS
+    skip = ["skip_rate", "skip_probe"] if chosen.chosen["skip_rate"] else []  # only with one
+    at = SPEC_KEYS.index("metrics")
+    assert list(spec) == SPEC_KEYS[:at] + skip + SPEC_KEYS[at:]
     assert spec["prompt_format"] == {"format": "text", "template_hash": None}  # raw prompts
     assert (spec["threshold"], spec["aggregation"], spec["min_depth"], spec["min_depth_gate"]) == (
         chosen.chosen["threshold"], chosen.chosen["aggregation"], chosen.chosen["min_depth"],

@@ -46,8 +46,11 @@ def _scored_rows(df: pd.DataFrame, stopper) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
-                 profile: CostProfile, decision_s: float) -> dict:
-    """Calibration and replayed speed of `stopper` on one domain's dense collection."""
+                 profile: CostProfile, decision_s: float, switch: str | None = None) -> dict:
+    """Calibration and replayed speed of `stopper` on one domain's dense collection, against
+    autoregressive decoding, the deploy static, the domain's best static, the tuned heuristic
+    and (`switch`) the tuned switch peer; the share of the oracle's gain over the best static
+    it captures."""
     df, manifests = load_runs([run_dir])
     y, p = _scored_rows(df, stopper)
     data = R.ReplayData(df, stopper.k_config, mode="auto", new_tokens=output_lengths(manifests))
@@ -57,7 +60,12 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
     learned = R.replay(data, stopper, profile, name="learned", decision_s=decision_s).as_dict()
     heur = R.replay(data, heuristic, profile).as_dict()
     oracle = R.replay(data, "oracle", profile).as_dict()
-    value = learned[METRIC]
+    ar = R.replay(data, R.NeverDraft(), profile, name="ar").as_dict()
+    peers = {"heuristic": heur, "oracle": oracle, "ar": ar}
+    if switch:
+        peers["switch"] = R.replay(data, switch, profile).as_dict()
+    value, best_value = learned[METRIC], statics[best][METRIC]
+    gain = oracle[METRIC] - best_value
     return {
         "prompts": len(data.prompts), "replay_mode": data.mode,
         "metrics": report.classification_metrics(y, p),
@@ -66,10 +74,15 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
         "learned_vs_deploy": value / statics[deploy][METRIC],
         "learned_vs_best_static": value / statics[best][METRIC],
         "learned_vs_heuristic": value / heur[METRIC],
+        "learned_vs_ar": value / ar[METRIC],
+        "learned_vs_switch": value / peers["switch"][METRIC] if switch else None,
+        "switch": switch,
+        "best_static_vs_ar": best_value / ar[METRIC],
+        "oracle_gain_captured": (value - best_value) / gain if gain > 0 else float("nan"),
         "heuristic_vs_best_static": heur[METRIC] / statics[best][METRIC],
         "oracle_vs_best_static": oracle[METRIC] / statics[best][METRIC],
         "learned_drafted_per_token": learned["drafted_tokens"] / max(learned["tokens"], 1),
-        "replay": {"learned": learned, "heuristic": heur, "oracle": oracle} | statics,
+        "replay": {"learned": learned} | peers | statics,
     }
 
 
@@ -78,18 +91,23 @@ def check_domains(run_dirs: list[Path], stopper, summary: dict, profile: CostPro
     heuristic and the decision cost of the training summary (metrics.json)."""
     decision_s = summary["headline"]["replay_decision_us"] * 1e-6
     return {Path(d).name: check_domain(d, stopper, summary["deploy_static"],
-                                       summary["peers"]["heuristic"], profile, decision_s)
+                                       summary["peers"]["heuristic"], profile, decision_s,
+                                       summary["peers"].get("switch"))
             for d in run_dirs}
 
 
 def format_domains(domains: dict) -> str:
-    """One line per domain for the training log."""
+    """One line per domain for the training log, the worst (against the deploy static) first."""
     lines = []
-    for name, d in domains.items():
+    worst_first = sorted(domains.items(), key=lambda kv: kv[1]["learned_vs_deploy"])
+    for name, d in worst_first:
+        switch = (f", vs {d['switch']} {d['learned_vs_switch']:.3f}x" if d.get("switch")
+                  else "")
         lines.append(
             f"domain {name}: ROC-AUC {d['metrics'].get('roc_auc', float('nan')):.3f} ECE "
             f"{d['ece']:.3f}; replayed learned vs deploy {d['deploy']} "
             f"{d['learned_vs_deploy']:.3f}x, vs best static {d['best_static']} "
             f"{d['learned_vs_best_static']:.3f}x, vs {d['heuristic']} "
-            f"{d['learned_vs_heuristic']:.3f}x")
+            f"{d['learned_vs_heuristic']:.3f}x{switch}, vs AR {d['learned_vs_ar']:.3f}x; "
+            f"oracle's gain captured {d['oracle_gain_captured']:.0%}")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
 from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
+from mcsd_runtime.stop.skip import DEFAULT_PROBE
 from train import labels as L
 from train import replay as R
 from train import report
@@ -299,6 +300,9 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
             "oracle_gain_captured": (s - b) / (o - b) if o > b else float("nan"),
             "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
             "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
+            "skip_rate": chosen.get("skip_rate", 0.0),
+            "skip_probe": chosen.get("skip_probe", DEFAULT_PROBE),
+            "learned_vs_ar": s / test["ar"][METRIC] if test.get("ar", {}).get(METRIC) else None,
             "decision_latency_us": latency["median_us"],
             "replay_decision_us": decision_s * 1e6}
 
@@ -333,17 +337,27 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
     gated = R.sweep_gates(val, stopper, profile, chosen, decision_s=decision_s)
     chosen = max([chosen, *gated], key=lambda c: c[METRIC])  # ties keep the ungated choice
+    # steps without a draft where acceptance is too low for drafting to pay (ties: none)
+    chosen = max([chosen | {"skip_rate": 0.0, "skip_probe": DEFAULT_PROBE},
+                  *R.sweep_skips(val, stopper, profile, chosen, decision_s=decision_s)],
+                 key=lambda c: c[METRIC])
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
         peers[name] = f"{name}:{best}"
+    # the deployed static depth, switched off where acceptance drops (TensorRT-LLM, vLLM)
+    deploy = int(deploy_static({k: R.replay(val, k, profile).as_dict()
+                                for k in (f"static:{d}" for d in range(1, data.depth + 1))})
+                 .split(":")[1])
+    peers["switch"] = R.tune_switch(val, profile, deploy)
     results = {}
     for split, part in (("val", val), ("test", test)):
         base = R.baselines(part, profile)
         base |= {f"{p}(tuned)": R.replay(part, p, profile) for p in peers.values()}
         final = stopper_from(spec, out, threshold=chosen["threshold"],
                              aggregation=chosen["aggregation"], min_depth=chosen["min_depth"],
-                             min_depth_gate=chosen["min_depth_gate"])
+                             min_depth_gate=chosen["min_depth_gate"],
+                             skip_rate=chosen["skip_rate"], skip_probe=chosen["skip_probe"])
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
     headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
@@ -352,7 +366,9 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         f"{headline['oracle_value']:.4g}: {headline['oracle_gain_captured']:.1%} of the "
         f"oracle's gain; aggregation {chosen['aggregation']}, threshold "
         f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
-        f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1")
+        f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1; no draft "
+        f"while the recent acceptance rate is below {chosen['skip_rate']:g} (probing every "
+        f"{chosen['skip_probe']} steps)")
     choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
                     peers, results, headline)
     for b in config.batch_sizes[1:]:
@@ -488,6 +504,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     spec = replace(
         choice.spec, aggregation=chosen["aggregation"], threshold=chosen["threshold"],
         min_depth=chosen["min_depth"], min_depth_gate=chosen["min_depth_gate"],
+        skip_rate=chosen["skip_rate"], skip_probe=chosen["skip_probe"],
         batch={b: c["setting"] for b, c in choice.batches.items()} or None,
         metrics={"test": fitted.metrics["test"], "headline": choice.headline}
         | ({"batches": {str(b): c["headline"] for b, c in choice.batches.items()}}

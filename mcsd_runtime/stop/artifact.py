@@ -173,10 +173,12 @@ class ArtifactSpec:
 
     def to_json(self) -> dict:
         """The `stopper.json` object, keys in file order (`batch` only when there is a
-        table, `prompt_format` only when recorded)."""
+        table, `prompt_format` only when recorded, the skip fields only with a skip rate)."""
         out = {"format": FORMAT} | asdict(self)
         if self.prompt_format is None:
             del out["prompt_format"]
+        if not self.skip_rate:  # a draft at every step, as in artifacts older than the fields
+            del out["skip_rate"], out["skip_probe"]
         out["feature_names"] = list(self.feature_names)
         out["k_config"] = list(self.k_config) if self.k_config is not None else None
         if self.batch is None:

@@ -102,7 +102,8 @@ class Trajectory:
     one was rejected (L < drafted) and L if all were accepted. A stopper that drafts shallow
     therefore does not read its own caution as low acceptance (a step that stopped at depth 2
     with both accepted counts 2 of 2), so the rates mean the same under any stopper, the
-    collection's full-depth one included. Both start from ACCEPT_PRIOR.
+    collection's full-depth one included. A step that drafted nothing leaves both as they were.
+    Both start from ACCEPT_PRIOR.
     """
 
     tokens_generated: int = 0
@@ -126,6 +127,8 @@ class Trajectory:
         self.tokens_generated += committed
         self.prev_accepted = accepted
         self.steps += 1
+        if not drafted:  # nothing was tried: both rates stay as they were
+            return
         self.accepted += accepted
         self.tried += tried
         self.recent_accepted = RECENT_DECAY * self.recent_accepted + accepted

@@ -7,7 +7,8 @@
 - `train.replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
   `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
 - `train.replay.sweeps`: the learned stopper over a grid of settings, scores cached
-  (`MemoStopper`, `sweep`, `sweep_gates`, `replay_setting`), and `baselines`.
+  (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `replay_setting`), the tuned
+  `switch` peer (`tune_switch`), and `baselines`.
 
     from train import replay as R
     data = R.ReplayData(df, new_tokens=output_lengths(manifests))
@@ -26,16 +27,23 @@ from train.replay.oracles import (
 from train.replay.sweeps import (
     GATES,
     MIN_DEPTHS,
+    SKIP_PROBES,
+    SKIP_RATES,
     THRESHOLDS,
     MemoStopper,
+    NeverDraft,
     baselines,
     replay_setting,
     row_thresholds,
+    skip_rates,
     sweep,
     sweep_gates,
+    sweep_skips,
+    tune_switch,
 )
 
-__all__ = ["GATES", "MIN_DEPTHS", "THRESHOLDS", "AcceptedOracle", "MemoStopper", "PlanStopper",
-           "Prompt", "ReplayData", "ReplayResult", "Step", "StepLookahead", "baselines",
-           "lookahead_schedule", "optimal_plan", "oracle_bound", "replay", "replay_setting",
-           "row_thresholds", "sweep", "sweep_gates"]
+__all__ = ["GATES", "MIN_DEPTHS", "SKIP_PROBES", "SKIP_RATES", "THRESHOLDS", "AcceptedOracle",
+           "MemoStopper", "NeverDraft", "PlanStopper", "Prompt", "ReplayData", "ReplayResult",
+           "Step", "StepLookahead", "baselines", "lookahead_schedule", "optimal_plan",
+           "oracle_bound", "replay", "replay_setting", "row_thresholds", "skip_rates", "sweep",
+           "sweep_gates", "sweep_skips", "tune_switch"]

@@ -1,13 +1,17 @@
 """Sweeps over replayed settings: the learned stopper at every threshold, aggregation,
-min_depth and gate (`sweep`, `sweep_gates`, `replay_setting`; node scores cached across
-settings by `MemoStopper`), and the baselines every method is compared with (`baselines`)."""
+min_depth, gate and skip rate (`sweep`, `sweep_gates`, `sweep_skips`, `replay_setting`; node
+scores cached across settings by `MemoStopper`), the tuned `switch` peer (`tune_switch`), and
+the baselines every method is compared with (`baselines`, autoregressive decoding among
+them)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.stop.contract import StopperBase
 from mcsd_runtime.stop.learned import LearnedStopper
+from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from train.replay.data import ReplayData, _Frontier
 from train.replay.engine import ReplayResult, replay
 
@@ -55,10 +59,24 @@ def row_thresholds(row_aggregation: str, batch_size: int, thresholds=THRESHOLDS)
     return np.asarray(thresholds) * (batch_size if row_aggregation == "sum" else 1)
 
 
+# skip rates tried for the chosen setting (0: a draft at every step), beside the profile's
+# break-even rate (`mcsd_runtime.stop.skip.break_even_rate`), and the probe intervals
+SKIP_RATES = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+SKIP_PROBES = (4, 8, 16)
+
+
 def _setting_name(s: dict) -> str:
     rows = f"/{s['row_aggregation']}" if s.get("row_aggregation", "max") != "max" else ""
     gate = f"/{s['min_depth_gate']:g}" if "min_depth_gate" in s else ""
-    return f"learned:{s['aggregation']}{rows}@{s['threshold']:g}/{s['min_depth']}{gate}"
+    skip = (f"/skip<{s['skip_rate']:g}~{s.get('skip_probe', DEFAULT_PROBE)}"
+            if s.get("skip_rate") else "")
+    return f"learned:{s['aggregation']}{rows}@{s['threshold']:g}/{s['min_depth']}{gate}{skip}"
+
+
+def skip_rates(data: ReplayData, profile: CostProfile | None) -> list[float]:
+    """SKIP_RATES and the break-even rate of `profile` on the collection's tree, rounded."""
+    even = break_even_rate(profile or CostProfile.relative(), data.tree)
+    return sorted({*SKIP_RATES, *(round(even * f, 3) for f in (0.8, 1.0, 1.2) if even < 1)})
 
 
 def replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache: dict,
@@ -68,7 +86,10 @@ def replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache
     min_depth, gate; node scores cached in `cache`): the setting and the ReplayResult."""
     memo = MemoStopper(learned, cache)
     for k, v in setting.items():
-        setattr(memo, k, v)
+        if k not in ("skip_rate", "skip_probe"):
+            setattr(memo, k, v)
+    memo.skip = SkipGate(setting.get("skip_rate", 0.0),
+                         setting.get("skip_probe", DEFAULT_PROBE))
     r = replay(data, memo, profile, name=_setting_name(setting), decision_s=decision_s,
                batch_size=batch_size, decision_row_s=decision_row_s)
     return setting | r.as_dict()
@@ -109,13 +130,47 @@ def sweep_gates(data: ReplayData, learned, profile: CostProfile | None, chosen: 
             for m in min_depths if 1 < m < data.depth for gate in gates]
 
 
+def sweep_skips(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
+                decision_s: float = 0.0, rates=None, probes=SKIP_PROBES) -> list[dict]:
+    """Replay the chosen setting at every (skip rate, probe): steps without a draft while the
+    recent acceptance rate is below the rate (`SkipGate`), at batch size 1. `rates`: default
+    `skip_rates` (SKIP_RATES and the profile's break-even rate)."""
+    cache: dict = {}
+    keep = {k: chosen[k] for k in ("aggregation", "threshold", "min_depth", "min_depth_gate")}
+    rates = skip_rates(data, profile) if rates is None else rates
+    return [replay_setting(data, learned, profile, cache,
+                           keep | {"skip_rate": float(r), "skip_probe": int(n)},
+                           decision_s=decision_s)
+            for r in rates if r > 0 for n in probes]
+
+
+def tune_switch(data: ReplayData, profile: CostProfile | None, depth: int,
+                rates=None, probes=SKIP_PROBES) -> str:
+    """The `switch:RATE:DEPTH:PROBE` spec with the best replayed throughput on `data` at the
+    static `depth` (a user's deployed depth, switched off where acceptance drops)."""
+    rates = skip_rates(data, profile) if rates is None else rates
+    specs = [f"switch:{r:g}:{depth}:{n}" for r in rates if r > 0 for n in probes]
+    return max(specs, key=lambda spec: replay(data, spec, profile).throughput)
+
+
+class NeverDraft(StopperBase):
+    """Autoregressive decoding as a stopper: no step drafts (the baseline `ar`)."""
+
+    def should_draft(self, start) -> bool:
+        return False
+
+    def should_continue(self, frontier) -> bool:
+        return False
+
+
 def baselines(data: ReplayData, profile: CostProfile | None,
               batch_size: int = 1) -> dict[str, ReplayResult]:
-    """Static depths 1..D, the built-in heuristics at their defaults, the throughput oracle and
-    the accepted-length oracle, at `batch_size` (above 1 `oracle` is `lookahead_schedule`'s, a
-    heuristic below the optimum)."""
-    out = {f"static:{d}": replay(data, f"static:{d}", profile, batch_size=batch_size)
-           for d in range(1, data.depth + 1)}
+    """Autoregressive decoding (`ar`), static depths 1..D, the built-in heuristics at their
+    defaults, the throughput oracle and the accepted-length oracle, at `batch_size` (above 1
+    `oracle` is `lookahead_schedule`'s, a heuristic below the optimum)."""
+    out = {"ar": replay(data, NeverDraft(), profile, name="ar", batch_size=batch_size)}
+    out |= {f"static:{d}": replay(data, f"static:{d}", profile, batch_size=batch_size)
+            for d in range(1, data.depth + 1)}
     for spec in ("heuristic", "confidence", "entropy", "cumprod", "oracle", "oracle-accepted"):
         out[spec] = replay(data, spec, profile, batch_size=batch_size)
     return out
