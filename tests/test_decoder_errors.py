@@ -87,8 +87,8 @@ def test_an_object_without_the_stopper_contract_is_refused(pair):
         def should_continue(self, frontier) -> bool:
             return True
 
-    with pytest.raises(MCSDError, match="lacks reset, update, check_tree, needs_hidden.*"
-                                        "StopperBase"):
+    with pytest.raises(MCSDError, match="lacks reset, should_draft, update, check_tree, "
+                                        "needs_hidden.*StopperBase"):
         MCSDDecoder(pair, DecodeConfig(k_config=(2, 1)), stopper=Partial())
 
 
