@@ -81,3 +81,10 @@ def test_copies_for_the_rows_of_a_batch_share_no_state():
     b.reset()
     a.update(0, 0)
     assert (a.skip.idle, b.skip.idle) == (1, 0)
+
+
+def test_eval_names_a_switch_with_its_parameters():
+    from mcsd_runtime.evaluate.methods import explicit_label
+
+    assert explicit_label("switch:0.762:1:16", (1, 1, 1)) == "switch:0.762:1:16"
+    assert explicit_label("switch", (1, 1)) == "switch:0.5"

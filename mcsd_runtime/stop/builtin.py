@@ -114,6 +114,14 @@ class SwitchStopper(StaticStopper):
         super().__init__(depth)
         self.skip = SkipGate(rate, probe)
 
+    @property
+    def rate(self) -> float:
+        return self.skip.rate
+
+    @property
+    def probe(self) -> int:
+        return self.skip.probe
+
     def reset(self) -> None:
         self.skip = copy.copy(self.skip)  # rows of a batch share nothing
         self.skip.reset()
