@@ -62,7 +62,7 @@ def row_thresholds(row_aggregation: str, batch_size: int, thresholds=THRESHOLDS)
 # skip rates tried for the chosen setting (0: a draft at every step), beside the profile's
 # break-even rate (`mcsd_runtime.stop.skip.break_even_rate`), and the probe intervals
 SKIP_RATES = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-SKIP_PROBES = (4, 8, 16)
+SKIP_PROBES = (4, 8, 16, 32, 64)
 
 
 def _setting_name(s: dict) -> str:
