@@ -39,6 +39,9 @@ class PlanByPosition(StopperBase):
     def __init__(self, depths: dict[int, int]) -> None:
         self.depths = depths
 
+    def should_draft(self, start) -> bool:  # depth 0: no draft at that position
+        return self.depths.get(int(start.trajectory()[0]), 1) > 0
+
     def should_continue(self, frontier) -> bool:
         return frontier.depth < self.depths[int(frontier.trajectory()[0])]
 
