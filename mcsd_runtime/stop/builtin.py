@@ -12,7 +12,6 @@ Every stopper keeps the contract of `mcsd_runtime.stop.contract` (`Stopper`, `Fr
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase
 from mcsd_runtime.stop.learned import stopper_from
-from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate
+from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
            "make_stopper", "parse_stopper_spec", "stopper_help"]
@@ -103,7 +102,7 @@ class HeuristicStopper(StopperBase):
         self.budget = self.budget + 2 if accepted == drafted else max(1, self.budget - 1)
 
 
-class SwitchStopper(StaticStopper):
+class SwitchStopper(SkipsDrafts, StaticStopper):
     """A static depth with speculation switched off while it cannot pay (as TensorRT-LLM and
     vLLM do): `depth` depths (None: the whole tree) while the recent acceptance rate is at least
     `rate`, else no draft at all, drafting again after `probe` steps without one
@@ -121,16 +120,6 @@ class SwitchStopper(StaticStopper):
     @property
     def probe(self) -> int:
         return self.skip.probe
-
-    def reset(self) -> None:
-        self.skip = copy.copy(self.skip)  # rows of a batch share nothing
-        self.skip.reset()
-
-    def should_draft(self, start: Frontier) -> bool:
-        return self.skip.should_draft(start.trajectory())
-
-    def update(self, drafted: int, accepted: int) -> None:
-        self.skip.update(drafted)
 
 
 def _switch(args: list[str], spec: str) -> Stopper:

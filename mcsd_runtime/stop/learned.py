@@ -39,7 +39,7 @@ from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_fold
 from mcsd_runtime.stop.contract import Frontier, StopperBase
 from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
-from mcsd_runtime.stop.skip import SkipGate
+from mcsd_runtime.stop.skip import SkipGate, SkipsDrafts
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
            "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",
@@ -127,7 +127,7 @@ def load_mlp(folder: Path) -> DecisionMLP:
 
 
 # ------------------------------------------------------------------ the stopper
-class LearnedStopper(StopperBase):
+class LearnedStopper(SkipsDrafts, StopperBase):
     """Continue while the aggregated node score of the frontier is >= `threshold`."""
 
     def __init__(self, spec: ArtifactSpec, model: Any) -> None:
@@ -210,16 +210,6 @@ class LearnedStopper(StopperBase):
 
     def frontier_score(self, frontier: Frontier) -> float:
         return self.frontier_scores([frontier])[0]
-
-    def reset(self) -> None:
-        self.skip = copy.copy(self.skip)  # rows of a batch share nothing
-        self.skip.reset()
-
-    def should_draft(self, start: Frontier) -> bool:
-        return self.skip.should_draft(start.trajectory())
-
-    def update(self, drafted: int, accepted: int) -> None:
-        self.skip.update(drafted)
 
     def should_continue(self, frontier: Frontier) -> bool:
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):

@@ -12,6 +12,7 @@ way.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from mcsd_runtime.errors import MCSDError
@@ -47,6 +48,23 @@ class SkipGate:
 
     def update(self, drafted: int) -> None:
         self.idle = 0 if drafted else self.idle + 1
+
+
+class SkipsDrafts:
+    """Stopper members for a stopper that holds a `SkipGate` in `self.skip`: a fresh gate per
+    sequence (rows of a batch share nothing), `should_draft` from it, `update` feeding it."""
+
+    skip: SkipGate
+
+    def reset(self) -> None:
+        self.skip = copy.copy(self.skip)
+        self.skip.reset()
+
+    def should_draft(self, start) -> bool:
+        return self.skip.should_draft(start.trajectory())
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.skip.update(drafted)
 
 
 def break_even_rate(profile, tree, pending: int = 2) -> float:
