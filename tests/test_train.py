@@ -446,3 +446,37 @@ def test_min_depth_skips_decisions_and_their_cost(data, artifacts):
     assert later.drafted_depth >= later.steps * 1  # still drafts at least depth 1 per step
     static = R.replay(data, "static:2", PROFILE, decision_s=0.01)
     assert static.decisions == 0  # a stopper that never looks costs no decision time
+
+
+def test_the_expected_rate_rule_replays_as_the_decoder_decodes(data, artifacts):
+    """The expected-throughput rule (calibrated sums against per-depth thresholds from the
+    profile) drafts between static:1 and static:4 here, and replay equals the decoder; training
+    replays both rules on validation, keeps the faster (ties: the threshold) and reports the
+    calibration by depth."""
+    from mcsd_runtime.stop.artifact import ArtifactSpec
+    from mcsd_runtime.stop.expected_rate import Calibration, rate_thresholds
+    from mcsd_runtime.stop.learned import stopper_from
+
+    folder, summary = artifacts["lightgbm"]
+
+    def rule() -> StopperBase:
+        return stopper_from(ArtifactSpec.read(folder), folder, aggregation="sum",
+                            depth_thresholds=rate_thresholds(PROFILE, data.tree, 0.45),
+                            calibration=Calibration((0.0, 1.0), (0.0, 1.0)), skip_rate=0.0)
+
+    r = R.replay(data, rule(), PROFILE)
+    tokens = calls = drafts = 0
+    for ids in prompts():
+        st = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
+                         stopper=rule()).generate(ids).stats
+        tokens, calls, drafts = tokens + st.new_tokens, calls + st.target_calls, \
+            drafts + st.draft_calls
+    assert (r.tokens, r.steps, r.draft_forwards) == (tokens, calls, drafts)
+    assert (R.replay(data, "static:1").drafted_depth < r.drafted_depth
+            < R.replay(data, "static:4").drafted_depth)
+    val = summary["replay"]["val"]
+    faster = val["learned(expected-rate)"]["throughput"] > val["learned(threshold)"]["throughput"]
+    assert summary["headline"]["rule"] == ("expected-rate" if faster else "threshold")
+    assert summary["expected_rate_sweep"] and {"all", "1"} <= set(summary["calibration_by_depth"])
+    spec = ArtifactSpec.read(folder)
+    assert (spec.depth_thresholds is not None) == faster == (spec.calibration is not None)

@@ -27,12 +27,14 @@ from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
+from mcsd_runtime.stop.expected_rate import Calibration
 from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
 from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE
 from train import labels as L
 from train import replay as R
 from train import report
+from train.calibrate import ece_by_depth, fit_calibration
 from train.config import LABEL_DOC, TrainConfig
 from train.data import (
     check_rows,
@@ -201,6 +203,9 @@ class Choice:
     headline: dict
     # batch size above 1 -> its sweep, chosen setting, results and headline (`choose_batch`)
     batches: dict[int, dict] = field(default_factory=dict)
+    calibration: Calibration | None = None  # fitted on validation rows (the rule reads it)
+    rates: list[dict] = field(default_factory=list)  # the rule's replayed points
+    ece: dict = field(default_factory=dict)  # ece_by_depth on test rows
 
 
 def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
@@ -213,6 +218,16 @@ def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
                         aggregation="max", threshold=0.5, label=config.label,
                         label_definition=LABEL_DOC[config.label], pair_fingerprint=fp,
                         k_config=k_config, prompt_format=prompt_format)
+
+
+def _spec_fields(setting: dict, calibration: Calibration | None) -> dict:
+    """The stopper.json fields of a chosen setting: its threshold or its expected-throughput
+    rule (per-depth thresholds and the calibration), aggregation, min_depth, gate and skip."""
+    out = {k: setting[k] for k in ("threshold", "aggregation", "min_depth", "min_depth_gate",
+                                   "skip_rate", "skip_probe")}
+    rule = setting.get("rule") == "expected-rate"
+    return out | {"depth_thresholds": tuple(setting["depth_thresholds"]) if rule else None,
+                  "calibration": calibration if rule else None}
 
 
 def _latency(stopper: LearnedStopper, hidden_size: int | None, fp: dict | None,
@@ -302,6 +317,9 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
             "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
             "skip_rate": chosen.get("skip_rate", 0.0),
             "skip_probe": chosen.get("skip_probe", DEFAULT_PROBE),
+            "rule": chosen.get("rule", "threshold"), "rate": chosen.get("rate"),
+            "threshold_rule_value": test.get("learned(threshold)", {}).get(METRIC),
+            "expected_rate_rule_value": test.get("learned(expected-rate)", {}).get(METRIC),
             "learned_vs_ar": s / test["ar"][METRIC] if test.get("ar", {}).get(METRIC) else None,
             "decision_latency_us": latency["median_us"],
             "replay_decision_us": decision_s * 1e6}
@@ -337,10 +355,25 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
     gated = R.sweep_gates(val, stopper, profile, chosen, decision_s=decision_s)
     chosen = max([chosen, *gated], key=lambda c: c[METRIC])  # ties keep the ungated choice
+    chosen |= {"skip_rate": 0.0, "skip_probe": DEFAULT_PROBE, "rule": "threshold"}
     # steps without a draft where acceptance is too low for drafting to pay (ties: none)
-    chosen = max([chosen | {"skip_rate": 0.0, "skip_probe": DEFAULT_PROBE},
-                  *R.sweep_skips(val, stopper, profile, chosen, decision_s=decision_s)],
+    no_skip = {"threshold": chosen}
+    chosen = max([chosen, *R.sweep_skips(val, stopper, profile, chosen, decision_s=decision_s)],
                  key=lambda c: c[METRIC])
+    # the expected-throughput rule on calibrated scores, with the same skips and without; it
+    # replaces the threshold only where it replays faster on validation prompts (ties: the
+    # threshold)
+    calibration = fit_calibration(stopper.node_scores(prep.x["val"]),
+                                  prep.parts["val"]["label_hard"].to_numpy())
+    rates = []
+    by_rule = {"threshold": chosen}
+    for rules, base in ((by_rule, chosen), (no_skip, no_skip["threshold"])):
+        points = R.sweep_rates(val, stopper, profile, base, calibration, decision_s=decision_s)
+        rates += points
+        if points:
+            rules["expected-rate"] = max(points, key=lambda c: c[METRIC]) | {
+                "rule": "expected-rate"}
+    chosen = max(by_rule.values(), key=lambda c: c[METRIC])
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
@@ -354,10 +387,13 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     for split, part in (("val", val), ("test", test)):
         base = R.baselines(part, profile)
         base |= {f"{p}(tuned)": R.replay(part, p, profile) for p in peers.values()}
-        final = stopper_from(spec, out, threshold=chosen["threshold"],
-                             aggregation=chosen["aggregation"], min_depth=chosen["min_depth"],
-                             min_depth_gate=chosen["min_depth_gate"],
-                             skip_rate=chosen["skip_rate"], skip_probe=chosen["skip_probe"])
+        for rules, tail in ((by_rule, ""), (no_skip, ", no skip")):  # both rules
+            for rule, setting in rules.items():
+                name = f"learned({rule}{tail})"
+                base[name] = R.replay(part, stopper_from(spec, out,
+                                                         **_spec_fields(setting, calibration)),
+                                      profile, name=name, decision_s=decision_s)
+        final = stopper_from(spec, out, **_spec_fields(chosen, calibration))
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
     headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
@@ -368,9 +404,16 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
         f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1; no draft "
         f"while the recent acceptance rate is below {chosen['skip_rate']:g} (probing every "
-        f"{chosen['skip_probe']} steps)")
+        f"{chosen['skip_probe']} steps); rule {chosen['rule']}"
+        + (f" at {chosen['rate']:.4g} tokens/s (thresholds by depth "
+           f"{', '.join(f'{t:.3g}' for t in chosen['depth_thresholds'])})"
+           if chosen["rule"] == "expected-rate" else ""))
+    test_scores = stopper.node_scores(prep.x["test"])
     choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
-                    peers, results, headline)
+                    peers, results, headline, calibration=calibration, rates=rates,
+                    ece=ece_by_depth(prep.parts["test"]["depth"].to_numpy(),
+                                     prep.parts["test"]["label_hard"].to_numpy(), test_scores,
+                                     calibration))
     for b in config.batch_sizes[1:]:
         choice.batches[b] = choose_batch(choice, stopper, out, b, config, log)
     return choice
@@ -491,6 +534,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     summary = {"model": config.model, "label": config.label, "headline": choice.headline,
                "metrics": fitted.metrics, "calibration": fitted.calibration,
                "importance": fitted.importance, "replay": choice.results,
+               "calibration_by_depth": choice.ece, "expected_rate_sweep": choice.rates,
                "peers": choice.peers, "deploy_static": deploy_static(choice.results["val"]),
                "latency": choice.latency, "fit_s": fitted.fit_s,
                "profile": {"measured": choice.measured, "note": profile.note,
@@ -502,9 +546,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     _write_json(out / "metrics.json", summary)
     chosen = choice.chosen
     spec = replace(
-        choice.spec, aggregation=chosen["aggregation"], threshold=chosen["threshold"],
-        min_depth=chosen["min_depth"], min_depth_gate=chosen["min_depth_gate"],
-        skip_rate=chosen["skip_rate"], skip_probe=chosen["skip_probe"],
+        choice.spec, **_spec_fields(chosen, choice.calibration),
         batch={b: c["setting"] for b, c in choice.batches.items()} or None,
         metrics={"test": fitted.metrics["test"], "headline": choice.headline}
         | ({"batches": {str(b): c["headline"] for b, c in choice.batches.items()}}

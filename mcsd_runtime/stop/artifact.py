@@ -23,6 +23,12 @@ reader owns the format. Fields, in file order:
                       (mcsd_runtime.stop.skip.SkipGate; absent: 0, a draft at every step)...
     skip_probe        ...drafting again after this many steps without a draft (absent: 8);
                       both hold at every batch size
+    depth_thresholds  the expected-throughput rule (mcsd_runtime.stop.expected_rate): one
+                      threshold per depth 1 .. depth-1, in place of `threshold` (absent: the
+                      single threshold), compared with the `sum` of...
+    calibration       ...node scores mapped to probabilities through these isotonic knots
+                      {"x": [...], "y": [...]} (absent: the model's scores as they are); both
+                      at batch size 1 and wherever no `batch` entry applies
     batch             settings by batch size, chosen by batched replay (absent: the top-level
                       ones at every batch size): {"8": {"threshold", "aggregation",
                       "row_aggregation", "min_depth", "min_depth_gate"}}; a stopper decoding
@@ -44,6 +50,7 @@ from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import recorded_format
 from mcsd_runtime.stop.aggregation import check_aggregation, check_row_aggregation
+from mcsd_runtime.stop.expected_rate import Calibration
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate
 
@@ -92,6 +99,8 @@ class ArtifactSpec:
     min_depth_gate: float = 0.0
     skip_rate: float = 0.0
     skip_probe: int = DEFAULT_PROBE
+    depth_thresholds: tuple[float, ...] | None = None
+    calibration: Calibration | None = None
     batch: dict[int, BatchSetting] | None = None
     metrics: dict | None = None
     training_data: dict | None = None
@@ -120,6 +129,17 @@ class ArtifactSpec:
         _set_number(self, "skip_rate", float, "skip_rate must be a number in [0, 1]")
         _set_number(self, "skip_probe", int, "skip_probe must be a positive integer")
         SkipGate(self.skip_rate, self.skip_probe)  # checks both ranges
+        if self.depth_thresholds is not None:
+            try:
+                depths = tuple(float(t) for t in self.depth_thresholds)
+            except (TypeError, ValueError):
+                depths = ()
+            if not depths or any(not t >= 0 for t in depths):
+                raise MCSDError(f"depth_thresholds must be a list of numbers >= 0, one per "
+                                f"depth, got {self.depth_thresholds!r}")
+            object.__setattr__(self, "depth_thresholds", depths)
+        if self.calibration is not None:
+            object.__setattr__(self, "calibration", Calibration.from_json(self.calibration))
         if self.batch is not None:
             object.__setattr__(self, "batch", self._batch_table(self.batch))
         if self.hidden_size is not None:
@@ -174,11 +194,18 @@ class ArtifactSpec:
     def to_json(self) -> dict:
         """The `stopper.json` object, keys in file order (`batch` only when there is a
         table, `prompt_format` only when recorded, the skip fields only with a skip rate)."""
-        out = {"format": FORMAT} | asdict(self)
+        out = {"format": FORMAT} | asdict(self) | {"calibration": self.calibration}
         if self.prompt_format is None:
             del out["prompt_format"]
         if not self.skip_rate:  # a draft at every step, as in artifacts older than the fields
             del out["skip_rate"], out["skip_probe"]
+        for name in ("depth_thresholds", "calibration"):  # written only when in use
+            if getattr(self, name) is None:
+                del out[name]
+        if self.depth_thresholds is not None:
+            out["depth_thresholds"] = list(self.depth_thresholds)
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_json()
         out["feature_names"] = list(self.feature_names)
         out["k_config"] = list(self.k_config) if self.k_config is not None else None
         if self.batch is None:

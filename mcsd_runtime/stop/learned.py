@@ -9,7 +9,9 @@ is defined here and `train` imports it.
 
 Node score: the model's estimate that the node is on the accepted path *and* the accepted path
 continues past it (the label `train` fits); `stop.aggregation` turns the frontier's node
-scores into one.
+scores into one. An artifact with `depth_thresholds` decides by the expected-throughput rule
+(`stop.expected_rate`): node scores mapped through its `calibration`, summed (P(L > depth)),
+against the threshold of the depth just drafted.
 
 In a batch, `for_batch(B)` gives the stopper the setting `stopper.json` holds for B rows (its
 `batch` table), and `batch_continue(frontiers)` decides for the whole batch: the nodes of every
@@ -133,6 +135,8 @@ class LearnedStopper(SkipsDrafts, StopperBase):
     def __init__(self, spec: ArtifactSpec, model: Any) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
         self.threshold, self.aggregation = spec.threshold, spec.aggregation
+        # the expected-throughput rule: a threshold per depth, on calibrated scores
+        self.depth_thresholds, self.calibration = spec.depth_thresholds, spec.calibration
         # depths below min_depth are drafted without a decision while the recent acceptance
         # rate is at least min_depth_gate (replay chooses both; see drafts_without_deciding)
         self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
@@ -204,9 +208,15 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         return [(s, f) for s, (_, f) in zip(np.split(scores, cuts), inputs, strict=True)]
 
     def frontier_scores(self, frontiers: list[Frontier]) -> list[float]:
-        """Each frontier's aggregated node score (`aggregation`)."""
-        agg = AGGREGATIONS[self.aggregation]
-        return [agg(s, f) for s, f in self.node_scores_of(frontiers)]
+        """Each frontier's aggregated node score (`aggregation`), of calibrated node scores
+        where the stopper has a `calibration`."""
+        agg, cal = AGGREGATIONS[self.aggregation], self.calibration
+        return [agg(s if cal is None else cal(s), f) for s, f in self.node_scores_of(frontiers)]
+
+    def threshold_at(self, depth: int) -> float:
+        """The threshold after drafting `depth`: `depth_thresholds`' entry, else `threshold`."""
+        per_depth = self.depth_thresholds
+        return per_depth[min(depth, len(per_depth)) - 1] if per_depth else self.threshold
 
     def frontier_score(self, frontier: Frontier) -> float:
         return self.frontier_scores([frontier])[0]
@@ -214,9 +224,10 @@ class LearnedStopper(SkipsDrafts, StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
-        if not reachable("max", self.threshold, 1):
+        threshold = self.threshold_at(frontier.depth)
+        if not reachable("max", threshold, 1):
             return False
-        return self.frontier_score(frontier) >= self.threshold
+        return self.frontier_score(frontier) >= threshold
 
     def for_batch(self, batch_size: int) -> LearnedStopper:
         """This stopper set up for `batch_size` rows from stopper.json's `batch` table (the entry
@@ -228,6 +239,8 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         out.threshold, out.aggregation = setting.threshold, setting.aggregation
         out.row_aggregation = setting.row_aggregation
         out.min_depth, out.min_depth_gate = setting.min_depth, setting.min_depth_gate
+        if batch_size >= min(self.spec.batch):  # a table entry: its single threshold, raw scores
+            out.depth_thresholds = out.calibration = None
         return out
 
     def batch_continue(self, frontiers: list[Frontier]) -> bool:
@@ -238,16 +251,19 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         if any(drafts_without_deciding(f, self.min_depth, self.min_depth_gate)
                for f in frontiers):
             return True
-        if not reachable(self.row_aggregation, self.threshold, len(frontiers)):
+        threshold = self.threshold_at(frontiers[0].depth)  # a batch drafts one depth at a time
+        if not reachable(self.row_aggregation, threshold, len(frontiers)):
             return False  # no scores could say yes: a static depth, nothing to compute
-        return batch_decision(self.row_aggregation, self.frontier_scores(frontiers),
-                              self.threshold)
+        return batch_decision(self.row_aggregation, self.frontier_scores(frontiers), threshold)
 
     def __repr__(self) -> str:
         return (f"LearnedStopper(kind={self.kind!r}, aggregation={self.aggregation!r}, "
                 f"threshold={self.threshold:.3f}, min_depth={self.min_depth}, "
                 f"min_depth_gate={self.min_depth_gate:g}, skip_rate={self.skip.rate:g}, "
-                f"skip_probe={self.skip.probe}, row_aggregation={self.row_aggregation!r})")
+                f"skip_probe={self.skip.probe}, row_aggregation={self.row_aggregation!r}"
+                + (f", depth_thresholds={[round(t, 3) for t in self.depth_thresholds]}, "
+                   f"calibrated={self.calibration is not None}" if self.depth_thresholds else "")
+                + ")")
 
 
 def _k_text(k_config: tuple[int, ...]) -> str:
@@ -260,7 +276,8 @@ def load_stopper(path: str | Path, threshold: float | None = None,
                  skip_rate: float | None = None) -> LearnedStopper:
     """A stopper from an artifact folder (or its stopper.json); `threshold`, `aggregation`,
     `min_depth`, `min_depth_gate` and `skip_rate` override the artifact's choices (at every
-    batch size: an override drops stopper.json's `batch` table)."""
+    batch size: an override drops stopper.json's `batch` table; a threshold or aggregation
+    drops the expected-throughput rule's per-depth thresholds and calibration)."""
     folder = artifact_folder(path)
     spec = ArtifactSpec.read(folder)
     overrides = {"threshold": threshold, "aggregation": aggregation, "min_depth": min_depth,
@@ -277,6 +294,8 @@ def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> Le
     per_batch = {f.name for f in fields(BatchSetting)}
     if per_batch & set(overrides) and "batch" not in overrides:
         overrides = overrides | {"batch": None}
+    if {"threshold", "aggregation"} & set(overrides) and "depth_thresholds" not in overrides:
+        overrides = overrides | {"depth_thresholds": None, "calibration": None}  # one threshold
     spec = replace(spec, **overrides)
     if spec.kind == "lightgbm":
         model: Any = load_lightgbm(folder / "model.txt")

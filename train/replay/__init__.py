@@ -7,7 +7,8 @@
 - `train.replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
   `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
 - `train.replay.sweeps`: the learned stopper over a grid of settings, scores cached
-  (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `replay_setting`), the tuned
+  (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `replay_setting`), the
+  expected-throughput rule (`sweep_rates`), the tuned
   `switch` peer (`tune_switch`), and `baselines`.
 
     from train import replay as R
@@ -38,6 +39,7 @@ from train.replay.sweeps import (
     skip_rates,
     sweep,
     sweep_gates,
+    sweep_rates,
     sweep_skips,
     tune_switch,
 )
@@ -46,4 +48,4 @@ __all__ = ["GATES", "MIN_DEPTHS", "SKIP_PROBES", "SKIP_RATES", "THRESHOLDS", "Ac
            "MemoStopper", "NeverDraft", "PlanStopper", "Prompt", "ReplayData", "ReplayResult",
            "Step", "StepLookahead", "baselines", "lookahead_schedule", "optimal_plan",
            "oracle_bound", "replay", "replay_setting", "row_thresholds", "skip_rates", "sweep",
-           "sweep_gates", "sweep_skips", "tune_switch"]
+           "sweep_gates", "sweep_rates", "sweep_skips", "tune_switch"]

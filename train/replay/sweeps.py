@@ -1,6 +1,7 @@
 """Sweeps over replayed settings: the learned stopper at every threshold, aggregation,
 min_depth, gate and skip rate (`sweep`, `sweep_gates`, `sweep_skips`, `replay_setting`; node
-scores cached across settings by `MemoStopper`), the tuned `switch` peer (`tune_switch`), and
+scores cached across settings by `MemoStopper`), the expected-throughput rule at the rates
+Dinkelbach's iteration visits (`sweep_rates`), the tuned `switch` peer (`tune_switch`), and
 the baselines every method is compared with (`baselines`, autoregressive decoding among
 them)."""
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.stop.contract import StopperBase
+from mcsd_runtime.stop.expected_rate import Calibration, rate_thresholds
 from mcsd_runtime.stop.learned import LearnedStopper
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from train.replay.data import ReplayData, _Frontier
@@ -66,6 +68,10 @@ SKIP_PROBES = (4, 8, 16, 32, 64)
 
 
 def _setting_name(s: dict) -> str:
+    if s.get("depth_thresholds"):
+        skip = (f"/skip<{s['skip_rate']:g}~{s.get('skip_probe', DEFAULT_PROBE)}"
+                if s.get("skip_rate") else "")
+        return f"learned:expected-rate@{s['rate']:.4g}{skip}"
     rows = f"/{s['row_aggregation']}" if s.get("row_aggregation", "max") != "max" else ""
     gate = f"/{s['min_depth_gate']:g}" if "min_depth_gate" in s else ""
     skip = (f"/skip<{s['skip_rate']:g}~{s.get('skip_probe', DEFAULT_PROBE)}"
@@ -81,12 +87,15 @@ def skip_rates(data: ReplayData, profile: CostProfile | None) -> list[float]:
 
 def replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache: dict,
                    setting: dict, batch_size: int = 1, decision_s: float = 0.0,
-                   decision_row_s: float = 0.0) -> dict:
+                   decision_row_s: float = 0.0, calibration: Calibration | None = None) -> dict:
     """The learned stopper replayed with `setting`'s fields (threshold, aggregations,
-    min_depth, gate; node scores cached in `cache`): the setting and the ReplayResult."""
+    min_depth, gate, skip rate and probe, or the expected-throughput rule's `depth_thresholds`;
+    node scores cached in `cache`): the setting and the ReplayResult. A `calibration` (the
+    rule's) is passed apart from the setting, which stays JSON."""
     memo = MemoStopper(learned, cache)
+    memo.calibration = calibration
     for k, v in setting.items():
-        if k not in ("skip_rate", "skip_probe"):
+        if k not in ("skip_rate", "skip_probe", "rate", "rule"):
             setattr(memo, k, v)
     memo.skip = SkipGate(setting.get("skip_rate", 0.0),
                          setting.get("skip_probe", DEFAULT_PROBE))
@@ -131,17 +140,58 @@ def sweep_gates(data: ReplayData, learned, profile: CostProfile | None, chosen: 
 
 
 def sweep_skips(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
-                decision_s: float = 0.0, rates=None, probes=SKIP_PROBES) -> list[dict]:
-    """Replay the chosen setting at every (skip rate, probe): steps without a draft while the
-    recent acceptance rate is below the rate (`SkipGate`), at batch size 1. `rates`: default
+                decision_s: float = 0.0, rates=None, probes=SKIP_PROBES,
+                calibration: Calibration | None = None) -> list[dict]:
+    """Replay the chosen setting (threshold or expected-throughput rule, with its
+    `calibration`) at every (skip rate, probe): steps without a draft while the recent
+    acceptance rate is below the rate (`SkipGate`), at batch size 1. `rates`: default
     `skip_rates` (SKIP_RATES and the profile's break-even rate)."""
     cache: dict = {}
-    keep = {k: chosen[k] for k in ("aggregation", "threshold", "min_depth", "min_depth_gate")}
+    keep = {k: chosen[k] for k in ("aggregation", "threshold", "min_depth", "min_depth_gate",
+                                   "rule", "rate", "depth_thresholds") if k in chosen}
+    rule = chosen.get("rule") == "expected-rate"
     rates = skip_rates(data, profile) if rates is None else rates
     return [replay_setting(data, learned, profile, cache,
                            keep | {"skip_rate": float(r), "skip_probe": int(n)},
-                           decision_s=decision_s)
+                           decision_s=decision_s, calibration=calibration if rule else None)
             for r in rates if r > 0 for n in probes]
+
+
+# multiples of the rate Dinkelbach's iteration settles at, replayed beside it
+RATE_FACTORS = (0.8, 0.9, 1.1, 1.25)
+
+
+def sweep_rates(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
+                calibration: Calibration | None, decision_s: float = 0.0, iterations: int = 5,
+                factors=RATE_FACTORS) -> list[dict]:
+    """The expected-throughput rule (`mcsd_runtime.stop.expected_rate`: calibrated node scores
+    summed, a threshold per depth of λ × the profile's marginal seconds) with `chosen`'s skip
+    setting, at batch size 1: λ starts at autoregressive decoding's replayed throughput and
+    becomes the rule's own throughput until it settles (Dinkelbach), then `factors` of the
+    best one. Every replayed point, in that order."""
+    cache: dict = {}
+    keep = {"aggregation": "sum", "min_depth": 1, "min_depth_gate": 0.0,
+            "skip_rate": chosen.get("skip_rate", 0.0),
+            "skip_probe": chosen.get("skip_probe", DEFAULT_PROBE)}
+
+    def at(rate: float) -> dict:
+        depths = list(rate_thresholds(profile or CostProfile.relative(), data.tree, rate))
+        return replay_setting(data, learned, profile, cache,
+                              keep | {"rate": rate, "threshold": depths[0] if depths else 1.0,
+                                      "depth_thresholds": depths},
+                              decision_s=decision_s, calibration=calibration)
+
+    if data.depth < 2:
+        return []
+    rate, points = replay(data, NeverDraft(), profile, name="ar").throughput, []
+    for _ in range(iterations):
+        points.append(at(rate))
+        new = points[-1]["throughput"]
+        if abs(new - rate) <= 0.005 * rate:
+            break
+        rate = new
+    best = max(points, key=lambda p: p["throughput"])["rate"]
+    return points + [at(best * f) for f in factors]
 
 
 def tune_switch(data: ReplayData, profile: CostProfile | None, depth: int,
