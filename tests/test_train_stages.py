@@ -34,7 +34,8 @@ PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2,
 # decision_us=0: the replay charges no benchmarked (timing-dependent) decision cost
 CONFIG = TrainConfig(aggregations=("max", "sum"), decision_us=0.0, progress=False)
 SUMMARY_KEYS = ["model", "label", "headline", "metrics", "calibration", "importance", "replay",
-                "peers", "deploy_static", "latency", "fit_s", "profile", "elapsed_s"]
+                "calibration_by_depth", "expected_rate_sweep", "peers", "deploy_static",
+                "latency", "fit_s", "profile", "elapsed_s"]
 SPEC_KEYS = ["format", "kind", "schema_version", "feature_names", "inputs", "hidden_size",
              "aggregation", "threshold", "label", "label_definition", "pair_fingerprint",
              "k_config", "prompt_format", "min_depth", "min_depth_gate", "metrics",
@@ -223,8 +224,10 @@ def test_write_alone_finishes_the_artifact(prep, fitted, chosen, manifests):
         json.dumps(chosen.headline, default=float))
     spec = json.loads((out / "stopper.json").read_text())
     skip = ["skip_rate", "skip_probe"] if chosen.chosen["skip_rate"] else []  # only with one
+    rule = (["depth_thresholds", "calibration"] if chosen.chosen["rule"] == "expected-rate"
+            else [])  # only with the expected-throughput rule
     at = SPEC_KEYS.index("metrics")
-    assert list(spec) == SPEC_KEYS[:at] + skip + SPEC_KEYS[at:]
+    assert list(spec) == SPEC_KEYS[:at] + skip + rule + SPEC_KEYS[at:]
     assert spec["prompt_format"] == {"format": "text", "template_hash": None}  # raw prompts
     assert (spec["threshold"], spec["aggregation"], spec["min_depth"], spec["min_depth_gate"]) == (
         chosen.chosen["threshold"], chosen.chosen["aggregation"], chosen.chosen["min_depth"],
