@@ -88,3 +88,18 @@ def test_eval_names_a_switch_with_its_parameters():
 
     assert explicit_label("switch:0.762:1:16", (1, 1, 1)) == "switch:0.762:1:16"
     assert explicit_label("switch", (1, 1)) == "switch:0.5"
+
+
+def test_skip_rates_stay_rates_when_break_even_is_high():
+    """A break-even rate above 1/1.2 puts 1.2x of it above 1: the grid clips it to 1, which
+    SkipGate accepts (a profile measured on a busy machine once made training fail)."""
+    from train import replay as R
+
+    class Data:
+        tree = Tree((1,))
+
+    costly = CostProfile(tokens=[1, 2], target_s=[1.0, 1.75], draft_s=[0.2, 0.2],
+                         step_overhead_s=0.1)
+    assert 1 / 1.2 < break_even_rate(costly, Tree((1,))) < 1
+    rates = R.skip_rates(Data(), costly)
+    assert max(rates) == 1.0 and all(SkipGate(r).rate == r for r in rates)

@@ -80,9 +80,11 @@ def _setting_name(s: dict) -> str:
 
 
 def skip_rates(data: ReplayData, profile: CostProfile | None) -> list[float]:
-    """SKIP_RATES and the break-even rate of `profile` on the collection's tree, rounded."""
+    """SKIP_RATES and 0.8, 1 and 1.2x the break-even rate of `profile` on the collection's tree,
+    rounded, at most 1 (a rate)."""
     even = break_even_rate(profile or CostProfile.relative(), data.tree)
-    return sorted({*SKIP_RATES, *(round(even * f, 3) for f in (0.8, 1.0, 1.2) if even < 1)})
+    near = (min(1.0, round(even * f, 3)) for f in (0.8, 1.0, 1.2) if even < 1)
+    return sorted({*SKIP_RATES, *near})
 
 
 def replay_setting(data: ReplayData, learned, profile: CostProfile | None, cache: dict,
