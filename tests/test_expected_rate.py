@@ -18,7 +18,7 @@ from mcsd_runtime.stop.artifact import FILE, ArtifactSpec
 from mcsd_runtime.stop.expected_rate import Calibration, marginal_seconds, rate_thresholds
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
-from train.calibrate import ece, ece_by_depth, fit_calibration
+from train.calibrate import ece_by_depth, expected_calibration_error, fit_calibration
 
 OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 
@@ -46,6 +46,7 @@ def test_isotonic_calibration_corrects_overconfident_scores():
     scores = rng.random(20000)
     labels = (rng.random(20000) < scores**2).astype(float)
     cal = fit_calibration(scores[:10000], labels[:10000])
+    ece = expected_calibration_error
     before, after = ece(labels[10000:], scores[10000:]), ece(labels[10000:], cal(scores[10000:]))
     assert before > 0.1 and after < before / 2
     assert np.all(np.diff(cal.y) >= 0) and cal(np.array([0.0]))[0] <= cal(np.array([1.0]))[0]

@@ -1,6 +1,7 @@
 """Calibration of node scores for the expected-throughput rule: an isotonic map fitted on
-validation rows (`fit_calibration`), and the expected calibration error by depth before and after
-it (`ece_by_depth`), which metrics.json reports on test rows."""
+validation rows (`fit_calibration`), the expected calibration error (`expected_calibration_error`,
+the one definition the per-category report also reads), and the ECE by depth before and after the
+map (`ece_by_depth`), which metrics.json reports on test rows."""
 
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ def fit_calibration(scores: np.ndarray, labels: np.ndarray) -> Calibration:
     return Calibration(tuple(x), tuple(np.maximum.accumulate(y)))
 
 
-def ece(labels: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
-    """Expected calibration error over `bins` quantile bins: the row-weighted mean gap between
-    the mean prediction and the positive rate."""
-    labels, p = np.asarray(labels, dtype=np.float64), np.asarray(p, dtype=np.float64)
-    if len(p) == 0:
-        return float("nan")
-    order = np.argsort(p, kind="stable")
-    return float(sum(abs(p[c].mean() - labels[c].mean()) * len(c)
-                     for c in np.array_split(order, min(bins, len(p))) if len(c)) / len(p))
+def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
+    """ECE with equal-width bins: the mean |predicted - observed| weighted by the bin's rows."""
+    y, p = np.asarray(y, dtype=np.float64), np.clip(np.asarray(p, dtype=np.float64), 0, 1)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        mask = which == b
+        if mask.any():
+            total += mask.sum() * abs(p[mask].mean() - y[mask].mean())
+    return float(total / max(len(y), 1))
 
 
 def ece_by_depth(depths: np.ndarray, labels: np.ndarray, scores: np.ndarray,
@@ -38,7 +40,7 @@ def ece_by_depth(depths: np.ndarray, labels: np.ndarray, scores: np.ndarray,
     """Per depth (and "all"): rows, positive rate, mean score, ECE of the raw scores and of the
     calibrated ones."""
     depths, labels, scores = (np.asarray(a) for a in (depths, labels, scores))
-    out = {}
+    ece, out = expected_calibration_error, {}
     for name, m in [("all", np.ones(len(depths), bool)),
                     *((str(int(d)), depths == d) for d in np.unique(depths))]:
         row = {"n": int(m.sum()), "positive_rate": float(labels[m].mean()),

@@ -19,21 +19,10 @@ from mcsd_runtime.stop.features import DECISION_FEATURES
 from train import labels as L
 from train import replay as R
 from train import report
+from train.calibrate import expected_calibration_error
 from train.data import load_runs, output_lengths
 
 METRIC = "throughput"
-
-
-def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
-    """ECE with equal-width bins: the mean |predicted - observed| weighted by the bin's rows."""
-    y, p = np.asarray(y, dtype=np.float64), np.clip(np.asarray(p, dtype=np.float64), 0, 1)
-    which = np.minimum((p * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        mask = which == b
-        if mask.any():
-            total += mask.sum() * abs(p[mask].mean() - y[mask].mean())
-    return float(total / max(len(y), 1))
 
 
 def _scored_rows(df: pd.DataFrame, stopper) -> tuple[np.ndarray, np.ndarray]:

@@ -194,18 +194,18 @@ class ArtifactSpec:
     def to_json(self) -> dict:
         """The `stopper.json` object, keys in file order (`batch` only when there is a
         table, `prompt_format` only when recorded, the skip fields only with a skip rate)."""
-        out = {"format": FORMAT} | asdict(self) | {"calibration": self.calibration}
+        out = {"format": FORMAT} | asdict(self)
         if self.prompt_format is None:
             del out["prompt_format"]
         if not self.skip_rate:  # a draft at every step, as in artifacts older than the fields
             del out["skip_rate"], out["skip_probe"]
-        for name in ("depth_thresholds", "calibration"):  # written only when in use
+        rule = {"depth_thresholds": list(self.depth_thresholds or ()),  # only when in use
+                "calibration": self.calibration.to_json() if self.calibration else None}
+        for name, value in rule.items():
             if getattr(self, name) is None:
                 del out[name]
-        if self.depth_thresholds is not None:
-            out["depth_thresholds"] = list(self.depth_thresholds)
-        if self.calibration is not None:
-            out["calibration"] = self.calibration.to_json()
+            else:
+                out[name] = value
         out["feature_names"] = list(self.feature_names)
         out["k_config"] = list(self.k_config) if self.k_config is not None else None
         if self.batch is None:
