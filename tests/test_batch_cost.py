@@ -91,9 +91,8 @@ def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
     """The forwards run on a tiny pair, timed by a clock that each forward advances by a
     scripted time per (model, rows, tokens per row) and call: a warm-up round that must be
     dropped, then rounds of m / 2, 10 m and m, whose median m is kept (their mean would not
-    be). Where a curve's medians fall with more tokens (the target at 2 rows: 3 then 1, the
-    draft at 3 rows: 0.5 then 0.4) the curve is their isotonic fit (the mean of the pair);
-    elsewhere the medians themselves."""
+    be), also where they fall with more tokens (the target at 2 rows: 3 then 1, the draft at 3
+    rows: 0.5 then 0.4)."""
     from types import SimpleNamespace
 
     from mcsd_runtime.costmodel import measure as cost
@@ -122,7 +121,7 @@ def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
     assert set(calls.values()) == {3}  # a warm-up and 3 timed rounds of every forward
     assert p.batch_sizes == [1, 2, 3]
     assert (p.target_s, p.draft_s) == (pytest.approx([1.0, 2.0]), pytest.approx([0.1, 0.2]))
-    want = {2: ([2.0, 2.0], [0.3, 0.3]), 3: ([2.0, 4.0], [0.45, 0.45])}
+    want = {2: ([3.0, 1.0], [0.3, 0.3]), 3: ([2.0, 4.0], [0.5, 0.4])}  # medians as measured
     for b in (2, 3):
         c = p.batches[b]
         assert (c.target_s, c.draft_s) == tuple(pytest.approx(v) for v in want[b])
@@ -160,12 +159,12 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
     assert cal.target_s == [1.0, 1.0, 1.0] and cal.step_overhead_s == 0.0  # size 1 untouched
     b2 = cal.batches[2]
     # each curve: the decoder's median where it ran forwards of that many tokens per row (the
-    # profile's own value elsewhere), made non-decreasing (pooled where medians fall)
+    # profile's own value elsewhere), as measured
     for curve, kind, base in ((b2.target_s, "target", 2.0), (b2.draft_s, "draft", 0.2),
                               (b2.draft_first_s, "draft_first", 0.2)):
         medians = [statistics.median(forwards[(kind, n)]) if (kind, n) in forwards else base
                    for n in (1, 2, 4)]
-        assert curve == pytest.approx(pooled(medians), rel=1e-12), kind
+        assert curve == pytest.approx(medians, rel=1e-12), kind
     assert ("target", 1) in forwards and b2.target_s != [2.0, 2.0, 2.0]  # it measured some
     a = np.array([[r["steps"], r["drafted"]] for r in runs], float)
     coef, _ = nnls(a, np.array([r["decode_s"] - r["forward_s"] for r in runs]))
@@ -174,18 +173,3 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
         {f"static:{r['depth']}": r["tokens"] / r["decode_s"] for r in runs}, rel=1e-12)
 
 
-def pooled(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of `values` (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, c = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += c
-    return [s / c for s, c in blocks for _ in range(c)]
-
-
-def test_the_pooled_fit_by_hand():
-    assert pooled([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
-    assert pooled([3.0, 1.0, 2.0]) == [2.0, 2.0, 2.0]

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.extras import require_toolkit
 
-    require_toolkit("mcsd profile", "sklearn", "scipy")  # the monotone fit, the overhead fit
+    require_toolkit("mcsd profile", "scipy")  # the overhead fit
     if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
            args.overhead_tokens) < 1:
         raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "
