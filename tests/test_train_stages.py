@@ -206,6 +206,10 @@ def test_choose_alone_picks_the_best_validation_setting(prep, fitted, chosen):
                                             if k.startswith("static:"))
     assert head["oracle_value"] >= head["best_static_value"]
     assert head["units"] == "tokens/s" and head["threshold"] == c.chosen["threshold"]
+    tuned = {p: c.results["val"][f"{p}(tuned)"]["throughput"] for p in c.peers.values()}
+    assert head["best_peer"] == max(tuned, key=tuned.get)  # chosen on validation
+    assert head["learned_vs_best_peer"] == pytest.approx(
+        test["learned"]["throughput"] / test[f"{head['best_peer']}(tuned)"]["throughput"])
     assert c.sequences["test"] and not c.sequences["test"] & c.sequences["val"]
 
 
@@ -286,3 +290,21 @@ def test_mlp_checkpoint_round_trip(prep, tmp_path):
         "in_features": len(DECISION_FEATURES), "hidden": [16, 8], "dropout": 0.0}
     with torch.inference_mode():
         assert torch.equal(load_mlp(tmp_path)(x), module.net(x))
+
+
+def test_training_says_when_a_tuned_peer_beats_the_learned_stopper():
+    """The note names the peer faster on validation, and stays silent when the learned wins."""
+    from train.pipeline import _warn_if_a_peer_wins, best_peer
+
+    def results(learned: float) -> dict:
+        return {"learned": {"throughput": learned}, "static:1": {"throughput": 9.0},
+                "entropy:0.5(tuned)": {"throughput": 14.6},
+                "heuristic:1(tuned)": {"throughput": 13.8}}
+
+    assert best_peer(results(1.0)) == "entropy:0.5" and best_peer({"learned": {}}) is None
+    for learned, says in ((14.5, True), (14.7, False)):
+        lines: list[str] = []
+        _warn_if_a_peer_wins({"val": results(learned)},
+                             {"best_peer": "entropy:0.5", "learned_vs_best_peer": 0.99},
+                             lines.append)
+        assert bool(lines) == says and all("entropy:0.5 replays faster" in s for s in lines)

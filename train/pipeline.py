@@ -304,11 +304,19 @@ def deploy_static(results: dict[str, dict]) -> str:
     return max(statics, key=lambda k: statics[k][METRIC])
 
 
+def best_peer(results: dict[str, dict]) -> str | None:
+    """The tuned built-in peer (a `NAME:SETTING(tuned)` entry) replayed fastest in `results`."""
+    tuned = [k for k in results if k.endswith("(tuned)")]
+    return max(tuned, key=lambda k: results[k][METRIC]).removesuffix("(tuned)") if tuned else None
+
+
 def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: dict,
               decision_s: float) -> dict:
     test = results["test"]
     best_static = deploy_static(test)
     b, o, s = test[best_static][METRIC], test["oracle"][METRIC], test["learned"][METRIC]
+    peer = best_peer(results["val"])  # what a user would deploy instead, chosen on validation
+    p = test[f"{peer}(tuned)"][METRIC] if peer else 0.0
     return {"metric": METRIC, "units": "tokens/s" if measured else "relative (no profile)",
             "replay_mode": mode, "best_static": best_static, "best_static_value": b,
             "oracle_value": o, "learned_value": s, "speedup_vs_best_static": s / b if b else 0,
@@ -321,8 +329,20 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
             "threshold_rule_value": test.get("learned(threshold)", {}).get(METRIC),
             "expected_rate_rule_value": test.get("learned(expected-rate)", {}).get(METRIC),
             "learned_vs_ar": s / test["ar"][METRIC] if test.get("ar", {}).get(METRIC) else None,
+            "best_peer": peer, "learned_vs_best_peer": s / p if p else None,
             "decision_latency_us": latency["median_us"],
             "replay_decision_us": decision_s * 1e6}
+
+
+def _warn_if_a_peer_wins(results: dict, headline: dict, log: Log) -> None:
+    """Say so when a tuned built-in peer replays faster than the learned stopper on validation:
+    the user may be better served by it."""
+    peer, val = headline["best_peer"], results["val"]
+    if peer and val[f"{peer}(tuned)"][METRIC] > val["learned"][METRIC]:
+        log(f"note: the tuned built-in {peer} replays faster than the learned stopper on "
+            f"validation ({val[f'{peer}(tuned)'][METRIC]:.4g} vs {val['learned'][METRIC]:.4g}; "
+            f"test: learned/{peer} {headline['learned_vs_best_peer']:.3f}); consider "
+            f"deploying that stopper spec")
 
 
 def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: TrainConfig,
@@ -408,6 +428,7 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         + (f" at {chosen['rate']:.4g} tokens/s (thresholds by depth "
            f"{', '.join(f'{t:.3g}' for t in chosen['depth_thresholds'])})"
            if chosen["rule"] == "expected-rate" else ""))
+    _warn_if_a_peer_wins(results, headline, log)
     test_scores = stopper.node_scores(prep.x["test"])
     choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
                     peers, results, headline, calibration=calibration, rates=rates,
