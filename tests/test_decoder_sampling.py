@@ -176,23 +176,24 @@ def micro():
     return micro_pair()
 
 
-def exact_joint(pair, temperature: float) -> torch.Tensor:
+def exact_joint(pair, temperature: float, prompt: list[int] = PROMPT) -> torch.Tensor:
     """p(x1, x2) of the target at `temperature`, by enumeration (float32 softmax, as decoded)."""
     with torch.no_grad():
-        first = torch.softmax(pair.target(torch.tensor([PROMPT])).logits[0, -1].float()
+        first = torch.softmax(pair.target(torch.tensor([prompt])).logits[0, -1].float()
                               / temperature, -1).double()
-        ctx = torch.tensor([PROMPT + [x] for x in range(VOCAB)])
+        ctx = torch.tensor([prompt + [x] for x in range(VOCAB)])
         second = torch.softmax(pair.target(ctx).logits[:, -1].float() / temperature, -1).double()
     return (first[:, None] * second).flatten()
 
 
 def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
-                   n: int = N_SAMPLES) -> torch.Tensor:
+                   n: int = N_SAMPLES, prompt: list[int] = PROMPT, stopper: str | None = None,
+                   **config) -> torch.Tensor:
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
-                                         verify=verify, max_new_tokens=3))
+                                         verify=verify, max_new_tokens=3, **config), stopper)
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(n):
-        x1, x2 = dec.generate(PROMPT, seed=seed).token_ids[:2]
+        x1, x2 = dec.generate(prompt, seed=seed).token_ids[:2]
         counts[x1 * VOCAB + x2] += 1
     return counts
 
@@ -236,6 +237,26 @@ def test_chi_square_detects_a_biased_verifier(micro, monkeypatch):
     monkeypatch.setattr(V, "verify_children", residual_from_p)
     counts = sampled_counts(micro, "mcss", (3, 2))
     assert p_value(counts, exact_joint(micro, 1.0)) < ALPHA
+
+
+# its last token occurred before: prompt lookup proposes [3, 0] (q one-hot) at the first step,
+# and the target gives token 3 a probability of 0.45 there
+LOOKUP_PROMPT = [1, 3, 0, 1]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_prompt_lookup_matches_target_distribution(micro, temperature):
+    """Copied chains are verified as drafts from a one-hot q: the output follows the target."""
+    counts = sampled_counts(micro, "mcss", (1, 1), temperature, prompt=LOOKUP_PROMPT,
+                            stopper="none", lookup=2, lookup_min_ngram=1)
+    assert p_value(counts, exact_joint(micro, temperature, LOOKUP_PROMPT)) > ALPHA
+
+
+def test_chi_square_detects_a_biased_verifier_under_lookup(micro, monkeypatch):
+    monkeypatch.setattr(V, "verify_children", residual_from_p)
+    counts = sampled_counts(micro, "mcss", (1, 1), prompt=LOOKUP_PROMPT, stopper="none",
+                            lookup=2, lookup_min_ngram=1)
+    assert p_value(counts, exact_joint(micro, 1.0, LOOKUP_PROMPT)) < ALPHA
 
 
 def test_target_init_never_commits_a_token_the_target_excludes():

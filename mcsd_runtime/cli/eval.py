@@ -10,6 +10,10 @@ Methods (comma-separated; a k-config's commas are kept with its method):
   static:S confidence:T entropy[:L[:G]] cumprod:T heuristic
                          MCSD with --k-config and that stopper
   stopper:PATH           MCSD with --k-config and a trained stopper artifact
+  lookup[:K[:N]]         prompt lookup: where the context's last N..4 tokens occurred before,
+                         verify the K tokens that followed (no draft forward), else the target
+                         alone (defaults 8, 3); lookup:K:N+STOPPER drafts with --k-config and
+                         STOPPER (any of the above) where nothing is copied
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
   hf-generate:STOPPER    our decoder inside generate(custom_generate=models.hf.generate)
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired

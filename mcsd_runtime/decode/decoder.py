@@ -55,6 +55,9 @@ class MCSDDecoder:
         if self.tree.depth and max(self.config.k_config) > pair.vocab_size:
             raise MCSDError(f"k-config {self.config.k_config} asks for more candidates than the "
                             f"vocabulary has ({pair.vocab_size})")
+        if self.config.lookup and recorder is not None:
+            raise MCSDError("a recorder logs drafted trees, and prompt lookup drafts none: "
+                            "collect with lookup off")
         self.needs_hidden = self.stopper.needs_hidden or (recorder is not None
                                                           and recorder.needs_hidden)
         self._causal = causal_bias(max(self.tree.num_nodes + 1, 8), pair.dtype, pair.device)

@@ -55,6 +55,7 @@ import torch
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.lookup import chain_layers, propose
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
@@ -148,6 +149,11 @@ class Drafted:
     depth: int = 0  # the batch's depth (the deepest row's)
     forwarded: int = 0  # deepest depth whose nodes went through the draft
     fed: bool = False  # the pending draft tokens went through the draft this step
+    copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
+
+    def seen(self, i: int) -> int:
+        """The deepest of row i's depths whose nodes went through the draft."""
+        return 0 if self.copied[i] else self.forwarded
 
 
 class Engine:
@@ -307,10 +313,12 @@ class Engine:
                      for r in rows]
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
+        # a row whose context repeats itself verifies what followed before (prompt lookup)
+        copied = [self.lookup(r.st, c) for r, c in zip(rows, caps, strict=True)]
         if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
-            caps = [c if c and r.st.stopper.should_draft(
+            caps = [c if c and not look and r.st.stopper.should_draft(
                 StepStart(tree.depth, r.st.trajectory.values())) else 0
-                for c, r in zip(caps, rows, strict=True)]
+                for c, r, look in zip(caps, rows, copied, strict=True)]
         inputs = self.upload(rows)
         tokens = torch.zeros(len(rows), 1 + tree.num_nodes, dtype=torch.long, device=self.dev)
         tokens[:, 0] = inputs[:, 1]
@@ -318,6 +326,7 @@ class Engine:
 
         # 1. draft, depth by depth
         d = self.draft(rows, tokens, inputs, caps, dc, timing)
+        self.place_copies(d, tokens, copied)
 
         # 2. one target forward over every row's pending root and tree
         c = tree.cum[d.depth]
@@ -327,8 +336,8 @@ class Engine:
                               tt.bias[lo : 1 + c, lo : 1 + c][None], None, timing).logits
 
         # 3. verify every row on the device, then one host copy for all of them
-        drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.forwarded, d.cache_base)
-                  for i in range(len(rows))]
+        drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
+                        d.copied[i]) for i in range(len(rows))]
         judged = [self.judge(r.st, draft, logits[i, : 1 + tree.cum[draft.depth] - lo])
                   for i, (r, draft) in enumerate(zip(rows, drafts, strict=True))]
         values = [j[0] for j in judged]
@@ -340,7 +349,7 @@ class Engine:
             n = 3 + tree.cum[drafts[i].depth]
             v = self.verdict(host[at : at + n], judged[i][1])
             at += n
-            new, path = self.commit(r.st, v, remaining[i], d.forwarded)
+            new, path = self.commit(r.st, v, remaining[i], d.seen(i))
             keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
             keep_d.append(self.draft_keep(d, i, path))
             outcomes.append((drafts[i], v, new))
@@ -364,7 +373,25 @@ class Engine:
         """Row i's draft cache slots to keep: its pending tokens, if they went in this step, and
         the accepted nodes the draft has seen."""
         slots = [d.pending_base + k for k in range(d.pending[i])] if d.fed else []
-        return slots + [d.cache_base + j - 1 for j in path if self.tt.depths[j] <= d.forwarded]
+        return slots + [d.cache_base + j - 1 for j in path if self.tt.depths[j] <= d.seen(i)]
+
+    def lookup(self, st: RowState, cap: int) -> list[int]:
+        """The tokens prompt lookup proposes for a row this step (at most `cap`), or []."""
+        cfg = self.cfg
+        if not cfg.lookup or not cap:
+            return []
+        return propose(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
+                       cfg.lookup_max_ngram)
+
+    def place_copies(self, d: Drafted, tokens: torch.Tensor, copied: list[list[int]]) -> None:
+        """Put each row's prompt-lookup chain in the tree in place of a draft (whose forwards
+        the row's slots may have ridden along with, unkept)."""
+        for i, chain in enumerate(copied):
+            if chain:
+                d.layers[i] = chain_layers(chain, self.pair.vocab_size, self.dev, torch.float32)
+                tokens[i, 1 : 1 + len(chain)] = d.layers[i][0].tokens.new_tensor(chain)
+                d.depths[i], d.copied[i] = len(chain), True
+        d.depth = max(d.depth, *d.depths)
 
     # -- 1. draft
     def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
@@ -372,7 +399,7 @@ class Engine:
         """Draft every row up to the batch's depth, asking the stopper after each depth before
         forwarding it."""
         d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
-                    dc.length)
+                    dc.length, copied=[False] * len(rows))
         if max(caps) <= 0:
             return d
         if self.init is not None:
@@ -629,9 +656,12 @@ class Engine:
         drafted_depth = s - 1 if roots else s
         if self.dec.recorder is not None:
             self.dec.recorder.on_step(self.trace(st, draft, v, row))
-        st.trajectory.update(v.accepted, len(committed), drafted_depth)
-        st.stopper.update(drafted_depth, v.accepted)
+        # the stopper did not draft a copied chain: to it, a step without a draft
+        st.trajectory.update(0 if draft.copied else v.accepted, len(committed),
+                             0 if draft.copied else drafted_depth)
+        st.stopper.update(0 if draft.copied else drafted_depth, 0 if draft.copied else v.accepted)
         for counts in stats:
+            counts.lookup_steps += draft.copied
             counts.drafted_tokens += c - roots
             counts.accepted_tokens += v.accepted
             if drafted_depth:

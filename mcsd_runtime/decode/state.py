@@ -43,6 +43,12 @@ class DecodeConfig:
     # batches: "max" drafts every row as deep as the batch goes (free in a padded forward),
     # "row" gives each row the tree its own stopper chooses, as if decoded alone
     batch_depth: str = "max"
+    # prompt lookup (`mcsd_runtime.decode.lookup`): up to `lookup` tokens copied from the
+    # context where its last lookup_min_ngram..lookup_max_ngram tokens occurred before; a step
+    # with such a match verifies them instead of asking the stopper (0: off)
+    lookup: int = 0
+    lookup_min_ngram: int = 3
+    lookup_max_ngram: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -64,6 +70,22 @@ class DecodeConfig:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise MCSDError(
                 f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.lookup:
+            self._check_lookup()
+
+    def _check_lookup(self) -> None:
+        if self.lookup < 0 or self.lookup > len(self.k_config):
+            raise MCSDError(f"lookup {self.lookup} needs a tree of at least that many depths; "
+                            f"the k-config {','.join(map(str, self.k_config)) or '()'} has "
+                            f"{len(self.k_config)}")
+        if any(k != 1 for k in self.k_config[: self.lookup]):
+            raise MCSDError("prompt lookup proposes one chain: its depths need one candidate "
+                            "each, e.g. --k-config 1,1,1,1,1,1")
+        if self.init != "draft":
+            raise MCSDError("prompt lookup needs init='draft' (lossless)")
+        if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
+            raise MCSDError(f"lookup n-gram sizes must satisfy 1 <= min <= max, got "
+                            f"{self.lookup_min_ngram} and {self.lookup_max_ngram}")
 
     @property
     def lossless(self) -> bool:
@@ -98,6 +120,7 @@ class DecodeStats:
     draft_time: float = 0.0
     acceptance_sum: float = 0.0  # sum over drafting steps of accepted / drafted depth
     drafting_steps: int = 0
+    lookup_steps: int = 0  # steps that verified a prompt-lookup chain (drafting no forward)
 
     @property
     def tau(self) -> float:
@@ -225,6 +248,7 @@ class Draft:
     layers: list[DraftLayer] = field(default_factory=list)  # layers[d - 1] holds depth d
     forwarded: int = 0  # deepest depth whose nodes are in the draft cache
     cache_base: int = 0  # draft cache length where depth-1 nodes start
+    copied: bool = False  # a prompt-lookup chain, not drafted
 
     @property
     def depth(self) -> int:

@@ -1,4 +1,5 @@
-"""Evaluation methods by name (`ar`, `hf`, `mcsd:4,2,2,1`, `heuristic`, `stopper:PATH`, ...):
+"""Evaluation methods by name (`ar`, `hf`, `mcsd:4,2,2,1`, `heuristic`, `stopper:PATH`,
+`lookup:8:3`, ...):
 splitting `--methods`, refusing a name that cannot run, the label each runs under, the tree
 the trained stoppers among them were trained on and the prompt format they were trained on, and
 what kind of method a name is."""
@@ -13,6 +14,28 @@ from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
 
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
+LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (none: the target)
+LOOKUP_DEFAULTS = (8, 3)  # K tokens at most, from matches of N..4 tokens
+
+
+def parse_lookup(method: str) -> tuple[int | None, int, str | None] | None:
+    """`lookup[:K[:N]][+STOPPER]` -> (K or None for the default, N, STOPPER or None); None for
+    a method that is not prompt lookup. MCSDError for bad numbers."""
+    head, plus, spec = method.partition("+")
+    kind, _, arg = head.partition(":")
+    if kind != LOOKUP:
+        return None
+    if plus and not spec:
+        raise MCSDError(f"method {method!r}: name a stopper after '+', e.g. lookup:8:3+heuristic")
+    parts = arg.split(":") if arg else []
+    if len(parts) > 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise MCSDError(f"method {method!r}: use lookup[:K[:N]][+STOPPER], K (tokens copied at "
+                        f"most) and N (the shortest match) positive integers, e.g. lookup:8:3")
+    k = int(parts[0]) if parts else None
+    n = int(parts[1]) if len(parts) > 1 else LOOKUP_DEFAULTS[1]
+    if n > 4:
+        raise MCSDError(f"method {method!r}: matches are of N..4 tokens; use N <= 4")
+    return k, n, spec or None
 
 
 def split_methods(spec: str) -> list[str]:
@@ -36,6 +59,10 @@ def check_method(name: str) -> None:
     bad parameters, a trained stopper folder whose `stopper.json` is bad)."""
     kind, _, arg = name.partition(":")
     if name in ("ar", "hf", "hf-assisted"):
+        return
+    if (look := parse_lookup(name)) is not None:
+        if look[2] is not None:
+            check_method(look[2])
         return
     try:
         if kind in ("mcsd", "mcsd-target-init"):
@@ -65,6 +92,8 @@ def stopper_folder(method: str) -> Path | None:
     """The trained stopper folder a method runs (`stopper:PATH`, a bare folder, or either
     inside `hf-generate:`), else None."""
     kind, _, arg = method.partition(":")
+    if (look := parse_lookup(method)) is not None:
+        return stopper_folder(look[2]) if look[2] else None
     try:
         return parse_stopper_spec(arg if kind == "hf-generate" else method).folder
     except UnknownStopperError:  # ar, hf, mcsd:K, ...
@@ -129,6 +158,10 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
     import itertools
 
     kind, _, arg = method.partition(":")
+    if (look := parse_lookup(method)) is not None:
+        k, n, spec = look
+        k = k or (min(LOOKUP_DEFAULTS[0], len(k_config)) if spec else LOOKUP_DEFAULTS[0])
+        return f"{LOOKUP}:{k}:{n}" + (f"+{explicit_label(spec, k_config)}" if spec else "")
     if kind in ("mcsd", "mcsd-target-init") and not arg:
         return f"{kind}:{','.join(map(str, k_config))}"
     if kind == "hf-generate":
@@ -159,6 +192,8 @@ def explicit_methods(methods: list[str], k_config: tuple[int, ...]) -> list[str]
 
 def short_name(method: str) -> str:
     """`stopper:/long/path/lightgbm` -> `stopper:lightgbm`, for plot labels."""
+    if (look := parse_lookup(method)) is not None and look[2]:
+        return f"{method.partition('+')[0]}+{short_name(look[2])}"
     kind, _, arg = method.partition(":")
     return f"stopper:{Path(arg).name}" if kind == "stopper" else method
 

@@ -47,6 +47,17 @@ class StaticStopper(StopperBase):
                 f"static:1..{len(k_config)} or a deeper --k-config")
 
 
+class NoDraftStopper(StopperBase):
+    """Draft nothing: every step is the target's alone (with prompt lookup, where nothing is
+    copied)."""
+
+    def should_draft(self, start: Frontier) -> bool:
+        return False
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        return False
+
+
 class ConfidenceStopper(StopperBase):
     """HF/DISCO style: continue while some frontier token's draft probability is >= T."""
 
@@ -147,6 +158,8 @@ def _floats(args: list[str], spec: str, n_max: int) -> list[float]:
 Builder = Callable[[list[str], str], Stopper]
 
 BUILTIN: dict[str, tuple[str, Builder]] = {
+    "none": ("none draft nothing: the target alone (with lookup, where nothing is copied)",
+             lambda a, s: NoDraftStopper(*_floats(a, s, 0))),
     "static": ("static[:DEPTH] draft the whole k-config (or DEPTH depths)",
                lambda a, s: StaticStopper(*(int(x) for x in _floats(a, s, 1)))),
     "confidence": ("confidence[:T] continue while a frontier token's draft prob >= T (0.4)",

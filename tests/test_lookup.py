@@ -1,0 +1,157 @@
+"""Prompt lookup: the n-gram proposer, its place in the decode loop (greedy output equals the
+target's, alone and in batches beside drafted rows), its configuration and its method names."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_pair
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.lookup import propose
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.evaluate.methods import (
+    check_method,
+    explicit_label,
+    parse_lookup,
+    short_name,
+    stopper_folder,
+)
+from mcsd_runtime.evaluate.runners import build_method
+
+# a prompt that repeats itself, so that lookup finds matches from the first step on
+REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
+PROMPTS = [REPEATING, [1, 2, 3, 4], REPEATING[:9], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8]]
+
+
+def test_propose_copies_after_the_latest_longest_match():
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3]
+    # suffix [2, 3] (no earlier [4, 2, 3]): latest earlier occurrence at 5 -> [7, 8, 4]
+    assert propose(ctx, 3, 1, 4) == [7, 8, 4]
+    assert propose(ctx, 1, 1, 4) == [7]
+    assert propose(ctx, 3, 3, 4) == []  # no 3-token match
+    assert propose([1, 2, 3, 1, 2], 5, 2, 4) == [3, 1, 2]  # runs to the context's end
+    assert propose([1, 2, 3], 4, 1, 4) == []
+    assert propose([4, 4], 2, 1, 4) == [4]
+    assert propose([], 2, 1, 4) == [] and propose([1, 1], 0, 1, 4) == []
+    # the longer match wins over a later shorter one
+    assert propose([1, 2, 5, 9, 2, 6, 1, 2], 1, 1, 4) == [5]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair(vocab=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    ar = ARDecoder(pair, DecodeConfig(max_new_tokens=40))
+    return [ar.generate(p).token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("stopper", ["none", "static", "switch:1:1:3"])
+def test_greedy_lookup_equals_the_target_alone_and_in_batches(pair, reference, stopper):
+    cfg = DecodeConfig(k_config=(1, 1, 1, 1), max_new_tokens=40, lookup=4, lookup_min_ngram=1)
+    dec = MCSDDecoder(pair, cfg, stopper)
+    alone = [dec.generate(p) for p in PROMPTS]
+    assert [r.token_ids for r in alone] == reference
+    assert all(r.stats.lookup_steps > 0 for r in alone[:1])
+    assert sum(r.stats.accepted_tokens for r in alone) > 0
+    # fewer target calls than tokens: copied tokens were accepted
+    assert alone[0].stats.target_calls < len(alone[0].token_ids)
+    batch = dec.generate_batch(PROMPTS, batch_size=3)
+    assert [r.token_ids for r in batch] == reference
+    assert batch.stats.lookup_steps > 0
+
+
+def test_rows_beside_copied_rows_draft_as_they_would_alone(pair):
+    """In row mode a batch gives each row its own tree: a row's steps (drafted, accepted) equal
+    the prompt decoded alone, which needs every row's draft cache kept right after copied steps
+    (a copied chain never went through the draft)."""
+    cfg = DecodeConfig(k_config=(1, 1, 1, 1), max_new_tokens=40, lookup=4, lookup_min_ngram=2,
+                       batch_depth="row")
+    dec = MCSDDecoder(pair, cfg, "static:2")
+    steps = [[(s.drafted, s.accepted) for s in dec.generate(p).steps] for p in PROMPTS]
+    batch = dec.generate_batch(PROMPTS, batch_size=3)
+    assert batch.stats.lookup_steps > 0 and batch.stats.draft_calls > 0
+    assert [[(s.drafted, s.accepted) for s in r.steps] for r in batch] == steps
+
+
+def test_lookup_off_changes_nothing(pair):
+    a = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1), max_new_tokens=20), "static")
+    b = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1), max_new_tokens=20, lookup=0), "static")
+    ra, rb = a.generate(REPEATING), b.generate(REPEATING)
+    assert ra.token_ids == rb.token_ids and rb.stats.lookup_steps == 0
+    assert [s.drafted for s in ra.steps] == [s.drafted for s in rb.steps]
+
+
+def test_a_copied_step_is_no_draft_to_the_stopper(pair):
+    """The trajectory's acceptance rates are the draft's: copied chains leave them alone."""
+    cfg = DecodeConfig(k_config=(1, 1, 1, 1), max_new_tokens=30, lookup=4, lookup_min_ngram=1)
+    seen = []
+
+    class Spy:
+        needs_hidden = False
+
+        def reset(self): pass
+        def should_draft(self, start): return False
+        def should_continue(self, frontier): return False
+        def update(self, drafted, accepted): seen.append((drafted, accepted))
+        def check_tree(self, k): pass
+        def for_batch(self, n): return self
+        def batch_continue(self, frontiers): return None
+
+    r = MCSDDecoder(pair, cfg, Spy()).generate(REPEATING)
+    assert r.stats.lookup_steps > 0 and r.stats.accepted_tokens > 0
+    assert set(seen) == {(0, 0)}
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(k_config=(1, 1), lookup=3), "at least that many depths"),
+    (dict(k_config=(2, 1), lookup=2), "one candidate"),
+    (dict(k_config=(1, 1), lookup=2, init="target"), "init='draft'"),
+    (dict(k_config=(1, 1), lookup=2, lookup_min_ngram=3, lookup_max_ngram=2), "min <= max"),
+    (dict(k_config=(1, 1), lookup=-1), "at least that many"),
+])
+def test_bad_lookup_configs_are_refused(kw, message):
+    with pytest.raises(MCSDError, match=message):
+        DecodeConfig(**kw)
+
+
+def test_a_recorder_is_refused_with_lookup(pair):
+    class Rec:
+        needs_hidden = False
+
+        def on_step(self, trace): pass
+
+    with pytest.raises(MCSDError, match="collect with lookup off"):
+        MCSDDecoder(pair, DecodeConfig(k_config=(1,), lookup=1), recorder=Rec())
+
+
+def test_lookup_method_names(tmp_path):
+    assert parse_lookup("ar") is None
+    assert parse_lookup("lookup") == (None, 3, None)
+    assert parse_lookup("lookup:5:2+heuristic") == (5, 2, "heuristic")
+    assert explicit_label("lookup", (4, 2, 2, 1)) == "lookup:8:3"
+    assert explicit_label("lookup+confidence", (1, 1, 1)) == "lookup:3:3+confidence:0.4"
+    assert explicit_label("lookup:2:1+static", (1, 1, 1)) == "lookup:2:1+static:3"
+    for bad, message in (("lookup:0", "positive integers"), ("lookup:2:5", "N <= 4"),
+                         ("lookup:a", "positive integers"), ("lookup:1:1:1", "positive"),
+                         ("lookup+", "name a stopper"), ("lookup+nonsense", "unknown method")):
+        with pytest.raises(MCSDError, match=message):
+            check_method(bad)
+    folder = tmp_path / "lgb"
+    assert stopper_folder(f"lookup:4:2+stopper:{folder}") == folder
+    assert stopper_folder("lookup:4") is None
+    assert short_name(f"lookup:4:2+stopper:{folder}") == "lookup:4:2+stopper:lgb"
+
+
+def test_lookup_methods_run_and_stay_lossless(pair, reference):
+    base = DecodeConfig(k_config=(1, 1, 1), max_new_tokens=40)
+    pure = build_method("lookup:5:1", pair, base)
+    assert pure.decoder.config.k_config == (1,) * 5 and pure.decoder.config.lookup == 5
+    mixed = build_method("lookup:2:1+heuristic", pair, base)
+    assert mixed.decoder.config.k_config == (1, 1, 1) and mixed.decoder.config.lookup == 2
+    for runner in (pure, mixed):
+        assert [runner.generate(p).token_ids for p in PROMPTS] == reference
+    with pytest.raises(MCSDError, match="at least that many depths"):
+        build_method("lookup:4:1+heuristic", pair, base)
