@@ -57,6 +57,8 @@ def test_a_trained_stoppers_tree_is_the_default(monkeypatch, tmp_path):
     (["--k-config", "4,,2"], "bad k-config '4,,2'"),
     (["--methods", "ar,static:9", "--k-config", "4,2,2,1"], "static:9 needs a tree"),
     (["--methods", "ar,confidence,confidence:0.4"], "run the same thing"),
+    (["--methods", "ar,lookup:0"], "positive integers"),
+    (["--methods", "ar,lookup:2+heuristic", "--k-config", "4,2,2,1"], "one candidate each"),
     (["--target", "toy", "--draft", "toy:tiny"], "pass the target 'toy:tiny' alone"),
     (["--draft", "/no/such/folder"], "no model folder at /no/such/folder (the draft)"),
 ])
@@ -71,8 +73,8 @@ def test_silent_acceptance_is_refused(command, argv, message, tmp_path, capsys, 
     monkeypatch.setattr(build, "toy_pair_dirs", no_build)
     if command == "bench":
         argv = [a.replace("--methods", "--stopper").replace("ar,", "") for a in argv]
-        if "confidence,confidence:0.4" in argv:
-            return  # bench runs one stopper
+        if "confidence,confidence:0.4" in argv or any("lookup" in a for a in argv):
+            return  # bench runs one stopper (prompt lookup is an eval method)
     out = ["--out", str(tmp_path / "x")] if command == "eval" else []
     code = cli.main([command, "--target", "toy", "--limit", "1", *out, *argv])
     err = capsys.readouterr().err

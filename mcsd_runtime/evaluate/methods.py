@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcsd_runtime.decode.state import DecodeConfig
 from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
@@ -161,6 +162,10 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
     if (look := parse_lookup(method)) is not None:
         k, n, spec = look
         k = k or (min(LOOKUP_DEFAULTS[0], len(k_config)) if spec else LOOKUP_DEFAULTS[0])
+        try:  # composed, the chain is copied into the tree STOPPER drafts on
+            DecodeConfig(k_config=k_config if spec else (1,) * k, lookup=k, lookup_min_ngram=n)
+        except MCSDError as err:
+            raise MCSDError(f"method {method!r}: {err}") from None
         return f"{LOOKUP}:{k}:{n}" + (f"+{explicit_label(spec, k_config)}" if spec else "")
     if kind in ("mcsd", "mcsd-target-init") and not arg:
         return f"{kind}:{','.join(map(str, k_config))}"
