@@ -2,8 +2,10 @@
 
 A step, over every row of the batch at once:
 
-1. draft: a row whose stopper says not to draft at all this step (`should_draft`) verifies an
-   empty tree, as autoregressive decoding does, and keeps its pending draft tokens for later;
+1. draft: a row whose context repeats itself (prompt lookup, `DecodeConfig.lookup`) verifies
+   the tokens that followed the repeat as a chain, drafting nothing; a row whose stopper says
+   not to draft at all this step (`should_draft`) verifies an empty tree, as autoregressive
+   decoding does; both keep their pending draft tokens for later;
    the others' pending draft tokens go in, depth 1 is proposed; then, while the stopper says
    so, the frontier goes through the draft (one forward for all rows, tree attention) and the
    next depth is proposed;
@@ -319,14 +321,14 @@ class Engine:
             caps = [c if c and not look and r.st.stopper.should_draft(
                 StepStart(tree.depth, r.st.trajectory.values())) else 0
                 for c, r, look in zip(caps, rows, copied, strict=True)]
-        inputs = self.upload(rows)
+        inputs, at = self.upload(rows, copied)
         tokens = torch.zeros(len(rows), 1 + tree.num_nodes, dtype=torch.long, device=self.dev)
         tokens[:, 0] = inputs[:, 1]
         timing = Timing()
 
         # 1. draft, depth by depth
         d = self.draft(rows, tokens, inputs, caps, dc, timing)
-        self.place_copies(d, tokens, copied)
+        self.place_copies(d, tokens, inputs[:, at:], [len(c) for c in copied])
 
         # 2. one target forward over every row's pending root and tree
         c = tree.cum[d.depth]
@@ -360,14 +362,17 @@ class Engine:
         # 5. account
         self.account(rows, outcomes, timing, tc, dc)
 
-    def upload(self, rows: list[Row]) -> torch.Tensor:
-        """[rows, 3 + m] on the device, in one copy: each row's root position, its last
-        committed token, its count of pending draft tokens, then those tokens (right-padded)."""
+    def upload(self, rows: list[Row], copied: list[list[int]]) -> tuple[torch.Tensor, int]:
+        """[rows, 3 + m + n] on the device, in one copy: each row's root position, its last
+        committed token, its count of pending draft tokens, those tokens, then its copied chain
+        (each right-padded); and where the chains start (3 + m)."""
         m = max(len(r.st.d_pending) for r in rows)
+        n = max(map(len, copied))
         host = [[len(r.st.committed) - 1, r.st.committed[-1], len(r.st.d_pending),
-                 *r.st.d_pending,
-                 *[0] * (m - len(r.st.d_pending))] for r in rows]
-        return torch.tensor(host, dtype=torch.long, device=self.dev)  # sync: one upload a step
+                 *r.st.d_pending, *[0] * (m - len(r.st.d_pending)), *chain,
+                 *[0] * (n - len(chain))] for r, chain in zip(rows, copied, strict=True)]
+        # sync: one upload a step
+        return torch.tensor(host, dtype=torch.long, device=self.dev), 3 + m
 
     def draft_keep(self, d: Drafted, i: int, path: list[int]) -> list[int]:
         """Row i's draft cache slots to keep: its pending tokens, if they went in this step, and
@@ -383,14 +388,16 @@ class Engine:
         return propose(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
                        cfg.lookup_max_ngram)
 
-    def place_copies(self, d: Drafted, tokens: torch.Tensor, copied: list[list[int]]) -> None:
-        """Put each row's prompt-lookup chain in the tree in place of a draft (whose forwards
-        the row's slots may have ridden along with, unkept)."""
-        for i, chain in enumerate(copied):
-            if chain:
-                d.layers[i] = chain_layers(chain, self.pair.vocab_size, self.dev, torch.float32)
-                tokens[i, 1 : 1 + len(chain)] = d.layers[i][0].tokens.new_tensor(chain)
-                d.depths[i], d.copied[i] = len(chain), True
+    def place_copies(self, d: Drafted, tokens: torch.Tensor, chains: torch.Tensor,
+                     lengths: list[int]) -> None:
+        """Put each row's prompt-lookup chain (`chains` [rows, n] on the device, right-padded)
+        in the tree in place of a draft (whose forwards the row's slots may have ridden along
+        with, unkept)."""
+        for i, n in enumerate(lengths):
+            if n:
+                tokens[i, 1 : 1 + n] = chains[i, :n]
+                d.layers[i] = chain_layers(chains[i, :n], self.pair.vocab_size)
+                d.depths[i], d.copied[i] = n, True
         d.depth = max(d.depth, *d.depths)
 
     # -- 1. draft

@@ -29,13 +29,12 @@ def propose(context: list[int], k: int, min_ngram: int, max_ngram: int) -> list[
     return []
 
 
-def chain_layers(tokens: list[int], vocab_size: int, device: torch.device,
-                 dtype: torch.dtype) -> list[DraftLayer]:
-    """One depth per proposed token, each proposed by a one-hot distribution (q(x) = 1)."""
-    toks = torch.tensor(tokens, dtype=torch.long, device=device)
-    one_hot = torch.zeros(len(tokens), vocab_size, dtype=dtype, device=device)
-    one_hot[torch.arange(len(tokens), device=device), toks] = 1.0
-    ones = torch.ones(1, dtype=dtype, device=device)
-    zeros = torch.zeros(1, dtype=dtype, device=device)
-    return [DraftLayer(toks[i : i + 1], one_hot[i : i + 1], None, ones, zeros, None)
-            for i in range(len(tokens))]
+def chain_layers(tokens: torch.Tensor, vocab_size: int) -> list[DraftLayer]:
+    """One depth per proposed token (`tokens` [n] on the device), each proposed by a one-hot
+    float32 distribution (q(x) = 1, as the verifiers read it)."""
+    n = tokens.shape[0]
+    one_hot = torch.zeros(n, vocab_size, dtype=torch.float32, device=tokens.device)
+    one_hot.scatter_(1, tokens[:, None], 1.0)
+    ones, zeros = one_hot.new_ones(1), one_hot.new_zeros(1)
+    return [DraftLayer(tokens[i : i + 1], one_hot[i : i + 1], None, ones, zeros, None)
+            for i in range(n)]
