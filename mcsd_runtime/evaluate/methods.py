@@ -39,6 +39,16 @@ def parse_lookup(method: str) -> tuple[int | None, int, str | None] | None:
     return k, n, spec or None
 
 
+def lookup_tree(k: int | None, spec: str | None,
+                k_config: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """The copy length and the tree a lookup method decodes on: alone, a chain of K (default
+    8); composed with a stopper, `k_config`, and K at most its depth by default."""
+    if spec is None:
+        k = k or LOOKUP_DEFAULTS[0]
+        return k, (1,) * k
+    return k or min(LOOKUP_DEFAULTS[0], len(k_config)), k_config
+
+
 def split_methods(spec: str) -> list[str]:
     """`ar,mcsd:4,2,2,1,heuristic` -> `["ar", "mcsd:4,2,2,1", "heuristic"]`."""
     out: list[str] = []
@@ -161,9 +171,9 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
     kind, _, arg = method.partition(":")
     if (look := parse_lookup(method)) is not None:
         k, n, spec = look
-        k = k or (min(LOOKUP_DEFAULTS[0], len(k_config)) if spec else LOOKUP_DEFAULTS[0])
+        k, tree = lookup_tree(k, spec, k_config)
         try:  # composed, the chain is copied into the tree STOPPER drafts on
-            DecodeConfig(k_config=k_config if spec else (1,) * k, lookup=k, lookup_min_ngram=n)
+            DecodeConfig(k_config=tree, lookup=k, lookup_min_ngram=n)
         except MCSDError as err:
             raise MCSDError(f"method {method!r}: {err}") from None
         return f"{LOOKUP}:{k}:{n}" + (f"+{explicit_label(spec, k_config)}" if spec else "")

@@ -14,7 +14,7 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
-from mcsd_runtime.evaluate.methods import LOOKUP_DEFAULTS, check_method, parse_lookup
+from mcsd_runtime.evaluate.methods import check_method, lookup_tree, parse_lookup
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
@@ -207,13 +207,9 @@ def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
     """Prompt lookup (`lookup[:K[:N]][+STOPPER]`): a chain of K copied tokens where the context
     repeats itself, else STOPPER's step on --k-config, or the target alone (`none`) on a chain
     of K depths."""
-    if spec is None:
-        k = k or LOOKUP_DEFAULTS[0]
-        tree, stopper = (1,) * k, make_stopper("none")
-    else:
-        tree, stopper = base.k_config, make_stopper(spec)
-        k = k or min(LOOKUP_DEFAULTS[0], len(tree))
-        check_pair(stopper, pair)
+    k, tree = lookup_tree(k, spec, base.k_config)
+    stopper = make_stopper(spec or "none")
+    check_pair(stopper, pair)
     cfg = replace(base, k_config=tree, init="draft", lookup=k, lookup_min_ngram=n)
     return DecoderRunner(MCSDDecoder(pair, cfg, stopper))
 
