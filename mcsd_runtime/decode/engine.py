@@ -664,9 +664,9 @@ class Engine:
         if self.dec.recorder is not None:
             self.dec.recorder.on_step(self.trace(st, draft, v, row))
         # the stopper did not draft a copied chain: to it, a step without a draft
-        st.trajectory.update(0 if draft.copied else v.accepted, len(committed),
-                             0 if draft.copied else drafted_depth)
-        st.stopper.update(0 if draft.copied else drafted_depth, 0 if draft.copied else v.accepted)
+        own, accepted = (0, 0) if draft.copied else (drafted_depth, v.accepted)
+        st.trajectory.update(accepted, len(committed), own)
+        st.stopper.update(own, accepted)
         for counts in stats:
             counts.lookup_steps += draft.copied
             counts.drafted_tokens += c - roots
