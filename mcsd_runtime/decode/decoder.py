@@ -32,6 +32,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_messages, is_messages
 from mcsd_runtime.stop.builtin import Stopper, make_stopper
+from mcsd_runtime.stop.copy_length import CopyLength
 
 # What `generate` decodes: a text, token ids, or chat messages ([{"role": ..., "content": ...}]).
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, str]]
@@ -45,7 +46,11 @@ class MCSDDecoder:
     """Greedy or sampled multi-candidate speculative decoding of one sequence or a batch."""
 
     def __init__(self, pair: Pair, config: DecodeConfig | None = None,
-                 stopper: Stopper | str | None = None, recorder: Recorder | None = None) -> None:
+                 stopper: Stopper | str | None = None, recorder: Recorder | None = None,
+                 copy_length: CopyLength | None = None) -> None:
+        """`copy_length`: a learned prompt-lookup copy length (`mcsd_runtime.stop.copy_length`)
+        choosing how much of each match to verify; needs `config.lookup` at least its
+        `max_copy`."""
         self.pair = pair
         self.config = config or DecodeConfig()
         self.stopper = make_stopper(stopper, self.config.k_config)
@@ -58,6 +63,11 @@ class MCSDDecoder:
         if self.config.lookup and recorder is not None:
             raise MCSDError("a recorder logs drafted trees, and prompt lookup drafts none: "
                             "collect with lookup off")
+        self.copy_length = copy_length
+        if copy_length is not None and self.config.lookup < copy_length.max_copy:
+            raise MCSDError(f"a learned copy length copies up to {copy_length.max_copy} tokens: "
+                            f"decode with lookup >= {copy_length.max_copy} (got "
+                            f"{self.config.lookup})")
         self.needs_hidden = self.stopper.needs_hidden or (recorder is not None
                                                           and recorder.needs_hidden)
         self._causal = causal_bias(max(self.tree.num_nodes + 1, 8), pair.dtype, pair.device)

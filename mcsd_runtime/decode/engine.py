@@ -57,7 +57,7 @@ import torch
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
-from mcsd_runtime.decode.lookup import chain_layers, propose
+from mcsd_runtime.decode.lookup import chain_layers, find_match, propose
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
@@ -75,8 +75,10 @@ from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.contract import StepStart, Stopper
+from mcsd_runtime.stop.copy_length import CopyHistory, features
 from mcsd_runtime.stop.features import TOP_K_MASS
 
+CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
 CommitHook = Callable[[list[int]], "int | None"]
 
 
@@ -179,6 +181,8 @@ class Engine:
         # or the first roots (target-init)
         self.target_takes_prompt = self.init is not None or not self.tree.depth
         self.stats = DecodeStats()
+        # a learned copy length reads the target's confidence in the tokens it commits
+        self.wants_conf = dec.copy_length is not None
         # draws for nodes beyond a row's own depth, which it never verifies: kept off the row's
         # generator so that its draws stay those of the prompt decoded alone
         self.spare = torch.Generator(self.dev)
@@ -262,7 +266,8 @@ class Engine:
         stopper = self.stopper if self.batch_size == 1 else copy.copy(self.stopper)
         stopper.reset()
         st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
-                      t_pending=[], d_pending=[], generator=gen, stopper=stopper)
+                      t_pending=[], d_pending=[], generator=gen, stopper=stopper,
+                      copy_history=CopyHistory() if self.dec.copy_length else None)
         return Row(index, st, admitted=t0)
 
     def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
@@ -348,7 +353,7 @@ class Engine:
         # 4. per row: commit, and the cache entries to keep
         keep_t, keep_d, outcomes, at = [], [], [], 0
         for i, r in enumerate(rows):
-            n = 3 + tree.cum[drafts[i].depth]
+            n = 2 + (1 + tree.cum[drafts[i].depth]) * (1 + self.wants_conf)
             v = self.verdict(host[at : at + n], judged[i][1])
             at += n
             new, path = self.commit(r.st, v, remaining[i], d.seen(i))
@@ -382,9 +387,16 @@ class Engine:
 
     def lookup(self, st: RowState, cap: int) -> list[int]:
         """The tokens prompt lookup proposes for a row this step (at most `cap`), or []."""
-        cfg = self.cfg
+        cfg, policy = self.cfg, self.dec.copy_length
         if not cfg.lookup or not cap:
             return []
+        if policy is not None:
+            match = find_match(st.committed, min(policy.max_copy, cap), policy.min_ngram,
+                               policy.max_ngram)
+            if match is None:
+                return []
+            feats = features(match, len(st.committed), st.n_prompt, st.copy_history)
+            return match.tokens[: policy.choose(match, feats)]
         return propose(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
                        cfg.lookup_max_ngram)
 
@@ -560,13 +572,21 @@ class Engine:
         acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)
         score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
         best = score.argmax()
-        return torch.cat([best.view(1), nxt[best].view(1), tokens]), probs
+        values = [best.view(1), nxt[best].view(1), tokens]
+        if self.wants_conf:  # every node's top-1 probability, in millionths
+            top = (logits.float().amax(-1) - logits.float().logsumexp(-1)).exp()
+            values.append((top * CONF_SCALE).round().long())
+        return torch.cat(values), probs
 
     def verdict(self, host: list[int], probs: torch.Tensor | None) -> Verdict:
         """The verdict from `judge`'s values on the host."""
         path = self.tt.paths[host[0]]
+        tokens, conf = host[2:], None
+        if self.wants_conf:
+            tokens, nodes = tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]
+            conf = [nodes[j] / CONF_SCALE for j in path]
         return Verdict(path=path, accepted=len(path) - self.lo, best=host[0], bonus=host[1],
-                       tokens=host[2:], probs=probs)
+                       tokens=tokens, probs=probs, conf=conf)
 
     def verify_sampled(self, probs: torch.Tensor, draft: Draft, gen: torch.Generator,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -667,6 +687,9 @@ class Engine:
         own, accepted = (0, 0) if draft.copied else (drafted_depth, v.accepted)
         st.trajectory.update(accepted, len(committed), own)
         st.stopper.update(own, accepted)
+        if st.copy_history is not None:
+            st.copy_history.update(s if draft.copied else 0, v.accepted,
+                                   v.conf[: len(committed)])
         for counts in stats:
             counts.lookup_steps += draft.copied
             counts.drafted_tokens += c - roots

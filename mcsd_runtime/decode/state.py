@@ -196,6 +196,7 @@ class RowState:
     done: bool = False
     generator: torch.Generator | None = None  # this sequence's randomness
     stopper: Any = None  # this sequence's stopper (its own copy in a batch)
+    copy_history: Any = None  # with a learned copy length: the row's `CopyHistory`
 
 
 @dataclass
@@ -265,6 +266,7 @@ class Verdict:
     bonus: int  # the target's token after it (unused with target-init)
     tokens: list[int]  # the tree's tokens on the host, root first
     probs: torch.Tensor | None  # per row: the target's distribution after it, when computed
+    conf: list[float] | None = None  # the target's top-1 probability at each path node, if asked
 
 
 def to_host_together(layers: list[DraftLayer]) -> None:

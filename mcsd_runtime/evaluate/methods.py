@@ -17,6 +17,18 @@ from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
 LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (none: the target)
 LOOKUP_DEFAULTS = (8, 3)  # K tokens at most, from matches of N..4 tokens
+LEARNED_LOOKUP = "lookup-learned"  # `lookup-learned:PATH`: a copy length from `mcsd train-lookup`
+
+
+def learned_lookup_folder(method: str) -> Path | None:
+    """PATH of `lookup-learned:PATH`, else None; MCSDError without a PATH."""
+    kind, _, arg = method.partition(":")
+    if kind != LEARNED_LOOKUP:
+        return None
+    if not arg:
+        raise MCSDError(f"method {method!r}: name the folder `mcsd train-lookup` wrote, e.g. "
+                        f"lookup-learned:runs/copy")
+    return Path(arg)
 
 
 def parse_lookup(method: str) -> tuple[int | None, int, str | None] | None:
@@ -75,6 +87,11 @@ def check_method(name: str) -> None:
         if look[2] is not None:
             check_method(look[2])
         return
+    if (folder := learned_lookup_folder(name)) is not None:
+        from mcsd_runtime.stop.copy_length import read_spec
+
+        read_spec(folder)
+        return
     try:
         if kind in ("mcsd", "mcsd-target-init"):
             if arg:
@@ -84,7 +101,8 @@ def check_method(name: str) -> None:
     except UnknownStopperError:
         raise MCSDError(
             f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
-            f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH"
+            f"lookup[:K[:N]], lookup-learned:PATH, hf-generate:STOPPER, a stopper spec "
+            f"({', '.join(BUILTIN)}) or stopper:PATH"
         ) from None
     except MCSDError as err:
         raise MCSDError(f"method {name!r}: {err}") from None
@@ -210,7 +228,7 @@ def short_name(method: str) -> str:
     if (look := parse_lookup(method)) is not None and look[2]:
         return f"{method.partition('+')[0]}+{short_name(look[2])}"
     kind, _, arg = method.partition(":")
-    return f"stopper:{Path(arg).name}" if kind == "stopper" else method
+    return f"{kind}:{Path(arg).name}" if kind in ("stopper", LEARNED_LOOKUP) else method
 
 
 def is_static(method: str) -> bool:

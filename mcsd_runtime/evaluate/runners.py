@@ -8,13 +8,19 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from mcsd_runtime import metrics
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
-from mcsd_runtime.evaluate.methods import check_method, lookup_tree, parse_lookup
+from mcsd_runtime.evaluate.methods import (
+    check_method,
+    learned_lookup_folder,
+    lookup_tree,
+    parse_lookup,
+)
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
@@ -193,6 +199,8 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
         return DecoderRunner(MCSDDecoder(pair, replace(base, k_config=k, init=init), "static"))
     if (look := parse_lookup(name)) is not None:
         return lookup_runner(pair, base, *look)
+    if (folder := learned_lookup_folder(name)) is not None:
+        return learned_lookup_runner(pair, base, folder)
     if name in ("hf", "hf-assisted"):
         return HFGenerate(pair, base, assisted=name == "hf-assisted")
     if kind == "hf-generate":
@@ -212,6 +220,18 @@ def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
     check_pair(stopper, pair)
     cfg = replace(base, k_config=tree, init="draft", lookup=k, lookup_min_ngram=n)
     return DecoderRunner(MCSDDecoder(pair, cfg, stopper))
+
+
+def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path) -> DecoderRunner:
+    """A learned copy length (`lookup-learned:PATH`): where the context repeats itself it copies
+    as many tokens as it chooses, else (or choosing none) the target decodes alone."""
+    from mcsd_runtime.stop.copy_length import CopyLength
+
+    policy = CopyLength.load(folder)
+    k = policy.max_copy
+    cfg = replace(base, k_config=(1,) * k, init="draft", lookup=k,
+                  lookup_min_ngram=policy.min_ngram, lookup_max_ngram=policy.max_ngram)
+    return DecoderRunner(MCSDDecoder(pair, cfg, make_stopper("none"), copy_length=policy))
 
 
 def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:

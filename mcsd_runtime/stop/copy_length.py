@@ -1,0 +1,130 @@
+"""A learned prompt-lookup copy length (`lookup-learned:PATH`).
+
+Where the context repeats itself (a match of `min_ngram`..`max_ngram` tokens), prompt lookup
+verifies what followed the repeat. A static copy length K copies all of it, up to K tokens; this
+policy predicts, for each length i, the probability that the target accepts the chain's first i
+tokens (one LightGBM model over the match, the row's copy history, the target's confidence in its
+last tokens, and i) and copies the length L that maximizes the expected committed tokens minus
+the time the step takes, at the exchange rate it was tuned to:
+
+    1 + sum_{i <= L} P(i) - rate * cost(L)
+
+where cost(L) is a profiled step verifying L copied tokens. L = 0 decodes one token with the
+target alone. Lossless: it only chooses what to verify. Trained by `mcsd train-lookup`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mcsd_runtime.decode.lookup import Match
+from mcsd_runtime.errors import MCSDError
+
+FORMAT = "mcsd-copy-length"
+SPEC_FILE, MODEL_FILE = "copy_length.json", "model.txt"
+CONF_WINDOW = 4  # the target's confidence in the row's last tokens: over this many
+DISTANCE_CAP = 512
+# per row and length i: the match, the copy history, the target's confidence, then i
+FEATURES = ("ngram", "hits", "distance", "agree", "in_prompt", "last_copied", "last_accepted",
+            "copy_rate", "conf_last", "conf_mean", "conf_min", "length")
+
+
+@dataclass
+class CopyHistory:
+    """One row's copies so far and the target's top-1 probability for its last tokens."""
+
+    last_copied: int = 0
+    last_accepted: int = 0
+    copied: int = 0
+    accepted: int = 0
+    conf: deque = field(default_factory=lambda: deque(maxlen=CONF_WINDOW))
+
+    def update(self, copied: int, accepted: int, conf: list[float]) -> None:
+        """After a step that copied `copied` tokens (0: none) of which `accepted` were accepted,
+        and committed tokens the target gave top-1 probabilities `conf`."""
+        if copied:
+            self.last_copied, self.last_accepted = copied, accepted
+            self.copied += copied
+            self.accepted += accepted
+        self.conf.extend(conf)
+
+
+def features(match: Match, context_len: int, n_prompt: int, history: CopyHistory) -> list[float]:
+    """The features of a step's match, without the length (`FEATURES[:-1]`)."""
+    conf = list(history.conf) or [-1.0]
+    return [match.ngram, match.hits, min(match.distance(context_len), DISTANCE_CAP), match.agree,
+            float(match.start < n_prompt), history.last_copied, history.last_accepted,
+            history.accepted / history.copied if history.copied else -1.0,
+            conf[-1], sum(conf) / len(conf), min(conf)]
+
+
+def survival(booster, feats: list[float], n: int) -> np.ndarray:
+    """P(the first i copied tokens are all accepted) for i = 1..n, non-increasing."""
+    x = np.empty((n, len(FEATURES)))
+    x[:, :-1] = feats
+    x[:, -1] = np.arange(1, n + 1)
+    return np.minimum.accumulate(booster.predict(x))
+
+
+@dataclass
+class CopyLength:
+    """The policy: a model of P(accepted >= i), the profiled step costs and the rate."""
+
+    booster: object  # `.predict(x [rows, len(FEATURES)]) -> probabilities`
+    costs: list[float]  # seconds of a step verifying k copied tokens, k = 0..max_copy
+    rate: float  # tokens per second: what a second of verification must buy
+    min_ngram: int = 1
+    max_ngram: int = 4
+
+    @property
+    def max_copy(self) -> int:
+        return len(self.costs) - 1
+
+    def choose(self, match: Match, feats: list[float]) -> int:
+        """How many of the match's tokens to copy (0: none)."""
+        n = min(len(match.tokens), self.max_copy)
+        gain = np.concatenate([[0.0], np.cumsum(survival(self.booster, feats, n))])
+        return int(np.argmax(gain - self.rate * np.asarray(self.costs[: n + 1])))
+
+    def save(self, folder: str | Path, booster_text: str, meta: dict | None = None) -> None:
+        """Write `copy_length.json` and the model file (`booster_text`, LightGBM's format)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MODEL_FILE).write_text(booster_text)
+        spec = {"format": FORMAT, "version": 1, "features": list(FEATURES), "costs": self.costs,
+                "rate": self.rate, "min_ngram": self.min_ngram, "max_ngram": self.max_ngram,
+                **(meta or {})}
+        tmp = folder / (SPEC_FILE + ".tmp")
+        tmp.write_text(json.dumps(spec, indent=1))
+        tmp.replace(folder / SPEC_FILE)  # written last: a folder with it is complete
+
+    @classmethod
+    def load(cls, folder: str | Path) -> CopyLength:
+        """The policy `mcsd train-lookup` wrote to `folder`; MCSDError if it is not one."""
+        from mcsd_runtime.stop.learned import load_lightgbm
+
+        folder = Path(folder)
+        spec = read_spec(folder)
+        booster = load_lightgbm(folder / MODEL_FILE)
+        return cls(booster, [float(c) for c in spec["costs"]], float(spec["rate"]),
+                   int(spec["min_ngram"]), int(spec["max_ngram"]))
+
+
+def read_spec(folder: str | Path) -> dict:
+    """`copy_length.json` of a policy folder, checked; MCSDError if it is not one."""
+    folder = Path(folder)
+    try:
+        spec = json.loads((folder / SPEC_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise MCSDError(f"{folder} is not a learned copy length (cannot read {SPEC_FILE}: "
+                        f"{err}); train one with `mcsd train-lookup`") from None
+    if (not isinstance(spec, dict) or spec.get("format") != FORMAT
+            or spec.get("features") != list(FEATURES)):
+        raise MCSDError(f"{folder / SPEC_FILE} is not a copy length this version reads; retrain "
+                        f"with `mcsd train-lookup`")
+    return spec

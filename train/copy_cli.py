@@ -1,0 +1,185 @@
+"""`mcsd train-lookup`: train a learned prompt-lookup copy length (`lookup-learned:PATH`) on the
+target's greedy outputs of training prompts, and report its replayed speed by category, on the
+training prompts and on held-out ones, against static copy lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from mcsd_runtime.errors import MCSDError
+
+STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
+DEPLOY = (8, 3)  # the default `lookup` method
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from mcsd_runtime.cli.args import add_pair_args, add_threads_arg
+    from mcsd_runtime.prompts.chat import add_chat_arg
+    from train import copy_length
+
+    p = sub.add_parser(
+        "train-lookup", help="train a learned prompt-lookup copy length (lookup-learned:PATH)",
+        description=f"{__doc__}\n{copy_length.__doc__}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(p)
+    p.add_argument("--prompts", required=True,
+                   help="training prompt sets, comma-separated (e.g. inst-explain,inst-qa)")
+    p.add_argument("--eval-prompts", default=None,
+                   help="held-out prompt sets to report on, split by category (e.g. "
+                        "inst-mix-eval); never trained on")
+    p.add_argument("--limit", type=int, default=40, help="prompts per set (default %(default)s)")
+    p.add_argument("--eval-limit", type=int, default=10,
+                   help="held-out prompts per category (default %(default)s)")
+    p.add_argument("--profile", type=Path, required=True,
+                   help="cost profile of this pair on this machine (`mcsd profile`): the step "
+                        "costs the policy trades against; it must time forwards of up to "
+                        "--max-copy + 1 tokens")
+    p.add_argument("--max-copy", type=int, default=15,
+                   help="most tokens copied in a step (default %(default)s)")
+    p.add_argument("--min-ngram", type=int, default=1,
+                   help="shortest match considered (default %(default)s; the policy decides "
+                        "which short matches pay)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="greedy output tokens per prompt (default %(default)s)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="end each output at EOS (default: run to --max-new-tokens, as "
+                        "`mcsd eval --ignore-eos` decodes)")
+    p.add_argument("--traces", type=Path, default=None,
+                   help="JSON cache of greedy outputs: reused where it holds a prompt, "
+                        "extended where not (outputs of another target are refused)")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the policy to")
+    p.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    p.add_argument("--seed", type=int, default=0, help="LightGBM seed (default %(default)s)")
+    add_chat_arg(p)
+    add_threads_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.cli.args import apply_threads, pair_from_args
+    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.extras import require_toolkit
+    from mcsd_runtime.prompts.sets import load_domains
+    from train import copy_length as C
+
+    require_toolkit("mcsd train-lookup", "lightgbm")
+    if min(args.limit, args.eval_limit, args.max_copy, args.min_ngram, args.max_new_tokens) < 1:
+        raise MCSDError("--limit, --eval-limit, --max-copy, --min-ngram and --max-new-tokens "
+                        "must be positive")
+    if args.min_ngram > 4:
+        raise MCSDError("--min-ngram: matches are of 1..4 tokens; use 4 at most")
+    if args.out.exists() and any(args.out.iterdir()) and not args.force:
+        raise MCSDError(f"--out {args.out} exists and is not empty; pass --force to replace it")
+    profile = CostProfile.load(args.profile)
+    if profile.tokens[-1] < args.max_copy + 1:
+        raise MCSDError(f"--profile {args.profile} times forwards of up to {profile.tokens[-1]} "
+                        f"tokens; copying {args.max_copy} verifies {args.max_copy + 1}: measure "
+                        f"with `mcsd profile --max-tokens {args.max_copy + 1}` or lower "
+                        f"--max-copy")
+    costs = C.step_costs(profile, args.max_copy)
+    train_domains = load_domains(args.prompts, args.limit, by_category=False)
+    eval_domains = (load_domains(args.eval_prompts, args.eval_limit)
+                    if args.eval_prompts else {})
+    apply_threads(args)
+    pair = pair_from_args(args)
+    cache = TraceCache(args.traces, args.target, args.max_new_tokens, args.stop_at_eos)
+    traces = {name: cache.get(pair, prompts, args.chat, name)
+              for name, (_, prompts) in (train_domains | eval_domains).items()}
+    train = [t for name in train_domains for t in traces[name]]
+    print(f"training on {len(train)} outputs ({sum(len(t.tokens) for t in train)} tokens)",
+          flush=True)
+    policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed)
+    report = replay_report(policy, costs, traces, set(train_domains))
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    policy.save(args.out, text, {"training": facts, "prompts": args.prompts,
+                                 "target": args.target, "profile": str(args.profile),
+                                 "max_new_tokens": args.max_new_tokens, "report": report})
+    print_report(report, policy.rate)
+    print(f"-> {args.out} (decode with `mcsd eval --methods lookup-learned:{args.out}`)")
+    return 0
+
+
+def replay_report(policy, costs: list[float], traces: dict, trained: set[str]) -> list[dict]:
+    """Per domain: replayed speed over AR of the policy and of each static `lookup:K:N`, and
+    the policy's paired speedup over the deploy static and the domain's best static."""
+    from mcsd_runtime.metrics import paired_speedup
+    from train import copy_length as C
+
+    rows = []
+    for name, outs in traces.items():
+        learned = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in outs]
+        ours = [r.speedup(policy.choose, costs) for r in learned]
+        statics = {}
+        for k, n in STATIC_GRID:
+            reps = [C.Replay(t, k, n, 4) for t in outs]
+            statics[f"lookup:{k}:{n}"] = [r.speedup(C.copy_all(k), costs[: k + 1]) for r in reps]
+        gm = {m: paired_speedup(v, [1.0] * len(v))["geomean"] for m, v in statics.items()}
+        best = max(gm, key=gm.get)
+        deploy = f"lookup:{DEPLOY[0]}:{DEPLOY[1]}"
+        rows.append({"domain": name, "trained": name in trained, "prompts": len(outs),
+                     "learned_vs_ar": paired_speedup(ours, [1.0] * len(ours))["geomean"],
+                     "best_static": best, "best_static_vs_ar": gm[best],
+                     "vs_deploy": paired_speedup(ours, statics[deploy]),
+                     "vs_best_static": paired_speedup(ours, statics[best])})
+    return rows
+
+
+def print_report(report: list[dict], rate: float) -> None:
+    print(f"replayed speed (tuned rate {rate:.1f} tokens/s); learned vs lookup:{DEPLOY[0]}:"
+          f"{DEPLOY[1]} and vs the domain's best static copy length, 95% CI:")
+    print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  {'vs best static':>36}")
+    for r in sorted(report, key=lambda r: r["vs_best_static"]["geomean"]):
+        d, b = r["vs_deploy"], r["vs_best_static"]
+        label = r["domain"] + (" (trained)" if r["trained"] else "")
+        print(f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
+              f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
+              f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>12}")
+
+
+class TraceCache:
+    """Greedy outputs by prompt, kept in a JSON file when one is given."""
+
+    def __init__(self, path: Path | None, target: str, max_new_tokens: int,
+                 stop_at_eos: bool) -> None:
+        self.path = path
+        self.key = {"target": target, "max_new_tokens": max_new_tokens,
+                    "stop_at_eos": stop_at_eos}
+        self.traces: dict[str, list] = {}
+        if path is not None and path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except ValueError as err:
+                raise MCSDError(f"--traces {path} is not JSON ({err}); delete it") from None
+            if data.get("key") != self.key:
+                raise MCSDError(f"--traces {path} holds outputs of {data.get('key')}, not "
+                                f"{self.key}: use another file")
+            self.traces = data["traces"]
+
+    def get(self, pair, prompts: list, chat: str, name: str) -> list:
+        from mcsd_runtime.evaluate.runners import encode_prompt
+        from train.copy_length import Trace, greedy_traces
+
+        ids = [encode_prompt(pair, p, chat) for p in prompts]
+        keys = [hashlib.sha1(json.dumps(i).encode()).hexdigest() for i in ids]
+        todo = [i for i, k in zip(ids, keys, strict=True) if k not in self.traces]
+        if todo:
+            made = greedy_traces(pair, todo, self.key["max_new_tokens"],
+                                 self.key["stop_at_eos"], desc=f"greedy outputs: {name}")
+            for t in made:
+                self.traces[hashlib.sha1(json.dumps(t.prompt).encode()).hexdigest()] = [
+                    t.tokens, t.conf]
+            self.save()
+        return [Trace(i, *self.traces[k]) for i, k in zip(ids, keys, strict=True)]
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"key": self.key, "traces": self.traces}))
+        tmp.replace(self.path)

@@ -1,0 +1,170 @@
+"""Training a learned prompt-lookup copy length (`mcsd_runtime.stop.copy_length`).
+
+Prompt lookup under greedy decoding is lossless, so the target's own greedy output decides what
+every copy would have accepted: one greedy pass per prompt (with the target's top-1 probability
+at each token) is replayed under a profiled cost per step. The model's rows come from walking
+each output under a few fixed copy rules (every length of each match visited, labelled
+"accepted at least i tokens"); the exchange rate is then tuned on the same outputs until it
+equals the throughput the policy reaches (Dinkelbach's iteration for a ratio objective).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.decode.lookup import Match, find_match
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.progress import progress
+from mcsd_runtime.stop.copy_length import FEATURES, CopyHistory, CopyLength, features
+
+Choose = Callable[[Match, list[float]], int]
+RATE_ROUNDS = 4
+
+
+@dataclass
+class Trace:
+    """A prompt, the target's greedy output and its top-1 probability at each output token."""
+
+    prompt: list[int]
+    tokens: list[int]
+    conf: list[float]
+
+
+@torch.no_grad()
+def greedy_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int,
+                  stop_at_eos: bool = False, desc: str = "greedy outputs") -> list[Trace]:
+    """The target's greedy output of each prompt, token by token with its cache."""
+    from transformers import DynamicCache
+
+    model, out = pair.target, []
+    for ids in progress(prompts, desc=desc, unit="prompt"):
+        cache, tokens, conf = DynamicCache(), [], []
+        x = torch.tensor([ids], device=pair.device)
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+            p = torch.softmax(logits.float(), -1)
+            token = int(p.argmax())
+            tokens.append(token)
+            conf.append(float(p[token]))
+            if stop_at_eos and token in pair.eos_token_ids:
+                break
+            x = torch.tensor([[token]], device=pair.device)
+        out.append(Trace(list(ids), tokens, conf))
+    return out
+
+
+def step_costs(profile: CostProfile, max_copy: int) -> list[float]:
+    """Seconds of a step verifying k copied tokens, k = 0..max_copy: the target's forward over
+    k + 1 tokens and the per-step overhead."""
+    step, _ = profile.overheads(1)
+    return [profile.target(k + 1) + step for k in range(max_copy + 1)]
+
+
+class Replay:
+    """One output's matches at every position, and walks over them under a copy rule."""
+
+    def __init__(self, trace: Trace, max_copy: int, min_ngram: int, max_ngram: int) -> None:
+        self.trace = trace
+        context = trace.prompt + trace.tokens
+        n = len(trace.prompt)
+        self.matches = [find_match(context[: n + s], max_copy, min_ngram, max_ngram)
+                        for s in range(len(trace.tokens))]
+        self.accepted = [0 if m is None else _common(m.tokens, trace.tokens[s:])
+                         for s, m in enumerate(self.matches)]
+
+    def walk(self, choose: Choose, costs: list[float],
+             rows: list | None = None) -> float:
+        """Seconds to decode the output copying `choose(match, features)` tokens at each match;
+        with `rows`, appends (features + [i], accepted >= i) for every length i of each match."""
+        t, s, history = self.trace, 0, CopyHistory()
+        n, seconds = len(t.tokens), 0.0
+        while s < n:
+            match, k, a = self.matches[s], 0, self.accepted[s]
+            if match is not None:
+                feats = features(match, len(t.prompt) + s, len(t.prompt), history)
+                k = min(choose(match, feats), len(match.tokens), len(costs) - 1)
+                if rows is not None:
+                    rows += [(feats + [i], a >= i) for i in range(1, len(match.tokens) + 1)]
+            acc = min(a, k)
+            committed = min(acc + 1, n - s)
+            seconds += costs[k]
+            history.update(k, acc, t.conf[s : s + committed])
+            s += committed
+        return seconds
+
+    def speedup(self, choose: Choose, costs: list[float]) -> float:
+        """Replayed speed of the rule over decoding the output one token a step."""
+        return len(self.trace.tokens) * costs[0] / self.walk(choose, costs)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def copy_all(k: int) -> Choose:
+    """The static rule: copy up to k tokens of every match."""
+    return lambda match, feats: k
+
+
+def long_matches_only(k: int, ngram: int) -> Choose:
+    """Copy up to k tokens of matches of at least `ngram` tokens (a static `lookup:k:ngram`)."""
+    return lambda match, feats: k if match.ngram >= ngram else 0
+
+
+BEHAVIOUR = (copy_all(10**6), copy_all(2), long_matches_only(8, 3))
+
+
+def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngram: int = 4,
+        seed: int = 0, n_estimators: int = 200) -> tuple[CopyLength, str, dict]:
+    """The policy trained on `traces` under `costs` (index k: a step copying k tokens), the
+    model file's text and training facts."""
+    import lightgbm as lgb
+
+    max_copy = len(costs) - 1
+    replays = [Replay(t, max_copy, min_ngram, max_ngram) for t in traces]
+    rows: list = []
+    for r in replays:
+        for rule in BEHAVIOUR:
+            r.walk(rule, costs, rows)
+    if not rows or len({y for _, y in rows}) < 2:
+        raise MCSDError("the outputs hold too few repeats to learn from (no prompt-lookup match, "
+                        "or every copy accepted or none): use more prompts or longer outputs")
+    x = np.array([f for f, _ in rows], dtype=np.float64)
+    y = np.array([int(v) for _, v in rows])
+    mono = [0] * (len(FEATURES) - 1) + [-1]  # longer copies never survive more often
+    clf = lgb.LGBMClassifier(n_estimators=n_estimators, learning_rate=0.05, num_leaves=15,
+                             min_child_samples=20, monotone_constraints=mono, random_state=seed,
+                             n_jobs=1, verbose=-1)
+    clf.fit(x, y, feature_name=list(FEATURES))
+    booster = clf.booster_
+    policy = CopyLength(_Predictor(booster), costs, 1 / costs[0], min_ngram, max_ngram)
+    for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on the training outputs
+        seconds = sum(r.walk(policy.choose, costs) for r in replays)
+        policy.rate = sum(len(t.tokens) for t in traces) / seconds
+    text = booster.model_to_string()
+    facts = {"rows": len(rows), "accept_share": float(y.mean()), "outputs": len(traces),
+             "tokens": sum(len(t.tokens) for t in traces)}
+    return policy, text, facts
+
+
+class _Predictor:
+    """A fitted booster's probabilities, as the runtime's native booster gives them."""
+
+    def __init__(self, booster) -> None:
+        self.booster = booster
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.booster.predict(x)
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
