@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -86,7 +86,8 @@ class Replay:
         n, seconds = len(t.tokens), 0.0
         while s < n:
             match, k, a = self.matches[s], 0, self.accepted[s]
-            if match is not None:
+            if match is not None and n - s > 1:  # as the decoder: never copy past the budget
+                match = replace(match, tokens=match.tokens[: n - s - 1])
                 feats = features(match, len(t.prompt) + s, len(t.prompt), history)
                 k = min(choose(match, feats), len(match.tokens), len(costs) - 1)
                 if rows is not None:

@@ -573,7 +573,7 @@ class Engine:
         score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
         best = score.argmax()
         values = [best.view(1), nxt[best].view(1), tokens]
-        if self.wants_conf:  # every node's top-1 probability, in millionths
+        if self.wants_conf:  # every node's top-1 probability, in millionths (init="draft")
             top = (logits.float().amax(-1) - logits.float().logsumexp(-1)).exp()
             values.append((top * CONF_SCALE).round().long())
         return torch.cat(values), probs
@@ -584,7 +584,7 @@ class Engine:
         tokens, conf = host[2:], None
         if self.wants_conf:
             tokens, nodes = tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]
-            conf = [nodes[j] / CONF_SCALE for j in path]
+            conf = [nodes[j] / CONF_SCALE for j in [0, *path]]  # each committed token's
         return Verdict(path=path, accepted=len(path) - self.lo, best=host[0], bonus=host[1],
                        tokens=tokens, probs=probs, conf=conf)
 

@@ -1,0 +1,154 @@
+"""The learned prompt-lookup copy length: match statistics, the decision rule, training, the
+decoder taking exactly the decisions its replay takes (features included), greedy output equal
+to the target's alone and in batches, and `mcsd train-lookup`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_pair
+from mcsd_runtime.cli import main
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.lookup import find_match
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.evaluate.methods import check_method, short_name
+from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
+from train.copy_length import Replay, fit, greedy_traces, step_costs
+
+REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
+PROMPTS = [REPEATING, [1, 2, 3, 4, 1, 2, 3], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8], [4, 5, 4, 5, 4]]
+COSTS = [1.0 + 0.05 * k for k in range(9)]  # a step copying k tokens, k = 0..8
+
+
+def test_find_match_reports_where_and_how_often_the_suffix_occurred():
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3]
+    m = find_match(ctx, 3, 1, 4)
+    assert (m.tokens, m.ngram, m.start, m.hits) == ([7, 8, 4], 2, 7, 2)
+    assert m.agree == 0.5 and m.distance(len(ctx)) == 5  # [2, 3] was followed by 9, then 7
+    assert find_match(ctx, 3, 3, 4) is None
+
+
+class Constant:
+    """A booster predicting the same survival at every length."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        assert x.shape[1] == len(FEATURES)
+        return np.full(x.shape[0], self.p)
+
+
+def test_choose_copies_while_a_token_pays_for_its_verification():
+    match = find_match(REPEATING, 8, 1, 4)
+    feats = [0.0] * (len(FEATURES) - 1)
+    # each copied token costs 0.05 s more; at 1 token/s it pays when it survives above 0.05
+    assert CopyLength(Constant(0.9), COSTS, rate=1.0).choose(match, feats) == len(match.tokens)
+    assert CopyLength(Constant(0.04), COSTS, rate=1.0).choose(match, feats) == 0
+    # ...and at 30 tokens/s only above 1.5: never
+    assert CopyLength(Constant(0.9), COSTS, rate=30.0).choose(match, feats) == 0
+
+
+class ByConfidence:
+    """Survival from the target's confidence and the length: decisions that depend on every
+    step's features, so that decoder and replay agree only if their features do."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[float]] = []
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.seen.append(x[0, :-1].tolist())
+        conf = x[:, FEATURES.index("conf_last")]
+        return np.clip(conf, 0, 1) * 0.97 ** x[:, -1]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair(vocab=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    ar = ARDecoder(pair, DecodeConfig(max_new_tokens=40))
+    return [ar.generate(p).token_ids for p in PROMPTS]
+
+
+def decoder(pair, policy: CopyLength, max_new_tokens: int = 40) -> MCSDDecoder:
+    k = policy.max_copy
+    cfg = DecodeConfig(k_config=(1,) * k, max_new_tokens=max_new_tokens, lookup=k,
+                       lookup_min_ngram=policy.min_ngram)
+    return MCSDDecoder(pair, cfg, "none", copy_length=policy)
+
+
+def test_the_decoder_decides_as_its_replay_does(pair):
+    traces = greedy_traces(pair, PROMPTS, 30)
+    for trace in traces:
+        live, replayed = ByConfidence(), ByConfidence()
+        out = decoder(pair, CopyLength(live, COSTS, rate=0.6), 30).generate(trace.prompt)
+        assert out.token_ids == trace.tokens
+        Replay(trace, 8, 1, 4).walk(CopyLength(replayed, COSTS, rate=0.6).choose, COSTS)
+        assert np.allclose(live.seen, replayed.seen, atol=1e-5)
+    assert any(s[FEATURES.index("last_copied")] > 0 for s in live.seen)
+
+
+def test_a_trained_policy_is_lossless_alone_and_in_batches(pair, reference):
+    policy, text, facts = fit(greedy_traces(pair, PROMPTS, 40), COSTS)
+    assert facts["rows"] > 0 and 0 < facts["accept_share"] < 1
+    assert policy.rate > 0 and text.startswith("tree")
+    dec = decoder(pair, policy)
+    alone = [dec.generate(p) for p in PROMPTS]
+    assert [r.token_ids for r in alone] == reference
+    assert sum(r.stats.lookup_steps for r in alone) > 0
+    batch = dec.generate_batch(PROMPTS, batch_size=3)
+    assert [r.token_ids for r in batch] == reference
+
+
+def test_a_decoder_refuses_a_chain_shorter_than_the_policy_copies(pair):
+    cfg = DecodeConfig(k_config=(1,) * 4, lookup=4)
+    with pytest.raises(MCSDError, match="lookup >= 8"):
+        MCSDDecoder(pair, cfg, "none", copy_length=CopyLength(Constant(0.5), COSTS, 1.0))
+
+
+def test_step_costs_read_the_profile():
+    profile = CostProfile(tokens=[1, 4], target_s=[1.0, 1.3], draft_s=[0.1, 0.1],
+                          step_overhead_s=0.01)
+    assert step_costs(profile, 3) == pytest.approx([1.01, 1.11, 1.21, 1.31])
+
+
+def test_method_names_and_missing_folders(tmp_path):
+    with pytest.raises(MCSDError, match="mcsd train-lookup"):
+        check_method(f"lookup-learned:{tmp_path}")
+    with pytest.raises(MCSDError, match="name the folder"):
+        check_method("lookup-learned")
+    (tmp_path / "copy_length.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(MCSDError, match="retrain"):
+        check_method(f"lookup-learned:{tmp_path}")
+    assert short_name("lookup-learned:/a/b/copy") == "lookup-learned:copy"
+
+
+def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, capsys):
+    profile = tmp_path / "cost.json"
+    CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(profile)
+    out = tmp_path / "copy"
+    base = ["train-lookup", "--target", str(toy_tiny / "target"), "--draft",
+            str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
+            "--max-new-tokens", "24", "--max-copy", "8", "--dtype", "fp32"]
+    assert main([*base, "--profile", str(profile), "--out", str(out),
+                 "--traces", str(tmp_path / "traces.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "toy-code (trained)" in printed and "lookup-learned:" in printed
+    spec = json.loads((out / "copy_length.json").read_text())
+    assert spec["report"][0]["prompts"] == 3 and len(spec["costs"]) == 9
+    assert CopyLength.load(out).max_copy == 8
+    # a second run reuses the cached outputs and refuses to overwrite without --force
+    assert main([*base, "--profile", str(profile), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    short = tmp_path / "short.json"
+    CostProfile(tokens=[1, 4], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(short)
+    assert main([*base, "--profile", str(short), "--out", str(tmp_path / "o2")]) == 2
+    assert "--max-tokens 9" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
