@@ -144,9 +144,14 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
     spec = json.loads((out / "copy_length.json").read_text())
     assert spec["report"][0]["prompts"] == 3 and len(spec["costs"]) == 9
     assert CopyLength.load(out).max_copy == 8
-    # a second run reuses the cached outputs and refuses to overwrite without --force
+    # a second run refuses to overwrite without --force; with it, reuses the cached outputs
     assert main([*base, "--profile", str(profile), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+    assert main([*base, "--profile", str(profile), "--out", str(out), "--max-copy", "4",
+                 "--force", "--traces", str(tmp_path / "traces.json")]) == 0
+    printed = capsys.readouterr()
+    assert "vs lookup:4:3" in printed.out and "greedy outputs" not in printed.err
+    assert CopyLength.load(out).max_copy == 4
     short = tmp_path / "short.json"
     CostProfile(tokens=[1, 4], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(short)
     assert main([*base, "--profile", str(short), "--out", str(tmp_path / "o2")]) == 2
