@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 
-from conftest import make_pair
 from mcsd_runtime.cli import main
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
@@ -64,11 +63,6 @@ class ByConfidence:
         self.seen.append(x[0, :-1].tolist())
         conf = x[:, FEATURES.index("conf_last")]
         return np.clip(conf, 0, 1) * 0.97 ** x[:, -1]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return make_pair(vocab=64, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ equals the throughput the policy reaches (Dinkelbach's iteration for a ratio obj
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -147,7 +146,7 @@ def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngr
                              n_jobs=1, verbose=-1)
     clf.fit(x, y, feature_name=list(FEATURES))
     booster = clf.booster_
-    policy = CopyLength(_Predictor(booster), costs, 1 / costs[0], min_ngram, max_ngram)
+    policy = CopyLength(booster, costs, 1 / costs[0], min_ngram, max_ngram)
     for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on the training outputs
         seconds = sum(r.walk(policy.choose, costs) for r in replays)
         policy.rate = sum(len(t.tokens) for t in traces) / seconds
@@ -155,17 +154,3 @@ def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngr
     facts = {"rows": len(rows), "accept_share": float(y.mean()), "outputs": len(traces),
              "tokens": sum(len(t.tokens) for t in traces)}
     return policy, text, facts
-
-
-class _Predictor:
-    """A fitted booster's probabilities, as the runtime's native booster gives them."""
-
-    def __init__(self, booster) -> None:
-        self.booster = booster
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return self.booster.predict(x)
-
-
-def geometric_mean(values: Sequence[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
