@@ -16,7 +16,7 @@ from mcsd_runtime.decode.lookup import find_match
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
-from train.copy_length import Replay, fit, greedy_traces, step_costs
+from train.copy_length import Replay, fit, step_costs, target_traces
 
 REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
 PROMPTS = [REPEATING, [1, 2, 3, 4, 1, 2, 3], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8], [4, 5, 4, 5, 4]]
@@ -79,7 +79,7 @@ def decoder(pair, policy: CopyLength, max_new_tokens: int = 40) -> MCSDDecoder:
 
 
 def test_the_decoder_decides_as_its_replay_does(pair):
-    traces = greedy_traces(pair, PROMPTS, 30)
+    traces = target_traces(pair, PROMPTS, 30)
     for trace in traces:
         live, replayed = ByConfidence(), ByConfidence()
         out = decoder(pair, CopyLength(live, COSTS, rate=0.6), 30).generate(trace.prompt)
@@ -90,7 +90,7 @@ def test_the_decoder_decides_as_its_replay_does(pair):
 
 
 def test_a_trained_policy_is_lossless_alone_and_in_batches(pair, reference):
-    policy, text, facts = fit(greedy_traces(pair, PROMPTS, 40), COSTS)
+    policy, text, facts = fit(target_traces(pair, PROMPTS, 40), COSTS)
     assert facts["rows"] > 0 and 0 < facts["accept_share"] < 1
     assert policy.rate > 0 and text.startswith("tree")
     dec = decoder(pair, policy)
@@ -144,10 +144,77 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
     assert main([*base, "--profile", str(profile), "--out", str(out), "--max-copy", "4",
                  "--force", "--traces", str(tmp_path / "traces.json")]) == 0
     printed = capsys.readouterr()
-    assert "vs lookup:4:3" in printed.out and "greedy outputs" not in printed.err
+    assert "vs lookup:4:3" in printed.out and "target outputs" not in printed.err
     assert CopyLength.load(out).max_copy == 4
     short = tmp_path / "short.json"
     CostProfile(tokens=[1, 4], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(short)
     assert main([*base, "--profile", str(short), "--out", str(tmp_path / "o2")]) == 2
     assert "--max-tokens 9" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+    sampled = [*base, "--profile", str(profile), "--out", str(out), "--force",
+               "--temperature", "0.2"]
+    assert main([*sampled, "--check", "1"]) == 2
+    assert "--eval-prompts" in capsys.readouterr().err
+    assert main([*sampled, "--traces", str(tmp_path / "traces.json")]) == 2  # greedy outputs
+    assert "temperature" in capsys.readouterr().err
+    assert main([*sampled, "--eval-prompts", "toy-code"]) == 2
+    assert "held-out prompts must come from other sets" in capsys.readouterr().err
+    assert main([*sampled, "--eval-prompts", "toy-doc", "--eval-limit", "2", "--check",
+                 "1"]) == 0
+    assert "replay vs end to end on 1 held-out prompts at temperature 0.2" in (
+        capsys.readouterr().out)
+    assert CopyLength.load(out).temperature == 0.2
+    check = json.loads((out / "check.json").read_text())
+    assert set(check["per_method"]) == {"ar", "lookup:8:3", "lookup:8:2", "learned"}
+
+
+def test_sampled_outputs_are_seeded_by_prompt_and_report_the_top_probability(pair):
+    sampled = target_traces(pair, PROMPTS[:2], 20, temperature=1.0, seed=3)
+    assert target_traces(pair, PROMPTS[1:2], 20, temperature=1.0, seed=3)[0] == sampled[1]
+    greedy = target_traces(pair, PROMPTS[:2], 20)
+    assert any(s.tokens != g.tokens for s, g in zip(sampled, greedy, strict=True))
+    # the first token comes from the same distribution either way: the same top-1 probability
+    assert sampled[0].conf[0] == pytest.approx(greedy[0].conf[0])
+    assert all(0 < c <= 1 for t in sampled for c in t.conf)
+
+
+def _mean_and_se(values: list[int]) -> tuple[float, float]:
+    return float(np.mean(values)), float(np.std(values, ddof=1) / np.sqrt(len(values)))
+
+
+def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
+    """A copy is accepted with the target's probability of it, i.e. when it equals a sampled
+    output's token: replay over sampled outputs takes as many steps on average as the sampling
+    decoder (seeded, 100 runs each); replaying the greedy output instead is caught."""
+    temperature, n = 0.3, 100
+    cfg = DecodeConfig(k_config=(1,) * 4, lookup=4, lookup_min_ngram=1, temperature=temperature,
+                       max_new_tokens=30, eos_token_ids=())
+    dec = MCSDDecoder(pair, cfg, "none")
+    real = _mean_and_se([len(dec.generate(REPEATING, seed=s).steps) for s in range(n)])
+
+    def replayed(trace) -> int:
+        r = Replay(trace, 4, 1, 4)
+        r.walk(lambda match, feats: 4, COSTS[:5])
+        return r.steps
+
+    sampled = _mean_and_se([replayed(target_traces(pair, [REPEATING], 30, temperature, s)[0])
+                            for s in range(n)])
+    se = np.hypot(real[1], sampled[1])
+    assert abs(real[0] - sampled[0]) < 3 * se
+    assert abs(real[0] - replayed(target_traces(pair, [REPEATING], 30)[0])) > 3 * se
+
+
+def test_the_end_to_end_check_takes_the_replays_steps(pair):
+    from train.copy_check import capped, end_to_end_check, format_check
+
+    traces = {"a": target_traces(pair, PROMPTS[:2], 24), "b": target_traces(pair, PROMPTS[2:], 24)}
+    policy = CopyLength(ByConfidence(), COSTS, rate=0.6)
+    statics = capped(["lookup:8:3", "lookup:15:1"], policy.max_copy)
+    assert statics == ["lookup:8:3", "lookup:8:1"]
+    check = end_to_end_check(pair, policy, traces, statics, limit=2)
+    assert check["prompts"] == 4 and set(check["learned_vs_deploy_measured"]) == {"a", "b"}
+    rows = check["per_method"]
+    assert set(rows) == {"ar", "lookup:8:3", "lookup:8:1", "learned"}
+    assert all(r["steps_replayed"] == r["steps_measured"] for r in rows.values())
+    assert rows["ar"]["steps_measured"] == 4 * 24 > rows["lookup:8:1"]["steps_measured"]
+    assert "steps 96 / 96" in format_check(check)

@@ -10,6 +10,7 @@ Two levels, each a seeded chi-square test that is also shown to reject a broken 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -18,6 +19,7 @@ from conftest import make_pair
 from mcsd_runtime.constants import VERIFIERS
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 
 VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 1000
 ALPHA = 1e-3
@@ -188,9 +190,10 @@ def exact_joint(pair, temperature: float, prompt: list[int] = PROMPT) -> torch.T
 
 def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
                    n: int = N_SAMPLES, prompt: list[int] = PROMPT, stopper: str | None = None,
-                   **config) -> torch.Tensor:
+                   copy_length: CopyLength | None = None, **config) -> torch.Tensor:
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
-                                         verify=verify, max_new_tokens=3, **config), stopper)
+                                         verify=verify, max_new_tokens=3, **config), stopper,
+                      copy_length=copy_length)
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(n):
         x1, x2 = dec.generate(prompt, seed=seed).token_ids[:2]
@@ -244,18 +247,36 @@ def test_chi_square_detects_a_biased_verifier(micro, monkeypatch):
 LOOKUP_PROMPT = [1, 3, 0, 1]
 
 
+class ConfidentCopies:
+    """A learned copy length that copies one token at a time, and only at the first step or
+    after a token the target gave over 40%: its choice reads the confidence each sampled
+    verdict carries."""
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        conf, length = x[:, FEATURES.index("conf_last")], x[:, -1]
+        return np.where(((conf < 0) | (conf > 0.4)) & (length == 1), 0.9, 0.0)
+
+
+COPY_LENGTHS = {"static": None,
+                "learned": CopyLength(ConfidentCopies(), [1.0, 1.05, 1.1], rate=1.0)}
+
+
+@pytest.mark.parametrize("copy_length", list(COPY_LENGTHS))
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_prompt_lookup_matches_target_distribution(micro, temperature):
-    """Copied chains are verified as drafts from a one-hot q: the output follows the target."""
+def test_sampled_prompt_lookup_matches_target_distribution(micro, temperature, copy_length):
+    """Copied chains are verified as drafts from a one-hot q: the output follows the target,
+    whether the copy length is fixed or chosen step by step."""
     counts = sampled_counts(micro, "mcss", (1, 1), temperature, prompt=LOOKUP_PROMPT,
-                            stopper="none", lookup=2, lookup_min_ngram=1)
+                            stopper="none", lookup=2, lookup_min_ngram=1,
+                            copy_length=COPY_LENGTHS[copy_length])
     assert p_value(counts, exact_joint(micro, temperature, LOOKUP_PROMPT)) > ALPHA
 
 
-def test_chi_square_detects_a_biased_verifier_under_lookup(micro, monkeypatch):
+@pytest.mark.parametrize("copy_length", list(COPY_LENGTHS))
+def test_chi_square_detects_a_biased_verifier_under_lookup(micro, monkeypatch, copy_length):
     monkeypatch.setattr(V, "verify_children", residual_from_p)
     counts = sampled_counts(micro, "mcss", (1, 1), prompt=LOOKUP_PROMPT, stopper="none",
-                            lookup=2, lookup_min_ngram=1)
+                            lookup=2, lookup_min_ngram=1, copy_length=COPY_LENGTHS[copy_length])
     assert p_value(counts, exact_joint(micro, 1.0, LOOKUP_PROMPT)) < ALPHA
 
 

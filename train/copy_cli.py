@@ -1,6 +1,7 @@
 """`mcsd train-lookup`: train a learned prompt-lookup copy length (`lookup-learned:PATH`) on the
-target's greedy outputs of training prompts, and report its replayed speed by category, on the
-training prompts and on held-out ones, against static copy lengths.
+target's outputs of training prompts (greedy, or sampled at --temperature), report its replayed
+speed by category, on the training prompts and on held-out ones, against static copy lengths,
+and with --check, check the replay against end-to-end decoding of held-out prompts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from mcsd_runtime.errors import MCSDError
 
 STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
 DEPLOY = (8, 3)  # the default `lookup` method
+CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,16 +47,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="shortest match considered (default %(default)s; the policy decides "
                         "which short matches pay)")
     p.add_argument("--max-new-tokens", type=int, default=64,
-                   help="greedy output tokens per prompt (default %(default)s)")
+                   help="output tokens per prompt (default %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the temperature the policy will decode at: outputs are sampled at it "
+                        "(default %(default)s: greedy)")
     p.add_argument("--stop-at-eos", action="store_true",
                    help="end each output at EOS (default: run to --max-new-tokens, as "
                         "`mcsd eval --ignore-eos` decodes)")
     p.add_argument("--traces", type=Path, default=None,
-                   help="JSON cache of greedy outputs: reused where it holds a prompt, "
-                        "extended where not (outputs of another target are refused)")
+                   help="JSON cache of the target's outputs: reused where it holds a prompt, "
+                        "extended where not (outputs of another target, length, temperature or "
+                        "seed are refused)")
+    p.add_argument("--check", type=int, default=0, metavar="N",
+                   help="then decode N held-out prompts per category end to end with ar, "
+                        "static copy lengths and the policy, and compare replayed with measured "
+                        "speed (written to check.json; default %(default)s: no check)")
     p.add_argument("--out", type=Path, required=True, help="folder to write the policy to")
     p.add_argument("--force", action="store_true", help="replace an existing --out folder")
-    p.add_argument("--seed", type=int, default=0, help="LightGBM seed (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of LightGBM, of sampled outputs and of the check's decoding "
+                        "(default %(default)s)")
     add_chat_arg(p)
     add_threads_arg(p)
     p.set_defaults(func=run)
@@ -71,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     if min(args.limit, args.eval_limit, args.max_copy, args.min_ngram, args.max_new_tokens) < 1:
         raise MCSDError("--limit, --eval-limit, --max-copy, --min-ngram and --max-new-tokens "
                         "must be positive")
+    if args.temperature < 0 or args.check < 0:
+        raise MCSDError("--temperature and --check must be >= 0 (0: greedy; no check)")
+    if args.check and not args.eval_prompts:
+        raise MCSDError("--check decodes held-out prompts: name them with --eval-prompts")
     if args.min_ngram > 4:
         raise MCSDError("--min-ngram: matches are of 1..4 tokens; use 4 at most")
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
@@ -85,15 +101,20 @@ def run(args: argparse.Namespace) -> int:
     train_domains = load_domains(args.prompts, args.limit, by_category=False)
     eval_domains = (load_domains(args.eval_prompts, args.eval_limit)
                     if args.eval_prompts else {})
+    if both := sorted(set(train_domains) & set(eval_domains)):
+        raise MCSDError(f"--eval-prompts has a category named like a training set "
+                        f"({', '.join(both)}): held-out prompts must come from other sets")
     apply_threads(args)
     pair = pair_from_args(args)
-    cache = TraceCache(args.traces, args.target, args.max_new_tokens, args.stop_at_eos)
+    cache = TraceCache(args.traces, args.target, args.max_new_tokens, args.stop_at_eos,
+                       args.temperature, args.seed)
     traces = {name: cache.get(pair, prompts, args.chat, name)
               for name, (_, prompts) in (train_domains | eval_domains).items()}
     train = [t for name in train_domains for t in traces[name]]
     print(f"training on {len(train)} outputs ({sum(len(t.tokens) for t in train)} tokens)",
           flush=True)
     policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed)
+    policy.temperature = args.temperature
     report = replay_report(policy, costs, traces, set(train_domains))
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -101,7 +122,16 @@ def run(args: argparse.Namespace) -> int:
                                  "target": args.target, "profile": str(args.profile),
                                  "max_new_tokens": args.max_new_tokens, "report": report})
     print_report(report, policy.rate)
-    print(f"-> {args.out} (decode with `mcsd eval --methods lookup-learned:{args.out}`)")
+    print(f"-> {args.out} (decode with `mcsd eval --methods lookup-learned:{args.out}`)",
+          flush=True)
+    if args.check:
+        from train.copy_check import capped, end_to_end_check, format_check
+
+        statics = capped([f"lookup:{DEPLOY[0]}:{DEPLOY[1]}", *CHECK_STATICS], policy.max_copy)
+        check = end_to_end_check(pair, policy, {n: traces[n] for n in eval_domains}, statics,
+                                 args.check, args.seed, progress=True)
+        (args.out / "check.json").write_text(json.dumps(check, indent=1))
+        print(format_check(check))
     return 0
 
 
@@ -146,13 +176,15 @@ def print_report(report: list[dict], rate: float) -> None:
 
 
 class TraceCache:
-    """Greedy outputs by prompt, kept in a JSON file when one is given."""
+    """The target's outputs by prompt, kept in a JSON file when one is given."""
 
     def __init__(self, path: Path | None, target: str, max_new_tokens: int,
-                 stop_at_eos: bool) -> None:
+                 stop_at_eos: bool, temperature: float = 0.0, seed: int = 0) -> None:
         self.path = path
         self.key = {"target": target, "max_new_tokens": max_new_tokens,
                     "stop_at_eos": stop_at_eos}
+        if temperature > 0:  # greedy outputs need neither
+            self.key |= {"temperature": temperature, "seed": seed}
         self.traces: dict[str, list] = {}
         if path is not None and path.exists():
             try:
@@ -166,14 +198,15 @@ class TraceCache:
 
     def get(self, pair, prompts: list, chat: str, name: str) -> list:
         from mcsd_runtime.evaluate.runners import encode_prompt
-        from train.copy_length import Trace, greedy_traces
+        from train.copy_length import Trace, target_traces
 
         ids = [encode_prompt(pair, p, chat) for p in prompts]
         keys = [hashlib.sha1(json.dumps(i).encode()).hexdigest() for i in ids]
         todo = [i for i, k in zip(ids, keys, strict=True) if k not in self.traces]
         if todo:
-            made = greedy_traces(pair, todo, self.key["max_new_tokens"],
-                                 self.key["stop_at_eos"], desc=f"greedy outputs: {name}")
+            made = target_traces(pair, todo, self.key["max_new_tokens"],
+                                 self.key.get("temperature", 0.0), self.key.get("seed", 0),
+                                 self.key["stop_at_eos"], desc=f"target outputs: {name}")
             for t in made:
                 self.traces[hashlib.sha1(json.dumps(t.prompt).encode()).hexdigest()] = [
                     t.tokens, t.conf]

@@ -1,15 +1,16 @@
 """Training a learned prompt-lookup copy length (`mcsd_runtime.stop.copy_length`).
 
-Prompt lookup under greedy decoding is lossless, so the target's own greedy output decides what
-every copy would have accepted: one greedy pass per prompt (with the target's top-1 probability
-at each token) is replayed under a profiled cost per step. The model's rows come from walking
-each output under a few fixed copy rules (every length of each match visited, labelled
-"accepted at least i tokens"); the exchange rate is then tuned on the same outputs until it
-equals the throughput the policy reaches (Dinkelbach's iteration for a ratio objective).
+Prompt lookup is lossless, so the target's own output decides what every copy would have
+accepted: one pass per prompt (greedy, or sampled at the decoding temperature; with the target's
+top-1 probability at each token) is replayed under a profiled cost per step. The model's rows
+come from walking each output under a few fixed copy rules (every length of each match visited,
+labelled "accepted at least i tokens"); the exchange rate is then tuned on the same outputs until
+it equals the throughput the policy reaches (Dinkelbach's iteration for a ratio objective).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -28,7 +29,8 @@ RATE_ROUNDS = 4
 
 @dataclass
 class Trace:
-    """A prompt, the target's greedy output and its top-1 probability at each output token."""
+    """A prompt, the target's output (greedy, or sampled at the decoder's temperature) and the
+    target's top-1 probability (at temperature 1, as the decoder reports it) at each token."""
 
     prompt: list[int]
     tokens: list[int]
@@ -36,21 +38,33 @@ class Trace:
 
 
 @torch.no_grad()
-def greedy_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int,
-                  stop_at_eos: bool = False, desc: str = "greedy outputs") -> list[Trace]:
-    """The target's greedy output of each prompt, token by token with its cache."""
+def target_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int,
+                  temperature: float = 0.0, seed: int = 0, stop_at_eos: bool = False,
+                  desc: str = "target outputs") -> list[Trace]:
+    """The target's output of each prompt, token by token with its cache: greedy at temperature
+    0, else sampled (each prompt's generator seeded from `seed` and its tokens: an output does
+    not depend on the prompts beside it).
+
+    A sampled output replays lossless lookup exactly: a copied token is accepted with the
+    target's probability of it, and on rejection the token comes from the target's other
+    tokens, so "the copy was accepted" is "the copy equals the output's token"."""
     from transformers import DynamicCache
 
     model, out = pair.target, []
     for ids in progress(prompts, desc=desc, unit="prompt"):
         cache, tokens, conf = DynamicCache(), [], []
+        gen = torch.Generator(device=pair.device).manual_seed(seed + zlib.crc32(str(ids).encode()))
         x = torch.tensor([ids], device=pair.device)
         for _ in range(max_new_tokens):
             logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
             p = torch.softmax(logits.float(), -1)
-            token = int(p.argmax())
+            if temperature > 0:
+                sampling = torch.softmax(logits.float() / temperature, -1)
+                token = int(torch.multinomial(sampling, 1, generator=gen))
+            else:
+                token = int(p.argmax())
             tokens.append(token)
-            conf.append(float(p[token]))
+            conf.append(float(p.max()))
             if stop_at_eos and token in pair.eos_token_ids:
                 break
             x = torch.tensor([[token]], device=pair.device)
@@ -76,13 +90,15 @@ class Replay:
                         for s in range(len(trace.tokens))]
         self.accepted = [0 if m is None else _common(m.tokens, trace.tokens[s:])
                          for s, m in enumerate(self.matches)]
+        self.steps = 0  # of the last walk
 
     def walk(self, choose: Choose, costs: list[float],
              rows: list | None = None) -> float:
-        """Seconds to decode the output copying `choose(match, features)` tokens at each match;
-        with `rows`, appends (features + [i], accepted >= i) for every length i of each match."""
+        """Seconds to decode the output copying `choose(match, features)` tokens at each match
+        (`self.steps`: the walk's steps); with `rows`, appends (features + [i], accepted >= i)
+        for every length i of each match."""
         t, s, history = self.trace, 0, CopyHistory()
-        n, seconds = len(t.tokens), 0.0
+        n, seconds, self.steps = len(t.tokens), 0.0, 0
         while s < n:
             match, k, a = self.matches[s], 0, self.accepted[s]
             if match is not None and n - s > 1:  # as the decoder: never copy past the budget
@@ -94,6 +110,7 @@ class Replay:
             acc = min(a, k)
             committed = min(acc + 1, n - s)
             seconds += costs[k]
+            self.steps += 1
             history.update(k, acc, t.conf[s : s + committed])
             s += committed
         return seconds

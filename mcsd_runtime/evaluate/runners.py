@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -228,10 +229,20 @@ def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path) -> Decod
     from mcsd_runtime.stop.copy_length import CopyLength
 
     policy = CopyLength.load(folder)
+    if policy.temperature != base.temperature:
+        warnings.warn(f"{folder} was trained on outputs at temperature {policy.temperature:g} "
+                      f"and decodes at {base.temperature:g}: still lossless, but its survival "
+                      f"estimates are off (retrain with `mcsd train-lookup --temperature "
+                      f"{base.temperature:g}`)", UserWarning, stacklevel=2)
+    return DecoderRunner(learned_lookup_decoder(pair, base, policy))
+
+
+def learned_lookup_decoder(pair: Pair, base: DecodeConfig, policy) -> MCSDDecoder:
+    """The decoder of a copy length `policy` (`CopyLength`) on `base`'s budget and sampling."""
     k = policy.max_copy
     cfg = replace(base, k_config=(1,) * k, init="draft", lookup=k,
                   lookup_min_ngram=policy.min_ngram, lookup_max_ngram=policy.max_ngram)
-    return DecoderRunner(MCSDDecoder(pair, cfg, make_stopper("none"), copy_length=policy))
+    return MCSDDecoder(pair, cfg, make_stopper("none"), copy_length=policy)
 
 
 def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:

@@ -80,6 +80,7 @@ class CopyLength:
     rate: float  # tokens per second: what a second of verification must buy
     min_ngram: int = 1
     max_ngram: int = 4
+    temperature: float = 0.0  # of the outputs it was trained on (0: greedy)
 
     @property
     def max_copy(self) -> int:
@@ -98,7 +99,7 @@ class CopyLength:
         (folder / MODEL_FILE).write_text(booster_text)
         spec = {"format": FORMAT, "version": 1, "features": list(FEATURES), "costs": self.costs,
                 "rate": self.rate, "min_ngram": self.min_ngram, "max_ngram": self.max_ngram,
-                **(meta or {})}
+                "temperature": self.temperature, **(meta or {})}
         tmp = folder / (SPEC_FILE + ".tmp")
         tmp.write_text(json.dumps(spec, indent=1))
         tmp.replace(folder / SPEC_FILE)  # written last: a folder with it is complete
@@ -112,7 +113,8 @@ class CopyLength:
         spec = read_spec(folder)
         booster = load_lightgbm(folder / MODEL_FILE)
         return cls(booster, [float(c) for c in spec["costs"]], float(spec["rate"]),
-                   int(spec["min_ngram"]), int(spec["max_ngram"]))
+                   int(spec["min_ngram"]), int(spec["max_ngram"]),
+                   float(spec.get("temperature", 0.0)))
 
 
 def read_spec(folder: str | Path) -> dict:

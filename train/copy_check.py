@@ -1,0 +1,119 @@
+"""Check the copy-length replay against reality: decode held-out prompts end to end with `ar`,
+static `lookup:K:N` methods and the learned policy (every method in a fresh random order per
+prompt, after a warm-up), and compare the decode-phase tokens/s replay predicts with what was
+measured (the prefill, which no copy length changes, is left out on both sides).
+
+Under greedy decoding the decoder's output is the trace's, so replay and decoder take the same
+steps: their step counts must agree exactly, and the time error is the cost model's alone. When
+sampling, the decoder draws other outputs than the traces and only totals compare.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+
+from mcsd_runtime import metrics
+from mcsd_runtime.decode.state import DecodeConfig
+from mcsd_runtime.progress import progress as progress_bar
+from mcsd_runtime.stop.copy_length import CopyLength
+from train.copy_length import Replay, Trace, copy_all
+
+LEARNED = "learned"
+
+
+def _replayed(name: str, trace: Trace, policy: CopyLength, costs: list[float]
+              ) -> tuple[float, int]:
+    """Replayed decode seconds and steps of one method on one output."""
+    if name == "ar":
+        return len(trace.tokens) * costs[0], len(trace.tokens)
+    if name == LEARNED:
+        r = Replay(trace, policy.max_copy, policy.min_ngram, policy.max_ngram)
+        return r.walk(policy.choose, costs), r.steps
+    k, n = (int(v) for v in name.split(":")[1:])
+    r = Replay(trace, k, n, 4)
+    return r.walk(copy_all(k), costs[: k + 1]), r.steps
+
+
+def end_to_end_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
+                     statics: Sequence[str], limit: int = 4, seed: int = 0,
+                     progress: bool = False) -> dict:
+    """Replayed against measured decode tokens/s of `ar`, each static (`lookup:K:N`) and the
+    policy on the first `limit` outputs of every category in `traces` (decoded to the outputs'
+    length, at the policy's temperature, EOS ignored)."""
+    from mcsd_runtime.evaluate.runners import build_method, learned_lookup_decoder
+
+    chosen = [(cat, t) for cat, outs in traces.items() for t in outs[:limit]]
+    n_tokens = len(chosen[0][1].tokens)
+    base = DecodeConfig(max_new_tokens=n_tokens, temperature=policy.temperature, eos_token_ids=(),
+                        seed=seed)
+    decoders = {name: build_method(name, pair, base).decoder for name in ("ar", *statics)}
+    decoders[LEARNED] = learned_lookup_decoder(pair, base, policy)
+    for dec in decoders.values():  # warm-up
+        dec.generate(chosen[0][1].prompt)
+    order = random.Random(seed)
+    measured = {name: {"tokens": 0, "seconds": 0.0, "steps": 0} for name in decoders}
+    per_cat: dict[str, dict[str, list[float]]] = {}
+    for cat, trace in progress_bar(chosen, desc="end-to-end check", unit="prompt",
+                                   disable=not progress):
+        names = list(decoders)
+        order.shuffle(names)
+        for name in names:
+            out = decoders[name].generate(trace.prompt)
+            m = measured[name]
+            m["tokens"] += out.stats.new_tokens
+            m["seconds"] += out.stats.decode_time
+            m["steps"] += len(out.steps)
+            tps = metrics.throughput(out.stats.new_tokens, out.stats.decode_time)
+            per_cat.setdefault(cat, {}).setdefault(name, []).append(tps)
+    rows = {}
+    for name, m in measured.items():
+        seconds = steps = 0
+        for _, trace in chosen:
+            s, k = _replayed(name, trace, policy, policy.costs)
+            seconds, steps = seconds + s, steps + k
+        tokens = sum(len(t.tokens) for _, t in chosen)
+        replayed, real = metrics.throughput(tokens, seconds), metrics.throughput(
+            m["tokens"], m["seconds"])
+        rows[name] = {"replayed": replayed, "measured": real, "error": replayed / real - 1,
+                      "steps_replayed": steps, "steps_measured": m["steps"]}
+    # a common factor (the machine busier or quieter than when profiled) moves every method
+    # alike and leaves decisions unchanged: the error once it is divided out
+    common = math.exp(statistics.mean(math.log(1 + r["error"]) for r in rows.values()))
+    for r in rows.values():
+        r["relative_error"] = (1 + r["error"]) / common - 1
+    deploy = statics[0]
+    categories = {cat: metrics.paired_speedup(by[LEARNED], by[deploy])["geomean"]
+                  for cat, by in per_cat.items()}
+    return {"prompts": len(chosen), "temperature": policy.temperature, "deploy": deploy,
+            "per_method": rows, "common_factor": common,
+            "max_abs_error": max(abs(r["error"]) for r in rows.values()),
+            "max_abs_relative_error": max(abs(r["relative_error"]) for r in rows.values()),
+            "learned_vs_deploy_measured": categories}
+
+
+def format_check(check: dict) -> str:
+    lines = [f"replay vs end to end on {check['prompts']} held-out prompts at temperature "
+             f"{check['temperature']:g} (decode tokens/s; steps):"]
+    for name, r in check["per_method"].items():
+        lines.append(f"  {name:<12} replayed {r['replayed']:7.2f}  measured {r['measured']:7.2f}"
+                     f"  error {r['error']:+6.1%} ({r['relative_error']:+6.1%} without the "
+                     f"common factor)  steps {r['steps_replayed']} / {r['steps_measured']}")
+    lines.append(f"  common factor replayed/measured {check['common_factor']:.3f}")
+    cats = ", ".join(f"{c} {v:.3f}" for c, v in check["learned_vs_deploy_measured"].items())
+    lines.append(f"  measured learned vs {check['deploy']} by category: {cats}")
+    return "\n".join(lines)
+
+
+def capped(statics: Sequence[str], max_copy: int) -> list[str]:
+    """Static `lookup:K:N` names with K capped at the policy's `max_copy`, duplicates dropped."""
+    out: list[str] = []
+    for name in statics:
+        k, n = (int(v) for v in name.split(":")[1:])
+        name = f"lookup:{min(k, max_copy)}:{n}"
+        if name not in out:
+            out.append(name)
+    return out
+
