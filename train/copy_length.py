@@ -50,13 +50,15 @@ def target_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int,
     tokens, so "the copy was accepted" is "the copy equals the output's token"."""
     from transformers import DynamicCache
 
+    from mcsd_runtime.models.compat import cache_kwargs
+
     model, out = pair.target, []
     for ids in progress(prompts, desc=desc, unit="prompt"):
         cache, tokens, conf = DynamicCache(), [], []
         gen = torch.Generator(device=pair.device).manual_seed(seed + zlib.crc32(str(ids).encode()))
         x = torch.tensor([ids], device=pair.device)
         for _ in range(max_new_tokens):
-            logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(input_ids=x, **cache_kwargs(model, cache), use_cache=True).logits[0, -1]
             p = torch.softmax(logits.float(), -1)
             if temperature > 0:
                 sampling = torch.softmax(logits.float() / temperature, -1)

@@ -111,12 +111,14 @@ def _context_caches(pair, sizes: list[int], context: int, gen) -> dict:
     import torch
     from transformers import DynamicCache
 
+    from mcsd_runtime.models.compat import cache_kwargs
+
     caches = {}
     for b in sizes:
         ctx_ids = torch.randint(0, pair.vocab_size, (b, context), generator=gen).to(pair.device)
         for name, model in (("target", pair.target), ("draft", pair.draft)):
             caches[(name, b)] = DynamicCache()
-            model(input_ids=ctx_ids, past_key_values=caches[(name, b)], use_cache=True,
+            model(input_ids=ctx_ids, **cache_kwargs(model, caches[(name, b)]), use_cache=True,
                   logits_to_keep=1)
     return caches
 
@@ -129,6 +131,7 @@ def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, r
     import torch
 
     from mcsd_runtime.decode.decoder import causal_bias
+    from mcsd_runtime.models.compat import cache_kwargs
     from mcsd_runtime.progress import progress as progress_bar
 
     dev = pair.device
@@ -146,7 +149,7 @@ def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, r
                 mask = torch.cat([torch.zeros(n, context, dtype=pair.dtype, device=dev),
                                   block[:n, :n]], -1)[None, None].expand(b, 1, n, context + n)
                 models[name](input_ids=ids, position_ids=pos, attention_mask=mask,
-                             past_key_values=caches[(name, b)], use_cache=True)
+                             **cache_kwargs(models[name], caches[(name, b)]), use_cache=True)
                 if r:
                     samples[(name, b, n)].append(log[-1][3])
                 caches[(name, b)].crop(-n)  # transformers 5: a negative count removes tokens

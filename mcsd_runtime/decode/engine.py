@@ -73,6 +73,7 @@ from mcsd_runtime.decode.state import (
 )
 from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.models.compat import cache_kwargs
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.contract import StepStart, Stopper
 from mcsd_runtime.stop.copy_length import CopyHistory, features
@@ -735,7 +736,7 @@ class Engine:
             torch.cuda.synchronize()  # sync: timing forwards on a GPU (profile=True)
         t0 = time.perf_counter()
         out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                    past_key_values=cache.cache, use_cache=True, logits_to_keep=keep,
+                    **cache_kwargs(model, cache.cache), use_cache=True, logits_to_keep=keep,
                     output_hidden_states=hidden)
         if sync:
             torch.cuda.synchronize()  # sync: as above

@@ -22,6 +22,7 @@ of speculative verification cannot reproduce, and pairs whose vocabularies diffe
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import weakref
 from dataclasses import dataclass
@@ -111,9 +112,11 @@ def _check_inputs(model, input_ids: torch.Tensor, model_kwargs: dict) -> None:
     if mask is not None and not bool(mask.all()):
         raise MCSDError("the attention_mask masks some prompt tokens: pass the prompt without "
                         "padding (batch size 1)")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and cache.get_seq_length():
-        raise MCSDError("MCSD generate() starts from an empty cache: do not pass past_key_values")
+    for name in ("past_key_values", "cache"):  # `cache` from transformers 5.24
+        cache = model_kwargs.get(name)
+        if cache is not None and cache.get_seq_length():
+            raise MCSDError("MCSD generate() starts from an empty cache: do not pass "
+                            "past_key_values (or cache)")
 
 
 def _check_config(cfg, logits_processor) -> None:
@@ -227,7 +230,7 @@ def _generate_argument(name: str):
     """An argument of the `GenerationMixin.generate` call that called us. transformers 5 passes
     a callable `custom_generate` neither the streamer nor the tokenizer, so the streamer is read
     from that call's frame (None when called some other way)."""
-    code = getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate).__code__
+    code = inspect.unwrap(GenerationMixin.generate).__code__  # under its decorators
     frame = sys._getframe(1)
     for _ in range(8):
         if frame is None:

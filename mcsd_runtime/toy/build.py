@@ -322,9 +322,15 @@ def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: 
     """Median ms of one decode step (one new token, KV cache of len(context)) for each model,
     measured in alternating blocks of 20 so that background load affects both alike; stops
     early after `max_seconds`."""
+    from transformers import DynamicCache
+
+    from mcsd_runtime.models.compat import cache_kwargs
+
     times: list[list[float]] = [[], []]
     models = (target, draft)
-    caches = [m(input_ids=context[None], use_cache=True).past_key_values for m in models]
+    caches = [DynamicCache() for _ in models]
+    for m, cache in zip(models, caches, strict=True):
+        m(input_ids=context[None], **cache_kwargs(m, cache), use_cache=True)
     token = context[-1:][None]
     budget = LATENCY_MAX_SECONDS if max_seconds is None else max_seconds
     deadline = time.perf_counter() + budget
@@ -333,7 +339,7 @@ def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: 
         for k, model in enumerate(models):
             for _ in range(20):
                 t0 = time.perf_counter()
-                model(input_ids=token, past_key_values=caches[k], use_cache=True)
+                model(input_ids=token, **cache_kwargs(model, caches[k]), use_cache=True)
                 elapsed = time.perf_counter() - t0
                 caches[k].crop(-1)
                 if block >= 1:  # the first block warms up
