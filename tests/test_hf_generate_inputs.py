@@ -14,6 +14,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.models.compat import cache_kwargs
 from mcsd_runtime.models.hf import generate as mcsd_generate
 from mcsd_runtime.stop.artifact import FORMAT
 from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
@@ -60,10 +61,10 @@ def test_inputs_embeds_are_refused(pair):
 def test_a_filled_cache_is_refused(pair):
     cache = DynamicCache()
     with torch.no_grad():
-        pair.target(torch.tensor([PROMPT]), past_key_values=cache, use_cache=True)
+        pair.target(torch.tensor([PROMPT]), **cache_kwargs(pair.target, cache), use_cache=True)
     assert cache.get_seq_length() == len(PROMPT)
     with pytest.raises(MCSDError, match="do not pass past_key_values"):
-        run(pair, past_key_values=cache)
+        run(pair, **cache_kwargs(pair.target, cache))  # the name this transformers takes
 
 
 def test_draft_of_another_dtype_is_refused(pair):
