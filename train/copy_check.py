@@ -85,13 +85,13 @@ def end_to_end_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
     for r in rows.values():
         r["relative_error"] = (1 + r["error"]) / common - 1
     deploy = statics[0]
-    categories = {cat: metrics.paired_speedup(by[LEARNED], by[deploy])["geomean"]
+    categories = {cat: metrics.paired_speedup(by[LEARNED], by[deploy])
                   for cat, by in per_cat.items()}
     return {"prompts": len(chosen), "temperature": policy.temperature, "deploy": deploy,
             "per_method": rows, "common_factor": common,
             "max_abs_error": max(abs(r["error"]) for r in rows.values()),
             "max_abs_relative_error": max(abs(r["relative_error"]) for r in rows.values()),
-            "learned_vs_deploy_measured": categories}
+            "learned_vs_deploy_measured": categories, "per_prompt_tokens_per_s": per_cat}
 
 
 def format_check(check: dict) -> str:
@@ -102,8 +102,9 @@ def format_check(check: dict) -> str:
                      f"  error {r['error']:+6.1%} ({r['relative_error']:+6.1%} without the "
                      f"common factor)  steps {r['steps_replayed']} / {r['steps_measured']}")
     lines.append(f"  common factor replayed/measured {check['common_factor']:.3f}")
-    cats = ", ".join(f"{c} {v:.3f}" for c, v in check["learned_vs_deploy_measured"].items())
-    lines.append(f"  measured learned vs {check['deploy']} by category: {cats}")
+    lines.append(f"  measured learned vs {check['deploy']} by category (paired, 95% CI):")
+    for cat, v in check["learned_vs_deploy_measured"].items():
+        lines.append(f"    {cat:<20} {v['geomean']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]")
     return "\n".join(lines)
 
 
