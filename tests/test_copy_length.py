@@ -16,7 +16,7 @@ from mcsd_runtime.decode.lookup import find_match
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
-from train.copy_length import Replay, fit, step_costs, target_traces
+from train.copy_length import Replay, Trace, fit, step_costs, target_traces
 
 REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
 PROMPTS = [REPEATING, [1, 2, 3, 4, 1, 2, 3], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8], [4, 5, 4, 5, 4]]
@@ -202,6 +202,26 @@ def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
     se = np.hypot(real[1], sampled[1])
     assert abs(real[0] - sampled[0]) < 3 * se
     assert abs(real[0] - replayed(target_traces(pair, [REPEATING], 30)[0])) > 3 * se
+
+
+def test_a_sampled_decode_replays_its_own_output_step_for_step(pair):
+    """Under sampling a copy is accepted exactly when it equals the token the decoder commits,
+    so replaying the decoder's own output takes its steps, each one; another draw's output
+    does not."""
+    cfg = DecodeConfig(k_config=(1,) * 4, lookup=4, lookup_min_ngram=1, temperature=1.0,
+                       max_new_tokens=30, eos_token_ids=())
+    dec = MCSDDecoder(pair, cfg, "none")
+    outs = [dec.generate(REPEATING, seed=s) for s in range(8)]
+
+    def replayed(tokens: list[int]) -> int:
+        r = Replay(Trace(REPEATING, tokens, [0.5] * len(tokens)), 4, 1, 4)
+        r.walk(lambda match, feats: 4, COSTS[:5])
+        return r.steps
+
+    assert len({len(o.steps) for o in outs}) > 1  # the draws differ
+    for out in outs:
+        assert replayed(out.token_ids) == len(out.steps)
+    assert any(replayed(a.token_ids) != len(b.steps) for a, b in zip(outs, outs[1:], strict=False))
 
 
 def test_the_end_to_end_check_takes_the_replays_steps(pair):
