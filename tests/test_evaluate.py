@@ -241,3 +241,53 @@ def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
             in report)
     ar_line = next(line for line in report.splitlines() if line.startswith("| ar | "))
     assert f"| {rows['ar']['target_nll']:.3f} |" in ar_line
+
+
+def test_a_prompts_samples_are_paired_as_one_unit():
+    """Speed per prompt is its samples' tokens over their seconds: 100 tokens in 1 s and in 4 s
+    make 40 tokens/s (not the mean rate, 62.5, nor the last sample's, 25)."""
+    from mcsd_runtime.evaluate.record import Record
+    from mcsd_runtime.evaluate.stats import paired_geomean, tps_by_unit
+
+    def rec(method: str, seconds: float, sample: int) -> Record:
+        return Record(method, "p0", [1], 100, seconds, 1, 0, 0, 0, None, True, [], sample=sample)
+
+    mine = [rec("lookup", 1.0, 0), rec("lookup", 4.0, 1)]
+    assert tps_by_unit(mine) == {"p0": pytest.approx(40.0)}
+    ar = [rec("ar", 2.5, 0), rec("ar", 2.5, 1)]
+    assert paired_geomean(mine, ar)["geomean"] == pytest.approx(1.0)
+
+
+def test_samples_decode_every_prompt_under_each_seed(toy_pair):
+    from mcsd_runtime.evaluate.stats import paired_geomean
+
+    prompts = load_prompts("toy-code", limit=2)
+    base = DecodeConfig(max_new_tokens=12, temperature=1.0, seed=5, eos_token_ids=())
+    records = run_eval(toy_pair, prompts, ["ar", "mcsd:2,1"], base, progress=False, samples=3)
+    assert len(records) == 2 * 2 * 3
+    assert {(r.method, r.prompt_id, r.sample) for r in records} == {
+        (m, p.id, s) for m in ("ar", "mcsd:2,1") for p in prompts for s in range(3)}
+    # sample 0 is the run without --samples; the others are other draws
+    alone = run_eval(toy_pair, prompts[:1], ["ar"], base, progress=False)
+    firsts = [r.token_ids for r in records if (r.method, r.prompt_id) == ("ar", prompts[0].id)]
+    assert firsts[0] == alone[0].token_ids
+    assert len({tuple(t) for t in firsts}) > 1
+    by = {m: [r for r in records if r.method == m] for m in ("ar", "mcsd:2,1")}
+    assert paired_geomean(by["mcsd:2,1"], by["ar"])["n"] == 2  # paired per prompt
+    rows = {r["method"]: r for r in summarize(records, greedy=False)}
+    assert rows["mcsd:2,1"]["prompts"] == 2 and rows["mcsd:2,1"]["new_tokens"] == 6 * 12
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--samples", "2"], "needs --temperature > 0"),
+    (["--samples", "0"], "--samples must be at least 1"),
+    (["--samples", "2", "--temperature", "0.7", "--batch-size", "2"], "drop --batch-size"),
+])
+def test_bad_samples_are_refused_before_decoding(toy_tiny, tmp_path, capsys, argv, message):
+    code = mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--methods", "ar,mcsd:2,1", "--out",
+                 str(tmp_path / "x"), *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()

@@ -132,6 +132,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "methods then leave out those that decode one sequence at a time: hf, "
                         "hf-assisted, mcsd-target-init). Several, e.g. 1,4,8,16: one run per "
                         "batch size and a table across them (batches.md)")
+    p.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="at --temperature > 0: decode every prompt N times with every method "
+                        "(seeds --seed, --seed+1, ...), speed paired per prompt over all its "
+                        "samples; one sampled output's length in steps varies too much for a "
+                        "comparison on a few prompts (default %(default)s)")
     add_threads_arg(p)
     p.set_defaults(func=run)
 
@@ -139,7 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
 
-    from mcsd_runtime.evaluate.loop import run_eval
+    from mcsd_runtime.evaluate.loop import check_samples, run_eval
     from mcsd_runtime.evaluate.methods import (
         SINGLE_SEQUENCE,
         check_batch_methods,
@@ -172,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
         raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
     check_batch_methods(methods, args.batch_size)
     base = decode_config_from_args(args, k_config=k_config)
+    check_samples(args.samples, base.temperature, args.batch_size)
+    if args.samples > 1 and args.drafts is not None:
+        raise MCSDError("--samples > 1 is not supported with --drafts: run one draft at a time")
     if args.drafts is not None:  # several drafts: mcsd_runtime.evaluate.multi_draft
         from mcsd_runtime.evaluate.multi_draft import run_drafts
 
@@ -192,9 +200,10 @@ def run(args: argparse.Namespace) -> int:
     out = output_folder(args)
     pair = pair_from_args(args)
     fmt = check_formats(args, methods, pair, {spec: prompts})[spec]
-    print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens",
-          flush=True)
-    records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=args.batch_size)
+    print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens"
+          + (f" x {args.samples} samples" if args.samples > 1 else ""), flush=True)
+    records = run_eval(pair, prompts, methods, base, chat=args.chat, batch_size=args.batch_size,
+                       samples=args.samples)
     rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
     settings = _settings(args, pair, base, args.prompts, len(prompts), fmt)
     stoppers = stopper_results(methods)
@@ -332,7 +341,7 @@ def run_domains(args: argparse.Namespace, methods: list[str], base,
     for name, (spec, prompts) in domains.items():
         print(f"{name}: {len(prompts)} prompts x {len(methods)} methods")
         records = run_eval(pair, prompts, methods, base, chat=args.chat,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, samples=args.samples)
         rows = summarize(records, greedy=base.temperature == 0, reference=args.reference)
         cats = {p.category for p in prompts}
         settings = _settings(args, pair, base, spec, len(prompts), formats[name]) | {
@@ -362,7 +371,7 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
             "max_new_tokens": base.max_new_tokens, "seed": base.seed,
             "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
             "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-            "batch_size": args.batch_size}
+            "batch_size": args.batch_size, "samples": getattr(args, "samples", 1)}
 
 
 def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:

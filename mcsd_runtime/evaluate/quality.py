@@ -102,8 +102,11 @@ def summary(records: list, ar: list | None) -> dict:
         return {"target_nll": None, "target_nll_vs_ar": None,
                 "ci_target_nll_vs_ar": [None, None], "target_top1_share": None,
                 "repeat4_share": None, "loop_share": None}
-    ar_by_prompt = {r.prompt_id: r.target_nll for r in ar or []
-                    if getattr(r, "target_nll", None) is not None}
+    ar_nll: dict[str, list[float]] = {}  # a prompt's sampled outputs: their mean
+    for r in ar or []:
+        if getattr(r, "target_nll", None) is not None:
+            ar_nll.setdefault(r.prompt_id, []).append(r.target_nll)
+    ar_by_prompt = {p: sum(v) / len(v) for p, v in ar_nll.items()}
     diffs = [r.target_nll - ar_by_prompt[r.prompt_id] for r in scored
              if r.prompt_id in ar_by_prompt and not math.isnan(r.target_nll)
              and not math.isnan(ar_by_prompt[r.prompt_id])]

@@ -31,6 +31,7 @@ class Record:
     target_nll: float | None = None  # target NLL per new token (mcsd_runtime.evaluate.quality)
     target_top1_share: float | None = None  # share of new tokens that are the target's top-1
     repeat_share: float | None = None  # share of the output's 4-grams seen earlier in it
+    sample: int = 0  # which of a prompt's sampled decodes (`--samples`; seed = --seed + sample)
 
     @property
     def tokens_per_s(self) -> float:

@@ -30,8 +30,16 @@ def group_by_method(records: list[Record]) -> dict[str, list[Record]]:
 
 
 def tps_by_unit(records: list[Record]) -> dict[str, float]:
-    """Throughput per pairing unit: per prompt, or per batch (its records share one)."""
-    return {r.unit: r.tokens_per_s for r in records}
+    """Throughput per pairing unit: per batch (its records share one), or per prompt, over all
+    its samples (their tokens over their seconds)."""
+    out, tokens, seconds = {}, {}, {}
+    for r in records:
+        if r.batch_tokens_per_s is not None:
+            out[r.unit] = r.batch_tokens_per_s
+        else:
+            tokens[r.unit] = tokens.get(r.unit, 0) + r.new_tokens
+            seconds[r.unit] = seconds.get(r.unit, 0.0) + r.wall_time
+    return out | {u: metrics.throughput(tokens[u], seconds[u]) for u in tokens}
 
 
 def paired(recs: list[Record], ref: list[Record], greedy: bool) -> dict:
@@ -95,7 +103,7 @@ def summarize(records: list[Record], greedy: bool, reference: str | None = None)
         twin = decoder_twin(method, list(by_method))
         rows.append({
             "method": method,
-            "prompts": len(recs),
+            "prompts": len({r.prompt_id for r in recs}),
             "tokens_per_s_median": statistics.median(tps),
             "tokens_per_s_p25": _quantile(tps, 0.25),
             "tokens_per_s_p75": _quantile(tps, 0.75),
