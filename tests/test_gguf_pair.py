@@ -351,6 +351,20 @@ def test_smollm2_without_the_package_or_the_hub_says_what_to_install(monkeypatch
     assert pair_names("smollm2") == ("HuggingFaceTB/SmolLM2-135M-Instruct", "/drafts/distilled")
 
 
+def test_a_draft_is_distilled_from_smollm2_by_name(tmp_path, files, cache, monkeypatch):
+    from mcsd_runtime.distill.target import resolve_target
+
+    monkeypatch.setattr(named, "hub_available", lambda repo: pytest.fail("asked the hub"))
+    fake_package(tmp_path / "site", files["target"])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    folder = resolve_target("smollm2")
+    assert folder.parent == cache and (folder / "config.json").is_file()
+    monkeypatch.setattr(named, "package_gguf", lambda package: None)
+    monkeypatch.setattr(named, "hub_available", lambda repo: True)
+    with pytest.raises(MCSDError, match=r"resolves to the hub model HuggingFaceTB/"):
+        resolve_target("smollm2")
+
+
 def test_the_hub_is_not_asked_in_offline_mode(monkeypatch):
     import huggingface_hub
 

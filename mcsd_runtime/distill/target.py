@@ -13,12 +13,14 @@ from mcsd_runtime.errors import MCSDError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 TARGET_HELP = ("pass a local model folder (written by save_pretrained, or holding one .gguf "
-               "file) or toy / toy:tiny for the embedded toy target")
+               "file), smollm2, or toy / toy:tiny for the embedded toy target")
 
 
 def resolve_target(target: str | Path) -> Path:
-    """The folder of `target`: a toy spec's target folder (the toy pair is built if needed) or
-    an existing local folder (MCSDError naming what is accepted otherwise)."""
+    """The folder of `target`: a toy spec's target folder (the toy pair is built if needed), a
+    named real model's converted folder (`models.named`), or an existing local folder
+    (MCSDError naming what is accepted otherwise)."""
+    from mcsd_runtime.models.named import is_named, resolve_named
     from mcsd_runtime.toy.spec import is_toy_spec
 
     name = str(target)
@@ -26,6 +28,12 @@ def resolve_target(target: str | Path) -> Path:
         from mcsd_runtime.toy.build import resolve_toy
 
         return Path(resolve_toy(name)[0])
+    if is_named(name):
+        resolved = resolve_named(name)
+        if not Path(resolved).is_dir():
+            raise MCSDError(f"{name} resolves to the hub model {resolved}, which is not a local "
+                            f"folder: install its package to distil from it, or pass a folder")
+        return Path(resolved)
     path = Path(name).expanduser()
     if not path.is_dir():
         raise MCSDError(f"unknown target {name!r}: {TARGET_HELP}")
