@@ -80,7 +80,10 @@ def test_recipe_hash_changes_with_each_field_and_the_target():
                "gen_batch": 5, "prompts": "toy-code", "prompt_limit": 3, "text_tokens": 2001,
                "heldout_text_tokens": 501, "top_k": 9, "steps": 13, "batch_size": 5,
                "seq_len": 65, "lr": 1e-3, "warmup_frac": 0.2, "ce_weight": 0.3,
-               "train_embeddings": True, "seed": 1, "precision": "bf16-mixed"}
+               "train_embeddings": True, "seed": 1,
+               # `auto` hashes as what it resolves to on this machine: change to the other one
+               "precision": "32-true" if base.resolved().precision == "bf16-mixed"
+               else "bf16-mixed"}
     for key, value in changed.items():
         other = replace(base, **{key: value})
         assert other.hash12(FP) != base.hash12(FP), key
@@ -90,6 +93,8 @@ def test_recipe_hash_changes_with_each_field_and_the_target():
     assert base.hash12({**FP, "weights": "x"}) != base.hash12(FP)
     assert base.data_hash12({**FP, "weights": "x"}) != base.data_hash12(FP)
     assert get_recipe("tiny").hash12(FP) == base.hash12(FP)  # stable
+    assert base.resolved().precision != "auto"
+    assert replace(base, precision=base.resolved().precision).hash12(FP) == base.hash12(FP)
 
 
 def test_recipe_errors():

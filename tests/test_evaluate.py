@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 
 from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register
@@ -210,8 +211,11 @@ def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
 
     records = [json.loads(line) for line in
                (eval_dir / "per_prompt.jsonl").read_text().splitlines()]
-    rows = {m["method"]: m for m in json.loads((eval_dir / "summary.json").read_text())["methods"]}
-    target = AutoModelForCausalLM.from_pretrained(toy_tiny / "target").eval()
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    rows = {m["method"]: m for m in summary["methods"]}
+    # scored in the precision the run decoded in (`--dtype auto`: bf16 where the CPU has it)
+    dtype = getattr(torch, summary["settings"]["dtype"])
+    target = AutoModelForCausalLM.from_pretrained(toy_tiny / "target", dtype=dtype).eval()
     tok = AutoTokenizer.from_pretrained(toy_tiny / "target")
     prompts = {p.id: tok(p.text)["input_ids"] for p in load_prompts("toy-code", limit=3)}
     ar = {r["prompt_id"]: r for r in records if r["method"] == "ar"}
