@@ -73,8 +73,14 @@ def chat_data(chat_target, tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------- the recipe
-def test_recipe_hash_changes_with_each_field_and_the_target():
+@pytest.mark.parametrize("flags", ["avx2", "avx2 amx_bf16"])
+def test_recipe_hash_changes_with_each_field_and_the_target(flags, tmp_path, monkeypatch):
+    from mcsd_runtime.models import cpu
+
+    (tmp_path / "cpuinfo").write_text(f"flags\t\t: {flags}\n")
+    monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "cpuinfo")
     base = get_recipe("tiny")
+    assert base.resolved().precision == ("bf16-mixed" if "amx" in flags else "32-true")
     changed = {"layers": 2, "vocab": 64, "conversations": 9, "heldout_conversations": 5,
                "query_tokens": 9, "answer_tokens": 13, "query_temperature": 0.7,
                "gen_batch": 5, "prompts": "toy-code", "prompt_limit": 3, "text_tokens": 2001,

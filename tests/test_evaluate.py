@@ -201,6 +201,36 @@ def test_paired_geomean_against_ar_and_the_best_static():
         summarize(recs, greedy=True, reference="heuristic")
 
 
+def test_on_a_cpu_with_native_bf16_auto_decodes_and_scores_in_bf16(toy_tiny, tmp_path,
+                                                                    monkeypatch):
+    """Where the CPU reports AMX, `--dtype auto` decodes in bf16, says so in the summary, and
+    scores each output with that bf16 target (rescoring in fp32 gives other NLLs)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mcsd_runtime.evaluate.quality import target_scores
+    from mcsd_runtime.models import cpu
+
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n")
+    monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "cpuinfo")
+    assert cpu.cpu_has_native_bf16()
+    out = tmp_path / "run"
+    assert mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",
+                 str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "1",
+                 "--max-new-tokens", "12", "--k-config", "2,1", "--methods", "ar,mcsd:2,1",
+                 "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["settings"]["dtype"] == "bfloat16"
+    tok = AutoTokenizer.from_pretrained(toy_tiny / "target")
+    prompt = tok(load_prompts("toy-code", limit=1)[0].text)["input_ids"]
+    target = AutoModelForCausalLM.from_pretrained(toy_tiny / "target",
+                                                  dtype=torch.bfloat16).eval()
+    fp32 = AutoModelForCausalLM.from_pretrained(toy_tiny / "target").eval()
+    for line in (out / "per_prompt.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        assert r["target_nll"] == pytest.approx(target_scores(target, prompt, r["token_ids"])[0],
+                                                abs=1e-9), r["method"]
+        assert abs(r["target_nll"] - target_scores(fp32, prompt, r["token_ids"])[0]) > 1e-6
+
+
 def test_quality_of_every_output_and_lossless_equals_ar(eval_dir, toy_tiny):
     """Every record carries the target's NLL per new token, recomputed here from its text's
     tokens; a lossless method's greedy outputs are ar's, so its NLL is ar's exactly (a lossy
