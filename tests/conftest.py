@@ -43,6 +43,18 @@ def make_pair(vocab: int = 64, eos: int | None = None, seed: int = 0, noise: flo
     return Pair(target, draft)
 
 
+def fake_cpu_flags(monkeypatch: pytest.MonkeyPatch, folder: Path, flags: str | None) -> None:
+    """Make `mcsd_runtime.models.cpu` read a two-CPU /proc/cpuinfo with these flags (None: no
+    such file), e.g. to run the native-bf16 paths on a CPU without them."""
+    from mcsd_runtime.models import cpu
+
+    info = folder / "cpuinfo"
+    if flags is not None:
+        info.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\n"
+                        f"processor\t: 1\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(cpu, "CPUINFO", info)
+
+
 @pytest.fixture(scope="session")
 def pair() -> Pair:
     return make_pair()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_pair
+from conftest import fake_cpu_flags, make_pair
 from mcsd_runtime import cli
 from mcsd_runtime.cli.draft import register as draft_register
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
@@ -75,21 +75,18 @@ def chat_data(chat_target, tmp_path_factory):
 # ------------------------------------------------------------------------------- the recipe
 @pytest.mark.parametrize("flags", ["avx2", "avx2 amx_bf16"])
 def test_recipe_hash_changes_with_each_field_and_the_target(flags, tmp_path, monkeypatch):
-    from mcsd_runtime.models import cpu
-
-    (tmp_path / "cpuinfo").write_text(f"flags\t\t: {flags}\n")
-    monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "cpuinfo")
+    fake_cpu_flags(monkeypatch, tmp_path, flags)
     base = get_recipe("tiny")
-    assert base.resolved().precision == ("bf16-mixed" if "amx" in flags else "32-true")
+    native = "amx_bf16" in flags
+    assert base.resolved().precision == ("bf16-mixed" if native else "32-true")
     changed = {"layers": 2, "vocab": 64, "conversations": 9, "heldout_conversations": 5,
                "query_tokens": 9, "answer_tokens": 13, "query_temperature": 0.7,
                "gen_batch": 5, "prompts": "toy-code", "prompt_limit": 3, "text_tokens": 2001,
                "heldout_text_tokens": 501, "top_k": 9, "steps": 13, "batch_size": 5,
                "seq_len": 65, "lr": 1e-3, "warmup_frac": 0.2, "ce_weight": 0.3,
                "train_embeddings": True, "seed": 1,
-               # `auto` hashes as what it resolves to on this machine: change to the other one
-               "precision": "32-true" if base.resolved().precision == "bf16-mixed"
-               else "bf16-mixed"}
+               # `auto` hashes as what it resolves to on this CPU: change to the other one
+               "precision": "32-true" if native else "bf16-mixed"}
     for key, value in changed.items():
         other = replace(base, **{key: value})
         assert other.hash12(FP) != base.hash12(FP), key
@@ -99,7 +96,6 @@ def test_recipe_hash_changes_with_each_field_and_the_target(flags, tmp_path, mon
     assert base.hash12({**FP, "weights": "x"}) != base.hash12(FP)
     assert base.data_hash12({**FP, "weights": "x"}) != base.data_hash12(FP)
     assert get_recipe("tiny").hash12(FP) == base.hash12(FP)  # stable
-    assert base.resolved().precision != "auto"
     assert replace(base, precision=base.resolved().precision).hash12(FP) == base.hash12(FP)
 
 

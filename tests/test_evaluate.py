@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import fake_cpu_flags
 from mcsd_runtime import cli
 from mcsd_runtime.cli.eval import register
 from mcsd_runtime.decode.decoder import DecodeConfig
@@ -210,8 +211,7 @@ def test_on_a_cpu_with_native_bf16_auto_decodes_and_scores_in_bf16(toy_tiny, tmp
     from mcsd_runtime.evaluate.quality import target_scores
     from mcsd_runtime.models import cpu
 
-    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n")
-    monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "cpuinfo")
+    fake_cpu_flags(monkeypatch, tmp_path, "fpu avx2 amx_bf16")
     assert cpu.cpu_has_native_bf16()
     out = tmp_path / "run"
     assert mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from conftest import fake_cpu_flags
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models import cpu, gguf, named
@@ -397,11 +398,7 @@ def test_a_package_with_two_gguf_files_is_refused(tmp_path, files, monkeypatch):
 def test_auto_dtype_on_cpu_is_bf16_only_with_native_bf16(tmp_path, monkeypatch, flags, native):
     from mcsd_runtime.toy.recipe import get_recipe
 
-    info = tmp_path / "cpuinfo"
-    if flags is not None:
-        info.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\n"
-                        f"processor\t: 1\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(cpu, "CPUINFO", info)
+    fake_cpu_flags(monkeypatch, tmp_path, flags)
     assert cpu.cpu_has_native_bf16() is native
     want = torch.bfloat16 if native else torch.float32
     assert pick_dtype("auto", torch.device("cpu")) == want
