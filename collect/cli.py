@@ -117,7 +117,7 @@ def job_from_args(args: argparse.Namespace):
         decode_config_from_args,
         pair_paths,
     )
-    from mcsd_runtime.models.pair import pick_device
+    from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_prompts
 

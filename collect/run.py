@@ -451,7 +451,7 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
     if devices < 1 or num_nodes < 1:
         raise MCSDError("--devices and --num-nodes must be >= 1")
     if devices == 1 and num_nodes == 1 and not externally_launched():
-        from mcsd_runtime.models.pair import pick_device
+        from mcsd_runtime.models.device import pick_device
 
         with store.run_lock(job.out):  # before the pair loads: a second job is refused at once
             return collect_prompts(job, _load_pair(job, str(pick_device(device))))

@@ -373,9 +373,10 @@ def test_cli_distills_and_shows(chat_target, tmp_path, capsys):
     out = tmp_path / "d"
     assert mcsd(["draft", "distill", "--target", str(chat_target), "--recipe", "tiny",
                  "--layer-ids", "1", "--steps", "4", "--out", str(out), "--data",
-                 str(tmp_path / "data"), "--threads", "1"]) == 0
+                 str(tmp_path / "data"), "--threads", "1", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.strip().endswith(str(out / "draft"))
-    assert distill_cache.read_card(out)["draft"]["layer_ids"] == [1]
+    card = distill_cache.read_card(out)
+    assert card["draft"]["layer_ids"] == [1] and card["build_machine"]["device"] == "cpu"
     assert mcsd(["draft", "show", str(out / "draft")]) == 0
     shown = capsys.readouterr().out
     assert "agreement, chat    top-1" in shown and "%" in shown and "cost ratio" in shown
@@ -385,6 +386,7 @@ def test_cli_distills_and_shows(chat_target, tmp_path, capsys):
     (["--target", "no-such-model"], "unknown target 'no-such-model'"),
     (["--target", "toy:tiny", "--layer-ids", "a,b"], "comma-separated integers"),
     (["--target", "toy:tiny", "--threads", "0"], "--threads must be at least 1"),
+    (["--target", "toy:tiny", "--device", "tpu:0"], "unknown device 'tpu:0'"),
 ])
 def test_cli_distill_errors(argv, message, capsys):
     assert mcsd(["draft", "distill", "--recipe", "tiny", *argv]) == 2

@@ -308,3 +308,15 @@ def test_training_says_when_a_tuned_peer_beats_the_learned_stopper():
                              {"best_peer": "entropy:0.5", "learned_vs_best_peer": 0.99},
                              lines.append)
         assert bool(lines) == says and all("entropy:0.5 replays faster" in s for s in lines)
+
+
+def test_the_end_to_end_check_decodes_where_the_profile_was_timed(monkeypatch):
+    from train.check import _profile_device
+
+    profile = CostProfile(tokens=[1, 8], target_s=[1.0, 2.0], draft_s=[0.1, 0.2])
+    assert _profile_device(profile) == "cpu"
+    assert _profile_device(replace(profile, device="cpu")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MCSDError, match="measured on cuda:0, which this machine lacks.*"
+                                        "--check-prompts 0"):
+        _profile_device(replace(profile, device="cuda:0"))

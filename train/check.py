@@ -54,6 +54,18 @@ def _encode(decoder, prompt: Prompt | list[int], chat: str) -> list[int]:
     return decoder.encode(prompt)
 
 
+def _profile_device(profile: CostProfile) -> str:
+    """The device the check decodes on: the one the profile was timed on, which must be here."""
+    import torch
+
+    device = profile.device or "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise MCSDError(f"the cost profile was measured on {device}, which this machine lacks: "
+                        f"the end-to-end check decodes where the profile was timed; train on "
+                        f"that machine or pass --check-prompts 0")
+    return device
+
+
 def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostProfile,
                      stoppers: dict[str, object], limit: int = 8, seed: int = 0,
                      decision_s: dict[str, float] | None = None, pair=None,
@@ -73,7 +85,8 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
     m = manifests[0]
     if pair is None:
         fp = m.get("pair") or {}
-        pair = load_pair(fp["target"], fp["draft"], device="cpu", dtype=m.get("dtype", "auto"))
+        pair = load_pair(fp["target"], fp["draft"], device=_profile_device(profile),
+                         dtype=m.get("dtype", "auto"))
     chosen = _prompt_ids(data, manifests, limit)
     sub = data.subset([k for k, _ in chosen])
     sub.prompts = {k: sub.prompts[k] for k, _ in chosen}  # admitted in the decoded order

@@ -75,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="folder for the generated data instead of the cache")
     distill.add_argument("--threads", type=int, default=None,
                          help="torch threads for the build (default: torch's own)")
+    distill.add_argument("--device", default="auto",
+                         help="where the target generates the data and the draft trains: auto "
+                              "(cuda, then mps, then cpu), cpu, cuda:0 (default %(default)s); "
+                              "the draft is the same recipe wherever it is built")
     distill.add_argument("--force", action="store_true", help="rebuild even if already built")
     distill.set_defaults(func=run_distill)
 
@@ -114,7 +118,7 @@ def run_distill(args: argparse.Namespace) -> int:
         raise MCSDError(f"--threads must be at least 1, got {args.threads}")
     recipe = get_recipe(args.recipe, **_overrides(args))
     root = build_draft(args.target, recipe, out=args.out, force=args.force, data=args.data,
-                       threads=args.threads)
+                       threads=args.threads, device=args.device)
     print(root / "draft")
     return 0
 

@@ -73,14 +73,19 @@ def default_draft_dir(target: str | Path, build: bool = True, progress: bool = T
 
 def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
                 out: str | Path | None = None, force: bool = False, progress: bool = True,
-                data: str | Path | None = None, threads: int | None = None) -> Path:
+                data: str | Path | None = None, threads: int | None = None,
+                device: str | torch.device = "cpu") -> Path:
     """The folder of the draft of `recipe` distilled from `target`, built if missing (or if
     `force`). `out` replaces the cached location, `data` the data cache folder; `threads`
-    sets torch's threads for the build (default: as set), and as many processes of one
-    thread each generate the data."""
+    sets torch's threads for the build (default: as set), and on the CPU as many processes
+    of one thread each generate the data. On another `device` (cuda, mps) the target
+    generates the data there in this process and the draft trains there; the recipe, and so
+    the draft's hash, is the same wherever it is built (the card records the device)."""
+    from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.toy.build import _make_tmp, build_then_install
 
     recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
+    device = pick_device(device)
     folder = resolve_target(target)
     fp = fingerprint(folder)
     hash12 = recipe.hash12(fp)
@@ -94,14 +99,15 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
     if progress:
         print(f"distilling a draft ({recipe.name} recipe) from {folder} into {dest}"
               + ("" if out is not None else f" (the cache: {CACHE_HELP})")
-              + f"; data in {data_folder}", flush=True)
+              + f"; data in {data_folder}"
+              + ("" if device.type == "cpu" else f"; on {device}"), flush=True)
     tmp = _make_tmp(dest)
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         card = build_then_install(tmp, dest, lambda: _build_into(
-            tmp, recipe, hash12, folder, fp, data_folder, progress))
+            tmp, recipe, hash12, folder, fp, data_folder, progress, device))
     finally:
         torch.set_num_threads(before)
     if progress:
@@ -166,7 +172,7 @@ def summary(root: Path, card: dict) -> str:
 
 
 def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp: dict,
-                data_folder: Path, progress: bool) -> dict:
+                data_folder: Path, progress: bool, device: torch.device) -> dict:
     from transformers import AutoModelForCausalLM
 
     from mcsd_runtime.distill.data import end_ids, generate_data
@@ -189,9 +195,12 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     n_layers = target.config.num_hidden_layers
     layer_ids = (check_layer_ids(recipe.layer_ids, n_layers) if recipe.layer_ids
                  else target_layer_indices(n_layers, recipe.layers))
-    # generation: one process of one thread per core (see data.run_jobs)
-    data = generate_data(data_folder, target, tokenizer, recipe, progress,
-                         workers=torch.get_num_threads(), target_folder=folder)
+    # generation: on the CPU one process of one thread per core (see data.run_jobs)
+    on_cpu = device.type == "cpu"
+    data = generate_data(data_folder, target.to(device), tokenizer, recipe, progress,
+                         workers=torch.get_num_threads() if on_cpu else 1,
+                         target_folder=folder)
+    target.cpu()
     stops = end_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     draft = cut_draft(target, layer_ids)
@@ -201,7 +210,8 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         keep = sorted(set(tokenizer.all_special_ids) | set(stops))
         head = reduced_head_from(draft, pick_vocab(data.train, recipe.vocab,
                                                    target.config.vocab_size, keep))
-    train_seconds = distill(draft, head, data.train, recipe, pad, progress)
+    train_seconds = distill(draft, head, data.train, recipe, pad, progress, device)
+    draft.cpu()
     out = tmp / "draft"
     draft.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -223,7 +233,7 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         "recipe_hash": hash12,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "build_machine": {**build_machine(recipe.precision, torch.get_num_threads()),
-                          "threads": torch.get_num_threads()},
+                          "threads": torch.get_num_threads(), "device": _device_name(device)},
         "target": {"folder": str(folder), "fingerprint": fp, "layers": n_layers,
                    "params": _params(target), "latency_ms_1thread": round(t_ms, 3)},
         "draft": {"layer_ids": layer_ids, "params": _params(draft),
@@ -252,6 +262,12 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     }
     (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
     return card
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
 
 
 def _data_note(data, counts: dict) -> str:

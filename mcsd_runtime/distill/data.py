@@ -122,13 +122,14 @@ def sample_queries(model, tokenizer, n: int, max_tokens: int, temperature: float
     one `generate` call, all rows of the same length so no padding)."""
     prefix = user_prefix(tokenizer)
     stops = end_ids(model, tokenizer)
-    ids = torch.tensor([tokenizer(prefix, add_special_tokens=False)["input_ids"]] * n)
+    ids = torch.tensor([tokenizer(prefix, add_special_tokens=False)["input_ids"]] * n,
+                       device=model.device)
     torch.manual_seed(seed)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                          temperature=temperature, top_k=0, top_p=1.0,
                          max_new_tokens=max_tokens, eos_token_id=stops,
                          pad_token_id=_pad_id(tokenizer, stops))
-    rows = out[:, ids.shape[1]:]
+    rows = out[:, ids.shape[1]:].cpu()
     special = set(tokenizer.all_special_ids)
     queries = []
     for row in rows:
@@ -166,13 +167,15 @@ def answer(model, tokenizer, queries: list[str], max_tokens: int, top_k: int,
                for q in queries]
     width = max(map(len, prompts))
     pad = _pad_id(tokenizer, stops)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                        device=model.device)
     recorder = TopKRecorder(top_k)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                          max_new_tokens=max_tokens, eos_token_id=stops, pad_token_id=pad,
-                         logits_processor=LogitsProcessorList([recorder]))
-    top_ids, top_logp = torch.stack(recorder.ids, 1), torch.stack(recorder.logp, 1)
+                         logits_processor=LogitsProcessorList([recorder])).cpu()
+    top_ids = torch.stack(recorder.ids, 1).cpu()
+    top_logp = torch.stack(recorder.logp, 1).cpu()
     seqs = []
     for i, prompt in enumerate(prompts):
         ans = _cut(out[i, width:], stops)
@@ -190,11 +193,11 @@ def score_text(model, windows: torch.Tensor, top_k: int, batch: int = TEXT_BATCH
     seqs = []
     for i in range(0, windows.shape[0], batch):
         rows = windows[i : i + batch]
-        logp = torch.log_softmax(model(input_ids=rows).logits[:, :-1].float(), -1)
-        top = logp.topk(top_k, -1)
+        logits = model(input_ids=rows.to(model.device)).logits[:, :-1]
+        top = torch.log_softmax(logits.float(), -1).topk(top_k, -1)
+        ids, values = top.indices.to(torch.int32).cpu(), top.values.to(torch.float16).cpu()
         for j in range(rows.shape[0]):
-            seqs.append(Sequence("text", rows[j].clone(), 1, top.indices[j].to(torch.int32),
-                                 top.values[j].to(torch.float16)))
+            seqs.append(Sequence("text", rows[j].clone(), 1, ids[j], values[j]))
     return seqs
 
 

@@ -175,8 +175,9 @@ class DistillModule(pl.LightningModule):
 
 
 def distill(draft, head: ReducedHead | None, seqs: list[Sequence], recipe, pad_id: int,
-            progress: bool = True) -> float:
-    """Train `draft` (and `head`) in place on `seqs` as `recipe` says; returns seconds."""
+            progress: bool = True, device: torch.device | None = None) -> float:
+    """Train `draft` (and `head`) in place on `seqs` as `recipe` says, on `device` (default the
+    CPU); returns seconds."""
     from mcsd_runtime.toy.training import _fit, _quiet_lightning
 
     recipe = recipe.resolved()
@@ -192,7 +193,7 @@ def distill(draft, head: ReducedHead | None, seqs: list[Sequence], recipe, pad_i
                            train_embeddings=recipe.train_embeddings)
     seconds = _fit(module, data, recipe.batch_size, recipe.steps, recipe.precision, progress,
                    f"distilling the draft ({recipe.steps} steps, {packed['input_ids'].shape[0]} "
-                   f"rows of {recipe.seq_len})")
+                   f"rows of {recipe.seq_len})", device=device)
     draft.requires_grad_(True).eval()
     if head is not None:
         head.eval()

@@ -154,8 +154,10 @@ class JointModule(pl.LightningModule):
 
 
 def _fit(module: JointModule, data: WindowDataset, batch_size: int, steps: int, precision: str,
-         progress: bool, desc: str = "training") -> float:
-    """Run `steps` optimizer steps (one pass over `data`); returns seconds taken. With
+         progress: bool, desc: str = "training", device: torch.device | None = None) -> float:
+    """Run `steps` optimizer steps (one pass over `data`) on `device` (default the CPU;
+    elsewhere an op with no deterministic version warns rather than fails); returns seconds
+    taken. With
     `progress`, the steps are shown on stdout (a bar on a terminal, else a line every
     PROGRESS_INTERVAL seconds with steps done, losses, elapsed and estimated time left)."""
     from mcsd_runtime.progress import lightning_progress
@@ -164,9 +166,10 @@ def _fit(module: JointModule, data: WindowDataset, batch_size: int, steps: int, 
     callbacks = [lightning_progress(desc, metrics=("target_ce", "draft_ce", "kl"),
                                     file=sys.stdout, min_interval=PROGRESS_INTERVAL)
                  ] if progress else []
+    kind = "cpu" if device is None else device.type
     trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
+        accelerator={"cuda": "gpu"}.get(kind, kind),
+        devices=[device.index or 0] if kind == "cuda" else 1,
         max_steps=steps,
         max_epochs=1,
         precision=precision,
@@ -177,7 +180,7 @@ def _fit(module: JointModule, data: WindowDataset, batch_size: int, steps: int, 
         enable_progress_bar=False,
         callbacks=callbacks,
         num_sanity_val_steps=0,
-        deterministic=True,
+        deterministic=True if kind == "cpu" else "warn",
         default_root_dir=None,
     )
     start = time.perf_counter()
