@@ -166,6 +166,19 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
     assert CopyLength.load(out).temperature == 0.2
     check = json.loads((out / "check.json").read_text())
     assert set(check["per_method"]) == {"ar", "lookup:8:3", "lookup:8:2", "learned"}
+    # decoding at another temperature warns once a process, not once per eval category
+    import warnings
+
+    from mcsd_runtime.evaluate.runners import learned_lookup_runner
+    from mcsd_runtime.models.pair import load_pair
+
+    tiny = load_pair(toy_tiny / "target", toy_tiny / "draft", device="cpu", dtype="float32")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            learned_lookup_runner(tiny, DecodeConfig(k_config=(1,), max_new_tokens=8), out)
+    assert ["trained on outputs at temperature 0.2 and decodes at 0" in str(w.message)
+            for w in seen] == [True]
 
 
 def test_sampled_outputs_are_seeded_by_prompt_and_report_the_top_probability(pair):

@@ -91,8 +91,10 @@ def test_the_command_writes_its_table_and_every_output(toy_tiny, tmp_path, capsy
     assert len(saved["rows"]) == 2 and saved["k_config"] == [2, 1]
     assert all(len(r["outputs"]["ar_ref"]) == 8 for r in saved["rows"])
     table = (out / "drift.md").read_text()
-    assert table.strip() in capsys.readouterr().out
+    shown = capsys.readouterr()
+    assert table.strip() in shown.out
     assert table.splitlines()[-1].startswith("| all | 2 | 100% |")
+    assert "drift: 8/8 decodes (100%)" in shown.err and "done" in shown.err  # the progress
 
 
 def test_the_command_refuses_a_dtype(tmp_path, capsys):

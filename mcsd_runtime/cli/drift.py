@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     encoded = [(p.id, p.category or p.source, encode_prompt(p, pair.tokenizer, args.chat))
                for p in prompts]
     rows = measure_drift(pair, encoded, config, low=getattr(torch, LOW[args.low]),
-                         progress=lambda label: print(label, flush=True))
+                         progress=True)
     summary = summarize(rows)
     table = drift_table(summary, low=args.low)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -22,6 +22,8 @@ from mcsd_runtime.decode.decoder import ARDecoder, MCSDDecoder
 from mcsd_runtime.decode.state import DecodeConfig
 from mcsd_runtime.evaluate.divergence import first_difference, top2_margin
 from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.progress import Progress
+from mcsd_runtime.progress import progress as progress_bar
 
 RUNS = ("ar_ref", "mcsd_ref", "ar_low", "mcsd_low")
 COMPARED = ("mcsd_ref", "ar_low", "mcsd_low")  # each against ar_ref
@@ -42,11 +44,16 @@ class DriftRow:
 
 
 def _decode(pair: Pair, prompts: Sequence[list[int]], config: DecodeConfig,
-            stopper: str) -> tuple[list[list[int]], list[list[int]]]:
+            stopper: str, bar: Progress) -> tuple[list[list[int]], list[list[int]]]:
     ar = ARDecoder(pair, config)
     mcsd = MCSDDecoder(pair, config, stopper=stopper)
-    return ([ar.generate(p).token_ids for p in prompts],
-            [mcsd.generate(p).token_ids for p in prompts])
+    outs: tuple[list[list[int]], list[list[int]]] = ([], [])
+    for name, decoder, out in (("ar", ar, outs[0]), ("mcsd", mcsd, outs[1])):
+        bar.set_postfix_str(f"{name} in {str(pair.dtype).removeprefix('torch.')}")
+        for p in prompts:
+            out.append(decoder.generate(p).token_ids)
+            bar.update()
+    return outs
 
 
 def _in_precision(pair: Pair, dtype: torch.dtype) -> Pair:
@@ -61,20 +68,20 @@ def _in_precision(pair: Pair, dtype: torch.dtype) -> Pair:
 def measure_drift(pair: Pair, prompts: Sequence[tuple[str, str, list[int]]],
                   config: DecodeConfig, low: torch.dtype = torch.bfloat16,
                   stopper: str = "static", reference: torch.dtype = torch.float32,
-                  progress: Callable[[str], None] | None = None) -> list[DriftRow]:
+                  progress: bool = False) -> list[DriftRow]:
     """Decode each `(prompt_id, category, ids)` greedily with AR and MCSD in the `reference`
     precision (float32) and in `low` (a copy of the models); margins are the reference target's.
-    `progress(label)`, if given, is called per phase."""
+    `progress` shows the decodes (4 per prompt) as they go (`mcsd_runtime.progress`)."""
     if config.temperature:
         raise ValueError("drift is measured on greedy decoding (temperature 0)")
     ids = [p[2] for p in prompts]
     outs: dict[str, list[list[int]]] = {}
     pair = _in_precision(pair, reference)
-    for name, dtype in (("ref", reference), ("low", low)):
-        if progress:
-            progress(f"decoding in {dtype}")
-        outs[f"ar_{name}"], outs[f"mcsd_{name}"] = _decode(_in_precision(pair, dtype), ids,
-                                                           config, stopper)
+    with progress_bar(total=4 * len(ids), desc="drift", unit="decode",
+                      disable=not progress) as bar:
+        for name, dtype in (("ref", reference), ("low", low)):
+            outs[f"ar_{name}"], outs[f"mcsd_{name}"] = _decode(_in_precision(pair, dtype), ids,
+                                                               config, stopper, bar)
     rows = []
     for i, (pid, category, prompt) in enumerate(prompts):
         out = {run: outs[run][i] for run in RUNS}

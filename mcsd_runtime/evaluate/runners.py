@@ -223,13 +223,18 @@ def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
     return DecoderRunner(MCSDDecoder(pair, cfg, stopper))
 
 
+_WARNED_TEMPERATURE: set[tuple[str, float, float]] = set()
+
+
 def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path) -> DecoderRunner:
     """A learned copy length (`lookup-learned:PATH`): where the context repeats itself it copies
     as many tokens as it chooses, else (or choosing none) the target decodes alone."""
     from mcsd_runtime.stop.copy_length import CopyLength
 
     policy = CopyLength.load(folder)
-    if policy.temperature != base.temperature:
+    key = (str(folder), policy.temperature, base.temperature)
+    if policy.temperature != base.temperature and key not in _WARNED_TEMPERATURE:
+        _WARNED_TEMPERATURE.add(key)  # once per process, not once per category
         warnings.warn(f"{folder} was trained on outputs at temperature {policy.temperature:g} "
                       f"and decodes at {base.temperature:g}: still lossless, but its survival "
                       f"estimates are off (retrain with `mcsd train-lookup --temperature "
