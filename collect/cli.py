@@ -60,6 +60,10 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
                         "one token per step, so replay can follow any stopper exactly")
     g.add_argument("--devices", type=int, default=1,
                    help="processes per node (Lightning Fabric DDP; CPU processes or one GPU each)")
+    g.add_argument("--processes-per-device", type=int, default=1, metavar="N",
+                   help="N processes share the one device --device names, e.g. a GPU that a "
+                        "small model's forwards leave mostly idle (they wait on Python's kernel "
+                        "launches); not with --devices (default %(default)s)")
     g.add_argument("--num-nodes", type=int, default=1,
                    help="nodes (set MASTER_ADDR, MASTER_PORT, NODE_RANK on each, or use torchrun)")
     g.add_argument("--shard-prompts", type=int, default=DEFAULT_SHARD_PROMPTS,
@@ -142,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     from collect.run import format_summary, run_job
 
     job = job_from_args(args)
-    manifest = run_job(job, devices=args.devices, num_nodes=args.num_nodes)
+    manifest = run_job(job, devices=args.devices, num_nodes=args.num_nodes,
+                       per_device=args.processes_per_device)
     if manifest.get("format"):  # rank 0 (other ranks of an external launch stay quiet)
         print(format_summary(manifest))
         print(f"rows in {job.out}")

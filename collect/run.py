@@ -410,7 +410,9 @@ def _load_pair(job: CollectJob, device: str) -> Pair:
     return load_pair(**(job.pair_args | {"device": device}))
 
 
-def _fabric_worker(fabric, job_bytes: bytes) -> dict[str, Any]:
+def _fabric_worker(fabric, job_bytes: bytes, shared: str | None = None) -> dict[str, Any]:
+    """One rank's collection, on its Fabric device or on `shared`, the device every process
+    of the job uses (`run_job(per_device=...)`)."""
     import pickle
 
     job: CollectJob = pickle.loads(job_bytes)
@@ -425,7 +427,7 @@ def _fabric_worker(fabric, job_bytes: bytes) -> dict[str, Any]:
         if error is not None:
             return {"error": error}
         try:
-            pair = _load_pair(job, str(fabric.device))
+            pair = _load_pair(job, shared or str(fabric.device))
             return collect_prompts(job, pair, fabric.global_rank, fabric.world_size,
                                    fabric.barrier)
         except MCSDError as err:  # every rank meets user errors before the first barrier
@@ -444,12 +446,23 @@ def externally_launched() -> bool:
 
 
 def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
-            accelerator: str = "auto") -> dict[str, Any]:
+            accelerator: str = "auto", per_device: int = 1) -> dict[str, Any]:
     """Run `job` on `devices` processes per node (Lightning Fabric DDP, gloo for the barriers)
-    or, with one device and one node, in this process. Returns rank 0's manifest."""
+    or, with one device and one node, in this process. `per_device` > 1 runs that many
+    processes on the one device the job's pair names instead (a GPU that a small model's
+    forwards leave mostly idle). Returns rank 0's manifest."""
     device = job.pair_args.get("device", "auto")
-    if devices < 1 or num_nodes < 1:
-        raise MCSDError("--devices and --num-nodes must be >= 1")
+    if devices < 1 or num_nodes < 1 or per_device < 1:
+        raise MCSDError("--devices, --num-nodes and --processes-per-device must be >= 1")
+    shared = None
+    if per_device > 1:
+        if devices > 1:
+            raise MCSDError("--processes-per-device shares the one device --device names: use "
+                            "it without --devices (several GPUs: --devices N, one each)")
+        from mcsd_runtime.models.device import pick_device
+
+        shared = str(pick_device(device))
+        devices, accelerator = per_device, "cpu"
     if devices == 1 and num_nodes == 1 and not externally_launched():
         from mcsd_runtime.models.device import pick_device
 
@@ -463,16 +476,17 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
 
         accelerator = ("cuda" if (device == "auto" and torch.cuda.is_available())
                        or str(device).startswith("cuda") else "cpu")
-    if accelerator == "cpu" and str(device) not in ("auto", "cpu"):
+    if accelerator == "cpu" and shared is None and str(device) not in ("auto", "cpu"):
         raise MCSDError(f"--devices {devices} with --device {device}: several processes use "
-                        f"--device auto, cpu or cuda (one GPU per process)")
+                        f"--device auto, cpu or cuda (one GPU per process); to share one "
+                        f"device, --processes-per-device N")
     strategy = DDPStrategy(start_method="spawn", process_group_backend="gloo")
     fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes,
                     strategy=strategy)
     import pickle
 
     # pickled by hand: Fabric walks launch arguments and refuses frozen dataclasses
-    result = fabric.launch(_fabric_worker, pickle.dumps(job))
+    result = fabric.launch(_fabric_worker, pickle.dumps(job), shared)
     if isinstance(result, dict) and "error" in result:
         raise MCSDError(result["error"])
     return result

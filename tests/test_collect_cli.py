@@ -96,10 +96,14 @@ def test_kill_9_then_rerun_completes_the_missing_prompts_only(setup, capsys):
     assert f"all {N_PROMPTS} prompts already collected" in err and "stopped" not in err
 
 
-def test_two_fabric_processes_cover_every_prompt_once(setup):
+@pytest.mark.parametrize("processes", [
+    ["--devices", "2"],
+    ["--device", "cpu:0", "--processes-per-device", "2"],  # two processes on one named device
+], ids=["devices", "per-device"])
+def test_two_fabric_processes_cover_every_prompt_once(setup, processes):
     root, args, ref_rows, ref_manifest = setup
-    out = root / "fabric"
-    res = subprocess.run(_cmd(args, out) + ["--devices", "2"], cwd=ROOT, capture_output=True,
+    out = root / f"fabric-{processes[1]}"
+    res = subprocess.run(_cmd(args, out) + processes, cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     shards = scan_shards(out)
@@ -157,3 +161,16 @@ def test_help_is_quick_and_documented():
     assert res.returncode == 0
     for flag in ("--prompts", "--k-config", "--dense", "--devices", "--save-hidden", "--out"):
         assert flag in res.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--devices", "2", "--processes-per-device", "2"], "use it without --devices"),
+    (["--devices", "2", "--device", "cpu:0"], "to share one device, --processes-per-device N"),
+    (["--processes-per-device", "0"], "--processes-per-device must be >= 1"),
+])
+def test_processes_sharing_a_device_refuse_what_they_cannot_do(setup, extra, message, capsys):
+    root, args, _, _ = setup
+    assert mcsd(["collect", *args, *extra, "--out", str(root / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (root / "refused").exists() or not list((root / "refused").glob("train-*"))
