@@ -35,11 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "crashed run resumes, other recipes reuse them). The default recipe ("
             f"{default.layers} layers, vocab {default.vocab}, {default.conversations} "
             f"conversations, {default.steps} steps) takes about 25 minutes for a SmolLM2-sized "
-            "target on a 2-core CPU; tiny is for tests. Options below override the recipe "
-            "(and so its hash)."),
+            "target on a 2-core CPU and about 2 on a GPU (--device); tiny is for tests. Options "
+            "below override the recipe (and so its hash)."),
     )
     distill.add_argument("--target", required=True,
-                         help="the target: a local model folder, or toy / toy:tiny")
+                         help="the target: a local model folder, smollm2, or toy / toy:tiny")
     distill.add_argument("--recipe", choices=sorted(PRESETS), default="default",
                          help="the recipe preset (default: %(default)s)")
     layers = distill.add_mutually_exclusive_group()
