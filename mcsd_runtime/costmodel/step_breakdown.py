@@ -160,7 +160,12 @@ def run(pair, methods: list[str], k_config: tuple[int, ...], prompt_tokens: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mcsd_runtime.cli.args import add_pair_args, pair_from_args
+    from mcsd_runtime.cli.args import (
+        add_pair_args,
+        add_threads_arg,
+        apply_threads,
+        pair_from_args,
+    )
     from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.models.pair import pick_dtype
@@ -181,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=200, help="default %(default)s")
     p.add_argument("--prompts", type=int, default=2, help="default %(default)s")
     p.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    add_threads_arg(p)
     args = p.parse_args(argv)
     try:
+        apply_threads(args)
         if min(args.max_new_tokens, args.prompt_tokens, args.prompts, args.draft_layers) < 1:
             raise MCSDError("--max-new-tokens, --prompt-tokens, --prompts and --draft-layers "
                             "must be positive")
