@@ -451,6 +451,8 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
     or, with one device and one node, in this process. `per_device` > 1 runs that many
     processes on the one device the job's pair names instead (a GPU that a small model's
     forwards leave mostly idle). Returns rank 0's manifest."""
+    from mcsd_runtime.models.device import pick_device
+
     device = job.pair_args.get("device", "auto")
     if devices < 1 or num_nodes < 1 or per_device < 1:
         raise MCSDError("--devices, --num-nodes and --processes-per-device must be >= 1")
@@ -459,13 +461,9 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
         if devices > 1:
             raise MCSDError("--processes-per-device shares the one device --device names: use "
                             "it without --devices (several GPUs: --devices N, one each)")
-        from mcsd_runtime.models.device import pick_device
-
         shared = str(pick_device(device))
         devices, accelerator = per_device, "cpu"
     if devices == 1 and num_nodes == 1 and not externally_launched():
-        from mcsd_runtime.models.device import pick_device
-
         with store.run_lock(job.out):  # before the pair loads: a second job is refused at once
             return collect_prompts(job, _load_pair(job, str(pick_device(device))))
     from lightning.fabric import Fabric

@@ -196,9 +196,8 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     layer_ids = (check_layer_ids(recipe.layer_ids, n_layers) if recipe.layer_ids
                  else target_layer_indices(n_layers, recipe.layers))
     # generation: on the CPU one process of one thread per core (see data.run_jobs)
-    on_cpu = device.type == "cpu"
     data = generate_data(data_folder, target.to(device), tokenizer, recipe, progress,
-                         workers=torch.get_num_threads() if on_cpu else 1,
+                         workers=torch.get_num_threads() if device.type == "cpu" else 1,
                          target_folder=folder)
     target.cpu()
     stops = end_ids(target, tokenizer)

@@ -157,9 +157,8 @@ def _fit(module: JointModule, data: WindowDataset, batch_size: int, steps: int, 
          progress: bool, desc: str = "training", device: torch.device | None = None) -> float:
     """Run `steps` optimizer steps (one pass over `data`) on `device` (default the CPU;
     elsewhere an op with no deterministic version warns rather than fails); returns seconds
-    taken. With
-    `progress`, the steps are shown on stdout (a bar on a terminal, else a line every
-    PROGRESS_INTERVAL seconds with steps done, losses, elapsed and estimated time left)."""
+    taken. With `progress`, the steps are shown on stdout (a bar on a terminal, else a line
+    every PROGRESS_INTERVAL seconds with steps done, losses, elapsed and estimated time left)."""
     from mcsd_runtime.progress import lightning_progress
 
     loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0)
