@@ -155,10 +155,12 @@ class Drafted:
     forwarded: int = 0  # deepest depth whose nodes went through the draft
     fed: bool = False  # the pending draft tokens went through the draft this step
     copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
+    refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
 
     def seen(self, i: int) -> int:
-        """The deepest of row i's depths whose nodes went through the draft."""
-        return 0 if self.copied[i] else self.forwarded
+        """The deepest of row i's depths whose nodes went through the draft and stay in its
+        cache."""
+        return 0 if self.copied[i] or self.refeed else self.forwarded
 
 
 class Engine:
@@ -178,6 +180,14 @@ class Engine:
         # a batch in max mode asks the stopper for one decision first (`batch_continue`)
         self.batch_decide = batch_size > 1 and self.cfg.batch_depth == "max"
         self.needs_hidden = dec.needs_hidden
+        # a feature draft reads the target's states: the target hands them over at every
+        # forward, and the draft takes each accepted token again with the target's state
+        self.features = bool(self.tree.depth) and bool(
+            getattr(self.pair.draft, "is_feature_draft", False))
+        if self.features and self.init is not None:
+            raise MCSDError("a feature draft reads the target's states, which target-"
+                            "initialized candidates do not give it: decode with init='draft'")
+        self.draft_hidden = self.needs_hidden or self.features
         # the target takes the whole prompt at the prefill when it supplies the first token (AR)
         # or the first roots (target-init)
         self.target_takes_prompt = self.init is not None or not self.tree.depth
@@ -238,13 +248,18 @@ class Engine:
         ids = [prompts[i] for i in take]
         timing = Timing()
         n_t = [len(p) - (0 if self.target_takes_prompt else 1) for p in ids]
-        logits = self.prefill(self.pair.target, tc, ids, n_t, timing,
-                              logits=self.target_takes_prompt)
-        if self.tree.depth:
-            self.prefill(self.pair.draft, dc, ids, [len(p) - 1 for p in ids], timing)
-        for r, n in zip(rows, n_t, strict=True):
+        logits, states = self.prefill(self.pair.target, tc, ids, n_t, timing,
+                                      logits=self.target_takes_prompt, states=self.features)
+        if self.tree.depth:  # (a feature draft reads the target's state one position back)
+            prev = None if states is None else torch.cat(
+                [torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
+            self.prefill(self.pair.draft, dc, ids, [len(p) - 1 for p in ids], timing, prev=prev)
+        for i, (r, n) in enumerate(zip(rows, n_t, strict=True)):
             r.st.t_pending = r.st.committed[n:]
             r.st.d_pending = r.st.committed[-1:] if self.tree.depth else []
+            if self.features:  # the pending last prompt token's: the target's state before it
+                r.st.d_feats = [states[i, n - 1 : n] if n else torch.zeros(
+                    1, self.pair.draft.config.hidden_size, dtype=self.dtype, device=self.dev)]
         dt = time.perf_counter() - t0
         self.stats.prefill_time += dt
         self.stats.target_time += timing.target
@@ -272,12 +287,15 @@ class Engine:
         return Row(index, st, admitted=t0)
 
     def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
-                timing: Timing, logits: bool = False) -> torch.Tensor | None:
-        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded); with `logits`,
-        returns the logits [rows, V] at each row's last one."""
+                timing: Timing, logits: bool = False, states: bool = False,
+                prev: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded). Returns, when
+        asked, the logits [rows, V] at each row's last one and the final hidden states [rows,
+        n, H]; `prev` is a feature draft's input states [rows, n, H]."""
         n = max(lens)
         new = RowCache(len(prompts), self.dev)
-        last = None
+        last = hidden = None
         if n:
             ids = torch.zeros(len(prompts), n, dtype=torch.long, device=self.dev)
             for r, p in enumerate(prompts):
@@ -286,14 +304,16 @@ class Engine:
             ragged = len(set(lens)) > 1
             valid = pos < torch.tensor(lens, device=self.dev)[:, None] if ragged else None
             out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
-                               timing, keep=n if ragged and logits else 1, prefill=True)
+                               timing, keep=n if ragged and logits else 1, prefill=True,
+                               hidden=states, prev=prev)
+            hidden = out.hidden_states[-1] if states else None
             if logits:
                 rows = torch.arange(len(prompts), device=self.dev)
                 last = out.logits[:, -1] if not ragged else out.logits[
                     rows, torch.tensor(lens, device=self.dev) - 1]
             new.settle(lens)
         cache.extend(new)
-        return last
+        return last, hidden
 
     def first_token(self, r: Row, logits: torch.Tensor) -> None:
         """AR: commit the first token from the prefill's last logits, as a step would."""
@@ -339,9 +359,11 @@ class Engine:
         # 2. one target forward over every row's pending root and tree
         c = tree.cum[d.depth]
         target_base = tc.length
-        logits = self.forward(self.pair.target, tc, tokens[:, lo : 1 + c],
-                              inputs[:, :1] + tt.depth[lo : 1 + c][None],
-                              tt.bias[lo : 1 + c, lo : 1 + c][None], None, timing).logits
+        out = self.forward(self.pair.target, tc, tokens[:, lo : 1 + c],
+                           inputs[:, :1] + tt.depth[lo : 1 + c][None],
+                           tt.bias[lo : 1 + c, lo : 1 + c][None], None, timing,
+                           hidden=self.features)
+        logits = out.logits
 
         # 3. verify every row on the device, then one host copy for all of them
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
@@ -358,6 +380,8 @@ class Engine:
             v = self.verdict(host[at : at + n], judged[i][1])
             at += n
             new, path = self.commit(r.st, v, remaining[i], d.seen(i))
+            if self.features:  # the new pending tokens' states: the root's, then the path's
+                r.st.d_feats.append(out.hidden_states[-1][i, [0, *path]])
             keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
             keep_d.append(self.draft_keep(d, i, path))
             outcomes.append((drafts[i], v, new))
@@ -419,7 +443,7 @@ class Engine:
         """Draft every row up to the batch's depth, asking the stopper after each depth before
         forwarding it."""
         d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
-                    dc.length, copied=[False] * len(rows))
+                    dc.length, copied=[False] * len(rows), refeed=self.features)
         if max(caps) <= 0:
             return d
         if self.init is not None:
@@ -452,20 +476,24 @@ class Engine:
         [rows, V] (and the hidden state [rows, 1, H]) at each row's last pending token."""
         counts = [len(r.st.d_pending) for r in rows]
         m = max(counts)
+        prev = None
+        if self.features:  # each pending token's target state, right-padded like the tokens
+            prev = torch.nn.utils.rnn.pad_sequence([torch.cat(r.st.d_feats) for r in rows],
+                                                   batch_first=True)
         for r in rows:
-            r.st.d_pending = []
+            r.st.d_pending, r.st.d_feats = [], []
         ragged = len(set(counts)) > 1
         ids, n = inputs[:, 3 : 3 + m], inputs[:, 2:3] if ragged else m
         offsets = torch.arange(m, device=self.dev)[None]
         pos = inputs[:, :1] - n + 1 + offsets.clamp(max=n - 1)
         out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
                            offsets < n if ragged else None, timing, keep=m if ragged else 1,
-                           hidden=self.needs_hidden)
+                           hidden=self.draft_hidden, prev=prev)
         last = (n - 1)[:, :, None] if ragged else None
         logits = out.logits[:, -1] if last is None else out.logits.gather(
             1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
         hidden = None
-        if self.needs_hidden:
+        if self.draft_hidden:
             h = out.hidden_states[-1]
             hidden = h[:, -1:] if last is None else h.gather(1, last.expand(-1, 1, h.shape[-1]))
         return self.dec.probs(logits), hidden
@@ -479,11 +507,13 @@ class Engine:
             d.fed = True
             return self.init.feed_roots(rows[0], tokens, inputs, dc, d, timing)
         nodes = self.tree.depth_slice(depth)
+        # a feature draft reads, at each node, the state its parent's proposal came from
+        prev = torch.stack([rl[depth - 1].hidden() for rl in d.layers]) if self.features else None
         out = self.forward(self.pair.draft, dc, tokens[:, nodes],
                            inputs[:, :1] + self.tt.depth[nodes][None],
                            self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
-                           hidden=self.needs_hidden)
-        return self.dec.probs(out.logits), out.hidden_states[-1] if self.needs_hidden else None
+                           hidden=self.draft_hidden, prev=prev)
+        return self.dec.probs(out.logits), out.hidden_states[-1] if self.draft_hidden else None
 
     def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
                   caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
@@ -725,19 +755,21 @@ class Engine:
     # ------------------------------------------------------------------ forwards, results
     def forward(self, model, cache: RowCache, ids: torch.Tensor, pos: torch.Tensor,
                 block: torch.Tensor, valid: torch.Tensor | None, timing: Timing,
-                keep: int = 0, hidden: bool = False, prefill: bool = False):
+                keep: int = 0, hidden: bool = False, prefill: bool = False,
+                prev: torch.Tensor | None = None):
         """One forward of ids [rows, n] at positions pos over `cache`, timed into `timing`.
         `block` [rows or 1, n, nb] masks the new tokens over the last nb keys (the new ones and
         the nb - n before them); `valid` [rows, n]: which new slots rows may attend to later
-        (None: all)."""
+        (None: all); `prev` [rows, n, H]: a feature draft's input states."""
         sync = self.dec.sync_forwards
         mask = cache.mask(block, self.dtype)
         if sync:
             torch.cuda.synchronize()  # sync: timing forwards on a GPU (profile=True)
         t0 = time.perf_counter()
+        extra = {} if prev is None else {"prev_hidden": prev}
         out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
                     **cache_kwargs(model, cache.cache), use_cache=True, logits_to_keep=keep,
-                    output_hidden_states=hidden)
+                    output_hidden_states=hidden, **extra)
         if sync:
             torch.cuda.synchronize()  # sync: as above
         dt = time.perf_counter() - t0

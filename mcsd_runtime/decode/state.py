@@ -197,6 +197,8 @@ class RowState:
     generator: torch.Generator | None = None  # this sequence's randomness
     stopper: Any = None  # this sequence's stopper (its own copy in a batch)
     copy_history: Any = None  # with a learned copy length: the row's `CopyHistory`
+    # a feature draft: the target's state before each pending draft token ([n, H] chunks)
+    d_feats: list = field(default_factory=list)
 
 
 @dataclass

@@ -230,9 +230,11 @@ def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+    from mcsd_runtime.distill.feature import attach_feature_input
     from mcsd_runtime.distill.head import attach_reduced_head
 
     model = attach_reduced_head(model, name)  # a distilled draft's reduced head, if it has one
+    model = attach_feature_input(model, name)  # a feature draft's input projection, if it has one
     return model.to(device)
 
 
