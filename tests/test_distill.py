@@ -84,7 +84,7 @@ def test_recipe_hash_changes_with_each_field_and_the_target(flags, tmp_path, mon
                "gen_batch": 5, "prompts": "toy-code", "prompt_limit": 3, "text_tokens": 2001,
                "heldout_text_tokens": 501, "top_k": 9, "steps": 13, "batch_size": 5,
                "seq_len": 65, "lr": 1e-3, "warmup_frac": 0.2, "ce_weight": 0.3,
-               "train_embeddings": True, "seed": 1,
+               "train_embeddings": True, "features": True, "seed": 1,
                # `auto` hashes as what it resolves to on this CPU: change to the other one
                "precision": "32-true" if native else "bf16-mixed"}
     for key, value in changed.items():
@@ -333,6 +333,29 @@ def test_build_writes_a_loadable_draft_and_a_card(built, chat_target):
     pair = load_pair(chat_target, out / "draft", device="cpu", dtype="float32")
     assert head_of(pair.draft) is not None
     assert pair.draft.config.num_hidden_layers == 1
+
+
+def test_a_feature_draft_builds_loads_and_decodes_losslessly(chat_target, tmp_path,
+                                                             monkeypatch):
+    from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+    from mcsd_runtime.distill.feature import FC_FILE, is_feature_draft
+    from mcsd_runtime.models.pair import load_pair
+
+    monkeypatch.setattr(toy_build, "LATENCY_MAX_SECONDS", 0.2)
+    recipe = get_recipe("tiny", vocab=64, features=True)
+    out = distill_cache.build_draft(chat_target, recipe, out=tmp_path / "fd",
+                                    data=tmp_path / "data", progress=False)
+    card = distill_cache.verify_draft(out, recipe.hash12(fingerprint(chat_target)))
+    chat = card["metrics"]["heldout_chat"]
+    assert card["recipe"]["features"] and chat["positions"] > 0
+    assert 0 <= chat["top1"] <= chat["top4"] <= 1 and 0 <= chat["top1_own"] <= 1
+    assert (out / "draft" / FC_FILE).is_file()
+    pair = load_pair(chat_target, out / "draft", device="cpu", dtype="float32")
+    assert is_feature_draft(pair.draft) and head_of(pair.draft) is not None
+    prompt = pair.tokenizer("def add(a, b):")["input_ids"]
+    config = DecodeConfig(k_config=(2, 1, 1), max_new_tokens=16)
+    want = ARDecoder(pair, config).generate(prompt).token_ids
+    assert MCSDDecoder(pair, config, "static").generate(prompt).token_ids == want
 
 
 def test_a_second_build_reuses_the_draft(built, chat_target, monkeypatch):

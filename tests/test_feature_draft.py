@@ -21,8 +21,8 @@ from mcsd_runtime.distill.feature import (
     feature_draft_from,
     is_feature_draft,
     save_feature_draft,
-    shifted,
 )
+from mcsd_runtime.distill.feature_train import shifted
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 
@@ -40,7 +40,7 @@ class Traces:
 @pytest.fixture(scope="module")
 def fpair() -> Pair:
     base = make_pair(vocab=64, seed=3)
-    draft = feature_draft_from(base.target).to(torch.float64)
+    draft = feature_draft_from(base.target, [0, 1]).to(torch.float64)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():  # a draft that is not the target's last layer verbatim
         for p in draft.parameters():

@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the last (default: the recipe's)")
     layers.add_argument("--layer-ids", default=None, metavar="I,J,...",
                         help="the target layers kept, e.g. 0,10,20,29")
+    distill.add_argument("--features", action="store_true", default=None,
+                         help="a feature draft: it also reads the target's final state one "
+                              "position back (the decoder hands the target's states over), "
+                              "e.g. with --layers 1")
     distill.add_argument("--steps", type=int, default=None,
                          help="optimizer steps (default: the recipe's)")
     distill.add_argument("--conversations", type=int, default=None,
@@ -99,7 +103,8 @@ def _overrides(args: argparse.Namespace) -> dict:
     out = {"layers": args.layers, "steps": args.steps, "conversations": args.conversations,
            "vocab": args.vocab, "text_tokens": args.text_tokens, "lr": args.lr,
            "seq_len": args.seq_len, "batch_size": args.batch_size,
-           "prompts": args.prompts, "prompt_limit": args.prompt_limit, "seed": args.seed}
+           "prompts": args.prompts, "prompt_limit": args.prompt_limit, "seed": args.seed,
+           "features": args.features}
     if args.layer_ids is not None:
         try:
             out["layer_ids"] = tuple(int(x) for x in args.layer_ids.split(",") if x.strip())

@@ -176,6 +176,12 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     from transformers import AutoModelForCausalLM
 
     from mcsd_runtime.distill.data import end_ids, generate_data
+    from mcsd_runtime.distill.feature import (
+        attach_feature_input,
+        save_feature_draft,
+        with_feature_input,
+    )
+    from mcsd_runtime.distill.feature_train import distill_features, feature_agreement
     from mcsd_runtime.distill.head import (
         attach_reduced_head,
         head_of,
@@ -209,21 +215,33 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         keep = sorted(set(tokenizer.all_special_ids) | set(stops))
         head = reduced_head_from(draft, pick_vocab(data.train, recipe.vocab,
                                                    target.config.vocab_size, keep))
-    train_seconds = distill(draft, head, data.train, recipe, pad, progress, device)
+    if recipe.features:
+        draft = with_feature_input(draft)
+        train_seconds = distill_features(draft, head, target, data.train, recipe, pad, progress,
+                                         device)
+    else:
+        train_seconds = distill(draft, head, data.train, recipe, pad, progress, device)
     draft.cpu()
     out = tmp / "draft"
-    draft.save_pretrained(out)
+    if recipe.features:
+        save_feature_draft(draft, out)
+    else:
+        draft.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if head is not None:
         save_reduced_head(head, out)
     del draft, head
-    draft = attach_reduced_head(
-        AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32), out).eval()
+    draft = attach_feature_input(attach_reduced_head(
+        AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32), out), out).eval()
     reduced = head_of(draft)
     context = (data.heldout_chat or data.heldout_text or data.train)[0].tokens[:LATENCY_CONTEXT]
     with torch_threads(1):
-        chat = agreement(draft, data.heldout_chat, recipe.seq_len, pad)
-        text = agreement(draft, data.heldout_text, recipe.seq_len, pad)
+        if recipe.features:
+            chat = feature_agreement(draft, target, data.heldout_chat, recipe.seq_len, pad)
+            text = feature_agreement(draft, target, data.heldout_text, recipe.seq_len, pad)
+        else:
+            chat = agreement(draft, data.heldout_chat, recipe.seq_len, pad)
+            text = agreement(draft, data.heldout_text, recipe.seq_len, pad)
         t_ms, d_ms = decode_latency_ms(target, draft, context)
     counts = data.counts()
     card = {

@@ -48,6 +48,9 @@ class DistillRecipe:
     plus `ce_weight` times the cross-entropy of the target's greedy token. The embeddings
     (and a full head tied to them) stay the target's unless `train_embeddings`; a reduced
     head always trains.
+    Features: with `features`, the draft also reads the target's final state one position
+    back through an input projection (`distill.feature`), trained as `distill.feature_train`
+    says; the decoder hands it those states.
     """
 
     name: str
@@ -72,6 +75,7 @@ class DistillRecipe:
     warmup_frac: float = 0.05
     ce_weight: float = 0.2
     train_embeddings: bool = False
+    features: bool = False
     seed: int = 0
     precision: str = "auto"
 
@@ -115,7 +119,10 @@ class DistillRecipe:
 
     def hash12(self, target_fingerprint: dict) -> str:
         """A hash of the recipe (resolved), the target's fingerprint and the code version."""
-        return _hash({"recipe": self.resolved().to_dict(), "target": target_fingerprint,
+        recipe = self.resolved().to_dict()
+        if not recipe["features"]:  # drafts built before the field existed keep their hash
+            del recipe["features"]
+        return _hash({"recipe": recipe, "target": target_fingerprint,
                       "code": DISTILL_CODE_VERSION, "data_code": DATA_CODE_VERSION})
 
     def data_hash12(self, target_fingerprint: dict) -> str:
