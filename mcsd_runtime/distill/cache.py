@@ -151,10 +151,12 @@ def summary(root: Path, card: dict) -> str:
         f"distilled draft ({r['name']} recipe): {root}",
         f"  from               {t['folder']}",
         f"  draft              layers {d['layer_ids']} of {t['layers']}, {vocab}, "
+        + ("reading the target's states, " if r.get("features") else "") +
         f"{d['params'] / 1e6:.1f} M params",
         f"  data               {card['data']['note']}",
         f"  agreement, chat    top-1 {pct(chat['top1'])}  top-4 {pct(chat['top4'])}  "
-        f"({chat['positions']} held-out answer tokens)",
+        + (f"top-1 on its own states {pct(chat['top1_own'])}  " if "top1_own" in chat else "")
+        + f"({chat['positions']} held-out answer tokens)",
         f"  agreement, text    top-1 {pct(text['top1'])}  top-4 {pct(text['top4'])}  "
         f"({text['positions']} held-out tokens)",
         f"  one-token forward  target {t['latency_ms_1thread']:.2f} ms  draft "
@@ -265,7 +267,10 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
                     "note": "agreement of the draft's argmax (top-1) and top-4 with the "
                             "target's argmax, teacher-forced on held-out sequences never "
                             "trained on: the target's own greedy chat answers to self-written "
-                            "queries, and stdlib text"},
+                            "queries, and stdlib text" + (
+                                "; a feature draft reads the target's state one position back "
+                                "(top1, top4: depth 1 of a step) or its own (top1_own: what "
+                                "depth 2 and beyond read)" if recipe.features else "")},
         "cost_ratio_1thread": round(d_ms / t_ms, 4),
         "latency_note": (f"median ms of a one-token forward with a KV cache of "
                          f"{int(context.numel())} tokens, fp32, one thread, target and draft "
