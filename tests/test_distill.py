@@ -335,17 +335,21 @@ def test_build_writes_a_loadable_draft_and_a_card(built, chat_target):
     assert pair.draft.config.num_hidden_layers == 1
 
 
-def test_a_feature_draft_builds_loads_and_decodes_losslessly(chat_target, tmp_path,
-                                                             monkeypatch):
+def test_a_feature_draft_builds_loads_and_decodes_losslessly(chat_target, tmp_path, capsys):
     from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
     from mcsd_runtime.distill.feature import FC_FILE, is_feature_draft
     from mcsd_runtime.models.pair import load_pair
 
-    monkeypatch.setattr(toy_build, "LATENCY_MAX_SECONDS", 0.2)
+    out = tmp_path / "fd"
+    assert mcsd(["draft", "distill", "--target", str(chat_target), "--recipe", "tiny",
+                 "--vocab", "64", "--features", "--out", str(out), "--data",
+                 str(tmp_path / "data"), "--threads", "1", "--device", "cpu"]) == 0
     recipe = get_recipe("tiny", vocab=64, features=True)
-    out = distill_cache.build_draft(chat_target, recipe, out=tmp_path / "fd",
-                                    data=tmp_path / "data", progress=False)
     card = distill_cache.verify_draft(out, recipe.hash12(fingerprint(chat_target)))
+    capsys.readouterr()
+    assert mcsd(["draft", "show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "reading the target's states" in shown and "top-1 on its own states" in shown
     chat = card["metrics"]["heldout_chat"]
     assert card["recipe"]["features"] and chat["positions"] > 0
     assert 0 <= chat["top1"] <= chat["top4"] <= 1 and 0 <= chat["top1_own"] <= 1
