@@ -430,3 +430,12 @@ def test_cli_errors_on_bad_layers_and_folders(chat_target, tmp_path, capsys):
     assert "card.json is missing" in capsys.readouterr().err
     assert mcsd(["draft", "distill", "--target", str(tmp_path), "--recipe", "tiny"]) == 2
     assert "holds no model" in capsys.readouterr().err
+
+
+def test_negative_layer_ids_count_from_the_end():
+    from mcsd_runtime.distill.layers import check_layer_ids
+
+    assert check_layer_ids([-1], 30) == [29] and check_layer_ids([0, -1], 30) == [0, 29]
+    for bad in ([-31], [29, -1], [30]):
+        with pytest.raises(MCSDError, match="layer ids"):
+            check_layer_ids(bad, 30)

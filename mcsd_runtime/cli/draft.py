@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="number of target layers kept, evenly spaced from the first to "
                              "the last (default: the recipe's)")
     layers.add_argument("--layer-ids", default=None, metavar="I,J,...",
-                        help="the target layers kept, e.g. 0,10,20,29")
+                        help="the target layers kept, e.g. 0,10,20,29 (-1: the last)")
     distill.add_argument("--features", action="store_true", default=None,
                          help="a feature draft: it also reads the target's final state one "
                               "position back (the decoder hands the target's states over), "

@@ -29,11 +29,13 @@ def target_layer_indices(target_layers: int, draft_layers: int) -> list[int]:
 
 
 def check_layer_ids(layer_ids: list[int] | tuple[int, ...], target_layers: int) -> list[int]:
-    """`layer_ids` as a list, refused unless strictly increasing within the target's layers."""
-    ids = [int(i) for i in layer_ids]
+    """`layer_ids` as a list of layer numbers (a negative id counts from the end: -1 is the
+    last layer), refused unless strictly increasing within the target's layers."""
+    given = [int(i) for i in layer_ids]
+    ids = [i + target_layers if i < 0 else i for i in given]
     if not ids or any(i < 0 or i >= target_layers for i in ids):
-        raise MCSDError(f"layer ids must lie in 0..{target_layers - 1} (the target has "
-                        f"{target_layers} layers), got {ids}")
+        raise MCSDError(f"layer ids must lie in 0..{target_layers - 1} or -{target_layers}..-1 "
+                        f"(the target has {target_layers} layers), got {given}")
     if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
         raise MCSDError(f"layer ids must be strictly increasing, got {ids}")
     return ids
