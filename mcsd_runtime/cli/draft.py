@@ -35,8 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "crashed run resumes, other recipes reuse them). The default recipe ("
             f"{default.layers} layers, vocab {default.vocab}, {default.conversations} "
             f"conversations, {default.steps} steps) takes about 25 minutes for a SmolLM2-sized "
-            "target on a 2-core CPU and about 2 on a GPU (--device); tiny is for tests. Options "
-            "below override the recipe (and so its hash)."),
+            "target on a 2-core CPU and about 2 on a GPU (--device); features is a one-layer "
+            "draft reading the target's states (--features) trained on three times the "
+            "conversations (about an hour on a 2-core CPU); tiny is for tests. Options below "
+            "override the recipe (and so its hash)."),
     )
     distill.add_argument("--target", required=True,
                          help="the target: a local model folder, smollm2, or toy / toy:tiny")

@@ -143,6 +143,14 @@ PRESETS: dict[str, DistillRecipe] = {
         query_tokens=40, answer_tokens=128, gen_batch=32, text_tokens=16_384,
         heldout_text_tokens=4_096, top_k=32, steps=360, batch_size=8, seq_len=256, lr=1e-3,
         warmup_frac=0.05, ce_weight=0.2),
+    # A feature draft (one layer, the target's last, reading the target's states) on three
+    # times the conversations: about an hour on a 2-core CPU, most of it generation. For
+    # SmolLM2 it agrees with the target more than `default` does at half the cost (README).
+    "features": DistillRecipe(
+        name="features", layers=1, layer_ids=(-1,), features=True, vocab=8192,
+        conversations=1536, heldout_conversations=64, query_tokens=40, answer_tokens=128,
+        gen_batch=32, text_tokens=16_384, heldout_text_tokens=4_096, top_k=32, steps=720,
+        batch_size=8, seq_len=256, lr=3e-3, warmup_frac=0.05, ce_weight=0.2),
     # For tests: seconds on a tiny target.
     "tiny": DistillRecipe(
         name="tiny", layers=1, vocab=0, conversations=8, heldout_conversations=4,
