@@ -155,3 +155,13 @@ def test_saved_and_loaded_feature_draft_is_the_same(fpair, tmp_path):
                                fpair.draft(input_ids=ids, prev_hidden=prev).logits,
                                rtol=1e-4, atol=1e-5)
     assert attach_feature_input(fpair.target, tmp_path / "nothing") is fpair.target
+
+
+def test_generate_and_hf_assisted_are_refused_for_a_feature_draft(fpair):
+    from mcsd_runtime.decode.decoder import DecodeConfig
+    from mcsd_runtime.evaluate.runners import build_method
+
+    with pytest.raises(MCSDError, match="generate"):
+        fpair.draft.generate(torch.tensor([[1, 2]]))
+    with pytest.raises(MCSDError, match="hf-assisted"):
+        build_method("hf-assisted", fpair, DecodeConfig(k_config=(1,), max_new_tokens=4))

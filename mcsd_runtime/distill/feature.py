@@ -51,6 +51,11 @@ class FeatureDraft(nn.Module):
         except AttributeError:
             return getattr(self.lm, name)
 
+    def generate(self, *args, **kwargs):
+        """Refused: `generate()` would run the wrapped model without the target's states."""
+        raise MCSDError("a feature draft reads the target's states, which generate() does not "
+                        "give it: decode with mcsd_runtime's MCSDDecoder")
+
     def inputs(self, input_ids: torch.Tensor, prev_hidden: torch.Tensor | None) -> torch.Tensor:
         emb = self.lm.get_input_embeddings()(input_ids)
         if prev_hidden is None:

@@ -16,6 +16,7 @@ import torch
 from mcsd_runtime import metrics
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
+from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import (
     check_method,
     learned_lookup_folder,
@@ -203,6 +204,10 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     if (folder := learned_lookup_folder(name)) is not None:
         return learned_lookup_runner(pair, base, folder)
     if name in ("hf", "hf-assisted"):
+        if name == "hf-assisted" and getattr(pair.draft, "is_feature_draft", False):
+            raise MCSDError("hf-assisted runs the draft inside transformers' generate(), which "
+                            "does not hand it the target's states: a feature draft cannot be its "
+                            "assistant; drop hf-assisted or use a draft built without --features")
         return HFGenerate(pair, base, assisted=name == "hf-assisted")
     if kind == "hf-generate":
         return HFCustomGenerate(pair, replace(base, init="draft"), arg)
