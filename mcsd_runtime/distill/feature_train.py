@@ -16,7 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcsd_runtime.distill.feature import FeatureDraft
-from mcsd_runtime.distill.train import block_mask, distill_losses, head_logits, lookup_table, pack
+from mcsd_runtime.distill.train import (
+    DistillModule,
+    block_mask,
+    distill_losses,
+    head_logits,
+    pack,
+)
 
 
 def shifted(states: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -91,36 +97,22 @@ class FeatureRows(torch.utils.data.Dataset):
         return {**self.rows[i], "feats": self.feats[int(self.rows.order[i])]}
 
 
-class FeatureDistillModule(pl.LightningModule):
+class FeatureDistillModule(DistillModule):
     """A feature draft (and its reduced head) trained on the target's stored distributions and
-    states (`feature_losses`)."""
+    states (`feature_losses`); the embeddings stay the target's."""
 
     def __init__(self, draft: FeatureDraft, head, *, steps: int, lr: float,
                  warmup_frac: float, ce_weight: float, reg_weight: float = 0.5,
                  second_weight: float = 0.5) -> None:
-        super().__init__()
-        self.draft, self.head = draft, head
-        self.steps, self.lr, self.warmup_frac = steps, lr, warmup_frac
-        self.ce_weight, self.reg_weight, self.second_weight = ce_weight, reg_weight, second_weight
-        self.draft.lm.get_input_embeddings().requires_grad_(False)
-        if head is None:
-            self.draft.lm.get_output_embeddings().requires_grad_(False)
-        self.lut = lookup_table(head, draft.config.vocab_size)
+        super().__init__(draft, head, steps=steps, lr=lr, warmup_frac=warmup_frac,
+                         ce_weight=ce_weight, train_embeddings=False)
+        self.reg_weight, self.second_weight = reg_weight, second_weight
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, parts = feature_losses(self.draft, self.head, batch, self.lut, self.reg_weight,
                                      self.second_weight, self.ce_weight)
         self.log_dict(parts, prog_bar=True, on_step=True, logger=False)
         return loss
-
-    def configure_optimizers(self):
-        from mcsd_runtime.toy.training import _warmup_cosine
-
-        params = [p for p in self.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=self.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(self.steps,
-                                                                      self.warmup_frac))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 @torch.inference_mode()
