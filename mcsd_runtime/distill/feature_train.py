@@ -150,12 +150,12 @@ def distill_features(draft: FeatureDraft, head, target: nn.Module, seqs, recipe,
                      progress: bool = True, device: torch.device | None = None) -> float:
     """Train `draft` (and `head`) in place on `seqs` and the target's states over them, as
     `recipe` says, on `device` (default the CPU); returns seconds (the states included). The
-    states come from the target in the dtype it decodes in there (`models.pair.pick_dtype`)."""
+    states come from the target in the dtype it decodes in there (`models.device.pick_dtype`)."""
     import copy
     import warnings
 
     from mcsd_runtime.distill.train import PackedRows
-    from mcsd_runtime.models.pair import pick_dtype
+    from mcsd_runtime.models.device import pick_dtype
     from mcsd_runtime.progress import progress as bar_of
     from mcsd_runtime.toy.training import _fit, _quiet_lightning
 

@@ -1,10 +1,12 @@
-"""Picking the torch device a command runs on (`--device`)."""
+"""Picking the torch device a command runs on (`--device`) and the dtype models run in there
+(`--dtype`)."""
 
 from __future__ import annotations
 
 import torch
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.models.cpu import cpu_has_native_bf16
 
 DEVICE_HELP = "use auto, cpu, cuda, cuda:N or mps"
 
@@ -38,3 +40,23 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on a GPU that supports it, float16 on other accelerators, bfloat16 on
+    a CPU with native bf16 matmuls (`cpu.cpu_has_native_bf16`: AMX or AVX512-BF16, where it
+    is fast), else float32 (emulated bf16 is slower than fp32 on CPUs without them)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "mps":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float64": torch.float64}
+    if dtype not in names:
+        raise MCSDError(f"unknown dtype {dtype!r}: use one of auto, {', '.join(names)}")
+    return names[dtype]

@@ -9,29 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.models.cpu import cpu_has_native_bf16
-from mcsd_runtime.models.device import pick_device
+from mcsd_runtime.models.device import pick_device, pick_dtype
 from mcsd_runtime.models.fingerprint import config_hash, tokenizer_hash
-
-
-def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on a GPU that supports it, float16 on other accelerators, bfloat16 on
-    a CPU with native bf16 matmuls (`cpu.cpu_has_native_bf16`: AMX or AVX512-BF16, where it
-    is fast), else float32 (emulated bf16 is slower than fp32 on CPUs without them)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "mps":
-            return torch.float16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float64": torch.float64}
-    if dtype not in names:
-        raise MCSDError(f"unknown dtype {dtype!r}: use one of auto, {', '.join(names)}")
-    return names[dtype]
 
 
 def check_same_vocab(target_tok, draft_tok, target_name: str = "target",
