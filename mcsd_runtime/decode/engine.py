@@ -23,6 +23,12 @@ last depth, which it never forwarded. Caches are `RowCache`s: a row keeps its co
 the rest is masked and compacted away after every step. A finished row (EOS, max_new_tokens)
 leaves, and the next queued prompt is prefilled into the free slot (continuous batching).
 
+A feature draft (`mcsd_runtime.distill.feature`) reads the target's final state one position
+back: the target's forwards return their states, each row keeps those of its pending draft
+tokens, and the draft takes every accepted token again with the target's state (no tree slot of
+the draft is kept: its guessed states never stay in its cache); a drafted node reads the draft's
+own state at its parent.
+
 Depth in a batch: padded forwards make a shallower tree no cheaper, so every row is drafted to
 the batch's depth, capped by its own token budget. After each depth the batch drafts one more if
 the stopper's `batch_continue(frontiers)` says so, or else if ANY row's own stopper (a copy of the
