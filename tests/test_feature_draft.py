@@ -18,11 +18,12 @@ from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.distill.feature import (
     FeatureDraft,
     attach_feature_input,
-    feature_draft_from,
     is_feature_draft,
     save_feature_draft,
+    with_feature_input,
 )
 from mcsd_runtime.distill.feature_train import shifted
+from mcsd_runtime.distill.layers import cut_draft
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 
@@ -40,7 +41,7 @@ class Traces:
 @pytest.fixture(scope="module")
 def fpair() -> Pair:
     base = make_pair(vocab=64, seed=3)
-    draft = feature_draft_from(base.target, [0, 1]).to(torch.float64)
+    draft = with_feature_input(cut_draft(base.target, [0, 1])).to(torch.float64)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():  # a draft that is not the target's last layer verbatim
         for p in draft.parameters():
@@ -165,3 +166,39 @@ def test_generate_and_hf_assisted_are_refused_for_a_feature_draft(fpair):
         fpair.draft.generate(torch.tensor([[1, 2]]))
     with pytest.raises(MCSDError, match="hf-assisted"):
         build_method("hf-assisted", fpair, DecodeConfig(k_config=(1,), max_new_tokens=4))
+
+
+@pytest.mark.parametrize("draft_kind", [None, "one-hot", "sharp-T0.2", "biased verifier"])
+def test_sampling_with_a_feature_draft_follows_the_target(draft_kind, monkeypatch):
+    """Chi-square of the first two sampled tokens against the target's exact joint, with a
+    noisy feature draft, a near one-hot one and a sharp one at a low temperature; the same test
+    rejects a verifier that draws the residual from p."""
+    from test_decoder_sampling import (
+        ALPHA,
+        DRAFTS,
+        exact_joint,
+        micro_pair,
+        p_value,
+        residual_from_p,
+        sampled_counts,
+        shape_logits,
+    )
+
+    from mcsd_runtime.decode import verify as V
+
+    base = micro_pair()
+    draft = with_feature_input(cut_draft(base.target, [0, 1])).to(torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    temperature, k_config = 1.0, (3, 2)
+    if draft_kind in DRAFTS:
+        shape, temperature, k_config = DRAFTS[draft_kind]
+        shape_logits(draft, **shape)
+    broken = draft_kind == "biased verifier"
+    if broken:
+        monkeypatch.setattr(V, "verify_children", residual_from_p)
+    pair = Pair(base.target, draft.eval())
+    counts = sampled_counts(pair, "mcss", k_config, temperature)
+    assert (p_value(counts, exact_joint(pair, temperature)) > ALPHA) != broken

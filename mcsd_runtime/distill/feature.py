@@ -103,14 +103,6 @@ def with_feature_input(draft: nn.Module) -> FeatureDraft:
     return FeatureDraft(draft, fc.to(device=emb.device, dtype=emb.dtype))
 
 
-def feature_draft_from(target: nn.Module, layer_ids: list[int] | None = None) -> FeatureDraft:
-    """A feature draft cut from `target`: its layers `layer_ids` (default the first only), in
-    float32, reading the target's states through a fresh input projection."""
-    from mcsd_runtime.distill.layers import cut_draft
-
-    return with_feature_input(cut_draft(target, layer_ids or [0]))
-
-
 def save_feature_draft(draft: FeatureDraft, folder: str | Path) -> None:
     """The wrapped model (`save_pretrained`) and `FC_FILE` into `folder`."""
     from safetensors.torch import save_file
