@@ -175,6 +175,29 @@ def test_generated_data_are_reused_not_regenerated(chat_data, monkeypatch):
                                    progress_on=False)
 
 
+def test_answered_prompts_add_a_stream_beside_the_same_conversations(chat_data, monkeypatch):
+    """A recipe that adds `prompts` reads the conversations already generated and answers
+    only the prompts; another prompt set gets a stream of its own."""
+    target, tok, recipe, folder, data = chat_data
+    with_prompts = replace(recipe, prompts="toy-code", prompt_limit=3)
+    assert with_prompts.data_hash12(FP) == recipe.data_hash12(FP)
+
+    def no_queries(*a, **k):
+        raise AssertionError("conversations generated again")
+
+    monkeypatch.setattr(distill_data, "sample_queries", no_queries)
+    got = distill_data.generate_data(folder, target, tok, with_prompts, progress_on=False)
+    chats = [s.tokens.tolist() for s in data.train if s.kind == "chat"]
+    assert [s.tokens.tolist() for s in got.train if s.kind == "chat"] == chats
+    answered = [s for s in got.train if s.kind == "prompt"]
+    assert got.prompts == 3 and len(answered) == 3
+    doc_recipe = replace(with_prompts, prompts="toy-doc")
+    other = distill_data.generate_data(folder, target, tok, doc_recipe, progress_on=False)
+    doc = [s.tokens.tolist() for s in other.train if s.kind == "prompt"]
+    assert len(doc) == 3 and doc != [s.tokens.tolist() for s in answered]
+    assert len(list(folder.glob("prompts-*.pt"))) == 2
+
+
 def test_worker_processes_generate_the_same_data(chat_data, chat_target, tmp_path):
     """Batches are seeded one by one: two processes write what one wrote."""
     target, tok, recipe, folder, data = chat_data

@@ -388,7 +388,7 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
     wanted = {"heldout": recipe.heldout_conversations, "chat": recipe.conversations} \
         if has_chat else {}
     jobs = [j for stream, n in wanted.items() for j in _chat_jobs(stream, 0, -(-n // size))]
-    prompt_stream = f"prompts-{recipe.prompt_limit or 'all'}"
+    prompt_stream = "prompts-" + hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
     jobs += [Job(prompt_stream, b, "prompt", tuple(texts[i : i + size]))
              for b, i in enumerate(range(0, len(texts), size))]
     text_streams = {}

@@ -23,9 +23,11 @@ PRECISIONS = ("auto", "32-true", "bf16-mixed")
 # The fields that determine what a generated batch holds: the data folder's key. How many
 # batches a recipe reads (conversations, text tokens, prompt limit, seq_len) names its
 # streams instead, so a recipe asking for fewer conversations reads a prefix of a larger
-# generation and one asking for more generates only the missing batches.
-DATA_FIELDS = ("query_tokens", "answer_tokens", "query_temperature", "gen_batch", "prompts",
-               "top_k", "seed")
+# generation and one asking for more generates only the missing batches. The answered prompts
+# (`prompts`) name their own stream by their content, so recipes that differ only in prompts
+# share the conversations.
+DATA_FIELDS = ("query_tokens", "answer_tokens", "query_temperature", "gen_batch", "top_k",
+               "seed")
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ class DistillRecipe:
 
     def data_hash12(self, target_fingerprint: dict) -> str:
         """A hash of what determines the generated data and the target's fingerprint."""
-        return _hash({"data": self.data_dict(), "target": target_fingerprint,
+        data = {**self.data_dict(), "prompts": ""}  # the key folders were first written under
+        return _hash({"data": data, "target": target_fingerprint,
                       "data_code": DATA_CODE_VERSION})
 
 
