@@ -129,7 +129,8 @@ class DistillRecipe:
 
     def data_hash12(self, target_fingerprint: dict) -> str:
         """A hash of what determines the generated data and the target's fingerprint."""
-        data = {**self.data_dict(), "prompts": ""}  # the key folders were first written under
+        # `prompts` is not a data field, but stays in the key as "": existing folders keep theirs
+        data = {**self.data_dict(), "prompts": ""}
         return _hash({"data": data, "target": target_fingerprint,
                       "data_code": DATA_CODE_VERSION})
 
