@@ -95,7 +95,7 @@ def default_run_name(args: argparse.Namespace) -> str:
     prompts = args.prompts.split("=")[0] if "=" in args.prompts else args.prompts
     prompts = prompts.rstrip("/").split("/")[-1].rsplit(".", 1)[0] if "/" in prompts or \
         prompts.endswith((".json", ".jsonl", ".parquet")) else prompts
-    k = args.k_config.replace(",", ".").replace(" ", "").strip("()")
+    k = args.k_config.replace(",", ".").replace("/", "c").replace(" ", "").strip("()")
     parts = ["collect", _slug(target), _slug(prompts)]
     if args.limit:
         parts.append(f"n{args.limit}")

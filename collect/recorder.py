@@ -16,7 +16,7 @@ import torch
 
 from collect.schema import prompt_hash, row_schema
 from mcsd_runtime.decode.decoder import StepTrace
-from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.decode.tree import Tree, parse_k_config
 from mcsd_runtime.stop.features import NODE_FEATURES, TRAJECTORY_FEATURES
 
 _N = len(NODE_FEATURES)
@@ -44,7 +44,7 @@ class RowRecorder:
 
     def __init__(self, k_config: tuple[int, ...], run_id: str, init: str,
                  save_hidden: bool = False) -> None:
-        self.tree = Tree(tuple(k_config))
+        self.tree = Tree(parse_k_config(k_config))
         self.parent = np.asarray(self.tree.parents(), dtype=np.int16).clip(min=0)
         self.run_id, self.init = run_id, init
         self.needs_hidden = bool(save_hidden)  # read by the decoder (`decoder.Recorder`)

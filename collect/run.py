@@ -128,7 +128,7 @@ def identity(job: CollectJob, pair: Pair) -> dict[str, Any]:
         "pair_weights": {"target": weights_probe(pair.target),
                          "draft": weights_probe(pair.draft)},
         "dtype": str(pair.dtype).removeprefix("torch."),
-        "k_config": list(cfg.k_config),
+        "k_config": cfg.k_config.json(),
         "init": cfg.init,
         "temperature": float(cfg.temperature),
         "verify": cfg.verify,

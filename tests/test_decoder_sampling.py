@@ -209,7 +209,8 @@ def proposals_smaller_than_k(pair, temperature: float, k: int) -> bool:
 
 
 @pytest.mark.parametrize(("verify", "k_config"), [("mcss", (3, 2)), ("mcss-replacement", (3, 2)),
-                                                   ("naive", (3, 2)), ("mcss", (1, 1))])
+                                                   ("naive", (3, 2)), ("mcss", (1, 1)),
+                                                   ("mcss", "3,2/2"), ("naive", "3,2/2")])
 def test_sampling_matches_target_distribution(micro, verify, k_config):
     counts = sampled_counts(micro, verify, k_config)
     assert p_value(counts, exact_joint(micro, 1.0)) > ALPHA

@@ -12,6 +12,7 @@ from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, s
 
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
@@ -98,6 +99,27 @@ def test_exact_replay_matches_decoder(data, spec):
     assert (r.tokens, r.steps, r.draft_forwards, r.drafted_tokens) == (tokens, calls, drafts,
                                                                       drafted)
     assert r.tau == pytest.approx(tokens / calls)
+
+
+SPARSE = "4,1/1,1,1"  # four candidates, a chain under the likeliest
+
+
+@pytest.mark.parametrize("spec", ["static:1", "static:2", "static:4", "heuristic",
+                                  "confidence:0.3"])
+def test_exact_replay_matches_decoder_on_a_capped_tree(spec):
+    """The same on a tree whose deeper depths grow under the likeliest candidate only; the
+    replay reads the tree's shape from the rows alone."""
+    data = R.ReplayData(dense_rows("sparse", SPARSE))
+    assert data.tree.k_config == parse_k_config(SPARSE) and data.tree.sizes == (4, 1, 1, 1)
+    r = R.replay(data, spec)
+    tokens = calls = drafted = 0
+    for ids in prompts():
+        dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=SPARSE, max_new_tokens=MAX_NEW),
+                          stopper=spec)
+        st = dec.generate(ids).stats
+        tokens, calls, drafted = tokens + st.new_tokens, calls + st.target_calls, \
+            drafted + st.drafted_tokens
+    assert (r.tokens, r.steps, r.drafted_tokens) == (tokens, calls, drafted)
 
 
 @pytest.mark.parametrize("model", ["lightgbm", "mlp", "mlp-hidden"])
@@ -350,8 +372,9 @@ def test_stopper_loads_only_into_the_tree_it_was_trained_on(artifacts):
     assert load_stopper(folder).k_config == K_CONFIG
     dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG), stopper=f"stopper:{folder}")
     assert dec.stopper.k_config == K_CONFIG
-    for other in ((1, 1, 1, 1), (4, 2, 2), (3, 1)):  # a chain of the same depth is another tree
-        text = ",".join(map(str, other))
+    # a chain of the same depth is another tree, and so is the same one capped
+    for other in ((1, 1, 1, 1), (4, 2, 2), (3, 1), "4,2/2,2,1"):
+        text = str(parse_k_config(other))
         with pytest.raises(MCSDError, match=f"trained on k-config 4,2,2,1 trees, but the decoder "
                                             f"drafts k-config {text};"):
             MCSDDecoder(small_pair(), DecodeConfig(k_config=other), stopper=load_stopper(folder))
@@ -384,6 +407,10 @@ def test_runs_of_different_trees_are_refused():
     assert collected_k_config(same) == (4, 2, 2, 1) and collected_k_config([{}]) is None
     with pytest.raises(MCSDError, match=r"different k-configs \(2,2 and 4,2,2,1\)"):
         collected_k_config([*same, {"k_config": [2, 2]}])
+    capped = [{"k_config": "4,1/1,1"}, {"k_config": "4,1/1,1"}]
+    assert str(collected_k_config(capped)) == "4,1/1,1"
+    with pytest.raises(MCSDError, match=r"different k-configs \(4,1,1 and 4,1/1,1\)"):
+        collected_k_config([*capped, {"k_config": [4, 1, 1]}])
 
 
 def _hashes_by_split(df: pd.DataFrame, masks: dict) -> dict[str, set]:

@@ -63,13 +63,13 @@ def small_pair():
 
 
 @functools.cache
-def dense_rows(run_id: str = "run0") -> pd.DataFrame:
+def dense_rows(run_id: str = "run0", k_config=K_CONFIG) -> pd.DataFrame:
     """A dense greedy collection: a full tree drafted and verified at every AR position."""
     pair = small_pair()
     frames = []
     for i, ids in enumerate(prompts()):
-        rec = Recorder(K_CONFIG, f"p{i}", ids, run_id)
-        dec = MCSDDecoder(pair, DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW,
+        rec = Recorder(k_config, f"p{i}", ids, run_id)
+        dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=MAX_NEW,
                                              commit_limit=1), stopper="static", recorder=rec)
         dec.generate(ids)
         frames.append(pd.DataFrame(rec.rows))

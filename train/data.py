@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mcsd_runtime.decode.tree import KConfig, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import combine_formats
 from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
@@ -102,12 +103,12 @@ def pair_fingerprint(manifests: list[dict]) -> dict | None:
     return first
 
 
-def collected_k_config(manifests: list[dict]) -> tuple[int, ...] | None:
+def collected_k_config(manifests: list[dict]) -> KConfig | None:
     """The runs' common k-config (None when no manifest records one); MCSDError if the runs
     were collected with different trees."""
-    configs = {tuple(m["k_config"]) for m in manifests if m.get("k_config")}
+    configs = {parse_k_config(m["k_config"]) for m in manifests if m.get("k_config")}
     if len(configs) > 1:
-        shown = " and ".join(",".join(map(str, k)) for k in sorted(configs))
+        shown = " and ".join(sorted(map(str, configs)))
         raise MCSDError(f"the runs passed to --data were collected with different k-configs "
                         f"({shown}); train one stopper per k-config")
     return configs.pop() if configs else None

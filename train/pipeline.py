@@ -520,7 +520,7 @@ def _plots(prep: Prepared, fitted: Fit, choice: Choice, out: Path, config: Train
     from mcsd_runtime.paths import short_model_name as short
 
     pair = f"{short(fp.get('target'))} / {short(fp.get('draft'))}" if fp else "pair"
-    k = ",".join(map(str, data.tree.k_config))
+    k = str(data.tree.k_config)
     what = f"{config.model} ({config.label} labels), {pair}, k={k}"
     lines = {k: v[METRIC] for k, v in choice.results["val"].items()
              if k.startswith("static:") or k == "oracle"}

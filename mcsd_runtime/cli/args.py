@@ -42,7 +42,9 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str | None = DEFA
     commands that take the tree a trained stopper records (`k_config_from_stoppers`)."""
     g = parser.add_argument_group("decoding")
     g.add_argument("--k-config", default=k_config,
-                   help="children per depth of the draft tree, e.g. 4,2,2,1 (default "
+                   help="children per depth of the draft tree, e.g. 4,2,2,1; k/cap keeps at "
+                        "most cap nodes of a depth, the children of its likeliest parents "
+                        "(4,1/1,1: four candidates, a chain under the likeliest) (default "
                         + ("%(default)s)" if k_config is not None else
                            f"the tree the trained stopper was trained on, else {DEFAULT_K_TEXT})"))
     g.add_argument("--init", default="draft", choices=INITS,

@@ -23,6 +23,7 @@ from mcsd_runtime.cli.args import (
     pair_from_args,
 )
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
+from mcsd_runtime.decode.tree import k_text
 from mcsd_runtime.evaluate.cells import fmt_times
 from mcsd_runtime.prompts.chat import add_chat_arg
 
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 def describe_config(config) -> str:
     """A DecodeConfig as a reader wants it: `k-config 4,2,2,1, greedy, 128 new tokens, ...`."""
-    k = ",".join(map(str, config.k_config)) or "() (autoregressive)"
+    k = k_text(config.k_config)
     sampling = "greedy" if config.temperature == 0 else (
         f"temperature {config.temperature:g} (verifier {config.verify})")
     init = "draft-initialized" if config.init == "draft" else "target-initialized (NOT lossless)"

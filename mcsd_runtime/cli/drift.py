@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     table = drift_table(summary, low=args.low)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "drift.json", json.dumps(
-        {"pair": pair.fingerprint, "k_config": list(k_config), "low": args.low,
+        {"pair": pair.fingerprint, "k_config": k_config.json(), "low": args.low,
          "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "chat": args.chat,
          "summary": summary, "rows": [r.to_dict() for r in rows]}, indent=2))
     atomic_write_text(args.out / "drift.md", table + "\n")

@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         return run_drafts(args, methods, base, settings_of=_settings, why=why)
     if args.from_runs:
         return combine_runs(args, methods)
-    print(f"k-config {','.join(map(str, k_config))} ({why})", flush=True)
+    print(f"k-config {base.k_config} ({why})", flush=True)
     domains = prompt_domains(args)
     if len(sizes) > 1:
         if len(domains) > 1:
@@ -367,7 +367,7 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
     return {"target": pair.target_name, "draft": pair.draft_name, "prompts": prompts,
             "n_prompts": n_prompts, "chat": getattr(args, "chat", "auto"),
             "prompt_format": prompt_format, "temperature": base.temperature,
-            "k_config": ",".join(map(str, base.k_config)), "verify": base.verify,
+            "k_config": str(base.k_config), "verify": base.verify,
             "max_new_tokens": base.max_new_tokens, "seed": base.seed,
             "ignore_eos": base.eos_token_ids == (), "device": str(pair.device),
             "dtype": str(pair.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),

@@ -103,7 +103,7 @@ def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile
         profile = cost_measure.calibrate(profile, runs, forwards, batch_size=b)
         if b > 1:
             profile.batches[b].static["prompts"] = len(ids)
-    profile.static |= {"k_config": list(k_config), "prompt_set": args.overhead_prompts,
+    profile.static |= {"k_config": k_config.json(), "prompt_set": args.overhead_prompts,
                        "max_new_tokens": args.overhead_tokens,
                        "prompt_format": prompt_format(prompts, pair.tokenizer, args.chat)}
     return profile

@@ -154,7 +154,7 @@ def run(pair, methods: list[str], k_config: tuple[int, ...], prompt_tokens: int,
     counts = launch_counts(pair, deepest[0], k_config, ids[0], max_new_tokens)
     progress(f"per step of {deepest[0]}: {json.dumps(counts)}")
     return {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
-            "k_config": list(k_config), "max_new_tokens": max_new_tokens,
+            "k_config": k_config.json(), "max_new_tokens": max_new_tokens,
             "prompt_tokens": prompt_tokens, "prompts": len(ids),
             "rows": [r.__dict__ for r in rows], "launches": {deepest[0]: counts}}
 

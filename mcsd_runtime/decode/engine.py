@@ -546,7 +546,10 @@ class Engine:
         """Depth `d`'s candidates for every row from q [rows, m, V]: the top-k of all rows in one
         call when greedy; sampled rows draw with their own generator up to their own depth
         `own[i]` (`propose_row`)."""
-        k = self.cfg.k_config[d - 1]
+        k, m = self.cfg.k_config[d - 1], self.tree.parents_with_children(d)
+        if m < q.shape[1]:  # a capped depth: only the likeliest parents have children
+            q, hidden = q[:, :m], None if hidden is None else hidden[:, :m]
+            parent_log_path = parent_log_path[:, :m]
         if self.cfg.temperature != 0:
             return [self.propose_row(q[i], None if hidden is None else hidden[i], d,
                                      None if parent_log_path is None else parent_log_path[i],
@@ -638,9 +641,14 @@ class Engine:
                 next_rows.append(zero)
                 continue
             rows = slice(0, 1) if d == 1 else tree.depth_slice(d - 1)
-            cands = layer.tokens.view(-1, tree.k_config[d - 1])
-            rank, nxt = V.verify_children(probs[rows], layer.proposal, cands, self.cfg.verify,
-                                          gen)
+            m = tree.parents_with_children(d)
+            cands = layer.tokens.view(m, tree.k_config[d - 1])
+            rank, nxt = V.verify_children(probs[rows][:m], layer.proposal, cands,
+                                          self.cfg.verify, gen)
+            if m < rows.stop - rows.start:  # a capped depth: the other parents are leaves
+                leaf = probs[rows][m:]
+                rank = torch.cat([rank, rank.new_full((leaf.shape[0],), -1)])
+                nxt = torch.cat([nxt, V.sample(leaf, gen)])
             rank_rows.append(rank)
             next_rows.append(nxt)
         leaves = tree.depth_slice(draft.depth) if draft.depth else slice(0, 1)

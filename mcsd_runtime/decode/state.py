@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
-from mcsd_runtime.decode.tree import TreeTensors, parse_k_config
+from mcsd_runtime.decode.tree import KConfig, TreeTensors, k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
     FEATURE_NAMES,
@@ -31,7 +31,7 @@ from mcsd_runtime.stop.features import (
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    k_config: tuple[int, ...] = DEFAULT_K_CONFIG  # () decodes autoregressively
+    k_config: KConfig = DEFAULT_K_CONFIG  # () decodes autoregressively; "4,1/1": see KConfig
     init: str = "draft"  # "target": the paper's target-initialized first layer (lossy)
     temperature: float = 0.0  # 0 = greedy
     verify: str = "mcss"  # sampling verifier: mcss | mcss-replacement | naive
@@ -76,7 +76,7 @@ class DecodeConfig:
     def _check_lookup(self) -> None:
         if self.lookup < 0 or self.lookup > len(self.k_config):
             raise MCSDError(f"lookup {self.lookup} needs a tree of at least that many depths; "
-                            f"the k-config {','.join(map(str, self.k_config)) or '()'} has "
+                            f"the k-config {k_text(self.k_config)} has "
                             f"{len(self.k_config)}")
         if any(k != 1 for k in self.k_config[: self.lookup]):
             raise MCSDError("prompt lookup proposes one chain: its depths need one candidate "

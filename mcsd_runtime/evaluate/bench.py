@@ -24,7 +24,7 @@ def bench_runners(pair: Pair, config: DecodeConfig, stopper: str, built,
                   batch_size: int = 1) -> dict:
     """`ar`, `hf` (not at batch sizes above 1: it decodes one sequence at a time) and MCSD with
     the stopper `built` from the spec `stopper`, named `mcsd:K` or `mcsd:K+STOPPER`."""
-    sd_name = f"mcsd:{','.join(map(str, config.k_config))}"
+    sd_name = f"mcsd:{config.k_config}"
     if stopper != f"static:{len(config.k_config)}":
         sd_name += f"+{short_name(stopper)}"
     runners = {"ar": build_method("ar", pair, config), "hf": build_method("hf", pair, config),

@@ -6,6 +6,7 @@ what kind of method a name is."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from mcsd_runtime.decode.state import DecodeConfig
@@ -62,12 +63,14 @@ def lookup_tree(k: int | None, spec: str | None,
 
 
 def split_methods(spec: str) -> list[str]:
-    """`ar,mcsd:4,2,2,1,heuristic` -> `["ar", "mcsd:4,2,2,1", "heuristic"]`."""
+    """`ar,mcsd:4,2,2,1,heuristic` -> `["ar", "mcsd:4,2,2,1", "heuristic"]` (a depth may be
+    capped: `mcsd:4,1/1,1`)."""
     out: list[str] = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        if part.isdigit() and out and out[-1].startswith(("mcsd:", "mcsd-target-init:")):
+        if (re.fullmatch(r"\d+(/\d+)?", part) and out
+                and out[-1].startswith(("mcsd:", "mcsd-target-init:"))):
             out[-1] += f",{part}"
         else:
             out.append(part)
@@ -170,13 +173,13 @@ def tree_for(methods: list[str], k_config: str | None,
         return parse_k_config(k_config), "--k-config"
     trees = stopper_trees(methods)
     if len(set(trees.values())) > 1:
-        listed = "; ".join(f"{m}: {','.join(map(str, k))}" for m, k in trees.items())
+        listed = "; ".join(f"{m}: {parse_k_config(k)}" for m, k in trees.items())
         raise MCSDError(f"the trained stoppers were trained on different trees ({listed}); "
                         f"pass --k-config and keep only the stoppers trained on it")
     if trees:
         method, k = next(iter(trees.items()))
         return k, f"the tree {short_name(method)} was trained on"
-    return default, "the default"
+    return parse_k_config(default), "the default"
 
 
 def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
@@ -196,7 +199,7 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
             raise MCSDError(f"method {method!r}: {err}") from None
         return f"{LOOKUP}:{k}:{n}" + (f"+{explicit_label(spec, k_config)}" if spec else "")
     if kind in ("mcsd", "mcsd-target-init") and not arg:
-        return f"{kind}:{','.join(map(str, k_config))}"
+        return f"{kind}:{parse_k_config(k_config)}"
     if kind == "hf-generate":
         return f"{kind}:{explicit_label(arg, k_config)}"
     if kind not in BUILTIN:

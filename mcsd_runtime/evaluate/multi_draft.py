@@ -201,7 +201,7 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
     if getattr(args, "batch_size", 1) != 1:
         raise MCSDError("--drafts decodes one sequence at a time (mcsd-target-init has no "
                         "batches): drop --batch-size")
-    print(f"k-config {','.join(map(str, base.k_config))} ({why})", flush=True)
+    print(f"k-config {base.k_config} ({why})", flush=True)
     sets = load_domains(args.prompts, limit=args.limit or None, seed=args.seed,
                         by_category=getattr(args, "by_category", None))
     out = args.out or runs_dir() / time.strftime("eval-drafts-%Y%m%d-%H%M%S")

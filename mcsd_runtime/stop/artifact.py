@@ -207,7 +207,7 @@ class ArtifactSpec:
             else:
                 out[name] = value
         out["feature_names"] = list(self.feature_names)
-        out["k_config"] = list(self.k_config) if self.k_config is not None else None
+        out["k_config"] = self.k_config.json() if self.k_config is not None else None
         if self.batch is None:
             del out["batch"]
         else:

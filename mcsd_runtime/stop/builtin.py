@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from mcsd_runtime.decode.tree import k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase
@@ -43,7 +44,7 @@ class StaticStopper(StopperBase):
         if self.depth is not None and not 1 <= self.depth <= len(k_config):
             raise MCSDError(
                 f"static:{self.depth} needs a tree of at least {self.depth} depths, but the "
-                f"k-config {','.join(map(str, k_config)) or '()'} has {len(k_config)}; use "
+                f"k-config {k_text(k_config)} has {len(k_config)}; use "
                 f"static:1..{len(k_config)} or a deeper --k-config")
 
 
@@ -250,5 +251,5 @@ def make_stopper(spec: str | Stopper | None,
         raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
                         f"{', '.join(missing)}; subclass mcsd_runtime.stop.contract.StopperBase")
     if k_config is not None:
-        stopper.check_tree(tuple(k_config))
+        stopper.check_tree(parse_k_config(k_config))
     return stopper

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mcsd_runtime.decode.tree import k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_folder
@@ -153,7 +154,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         """Refuse a decoder tree other than the one this stopper was trained on. An artifact
         that does not record its tree (written before stopper.json had `k_config`) is accepted
         with a warning."""
-        k_config = tuple(k_config)
+        k_config = parse_k_config(k_config)
         if self.k_config is None:
             warnings.warn(f"this stopper does not record the k-config it was trained on, so it "
                           f"cannot be checked against the decoder's {_k_text(k_config)}; retrain "
@@ -267,7 +268,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
 
 
 def _k_text(k_config: tuple[int, ...]) -> str:
-    return ",".join(map(str, k_config)) or "() (autoregressive)"
+    return k_text(k_config)
 
 
 def load_stopper(path: str | Path, threshold: float | None = None,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.decode.tree import KConfig, Tree, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
     FEATURE_NAMES,
@@ -85,7 +85,7 @@ class ReplayData:
     A sequence missing from it gets a guess from its last step, which cannot tell an output
     ending in EOS one token before the budget from one the budget ended."""
 
-    def __init__(self, df: pd.DataFrame, k_config: tuple[int, ...] | None = None,
+    def __init__(self, df: pd.DataFrame, k_config: KConfig | tuple[int, ...] | None = None,
                  mode: str = "auto", hidden: bool = False,
                  new_tokens: dict[str, int] | None = None) -> None:
         if df.empty:
@@ -93,7 +93,7 @@ class ReplayData:
         if "init" in df.columns and (df["init"] != "draft").any():
             raise MCSDError("replay models draft-initialized steps; these rows include "
                             "init='target' steps")
-        self.tree = Tree(tuple(k_config) if k_config else _infer_k_config(df))
+        self.tree = Tree(parse_k_config(k_config) if k_config else _infer_k_config(df))
         self.depth = self.tree.depth
         df = df.sort_values([*SEQUENCE_KEY, "step", "node"], kind="stable")
         keys = sequence_ids(df).to_numpy()
@@ -147,8 +147,14 @@ class ReplayData:
         return sum(len(p.steps) for p in self.prompts.values())
 
 
-def _infer_k_config(df: pd.DataFrame) -> tuple[int, ...]:
-    """k-config from the widest step: nodes per depth and the frontier size column."""
-    sizes = df.groupby("depth")["frontier_size"].max().sort_index().astype(int).tolist()
-    k = [sizes[0]] + [sizes[i] // sizes[i - 1] for i in range(1, len(sizes))]
-    return tuple(k)
+def _infer_k_config(df: pd.DataFrame) -> KConfig:
+    """The k-config of the widest step: children per parent from the sibling ranks, nodes per
+    depth from the frontier size (a depth with fewer than its parents' children is capped)."""
+    by_depth = df.groupby("depth")
+    sizes = by_depth["frontier_size"].max().sort_index().astype(int).tolist()
+    ks = (by_depth["sibling_rank"].max().sort_index().astype(int) + 1).tolist()
+    full, caps = 1, []
+    for k, size in zip(ks, sizes, strict=True):
+        caps.append(size if size < full * k else None)
+        full = size
+    return KConfig(ks, caps)
