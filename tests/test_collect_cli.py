@@ -174,3 +174,24 @@ def test_processes_sharing_a_device_refuse_what_they_cannot_do(setup, extra, mes
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (root / "refused").exists() or not list((root / "refused").glob("train-*"))
+
+
+def test_a_capped_tree_is_collected_and_named(setup):
+    """`--k-config 3,1/1,1`: the manifest records the capped tree, each step's rows are its
+    3 + 1 + 1 nodes at most, and training reads the tree back from the manifest."""
+    from mcsd_runtime.decode.tree import parse_k_config
+    from train.data import collected_k_config
+
+    root, args, _, _ = setup
+    i = args.index("--k-config")
+    capped = [*args[: i + 1], "3,1/1,1", *args[i + 2 :]]
+    out = root / "capped"
+    assert mcsd(["collect", *capped, "--limit", "3", "--out", str(out)]) == 0
+    manifest = load_manifest(out)
+    assert manifest["k_config"] == "3,1/1,1"
+    assert collected_k_config([manifest]) == parse_k_config("3,1/1,1")
+    rows = load_rows(out)
+    per_depth = rows.groupby(["prompt_id", "step", "depth"]).size().groupby("depth").max()
+    assert per_depth.to_dict() == {1: 3, 2: 1, 3: 1}
+    deeper = rows[rows["depth"] > 1]
+    assert set(deeper["parent"]) <= {1, 4}  # under the likeliest candidate, then its child
