@@ -143,6 +143,33 @@ def test_exact_replay_matches_decoder_for_learned_stopper(data, rows, artifacts,
             < R.replay(data, "static:4").drafted_depth)
 
 
+def test_online_recalibration_replays_as_the_decoder_decodes(data, artifacts):
+    """With per-sequence recalibration on, replay and decoder still agree, at batch size 1 and
+    for a batch of 3 (each row scaled by its own acceptances), and its decisions differ from
+    the same stopper's without it."""
+    from mcsd_runtime.costmodel.profile import BatchCosts
+    from mcsd_runtime.stop.learned import stopper_from
+
+    folder, _ = artifacts["lightgbm"]
+    spec = load_stopper(folder).spec
+    wide = CostProfile(tokens=[1, 64], target_s=[1.0, 2.0], draft_s=[0.1, 0.2],
+                       batches={8: BatchCosts(target_s=[3.0, 9.0], draft_s=[0.2, 0.5])})
+    order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
+    for batch in (1, 3):
+        r = R.replay(data, stopper_from(spec, folder, online_strength=0.5), wide,
+                     batch_size=batch)
+        dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
+                          stopper=stopper_from(spec, folder, online_strength=0.5))
+        st = dec.generate_batch([prompts()[i] for i in order], batch_size=batch).stats
+        assert (r.tokens, r.batch_steps, r.draft_forwards) == (st.new_tokens, st.target_calls,
+                                                               st.draft_calls)
+    online = R.replay(data, stopper_from(spec, folder, online_strength=0.5))
+    assert online.drafted_depth != R.replay(data, load_stopper(folder)).drafted_depth
+    # training chose a strength (or none) by replay, and stopper.json holds that choice
+    chosen = artifacts["lightgbm"][1]["headline"]["online_strength"]
+    assert chosen in (0.0, *R.ONLINE_STRENGTHS) and spec.online_strength == chosen
+
+
 def test_accepted_oracle_never_worse_per_call(data):
     oracle = R.replay(data, "oracle-accepted", PROFILE)
     specs = [f"static:{d}" for d in range(1, 5)] + ["heuristic", "confidence:0.2", "entropy",

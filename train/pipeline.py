@@ -222,9 +222,11 @@ def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
 
 def _spec_fields(setting: dict, calibration: Calibration | None) -> dict:
     """The stopper.json fields of a chosen setting: its threshold or its expected-throughput
-    rule (per-depth thresholds and the calibration), aggregation, min_depth, gate and skip."""
+    rule (per-depth thresholds and the calibration), aggregation, min_depth, gate, skip and
+    online recalibration."""
     out = {k: setting[k] for k in ("threshold", "aggregation", "min_depth", "min_depth_gate",
                                    "skip_rate", "skip_probe")}
+    out["online_strength"] = setting.get("online_strength", 0.0)
     rule = setting.get("rule") == "expected-rate"
     return out | {"depth_thresholds": tuple(setting["depth_thresholds"]) if rule else None,
                   "calibration": calibration if rule else None}
@@ -326,6 +328,7 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
             "skip_rate": chosen.get("skip_rate", 0.0),
             "skip_probe": chosen.get("skip_probe", DEFAULT_PROBE),
             "rule": chosen.get("rule", "threshold"), "rate": chosen.get("rate"),
+            "online_strength": chosen.get("online_strength", 0.0),
             "threshold_rule_value": test.get("learned(threshold)", {}).get(METRIC),
             "expected_rate_rule_value": test.get("learned(expected-rate)", {}).get(METRIC),
             "learned_vs_ar": s / test["ar"][METRIC] if test.get("ar", {}).get(METRIC) else None,
@@ -394,6 +397,10 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
             rules["expected-rate"] = max(points, key=lambda c: c[METRIC]) | {
                 "rule": "expected-rate"}
     chosen = max(by_rule.values(), key=lambda c: c[METRIC])
+    # per-sequence recalibration from the acceptances seen, where it replays faster (ties: off)
+    chosen = max([chosen | {"online_strength": 0.0},
+                  *R.sweep_online(val, stopper, profile, chosen, decision_s=decision_s,
+                                  calibration=calibration)], key=lambda c: c[METRIC])
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
@@ -427,7 +434,9 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         f"{chosen['skip_probe']} steps); rule {chosen['rule']}"
         + (f" at {chosen['rate']:.4g} tokens/s (thresholds by depth "
            f"{', '.join(f'{t:.3g}' for t in chosen['depth_thresholds'])})"
-           if chosen["rule"] == "expected-rate" else ""))
+           if chosen["rule"] == "expected-rate" else "")
+        + "; online recalibration "
+        + (f"strength {chosen['online_strength']:g}" if chosen["online_strength"] else "off"))
     _warn_if_a_peer_wins(results, headline, log)
     test_scores = stopper.node_scores(prep.x["test"])
     choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,

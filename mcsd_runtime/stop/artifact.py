@@ -23,6 +23,8 @@ reader owns the format. Fields, in file order:
                       (mcsd_runtime.stop.skip.SkipGate; absent: 0, a draft at every step)...
     skip_probe        ...drafting again after this many steps without a draft (absent: 8);
                       both hold at every batch size
+    online_strength   per-sequence recalibration of the continue-scores from the acceptances
+                      seen (mcsd_runtime.stop.online; the prior in tokens; absent: 0, off)
     depth_thresholds  the expected-throughput rule (mcsd_runtime.stop.expected_rate): one
                       threshold per depth 1 .. depth-1, in place of `threshold` (absent: the
                       single threshold), compared with the `sum` of...
@@ -99,6 +101,7 @@ class ArtifactSpec:
     min_depth_gate: float = 0.0
     skip_rate: float = 0.0
     skip_probe: int = DEFAULT_PROBE
+    online_strength: float = 0.0
     depth_thresholds: tuple[float, ...] | None = None
     calibration: Calibration | None = None
     batch: dict[int, BatchSetting] | None = None
@@ -129,6 +132,9 @@ class ArtifactSpec:
         _set_number(self, "skip_rate", float, "skip_rate must be a number in [0, 1]")
         _set_number(self, "skip_probe", int, "skip_probe must be a positive integer")
         SkipGate(self.skip_rate, self.skip_probe)  # checks both ranges
+        _set_number(self, "online_strength", float, "online_strength must be a number >= 0")
+        if not self.online_strength >= 0:
+            raise MCSDError(f"online_strength must be a number >= 0, got {self.online_strength}")
         if self.depth_thresholds is not None:
             try:
                 depths = tuple(float(t) for t in self.depth_thresholds)
@@ -193,12 +199,15 @@ class ArtifactSpec:
 
     def to_json(self) -> dict:
         """The `stopper.json` object, keys in file order (`batch` only when there is a
-        table, `prompt_format` only when recorded, the skip fields only with a skip rate)."""
+        table, `prompt_format` only when recorded, the skip fields only with a skip rate,
+        `online_strength` only when on)."""
         out = {"format": FORMAT} | asdict(self)
         if self.prompt_format is None:
             del out["prompt_format"]
         if not self.skip_rate:  # a draft at every step, as in artifacts older than the fields
             del out["skip_rate"], out["skip_probe"]
+        if not self.online_strength:  # off, as in artifacts older than the field
+            del out["online_strength"]
         rule = {"depth_thresholds": list(self.depth_thresholds or ()),  # only when in use
                 "calibration": self.calibration.to_json() if self.calibration else None}
         for name, value in rule.items():

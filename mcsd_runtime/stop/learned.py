@@ -42,6 +42,7 @@ from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_fold
 from mcsd_runtime.stop.contract import Frontier, StopperBase
 from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
+from mcsd_runtime.stop.online import OnlineCalibration
 from mcsd_runtime.stop.skip import SkipGate, SkipsDrafts
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
@@ -143,6 +144,9 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
         # steps without a draft while the recent acceptance rate is below skip_rate (SkipGate)
         self.skip = SkipGate(spec.skip_rate, spec.skip_probe)
+        # scores scaled per sequence by the acceptances seen (0: off; stop.online)
+        self.online_strength = spec.online_strength
+        self.online = OnlineCalibration(self.online_strength)
         self.row_aggregation = "max"  # how a batch decision combines rows (for_batch sets it)
         self.pair_fingerprint: dict | None = spec.pair_fingerprint
         self.k_config: tuple[int, ...] | None = spec.k_config or None
@@ -222,13 +226,30 @@ class LearnedStopper(SkipsDrafts, StopperBase):
     def frontier_score(self, frontier: Frontier) -> float:
         return self.frontier_scores([frontier])[0]
 
+    def reset(self) -> None:
+        super().reset()
+        self.online = OnlineCalibration(self.online_strength)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        super().update(drafted, accepted)
+        self.online.update(drafted, accepted)
+
     def should_continue(self, frontier: Frontier) -> bool:
         if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
             return True
         threshold = self.threshold_at(frontier.depth)
         if not reachable("max", threshold, 1):
             return False
-        return self.frontier_score(frontier) >= threshold
+        if not self.online_strength:
+            return self.frontier_score(frontier) >= threshold
+        (scores, feats), = self.node_scores_of([frontier])
+        if self.calibration is not None:
+            scores = self.calibration(scores)
+        score = AGGREGATIONS[self.aggregation](scores, feats)
+        go = score * self.online.factor() >= threshold
+        if go:
+            self.online.drafted_past(frontier.depth, min(1.0, float(np.sum(scores))))
+        return go
 
     def for_batch(self, batch_size: int) -> LearnedStopper:
         """This stopper set up for `batch_size` rows from stopper.json's `batch` table (the entry
@@ -242,13 +263,18 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         out.min_depth, out.min_depth_gate = setting.min_depth, setting.min_depth_gate
         if batch_size >= min(self.spec.batch):  # a table entry: its single threshold, raw scores
             out.depth_thresholds = out.calibration = None
+            out.online_strength = 0.0
         return out
 
-    def batch_continue(self, frontiers: list[Frontier]) -> bool:
+    def batch_continue(self, frontiers: list[Frontier]) -> bool | None:
         """One decision for the batch, given the frontiers of the rows that may draft deeper:
         draft on if one of them lies in its no-decision zone (`drafts_without_deciding`), else
         if the row aggregation of their frontier scores (one model call) is >= the threshold.
-        With `max` this decides as asking each row alone and continuing if ANY says yes."""
+        With `max` this decides as asking each row alone and continuing if ANY says yes.
+        None (each row's own copy decides) when the stopper recalibrates online: its scale is
+        each sequence's own."""
+        if self.online_strength:
+            return None
         if any(drafts_without_deciding(f, self.min_depth, self.min_depth_gate)
                for f in frontiers):
             return True
@@ -261,7 +287,8 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         return (f"LearnedStopper(kind={self.kind!r}, aggregation={self.aggregation!r}, "
                 f"threshold={self.threshold:.3f}, min_depth={self.min_depth}, "
                 f"min_depth_gate={self.min_depth_gate:g}, skip_rate={self.skip.rate:g}, "
-                f"skip_probe={self.skip.probe}, row_aggregation={self.row_aggregation!r}"
+                f"skip_probe={self.skip.probe}, row_aggregation={self.row_aggregation!r}, "
+                f"online_strength={self.online_strength:g}"
                 + (f", depth_thresholds={[round(t, 3) for t in self.depth_thresholds]}, "
                    f"calibrated={self.calibration is not None}" if self.depth_thresholds else "")
                 + ")")
@@ -289,8 +316,8 @@ def load_stopper(path: str | Path, threshold: float | None = None,
 def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> LearnedStopper:
     """The stopper `spec` describes, its model read from `folder` (where `spec` need not be
     written yet); `overrides`: fields of `spec` to change (threshold, aggregation, min_depth,
-    min_depth_gate, skip_rate, skip_probe, batch); overriding a setting the `batch` table holds
-    per batch size drops the table unless `batch` is given too."""
+    min_depth_gate, skip_rate, skip_probe, online_strength, batch); overriding a setting the
+    `batch` table holds per batch size drops the table unless `batch` is given too."""
     folder = Path(folder)
     per_batch = {f.name for f in fields(BatchSetting)}
     if per_batch & set(overrides) and "batch" not in overrides:

@@ -7,7 +7,7 @@
 - `train.replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
   `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
 - `train.replay.sweeps`: the learned stopper over a grid of settings, scores cached
-  (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `replay_setting`), the
+  (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `sweep_online`, `replay_setting`), the
   expected-throughput rule (`sweep_rates`), the tuned
   `switch` peer (`tune_switch`), and `baselines`.
 
@@ -28,6 +28,7 @@ from train.replay.oracles import (
 from train.replay.sweeps import (
     GATES,
     MIN_DEPTHS,
+    ONLINE_STRENGTHS,
     SKIP_PROBES,
     SKIP_RATES,
     THRESHOLDS,
@@ -39,13 +40,15 @@ from train.replay.sweeps import (
     skip_rates,
     sweep,
     sweep_gates,
+    sweep_online,
     sweep_rates,
     sweep_skips,
     tune_switch,
 )
 
-__all__ = ["GATES", "MIN_DEPTHS", "SKIP_PROBES", "SKIP_RATES", "THRESHOLDS", "AcceptedOracle",
+__all__ = ["GATES", "MIN_DEPTHS", "ONLINE_STRENGTHS", "SKIP_PROBES", "SKIP_RATES", "THRESHOLDS",
+           "AcceptedOracle",
            "MemoStopper", "NeverDraft", "PlanStopper", "Prompt", "ReplayData", "ReplayResult",
            "Step", "StepLookahead", "baselines", "lookahead_schedule", "optimal_plan",
            "oracle_bound", "replay", "replay_setting", "row_thresholds", "skip_rates", "sweep",
-           "sweep_gates", "sweep_rates", "sweep_skips", "tune_switch"]
+           "sweep_gates", "sweep_online", "sweep_rates", "sweep_skips", "tune_switch"]

@@ -68,6 +68,11 @@ SKIP_PROBES = (4, 8, 16, 32, 64)
 
 
 def _setting_name(s: dict) -> str:
+    online = f"/online{s['online_strength']:g}" if s.get("online_strength") else ""
+    return _base_name(s) + online
+
+
+def _base_name(s: dict) -> str:
     if s.get("depth_thresholds"):
         skip = (f"/skip<{s['skip_rate']:g}~{s.get('skip_probe', DEFAULT_PROBE)}"
                 if s.get("skip_rate") else "")
@@ -157,6 +162,27 @@ def sweep_skips(data: ReplayData, learned, profile: CostProfile | None, chosen: 
                            keep | {"skip_rate": float(r), "skip_probe": int(n)},
                            decision_s=decision_s, calibration=calibration if rule else None)
             for r in rates if r > 0 for n in probes]
+
+
+# prior strengths (tokens) of the per-sequence recalibration tried for the chosen setting
+ONLINE_STRENGTHS = (0.5, 1.0, 2.0, 4.0)
+
+
+def sweep_online(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
+                 decision_s: float = 0.0, strengths=ONLINE_STRENGTHS,
+                 calibration: Calibration | None = None) -> list[dict]:
+    """Replay the chosen setting (threshold or expected-throughput rule, skips included) with
+    per-sequence recalibration (`mcsd_runtime.stop.online`) at every prior strength, at batch
+    size 1."""
+    cache: dict = {}
+    keep = {k: chosen[k] for k in ("aggregation", "threshold", "min_depth", "min_depth_gate",
+                                   "skip_rate", "skip_probe", "rule", "rate",
+                                   "depth_thresholds") if k in chosen}
+    rule = chosen.get("rule") == "expected-rate"
+    return [replay_setting(data, learned, profile, cache,
+                           keep | {"online_strength": float(s)}, decision_s=decision_s,
+                           calibration=calibration if rule else None)
+            for s in strengths]
 
 
 # multiples of the rate Dinkelbach's iteration settles at, replayed beside it
