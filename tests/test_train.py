@@ -64,7 +64,8 @@ def artifacts(rows, tmp_path_factory):
             summary = train_stopper(planted(rows) if model == "mlp-hidden" else rows,
                                     [{"pair": small_pair().fingerprint}], folder,
                                     model=model, label=label, profile=PROFILE, max_epochs=8,
-                                    aggregations=("max", "sum"), log=lambda *_: None)
+                                    aggregations=("max", "sum"), log=lambda *_: None,
+                                    online=model == "lightgbm")
             out[model] = (folder, summary)
     return out
 
@@ -165,7 +166,7 @@ def test_online_recalibration_replays_as_the_decoder_decodes(data, artifacts):
                                                                st.draft_calls)
     online = R.replay(data, stopper_from(spec, folder, online_strength=0.5))
     assert online.drafted_depth != R.replay(data, load_stopper(folder)).drafted_depth
-    # training chose a strength (or none) by replay, and stopper.json holds that choice
+    # asked to (`online`), training chose a strength or none by replay; stopper.json holds it
     chosen = artifacts["lightgbm"][1]["headline"]["online_strength"]
     assert chosen in (0.0, *R.ONLINE_STRENGTHS) and spec.online_strength == chosen
 

@@ -83,6 +83,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(stopper.json's `batch` table; the decoder at B rows uses the entry of "
                         "the largest size <= B); sizes above 1 need a --cost-profile measured "
                         "at them (`mcsd profile --batch-sizes`; default %(default)s)")
+    p.add_argument("--online", action="store_true",
+                   help="also try per-sequence recalibration from the acceptances seen "
+                        "(mcsd_runtime.stop.online), kept where it replays faster on validation "
+                        "prompts (stopper.json `online_strength`; off by default: at parity end "
+                        "to end on the real pair)")
     p.add_argument("--max-epochs", type=int, default=D.max_epochs,
                    help="MLP epochs cap (default: train.config.MLP_EPOCHS)")
     p.add_argument("--domains", nargs="+", type=Path, default=[], metavar="RUN_DIR",
@@ -156,7 +161,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac,
                        aggregations=aggs, replay_mode=args.replay, max_epochs=args.max_epochs,
                        trajectory=args.trajectory, decision_us=args.decision_us,
-                       check_prompts=args.check_prompts,
+                       check_prompts=args.check_prompts, online=args.online,
                        batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
 
 

@@ -397,10 +397,11 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
             rules["expected-rate"] = max(points, key=lambda c: c[METRIC]) | {
                 "rule": "expected-rate"}
     chosen = max(by_rule.values(), key=lambda c: c[METRIC])
-    # per-sequence recalibration from the acceptances seen, where it replays faster (ties: off)
-    chosen = max([chosen | {"online_strength": 0.0},
-                  *R.sweep_online(val, stopper, profile, chosen, decision_s=decision_s,
-                                  calibration=calibration)], key=lambda c: c[METRIC])
+    # per-sequence recalibration from the acceptances seen, if asked for, where it replays
+    # faster (ties: off)
+    online = R.sweep_online(val, stopper, profile, chosen, decision_s=decision_s,
+                            calibration=calibration) if config.online else []
+    chosen = max([chosen | {"online_strength": 0.0}, *online], key=lambda c: c[METRIC])
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
