@@ -161,15 +161,15 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         k_config = parse_k_config(k_config)
         if self.k_config is None:
             warnings.warn(f"this stopper does not record the k-config it was trained on, so it "
-                          f"cannot be checked against the decoder's {_k_text(k_config)}; retrain "
+                          f"cannot be checked against the decoder's {k_text(k_config)}; retrain "
                           f"it to record it", UserWarning, stacklevel=2)
             return
         if self.k_config != k_config:
             raise MCSDError(
-                f"this stopper was trained on k-config {_k_text(self.k_config)} trees, but the "
-                f"decoder drafts k-config {_k_text(k_config)}; decode with --k-config "
-                f"{_k_text(self.k_config)} or train a stopper on a collection made with "
-                f"--k-config {_k_text(k_config)}")
+                f"this stopper was trained on k-config {k_text(self.k_config)} trees, but the "
+                f"decoder drafts k-config {k_text(k_config)}; decode with --k-config "
+                f"{k_text(self.k_config)} or train a stopper on a collection made with "
+                f"--k-config {k_text(k_config)}")
 
     @torch.inference_mode()
     def node_scores(self, x: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -212,11 +212,15 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         cuts = np.cumsum([len(f) for _, f in inputs])[:-1]
         return [(s, f) for s, (_, f) in zip(np.split(scores, cuts), inputs, strict=True)]
 
+    def calibrated_scores(self, frontiers: list[Frontier]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`node_scores_of`, the scores mapped through `calibration` where the stopper has one."""
+        cal = self.calibration
+        return [(s if cal is None else cal(s), f) for s, f in self.node_scores_of(frontiers)]
+
     def frontier_scores(self, frontiers: list[Frontier]) -> list[float]:
-        """Each frontier's aggregated node score (`aggregation`), of calibrated node scores
-        where the stopper has a `calibration`."""
-        agg, cal = AGGREGATIONS[self.aggregation], self.calibration
-        return [agg(s if cal is None else cal(s), f) for s, f in self.node_scores_of(frontiers)]
+        """Each frontier's aggregated (`aggregation`) calibrated node score."""
+        agg = AGGREGATIONS[self.aggregation]
+        return [agg(s, f) for s, f in self.calibrated_scores(frontiers)]
 
     def threshold_at(self, depth: int) -> float:
         """The threshold after drafting `depth`: `depth_thresholds`' entry, else `threshold`."""
@@ -242,9 +246,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
             return False
         if not self.online_strength:
             return self.frontier_score(frontier) >= threshold
-        (scores, feats), = self.node_scores_of([frontier])
-        if self.calibration is not None:
-            scores = self.calibration(scores)
+        (scores, feats), = self.calibrated_scores([frontier])
         score = AGGREGATIONS[self.aggregation](scores, feats)
         go = score * self.online.factor() >= threshold
         if go:
@@ -292,10 +294,6 @@ class LearnedStopper(SkipsDrafts, StopperBase):
                 + (f", depth_thresholds={[round(t, 3) for t in self.depth_thresholds]}, "
                    f"calibrated={self.calibration is not None}" if self.depth_thresholds else "")
                 + ")")
-
-
-def _k_text(k_config: tuple[int, ...]) -> str:
-    return k_text(k_config)
 
 
 def load_stopper(path: str | Path, threshold: float | None = None,

@@ -67,6 +67,11 @@ SKIP_RATES = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 SKIP_PROBES = (4, 8, 16, 32, 64)
 
 
+def _kept(chosen: dict, *names: str) -> dict:
+    """The fields `names` of a chosen setting that it has."""
+    return {k: chosen[k] for k in names if k in chosen}
+
+
 def _setting_name(s: dict) -> str:
     online = f"/online{s['online_strength']:g}" if s.get("online_strength") else ""
     return _base_name(s) + online
@@ -138,8 +143,7 @@ def sweep_gates(data: ReplayData, learned, profile: CostProfile | None, chosen: 
     """Replay the chosen aggregations and threshold at every (min_depth, min_depth_gate); gates
     apply below a min_depth above 1 only."""
     cache: dict = {}
-    keep = {k: chosen[k] for k in ("aggregation", "row_aggregation", "threshold")
-            if k in chosen}
+    keep = _kept(chosen, "aggregation", "row_aggregation", "threshold")
     return [replay_setting(data, learned, profile, cache,
                             keep | {"min_depth": m, "min_depth_gate": float(gate)}, batch_size,
                             decision_s, decision_row_s)
@@ -154,8 +158,8 @@ def sweep_skips(data: ReplayData, learned, profile: CostProfile | None, chosen: 
     acceptance rate is below the rate (`SkipGate`), at batch size 1. `rates`: default
     `skip_rates` (SKIP_RATES and the profile's break-even rate)."""
     cache: dict = {}
-    keep = {k: chosen[k] for k in ("aggregation", "threshold", "min_depth", "min_depth_gate",
-                                   "rule", "rate", "depth_thresholds") if k in chosen}
+    keep = _kept(chosen, "aggregation", "threshold", "min_depth", "min_depth_gate", "rule",
+                 "rate", "depth_thresholds")
     rule = chosen.get("rule") == "expected-rate"
     rates = skip_rates(data, profile) if rates is None else rates
     return [replay_setting(data, learned, profile, cache,
@@ -175,9 +179,8 @@ def sweep_online(data: ReplayData, learned, profile: CostProfile | None, chosen:
     per-sequence recalibration (`mcsd_runtime.stop.online`) at every prior strength, at batch
     size 1."""
     cache: dict = {}
-    keep = {k: chosen[k] for k in ("aggregation", "threshold", "min_depth", "min_depth_gate",
-                                   "skip_rate", "skip_probe", "rule", "rate",
-                                   "depth_thresholds") if k in chosen}
+    keep = _kept(chosen, "aggregation", "threshold", "min_depth", "min_depth_gate", "skip_rate",
+                 "skip_probe", "rule", "rate", "depth_thresholds")
     rule = chosen.get("rule") == "expected-rate"
     return [replay_setting(data, learned, profile, cache,
                            keep | {"online_strength": float(s)}, decision_s=decision_s,
