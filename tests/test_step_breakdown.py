@@ -30,6 +30,17 @@ def test_each_method_splits_its_steps_into_forwards_and_the_rest(tmp_path, capsy
     assert '"method": "static:2"' in capsys.readouterr().out
 
 
+def test_decisions_are_timed_per_stopper_on_request(tmp_path):
+    out = tmp_path / "steps.json"
+    assert sb.main([*ARGS, "--methods", "ar,static:2,confidence:0.5", "--decisions",
+                    "--out", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["ar"]["decision_us"] is None
+    assert rows["static:2"]["decision_us"] > 0 and rows["confidence:0.5"]["decision_us"] > 0
+    assert sb.main([*ARGS, "--methods", "static:2", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["decision_us"] is None
+
+
 def test_launch_counts_see_a_stopper_that_syncs_on_every_decision(monkeypatch):
     pair = sb.shaped_pair("tiny", 1, "cpu", torch.float32)
     prompt = list(range(3, 19))

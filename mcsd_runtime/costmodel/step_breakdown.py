@@ -8,7 +8,9 @@ weights on the device (30-layer target, a draft of `--draft-layers` of its layer
 GPU machine needs no weights; acceptance is then near zero, which does not matter here: each
 step's forwards are timed against that step's wall time. `launch_counts` reads the torch
 profiler over one static run: kernel launches, stream synchronizations, device-to-host copies
-and `.item()` calls per step, the things that keep a GPU waiting on Python.
+and `.item()` calls per step, the things that keep a GPU waiting on Python. `--decisions` adds
+each stopper's cost per decision inside the decoder on the same pair (`decision_cost`; on a GPU
+it includes waiting for the draft forward the decision reads).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class StepRow:
     draft_ms_per_call: float
     forwards_ms_per_step: float  # target + draft forward time per step (synchronized run)
     other_ms_per_step: float  # step_ms_synced - forwards_ms_per_step: the decoder's host work
+    decision_us: float | None = None  # median µs per stop decision (--decisions), None for ar
 
 
 def shaped_pair(shape: str, draft_layers: int, device: str, dtype: torch.dtype, seed: int = 0):
@@ -140,15 +143,22 @@ def launch_counts(pair, method: str, k_config: tuple[int, ...], prompt: list[int
 
 
 def run(pair, methods: list[str], k_config: tuple[int, ...], prompt_tokens: int, prompts: int,
-        max_new_tokens: int, seed: int = 0, progress=print) -> dict:
-    """The breakdown of every method and the launch counts of the deepest static one, on
-    `prompts` random prompts of `prompt_tokens` tokens."""
+        max_new_tokens: int, seed: int = 0, progress=print, decisions: bool = False) -> dict:
+    """The breakdown of every method and the launch counts of the last non-AR one, on
+    `prompts` random prompts of `prompt_tokens` tokens; with `decisions`, each stopper's
+    median cost per decision too."""
+    from mcsd_runtime.costmodel.decision_cost import decision_cost
+
     gen = torch.Generator().manual_seed(seed)
     ids = [torch.randint(0, pair.vocab_size, (prompt_tokens,), generator=gen).tolist()
            for _ in range(max(prompts, 1))]
     rows = []
     for method in methods:
         rows.append(breakdown(pair, method, k_config, ids, max_new_tokens))
+        if decisions and method != "ar":
+            cost = decision_cost(method, pair.vocab_size, k_config, prompts=len(ids),
+                                 max_new_tokens=max_new_tokens, seed=seed, pair=pair)
+            rows[-1].decision_us = round(cost.get("median_us", 0.0), 2)
         progress(json.dumps(rows[-1].__dict__))
     deepest = [m for m in methods if m != "ar"][-1:] or ["static:1"]
     counts = launch_counts(pair, deepest[0], k_config, ids[0], max_new_tokens)
@@ -179,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-layers", type=int, default=4,
                    help="layers of the --shape draft (default %(default)s)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="ar and static:D stoppers (default %(default)s)")
+                   help="ar and stopper specs, e.g. static:D, heuristic:4, stopper:DIR "
+                        "(default %(default)s)")
     p.add_argument("--k-config", default="1,1,1,1,1,1",
                    help="tree of the static methods (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="default %(default)s")
     p.add_argument("--prompt-tokens", type=int, default=200, help="default %(default)s")
     p.add_argument("--prompts", type=int, default=2, help="default %(default)s")
+    p.add_argument("--decisions", action="store_true",
+                   help="also time each stopper's decisions inside the decoder (median µs)")
     p.add_argument("--out", type=Path, default=None, help="JSON file to write")
     add_threads_arg(p)
     args = p.parse_args(argv)
@@ -202,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             pair = pair_from_args(args)
         result = run(pair, methods, k_config, args.prompt_tokens, args.prompts,
-                     args.max_new_tokens)
+                     args.max_new_tokens, decisions=args.decisions)
     except MCSDError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
