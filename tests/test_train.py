@@ -15,7 +15,7 @@ from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.learned import check_pair, load_stopper
 from train import replay as R
 from train.data import collected_k_config, prompt_groups, sequence_ids, split_prompts
@@ -142,6 +142,37 @@ def test_exact_replay_matches_decoder_for_learned_stopper(data, rows, artifacts,
     assert (r.tokens, r.steps, r.draft_forwards) == (tokens, calls, drafts)
     assert (R.replay(data, "static:1").drafted_depth < r.drafted_depth
             < R.replay(data, "static:4").drafted_depth)
+
+
+def test_a_stopper_trained_on_node_features_never_reads_the_runs_history(data, rows,
+                                                                          artifacts, tmp_path):
+    """`features="node"`: the model and stopper.json hold the node features only, its scores do
+    not move with the trajectory columns (those of the all-features model do), and replay still
+    decodes as the decoder does."""
+    from train.pipeline import train_stopper
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train_stopper(rows, [{"pair": small_pair().fingerprint}], tmp_path, model="lightgbm",
+                      profile=PROFILE, aggregations=("max",), log=lambda *_: None,
+                      features="node")
+    spec = json.loads((tmp_path / "stopper.json").read_text())
+    assert tuple(spec["feature_names"]) == FEATURE_SETS["node"]
+    node, full = load_stopper(tmp_path), load_stopper(artifacts["lightgbm"][0])
+    x = add_labels(rows)[list(DECISION_FEATURES)].to_numpy(np.float32)
+    moved = x.copy()
+    cols = [DECISION_FEATURES.index(n) for n in TRAJECTORY_FEATURES]
+    moved[:, cols] = np.random.default_rng(0).uniform(0, 30, (len(x), len(cols)))
+    assert np.array_equal(node.node_scores(x), node.node_scores(moved))
+    assert not np.array_equal(full.node_scores(x), full.node_scores(moved))
+    r = R.replay(data, node)
+    tokens = calls = 0
+    for ids in prompts():
+        dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
+                          stopper=load_stopper(tmp_path))
+        st = dec.generate(ids).stats
+        tokens, calls = tokens + st.new_tokens, calls + st.target_calls
+    assert (r.tokens, r.steps) == (tokens, calls)
 
 
 def test_online_recalibration_replays_as_the_decoder_decodes(data, artifacts):

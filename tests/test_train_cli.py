@@ -9,6 +9,7 @@ import sys
 from test_train_data import dense_rows
 
 from mcsd_runtime.cli import build_parser, run_parser
+from mcsd_runtime.stop.features import FEATURE_SETS
 from train.cli import register
 
 
@@ -20,10 +21,12 @@ def test_cli_trains_an_artifact(tmp_path, capsys):
     out = tmp_path / "stopper"
     parser = build_parser([register])
     code = run_parser(parser, ["train", "--data", str(run), "--model", "lightgbm", "--out",
-                               str(out), "--aggregations", "max,sum", "--threads", "1"])
+                               str(out), "--aggregations", "max,sum", "--threads", "1",
+                               "--features", "node"])
     assert code == 0, capsys.readouterr().err
     spec = json.loads((out / "stopper.json").read_text())
     assert spec["kind"] == "lightgbm" and spec["aggregation"] in ("max", "sum")
+    assert spec["feature_names"] == list(FEATURE_SETS["node"])
     assert spec["k_config"] == [4, 2, 2, 1]
     assert run_parser(parser, ["train", "--bench-latency", "--out", str(out)]) == 0
     assert "median_us" in capsys.readouterr().out
@@ -36,6 +39,12 @@ def test_cli_user_errors(tmp_path, capsys):
     assert run_parser(parser, ["train", "--data", str(tmp_path / "nope"), "--out",
                                str(tmp_path / "x")]) == 2
     assert "no collection run" in capsys.readouterr().err
+    for extra, message in ((["--features", "depth,bogus"], "unknown bogus; use all or node"),
+                           (["--features", "node", "--model", "mlp-hidden"],
+                            "mlp-hidden reads hidden states")):
+        assert run_parser(parser, ["train", "--data", str(tmp_path), "--out",
+                                   str(tmp_path / "x"), *extra]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_python_m_train_help():

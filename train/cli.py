@@ -69,6 +69,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="trajectory features of dense runs for training: walk recomputes them "
                         "along a full-depth walk (the stored ones leak the label), stored keeps "
                         "them (default %(default)s)")
+    p.add_argument("--features", default=D.features,
+                   help="what the model reads: all (default), node (the draft's features "
+                        "only, not the run's history: tokens generated, previous and recent "
+                        "acceptance), or comma-separated names of "
+                        "mcsd_runtime.stop.features.DECISION_FEATURES")
     p.add_argument("--decision-us", type=float, default=D.decision_us,
                    help="seconds-profile replay charges this many µs per stopper decision "
                         "(default: benchmarked with the frontier's features computed over the "
@@ -162,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        aggregations=aggs, replay_mode=args.replay, max_epochs=args.max_epochs,
                        trajectory=args.trajectory, decision_us=args.decision_us,
                        check_prompts=args.check_prompts, online=args.online,
+                       features=args.features,
                        batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
 
 

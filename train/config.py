@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.features import parse_feature_set
 
 LABEL_DOC = {
     "hard": "on_accepted_path and accepted_length > depth (the node is accepted and so is one of "
@@ -53,6 +54,9 @@ class TrainConfig:
     # also try per-sequence recalibration (stop.online) by replay; off by default: on the real
     # pair it replayed 0.6% faster and measured at parity end to end (README)
     online: bool = False
+    # what the model reads: a name of stop.features.FEATURE_SETS or comma-separated
+    # DECISION_FEATURES (stop.features.parse_feature_set)
+    features: str = "all"
 
     def __post_init__(self) -> None:
         if self.model not in STOPPER_KINDS:
@@ -70,6 +74,9 @@ class TrainConfig:
         if self.trajectory not in TRAJECTORIES:
             raise MCSDError(f"unknown trajectory {self.trajectory!r}: use "
                             f"{' or '.join(TRAJECTORIES)}")
+        if self.features != "all" and self.hidden:
+            raise MCSDError("--features chooses scalar features; mlp-hidden reads hidden states")
+        parse_feature_set(self.features)  # checks the names
         if self.max_epochs is not None and self.max_epochs < 1:
             raise MCSDError(f"max_epochs must be at least 1, got {self.max_epochs}")
         if self.check_prompts < 0:
@@ -90,6 +97,11 @@ class TrainConfig:
                 raise MCSDError(f"{f'unknown aggregation(s) {bad}' if bad else 'no aggregation'}:"
                                 f" use one or more of {', '.join(AGGREGATIONS)}")
             object.__setattr__(self, "aggregations", aggs)  # a list given: stored as a tuple
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The scalar features the model reads (and stopper.json records)."""
+        return parse_feature_set(self.features)
 
     @property
     def hidden(self) -> bool:

@@ -37,8 +37,10 @@ class LightGBMModel:
 
 
 def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
-                 threads: int = 2, progress: bool = False) -> LightGBMModel:
-    """`progress`: boosting rounds on stderr (see mcsd_runtime.progress)."""
+                 threads: int = 2, progress: bool = False,
+                 names: tuple[str, ...] = DECISION_FEATURES) -> LightGBMModel:
+    """`names`: the columns of `x_*`; `progress`: boosting rounds on stderr (see
+    mcsd_runtime.progress)."""
     import lightgbm as lgb
 
     from mcsd_runtime.progress import progress as progress_bar
@@ -46,7 +48,7 @@ def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
     params = LGBM_PARAMS | {"objective": "cross_entropy" if soft else "binary",
                             "metric": "cross_entropy" if soft else "binary_logloss",
                             "seed": seed, "num_threads": max(1, threads)}
-    names = list(DECISION_FEATURES)
+    names = list(names)
     dtrain = lgb.Dataset(x_train, y_train, feature_name=names, free_raw_data=False)
     dval = lgb.Dataset(x_val, y_val, feature_name=names, reference=dtrain)
     bar = progress_bar(total=LGBM_ROUNDS, desc="train lightgbm", unit="round",

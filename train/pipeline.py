@@ -60,9 +60,10 @@ SPLITS = ("train", "val", "test")
 Log = Callable[[str], object]
 
 
-def _xy(df: pd.DataFrame, hidden: bool, label: str) -> tuple[np.ndarray, np.ndarray]:
-    x = (np.stack(df["hidden"].to_numpy()).astype(np.float32) if hidden
-         else df[list(DECISION_FEATURES)].to_numpy(np.float32))
+def _xy(df: pd.DataFrame, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
+    x = (np.stack(df["hidden"].to_numpy()).astype(np.float32) if config.hidden
+         else df[list(config.feature_names)].to_numpy(np.float32))
+    label = config.label
     return x, df[f"label_{label}"].to_numpy(np.float32)
 
 
@@ -122,9 +123,10 @@ def prepare(df: pd.DataFrame, manifests: list[dict], config: TrainConfig,
     if any(len(p) == 0 for p in parts.values()) or parts["train"]["label_hard"].nunique() < 2:
         raise MCSDError("too little data: each split needs decision rows with both outcomes; "
                         "collect more prompts")
-    xy = {k: _xy(parts[k], config.hidden, config.label) for k in SPLITS}
+    xy = {k: _xy(parts[k], config) for k in SPLITS}
     log(f"rows: {len(df)} ({int(dec.sum())} decision rows); prompts train/val/test "
-        f"{list(n_prompts.values())}; model {config.model}, label {config.label}")
+        f"{list(n_prompts.values())}; model {config.model}, label {config.label}"
+        + ("" if config.features == "all" else f", features {config.features}"))
     return Prepared(df, masks, n_prompts, parts, {k: v[0] for k, v in xy.items()},
                     {k: v[1] for k, v in xy.items()}, k_config)
 
@@ -156,7 +158,7 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
 
         model = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=config.label == "soft",
                              seed=config.seed, threads=torch.get_num_threads(),
-                             progress=config.progress)
+                             progress=config.progress, names=config.feature_names)
     else:
         from train.config import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN
         from train.models import fit_mlp
@@ -174,9 +176,10 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
     metrics = {"test": report.classification_metrics(y_te_hard, p_te, y_te_soft),
                "val": report.classification_metrics(prep.parts["val"]["label_hard"].to_numpy(),
                                                     model.predict(x_va))}
-    importance = (report.lightgbm_importance(model.booster, x_te) if config.model == "lightgbm"
-                  else None if config.hidden
-                  else report.permutation_importance(model, x_te, y_te_hard, config.seed))
+    names = config.feature_names
+    importance = (report.lightgbm_importance(model.booster, x_te, names)
+                  if config.model == "lightgbm" else None if config.hidden
+                  else report.permutation_importance(model, x_te, y_te_hard, names, config.seed))
     log(f"fit {fit_s:.1f}s; held-out ROC-AUC {metrics['test'].get('roc_auc', float('nan')):.3f} "
         f"PR-AUC {metrics['test'].get('pr_auc', float('nan')):.3f} "
         f"(positive rate {metrics['test']['positive_rate']:.3f})")
@@ -212,7 +215,8 @@ def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
                       k_config: tuple[int, ...], prompt_format: dict | None = None
                       ) -> ArtifactSpec:
     return ArtifactSpec(kind=config.model, schema_version=SCHEMA_VERSION,
-                        feature_names=DECISION_FEATURES,
+                        feature_names=DECISION_FEATURES if config.hidden
+                        else config.feature_names,
                         inputs="hidden" if config.hidden else "features",
                         hidden_size=prep.n_inputs if config.hidden else None,
                         aggregation="max", threshold=0.5, label=config.label,

@@ -36,17 +36,18 @@ def calibration(y_hard: np.ndarray, p: np.ndarray, bins: int = 10) -> dict:
     return {"mean_predicted": mean.tolist(), "fraction_positive": frac.tolist()}
 
 
-def lightgbm_importance(booster, x: np.ndarray) -> dict:
-    """Total gain per feature and mean |SHAP| (LightGBM's `pred_contrib`) on `x`."""
+def lightgbm_importance(booster, x: np.ndarray, names=DECISION_FEATURES) -> dict:
+    """Total gain per feature and mean |SHAP| (LightGBM's `pred_contrib`) on `x` (columns
+    `names`)."""
     gain = booster.feature_importance("gain", iteration=booster.best_iteration or None)
     contrib = booster.predict(x, pred_contrib=True, num_iteration=booster.best_iteration or None)
     shap = np.abs(contrib[:, :-1]).mean(0)
-    return {"gain": dict(zip(DECISION_FEATURES, map(float, gain), strict=True)),
-            "mean_abs_shap": dict(zip(DECISION_FEATURES, map(float, shap), strict=True))}
+    return {"gain": dict(zip(names, map(float, gain), strict=True)),
+            "mean_abs_shap": dict(zip(names, map(float, shap), strict=True))}
 
 
-def permutation_importance(model, x: np.ndarray, y_hard: np.ndarray, seed: int = 0,
-                           max_rows: int = 20_000) -> dict | None:
+def permutation_importance(model, x: np.ndarray, y_hard: np.ndarray, names=DECISION_FEATURES,
+                           seed: int = 0, max_rows: int = 20_000) -> dict | None:
     """How much held-out ROC-AUC drops when one feature's column is shuffled (scikit-learn's
     permutation importance), for models without importances of their own (the MLPs)."""
     from sklearn.inspection import permutation_importance as permute
@@ -62,7 +63,7 @@ def permutation_importance(model, x: np.ndarray, y_hard: np.ndarray, seed: int =
     rows = np.random.default_rng(seed).permutation(len(y))[:max_rows]
     res = permute(Fitted(), np.asarray(x)[rows], y[rows], n_repeats=3, random_state=seed,
                   scoring=lambda _, xs, ys: roc_auc_score(ys, model.predict(xs)))
-    return {"roc_auc_drop": dict(zip(DECISION_FEATURES, map(float, res.importances_mean),
+    return {"roc_auc_drop": dict(zip(names, map(float, res.importances_mean),
                                      strict=True))}
 
 

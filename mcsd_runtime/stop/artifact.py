@@ -6,7 +6,7 @@ reader owns the format. Fields, in file order:
     format            "mcsd-stopper"
     kind              the model: one of STOPPER_KINDS (its files: MODEL_FILES[kind])
     schema_version    the feature schema it was trained on (mcsd_runtime.stop.features)
-    feature_names     FEATURE_NAMES or DECISION_FEATURES, in that order
+    feature_names     FEATURE_NAMES, or DECISION_FEATURES or a subset of them, in that order
     inputs            "features" or "hidden" (the draft's last hidden state)
     hidden_size       width of the hidden state (inputs "hidden"), else null
     aggregation       how node scores become one frontier score (mcsd_runtime.stop.aggregation)
@@ -118,12 +118,11 @@ class ArtifactSpec:
                             f"runtime computes version {SCHEMA_VERSION}; retrain it on a "
                             f"collection made with this version")
         names = tuple(self.feature_names or ())
-        if names not in (FEATURE_NAMES, DECISION_FEATURES):
+        if names != FEATURE_NAMES and not decision_subset(names):
             extra = sorted(set(names) - set(FEATURE_NAMES))
-            missing = sorted(set(DECISION_FEATURES) - set(names))
             raise MCSDError(f"its feature list differs from the runtime's (unknown: "
-                            f"{extra or 'none'}, missing: {missing or 'none'}, or another "
-                            f"order); retrain it on a collection made with this version")
+                            f"{extra or 'none'}, or another order); retrain it on a collection "
+                            f"made with this version")
         object.__setattr__(self, "feature_names", names)
         if self.inputs not in INPUTS:
             raise MCSDError(f"inputs {self.inputs!r}: use {' or '.join(INPUTS)}")
@@ -257,6 +256,11 @@ class ArtifactSpec:
         except (OSError, ValueError) as err:
             raise MCSDError(f"cannot read {path}: {err}") from None
         return cls.from_json(data, str(path))
+
+
+def decision_subset(names: tuple[str, ...]) -> bool:
+    """Whether `names` are some of DECISION_FEATURES (at least one), in their order."""
+    return bool(names) and names == tuple(n for n in DECISION_FEATURES if n in names)
 
 
 def description_file(folder: str | Path) -> Path:

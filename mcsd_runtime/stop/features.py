@@ -43,6 +43,28 @@ FEATURE_NAMES: tuple[str, ...] = NODE_FEATURES + TRAJECTORY_FEATURES
 # it needs one more pass over the whole vocabulary at every decision (the costliest feature by
 # far: ~10x a softmax over the same row at 32k-152k tokens).
 DECISION_FEATURES: tuple[str, ...] = tuple(n for n in FEATURE_NAMES if n != "q_entropy")
+# Named subsets a learned stopper can be trained on (`mcsd train --features`); "node" leaves the
+# run's history out, so the model decides from the draft alone.
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "all": DECISION_FEATURES,
+    "node": tuple(n for n in DECISION_FEATURES if n not in TRAJECTORY_FEATURES),
+}
+
+
+def parse_feature_set(text: str) -> tuple[str, ...]:
+    """A named set of FEATURE_SETS, or comma-separated names of DECISION_FEATURES, in the
+    schema's order (MCSDError names the unknown ones and the choices)."""
+    from mcsd_runtime.errors import MCSDError
+
+    if text in FEATURE_SETS:
+        return FEATURE_SETS[text]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DECISION_FEATURES]
+    if not names or unknown:
+        raise MCSDError(f"features {text!r}: unknown {', '.join(unknown) or '(none given)'}; use "
+                        f"{' or '.join(FEATURE_SETS)} or comma-separated names of "
+                        f"{', '.join(DECISION_FEATURES)}")
+    return tuple(n for n in DECISION_FEATURES if n in names)
 
 
 def node_features(static: torch.Tensor, draft_prob: torch.Tensor, log_path_prob: torch.Tensor,

@@ -38,7 +38,7 @@ from torch import nn
 from mcsd_runtime.decode.tree import k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
-from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_folder
+from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_folder, decision_subset
 from mcsd_runtime.stop.contract import Frontier, StopperBase
 from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
@@ -151,8 +151,11 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         self.pair_fingerprint: dict | None = spec.pair_fingerprint
         self.k_config: tuple[int, ...] | None = spec.k_config or None
         self.needs_hidden = spec.kind == "mlp-hidden"
-        # trained on DECISION_FEATURES: read the frontier's cheap host features
-        self.decision = not self.needs_hidden and spec.feature_names == DECISION_FEATURES
+        # trained on DECISION_FEATURES or some of them: read the frontier's cheap host features
+        # (rows of every DECISION_FEATURES column) and give the model its `columns`
+        self.decision = not self.needs_hidden and decision_subset(spec.feature_names)
+        self.columns = (None if not self.decision or spec.feature_names == DECISION_FEATURES
+                        else np.array([DECISION_FEATURES.index(n) for n in spec.feature_names]))
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         """Refuse a decoder tree other than the one this stopper was trained on. An artifact
@@ -173,7 +176,9 @@ class LearnedStopper(SkipsDrafts, StopperBase):
 
     @torch.inference_mode()
     def node_scores(self, x: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Node scores in [0, 1] for feature rows (or hidden-state rows for `mlp-hidden`)."""
+        """Node scores in [0, 1] for feature rows (or hidden-state rows for `mlp-hidden`): rows of
+        the model's own features, or of every DECISION_FEATURES column."""
+        x = self._model_columns(x)
         if self.kind == "lightgbm":
             if isinstance(x, torch.Tensor):
                 x = x.detach().cpu().numpy()
@@ -181,6 +186,12 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         if not isinstance(x, torch.Tensor):
             x = torch.from_numpy(np.asarray(x, dtype=np.float32))
         return torch.sigmoid(self.model(x.cpu())).numpy().astype(np.float64)
+
+    def _model_columns(self, x: Any) -> Any:
+        """`x` cut to the columns the model reads, where it holds all DECISION_FEATURES."""
+        if self.columns is not None and x.shape[-1] == len(DECISION_FEATURES):
+            return x[:, self.columns]
+        return x
 
     def _inputs(self, frontier: Frontier) -> tuple[Any, np.ndarray]:
         """The model's input rows for `frontier`'s nodes and the features the aggregation reads
@@ -206,7 +217,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         else:
             x = np.concatenate([x for x, _ in inputs])
         if self.decision and self.kind == "lightgbm":
-            scores = self.model.predict(x)
+            scores = self.model.predict(self._model_columns(x))
         else:
             scores = self.node_scores(x)
         cuts = np.cumsum([len(f) for _, f in inputs])[:-1]
