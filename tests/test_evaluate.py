@@ -325,3 +325,25 @@ def test_bad_samples_are_refused_before_decoding(toy_tiny, tmp_path, capsys, arg
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_stopper_trained_at_another_temperature_is_warned_about_once():
+    import types
+    import warnings
+
+    from mcsd_runtime.evaluate import runners
+
+    def trained_at(*temps):
+        runs = [{"temperature": t} for t in temps]
+        return types.SimpleNamespace(spec=types.SimpleNamespace(training_data={"runs": runs}))
+
+    runners._WARNED_TEMPERATURE.clear()
+    with pytest.warns(UserWarning, match="temperature 0 and decodes at 0.7.*--temperature 0.7"):
+        runners.warn_temperature(trained_at(0.0, None), 0.7, "stopper:greedy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runners.warn_temperature(trained_at(0.0), 0.7, "stopper:greedy")  # once per process
+        runners.warn_temperature(trained_at(0.7), 0.7, "stopper:sampled")
+        runners.warn_temperature(types.SimpleNamespace(), 0.7, "static:1")  # no collections
+    with pytest.warns(UserWarning, match="temperature 0.7 and decodes at 0"):
+        runners.warn_temperature(trained_at(0.7), 0.0, "stopper:sampled")

@@ -27,7 +27,7 @@ from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
 from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.learned import check_pair
+from mcsd_runtime.stop.learned import check_pair, training_temperatures
 
 
 class ForwardMeter:
@@ -213,7 +213,24 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
         return HFCustomGenerate(pair, replace(base, init="draft"), arg)
     stopper = make_stopper(name)
     check_pair(stopper, pair)
+    warn_temperature(stopper, base.temperature, name)
     return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
+
+
+def warn_temperature(stopper, temperature: float, name: str) -> None:
+    """Warn (once per process) when a trained stopper's collections were decoded at another
+    temperature than `temperature`: acceptance under sampling differs from greedy, so its
+    scores are off there."""
+    trained = training_temperatures(getattr(stopper, "spec", None))
+    key = (name, tuple(trained), temperature)
+    if not trained or trained == [temperature] or key in _WARNED_TEMPERATURE:
+        return
+    _WARNED_TEMPERATURE.add(key)
+    warnings.warn(f"{name} was trained on collections decoded at temperature "
+                  f"{', '.join(f'{t:g}' for t in trained)} and decodes at {temperature:g}: "
+                  f"still lossless, but its acceptance estimates are off (collect at "
+                  f"--temperature {temperature:g} and train a stopper on that collection)",
+                  UserWarning, stacklevel=2)
 
 
 def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,

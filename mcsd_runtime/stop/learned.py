@@ -47,7 +47,7 @@ from mcsd_runtime.stop.skip import SkipGate, SkipsDrafts
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
            "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",
-           "stopper_from"]
+           "stopper_from", "training_temperatures"]
 
 _RECENT_RATE = TRAJECTORY_FEATURES.index("accept_rate_recent")
 
@@ -345,6 +345,13 @@ def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> Le
         if want is not None and model.in_features != want:
             raise MCSDError(f"{folder}: the MLP takes {model.in_features} inputs, expected {want}")
     return LearnedStopper(spec, model)
+
+
+def training_temperatures(spec: ArtifactSpec | None) -> list[float]:
+    """The sampling temperatures of the collections `spec`'s stopper was trained on (0:
+    greedy), sorted; empty where the artifact does not record its collections."""
+    runs = ((spec.training_data or {}).get("runs") if spec is not None else None) or []
+    return sorted({float(r.get("temperature") or 0.0) for r in runs if isinstance(r, dict)})
 
 
 def check_pair(stopper: Any, pair: Any) -> None:
