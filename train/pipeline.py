@@ -28,7 +28,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.stop.expected_rate import Calibration
-from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
+from mcsd_runtime.stop.features import SCHEMA_VERSION
 from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE
 from train import labels as L
@@ -63,8 +63,7 @@ Log = Callable[[str], object]
 def _xy(df: pd.DataFrame, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     x = (np.stack(df["hidden"].to_numpy()).astype(np.float32) if config.hidden
          else df[list(config.feature_names)].to_numpy(np.float32))
-    label = config.label
-    return x, df[f"label_{label}"].to_numpy(np.float32)
+    return x, df[f"label_{config.label}"].to_numpy(np.float32)
 
 
 def _vocab_size(fp: dict | None) -> int | None:
@@ -215,8 +214,7 @@ def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
                       k_config: tuple[int, ...], prompt_format: dict | None = None
                       ) -> ArtifactSpec:
     return ArtifactSpec(kind=config.model, schema_version=SCHEMA_VERSION,
-                        feature_names=DECISION_FEATURES if config.hidden
-                        else config.feature_names,
+                        feature_names=config.feature_names,
                         inputs="hidden" if config.hidden else "features",
                         hidden_size=prep.n_inputs if config.hidden else None,
                         aggregation="max", threshold=0.5, label=config.label,

@@ -217,20 +217,31 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
 
 
+_WARNED_TEMPERATURE: set[tuple[str, tuple[float, ...], float]] = set()
+
+
 def warn_temperature(stopper, temperature: float, name: str) -> None:
     """Warn (once per process) when a trained stopper's collections were decoded at another
     temperature than `temperature`: acceptance under sampling differs from greedy, so its
     scores are off there."""
     trained = training_temperatures(getattr(stopper, "spec", None))
-    key = (name, tuple(trained), temperature)
-    if not trained or trained == [temperature] or key in _WARNED_TEMPERATURE:
+    if trained:
+        _warn_temperature_once(f"{name} was trained on collections decoded at", trained,
+                               temperature, "acceptance", f"collect at --temperature "
+                               f"{temperature:g} and train a stopper on that collection")
+
+
+def _warn_temperature_once(who: str, trained: list[float], temperature: float, estimates: str,
+                           fix: str) -> None:
+    """One warning per process and (who, trained, temperature) that something fitted at the
+    `trained` temperatures decodes at `temperature`, unless they agree."""
+    key = (who, tuple(trained), temperature)
+    if trained == [temperature] or key in _WARNED_TEMPERATURE:
         return
     _WARNED_TEMPERATURE.add(key)
-    warnings.warn(f"{name} was trained on collections decoded at temperature "
-                  f"{', '.join(f'{t:g}' for t in trained)} and decodes at {temperature:g}: "
-                  f"still lossless, but its acceptance estimates are off (collect at "
-                  f"--temperature {temperature:g} and train a stopper on that collection)",
-                  UserWarning, stacklevel=2)
+    warnings.warn(f"{who} temperature {', '.join(f'{t:g}' for t in trained)} and decodes at "
+                  f"{temperature:g}: still lossless, but its {estimates} estimates are off "
+                  f"({fix})", UserWarning, stacklevel=3)
 
 
 def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
@@ -245,22 +256,15 @@ def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
     return DecoderRunner(MCSDDecoder(pair, cfg, stopper))
 
 
-_WARNED_TEMPERATURE: set[tuple[str, float, float]] = set()
-
-
 def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path) -> DecoderRunner:
     """A learned copy length (`lookup-learned:PATH`): where the context repeats itself it copies
     as many tokens as it chooses, else (or choosing none) the target decodes alone."""
     from mcsd_runtime.stop.copy_length import CopyLength
 
     policy = CopyLength.load(folder)
-    key = (str(folder), policy.temperature, base.temperature)
-    if policy.temperature != base.temperature and key not in _WARNED_TEMPERATURE:
-        _WARNED_TEMPERATURE.add(key)  # once per process, not once per category
-        warnings.warn(f"{folder} was trained on outputs at temperature {policy.temperature:g} "
-                      f"and decodes at {base.temperature:g}: still lossless, but its survival "
-                      f"estimates are off (retrain with `mcsd train-lookup --temperature "
-                      f"{base.temperature:g}`)", UserWarning, stacklevel=2)
+    _warn_temperature_once(f"{folder} was trained on outputs at", [policy.temperature],
+                           base.temperature, "survival", f"retrain with `mcsd train-lookup "
+                           f"--temperature {base.temperature:g}`")
     return DecoderRunner(learned_lookup_decoder(pair, base, policy))
 
 
