@@ -138,7 +138,7 @@ def job_from_args(args: argparse.Namespace):
                       progress=not args.no_progress, threads=args.threads,
                       batch_size=args.batch_size, chat=args.chat,
                       pair_args={"target": target, "draft": draft, "device": args.device,
-                                 "dtype": args.dtype})
+                                 "dtype": args.dtype, "attn_implementation": args.attention})
 
 
 def run(args: argparse.Namespace) -> int:

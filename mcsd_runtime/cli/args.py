@@ -30,6 +30,10 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto",
                    help="auto (bf16 on a GPU, or on a CPU with native bf16 kernels: AMX or "
                         "AVX512-BF16; else fp32), fp32, bf16, fp16")
+    g.add_argument("--attention", default="mcsd_sdpa", metavar="IMPL",
+                   help="attention implementation: mcsd_sdpa (default: sdpa with grouped-query "
+                        "heads packed under the tree mask, faster on a CPU at long contexts), "
+                        "sdpa, eager, or any name transformers accepts")
 
 
 DEFAULT_K_TEXT = ",".join(map(str, DEFAULT_K_CONFIG))
@@ -136,7 +140,8 @@ def pair_from_args(args: argparse.Namespace) -> Pair:
 
     pick_device(args.device)  # a bad --device fails before a toy pair is built
     target, draft = pair_paths(args)
-    return load_pair(target, draft, device=args.device, dtype=args.dtype)
+    return load_pair(target, draft, device=args.device, dtype=args.dtype,
+                     attn_implementation=args.attention)
 
 
 def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfig:

@@ -58,6 +58,7 @@ def shaped_pair(shape: str, draft_layers: int, device: str, dtype: torch.dtype, 
     layers, on `device` in `dtype` (eos unset, so every run decodes its full length)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from mcsd_runtime.models.attention import register
     from mcsd_runtime.models.pair import Pair
 
     if shape not in SHAPES:
@@ -66,7 +67,7 @@ def shaped_pair(shape: str, draft_layers: int, device: str, dtype: torch.dtype, 
     def build(layers: int, s: int):
         torch.manual_seed(s)
         config = LlamaConfig(**{**SHAPES[shape], "num_hidden_layers": layers})
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = register()  # the decoder's default attention
         model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
         model.generation_config.eos_token_id = None
         return model

@@ -56,7 +56,8 @@ def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
     names = {d: pair_names(args.target, d) for d in drafts}  # every name checked first
     pairs: dict[str, Pair] = {}
     for d, (target, draft) in names.items():
-        pair = load_pair(target, draft, device=args.device, dtype=args.dtype)
+        pair = load_pair(target, draft, device=args.device, dtype=args.dtype,
+                         attn_implementation=args.attention)
         if pairs:
             first = next(iter(pairs.values()))
             pair = Pair(first.target, pair.draft, first.tokenizer, target_name=target,

@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.models.attention import NAME as ATTENTION
+from mcsd_runtime.models.attention import check_attention
 from mcsd_runtime.models.device import pick_device, pick_dtype
 from mcsd_runtime.models.fingerprint import config_hash, tokenizer_hash
 
@@ -218,13 +220,16 @@ def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
 
 
 def load_pair(target: str | Path, draft: str | Path | None = None, device: str = "auto",
-              dtype: str = "auto", attn_implementation: str = "sdpa") -> Pair:
+              dtype: str = "auto", attn_implementation: str = ATTENTION) -> Pair:
     """Load a target/draft pair, refusing mismatched vocabularies before any weights are loaded.
 
     `target` and `draft` are hub names, local folders or `.gguf` files; `load_pair("toy")` (or
     `"toy:tiny"`) is the embedded toy pair, built on first use into the user cache
     (`mcsd_runtime.paths`); `load_pair("smollm2")` is SmolLM2-135M-Instruct with its distilled
-    draft (`pair_names` says how every name resolves)."""
+    draft (`pair_names` says how every name resolves). `attn_implementation`: a name transformers
+    knows, or `mcsd_sdpa` (the default: `sdpa` with grouped-query heads packed under tree masks,
+    `models.attention`)."""
+    check_attention(attn_implementation)
     target, draft = pair_names(target, draft)
     t_tok, d_tok = _load_tokenizer(target), _load_tokenizer(draft)
     check_same_vocab(t_tok, d_tok, target, draft)
