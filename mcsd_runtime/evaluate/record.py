@@ -23,6 +23,9 @@ class Record:
     lossless: bool
     steps: list[tuple[int, int]]  # (drafted depth, accepted) per step
     forward_time: float = 0.0  # seconds inside model forwards
+    # of wall_time: the prompt's forwards before the first step (None: not measured apart).
+    # Replay models the rest, so its speeds compare with new_tokens / (wall - prefill)
+    prefill_time: float | None = None
     hf_divergence: dict | None = None  # greedy: where the output first leaves `hf`'s
     # batches: the prompts decoded together (`batch_id`) are the unit speed is paired on, and
     # their throughput is the batch's, committed tokens of all rows per decode second

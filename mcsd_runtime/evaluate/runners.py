@@ -165,7 +165,7 @@ def _from_result(result: GenerationResult, roots: int) -> Record:
                   s.draft_calls, s.drafted_tokens, s.accepted_tokens,
                   s.acceptance_rate if s.drafting_steps else None, result.lossless,
                   [(max(st.drafted - roots, 0), st.accepted) for st in result.steps],
-                  forward_time=s.target_time + s.draft_time)
+                  forward_time=s.target_time + s.draft_time, prefill_time=s.prefill_time)
 
 
 class DecoderRunner:
