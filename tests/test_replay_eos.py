@@ -108,6 +108,9 @@ def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root
 
     result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",
                           "heuristic", PROFILE, 0.0)
+    # depth decisions alone reach at least the best static and at most the oracle with skips
+    assert 1 - 1e-9 <= result["oracle_drafting_vs_best_static"] <= (
+        result["oracle_vs_best_static"] + 1e-9)
     for spec in ("static:1", "static:3", "heuristic"):
         dec = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
                           stopper=spec)
