@@ -71,3 +71,18 @@ def test_unknown_attention_is_a_clear_error():
     with pytest.raises(MCSDError, match="unknown attention implementation 'flash'.*mcsd_sdpa"):
         check_attention("flash")
     assert check_attention("sdpa") == "sdpa" and check_attention("eager") == "eager"
+
+
+def test_attention_bench_pairs_the_two_implementations(toy_tiny, capsys):
+    from mcsd_runtime.costmodel.attention_bench import main
+
+    pair = ["--target", str(toy_tiny / "target"), "--draft", str(toy_tiny / "draft"),
+            "--dtype", "float32", "--threads", "1"]
+    assert main([*pair, "--contexts", "8", "--tokens", "1,3", "--reps", "3"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 8 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["1", "3"]
+    assert all(r.endswith("| 0 |") for r in rows)  # the same logits
+    assert main([*pair, "--compare", "sdpa,sdpa"]) == 2
+    assert "two different implementations" in capsys.readouterr().err
+    assert main([*pair, "--compare", "sdpa,flash9"]) == 2
+    assert "unknown attention implementation 'flash9'" in capsys.readouterr().err
