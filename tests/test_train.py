@@ -255,6 +255,10 @@ def test_models_beat_constant_on_held_out_auc(artifacts):
             assert (folder / name).is_file(), (model, name)
         head = summary["headline"]
         assert head["oracle_value"] >= head["best_static_value"]
+        # depth decisions alone: at least the best static, at most the optimum with skips
+        bound = summary["replay"]["test"]["oracle-bound"]["throughput"]
+        assert head["best_static_value"] <= head["drafting_bound_value"] * (1 + 1e-9)
+        assert head["drafting_bound_value"] <= bound * (1 + 1e-9), (model, head)
     assert (artifacts["lightgbm"][0] / "importance.png").is_file()
     assert set(artifacts["lightgbm"][1]["importance"]["mean_abs_shap"]) == set(DECISION_FEATURES)
     # the MLP's importance.png, promised by `train --help`: permutation importance on test rows

@@ -336,7 +336,26 @@ def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: d
             "learned_vs_ar": s / test["ar"][METRIC] if test.get("ar", {}).get(METRIC) else None,
             "best_peer": peer, "learned_vs_best_peer": s / p if p else None,
             "decision_latency_us": latency["median_us"],
-            "replay_decision_us": decision_s * 1e6}
+            "replay_decision_us": decision_s * 1e6} | _drafting_bound(test, b, s)
+
+
+def _drafting_text(headline: dict) -> str:
+    if "drafting_bound_value" not in headline:
+        return ""
+    return (f" ({headline['drafting_gain_captured']:.1%} of what depth decisions alone can "
+            f"add, up to {headline['drafting_bound_value']:.4g})")
+
+
+def _drafting_bound(test: dict, best: float, learned: float) -> dict:
+    """The optimum over schedules that draft at every step (exact replay only) and the share of
+    its gain over the best static the learned stopper replays: what depth decisions alone can
+    reach, where the `oracle`'s gain also counts steps it skips."""
+    bound = test.get("oracle-bound(drafting)", {}).get(METRIC)
+    if bound is None:
+        return {}
+    return {"drafting_bound_value": bound,
+            "drafting_gain_captured": ((learned - best) / (bound - best) if bound > best
+                                       else float("nan"))}
 
 
 def _warn_if_a_peer_wins(results: dict, headline: dict, log: Log) -> None:
@@ -426,11 +445,15 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         final = stopper_from(spec, out, **_spec_fields(chosen, calibration))
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
+        if part.mode == "exact":  # the optimum, and the optimum of depth decisions alone
+            results[split]["oracle-bound"] = {METRIC: R.oracle_bound(part, profile, 1)}
+            results[split]["oracle-bound(drafting)"] = {
+                METRIC: R.oracle_bound(part, profile, 1, skip=False)}
     headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
     log(f"replay ({data.mode}, {headline['units']}): learned {headline['learned_value']:.4g} vs "
         f"best static {headline['best_static']} {headline['best_static_value']:.4g}, oracle "
         f"{headline['oracle_value']:.4g}: {headline['oracle_gain_captured']:.1%} of the "
-        f"oracle's gain; aggregation {chosen['aggregation']}, threshold "
+        f"oracle's gain{_drafting_text(headline)}; aggregation {chosen['aggregation']}, threshold "
         f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
         f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1; no draft "
         f"while the recent acceptance rate is below {chosen['skip_rate']:g} (probing every "
