@@ -107,15 +107,18 @@ def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root
     from train.domain_check import check_domain
 
     result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",
-                          "heuristic", PROFILE, 0.0)
+                          "heuristic", PROFILE, 0.0, peer="cumprod:0.7")
+    peer = result["replay"]["peer"]["throughput"]
+    assert result["learned_vs_peer"] == result["replay"]["learned"]["throughput"] / peer
     # depth decisions alone reach at least the best static and at most the oracle with skips
     assert 1 - 1e-9 <= result["oracle_drafting_vs_best_static"] <= (
         result["oracle_vs_best_static"] + 1e-9)
-    for spec in ("static:1", "static:3", "heuristic"):
+    for spec, key in (("static:1", "static:1"), ("static:3", "static:3"),
+                      ("heuristic", "heuristic"), ("cumprod:0.7", "peer")):
         dec = MCSDDecoder(eos_pair, DecodeConfig(k_config=K, max_new_tokens=MAX_NEW),
                           stopper=spec)
         stats = [dec.generate(ids).stats for ids in prompts()]
-        replayed = result["replay"][spec]
+        replayed = result["replay"][key]
         assert (replayed["tokens"], replayed["steps"]) == (
             sum(s.new_tokens for s in stats), sum(s.target_calls for s in stats)), spec
 

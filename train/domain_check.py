@@ -1,7 +1,8 @@
 """A trained stopper on collections of other domains, never trained on: how well its node scores
 are calibrated there (reliability, ECE) and its replayed speed against the static depth a user
 would deploy (the best one on the training collection's validation prompts), the domain's
-hindsight best static depth and the tuned heuristic.
+hindsight best static depth, the tuned heuristic and the tuned built-in peer that replayed
+fastest on validation.
 
 Replay on another domain's dense collection is exact (as on the training collection), so this
 is a cheap first look at transfer; `mcsd eval` over the same prompt sets is the measurement.
@@ -35,11 +36,13 @@ def _scored_rows(df: pd.DataFrame, stopper) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
-                 profile: CostProfile, decision_s: float, switch: str | None = None) -> dict:
+                 profile: CostProfile, decision_s: float, switch: str | None = None,
+                 peer: str | None = None) -> dict:
     """Calibration and replayed speed of `stopper` on one domain's dense collection, against
-    autoregressive decoding, the deploy static, the domain's best static, the tuned heuristic
-    and (`switch`) the tuned switch peer; the share of the oracle's gain over the best static
-    it captures."""
+    autoregressive decoding, the deploy static, the domain's best static, the tuned heuristic,
+    (`switch`) the tuned switch peer and (`peer`) the built-in peer that replayed fastest on the
+    training validation prompts; the share of the oracle's gain over the best static it
+    captures."""
     df, manifests = load_runs([run_dir])
     y, p = _scored_rows(df, stopper)
     data = R.ReplayData(df, stopper.k_config, mode="auto", new_tokens=output_lengths(manifests))
@@ -53,6 +56,8 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
     peers = {"heuristic": heur, "oracle": oracle, "ar": ar}
     if switch:
         peers["switch"] = R.replay(data, switch, profile).as_dict()
+    if peer:
+        peers["peer"] = R.replay(data, peer, profile).as_dict()
     value, best_value = learned[METRIC], statics[best][METRIC]
     gain = oracle[METRIC] - best_value
     return {
@@ -66,6 +71,7 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
         "learned_vs_ar": value / ar[METRIC],
         "learned_vs_switch": value / peers["switch"][METRIC] if switch else None,
         "switch": switch,
+        "learned_vs_peer": value / peers["peer"][METRIC] if peer else None, "peer": peer,
         "best_static_vs_ar": best_value / ar[METRIC],
         "oracle_gain_captured": (value - best_value) / gain if gain > 0 else float("nan"),
         "heuristic_vs_best_static": heur[METRIC] / statics[best][METRIC],
@@ -86,7 +92,8 @@ def check_domains(run_dirs: list[Path], stopper, summary: dict, profile: CostPro
     decision_s = summary["headline"]["replay_decision_us"] * 1e-6
     return {Path(d).name: check_domain(d, stopper, summary["deploy_static"],
                                        summary["peers"]["heuristic"], profile, decision_s,
-                                       summary["peers"].get("switch"))
+                                       summary["peers"].get("switch"),
+                                       summary["headline"].get("best_peer"))
             for d in run_dirs}
 
 
@@ -102,6 +109,8 @@ def format_domains(domains: dict) -> str:
     for name, d in worst_first:
         switch = (f", vs {d['switch']} {d['learned_vs_switch']:.3f}x" if d.get("switch")
                   else "")
+        if d.get("peer"):
+            switch += f", vs best peer {d['peer']} {d['learned_vs_peer']:.3f}x"
         lines.append(
             f"domain {name}: ROC-AUC {d['metrics'].get('roc_auc', float('nan')):.3f} ECE "
             f"{d['ece']:.3f}; replayed learned vs deploy {d['deploy']} "
