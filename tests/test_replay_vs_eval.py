@@ -17,16 +17,20 @@ PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2,
 
 
 def test_ratios_are_measured_over_replayed_relative_to_the_base():
-    replay = {"p1": {"static:1": 10.0, "static:2": 12.0}, "p2": {"static:1": 8.0, "static:2": 8.0}}
+    replay = {"p1": {"static:1": 10.0, "static:2": 12.0}, "p2": {"static:1": 8.0, "static:2": 8.0},
+              "p4": {"static:1": 5.0, "static:2": 5.0}, "p5": {"static:1": 9.0, "static:2": 10.0}}
     run = {"code": {"p1": {"static:1": 20.0, "static:2": 24.0},  # as replayed: 1.0
                     "p2": {"static:1": 10.0, "static:2": 15.0}},  # 1.5 over replay
+           "qa": {"p4": {"static:1": 5.0, "static:2": 6.0},  # 1.2
+                  "p5": {"static:1": 10.0, "static:2": 10.0}},  # 0.9
            "prose": {"p3": {"static:1": 1.0, "static:2": 9.0}}}  # not collected: left out
     out = compare([run], replay, "static:1")["static:2"]
-    assert out["n"] == 2 and out["ratio"] == pytest.approx(math.sqrt(1.5))
+    assert out["n"] == 4 and out["ratio"] == pytest.approx((1.0 * 1.5 * 1.2 * 0.9) ** 0.25)
     assert out["ci"][0] < out["ratio"] < out["ci"][1]
-    assert out["by_category"] == {"code": pytest.approx(math.sqrt(1.5))}
+    assert out["by_category"] == {"code": pytest.approx(math.sqrt(1.5)),
+                                  "qa": pytest.approx(math.sqrt(1.2 * 0.9))}
     two = compare([run, run], replay, "static:1")["static:2"]  # runs pool: narrower interval
-    assert two["n"] == 4 and two["ci"][1] - two["ci"][0] < out["ci"][1] - out["ci"][0]
+    assert two["n"] == 8 and two["ci"][1] - two["ci"][0] < out["ci"][1] - out["ci"][0]
     with pytest.raises(MCSDError, match="collect the evaluation's own prompt sets"):
         compare([run], {"other": {"static:1": 1.0}}, "static:1")
 

@@ -445,7 +445,7 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
         final = stopper_from(spec, out, **_spec_fields(chosen, calibration))
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
-        if part.mode == "exact":  # the optimum, and the optimum of depth decisions alone
+        if split == "test" and part.mode == "exact":  # the optimum, and that of depths alone
             results[split]["oracle-bound"] = {METRIC: R.oracle_bound(part, profile, 1)}
             results[split]["oracle-bound(drafting)"] = {
                 METRIC: R.oracle_bound(part, profile, 1, skip=False)}

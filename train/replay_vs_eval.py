@@ -7,7 +7,8 @@ dense collections of the same prompts (`mcsd collect --dense` on the sets and se
 evaluation drew) and compares, per prompt, each method's speed relative to a base method
 (`--base`, default `static:1`) as replayed and as measured: the ratio measured / replayed, pooled
 over prompts, categories and every evaluation folder given (several runs of the same command
-average the timing noise out), as a geometric mean with a 95% interval, the per-prompt spread
+average the timing noise out), as a geometric mean with a 95% bootstrap interval
+(`metrics.paired_speedup`), the per-prompt spread
 and the geometric mean per category. 1.00 is a replay that ranks the method against the base as
 the decoder did. Measured speeds leave the prefill out where the records carry it (evaluations
 from this version on); older records include it, which pulls AR's ratio toward the base's.
@@ -21,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from mcsd_runtime.errors import MCSDError
-
-Z95 = 1.959964
+from mcsd_runtime.metrics import paired_speedup
 
 
 def eval_records(folder: Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -120,22 +119,23 @@ def compare(measured: list[dict], replay: dict[str, dict[str, float]], base: str
                 for m, v in speeds.items():
                     if m == base or m not in replay[pid]:
                         continue
-                    e2e = v / speeds[base]
-                    rep = replay[pid][m] / replay[pid][base]
-                    ratios.setdefault(m, []).append((cat, e2e / rep))
+                    measured_ratio = v / speeds[base]
+                    replayed_ratio = replay[pid][m] / replay[pid][base]
+                    ratios.setdefault(m, []).append((cat, measured_ratio, replayed_ratio))
     if not ratios:
         raise MCSDError(f"no prompt of the evaluations is in the collections with {base!r} "
                         f"measured: collect the evaluation's own prompt sets, seed and limit")
     out = {}
-    for m, pairs in ratios.items():
-        logs = np.log([r for _, r in pairs])
-        half = Z95 * logs.std(ddof=1) / math.sqrt(len(logs)) if len(logs) > 1 else float("nan")
-        out[m] = {"n": len(logs), "ratio": float(np.exp(logs.mean())),
-                  "ci": [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))],
+    for m, rows in ratios.items():
+        pooled = paired_speedup([e for _, e, _ in rows], [r for _, _, r in rows])
+        logs = np.log([e / r for _, e, r in rows])
+        cats = dict.fromkeys(c for c, _, _ in rows)
+        out[m] = {"n": pooled["n"], "ratio": pooled["geomean"],
+                  "ci": [pooled["ci_low"], pooled["ci_high"]],
                   "sd": float(logs.std(ddof=1)) if len(logs) > 1 else float("nan"),
-                  "by_category": {c: float(np.exp(np.mean([math.log(r) for cc, r in pairs
-                                                           if cc == c])))
-                                  for c in dict.fromkeys(c for c, _ in pairs)}}
+                  "by_category": {c: paired_speedup([e for cc, e, _ in rows if cc == c],
+                                                    [r for cc, _, r in rows if cc == c])["geomean"]
+                                  for c in cats}}
     return out
 
 

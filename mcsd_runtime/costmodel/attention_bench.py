@@ -5,7 +5,8 @@ target's forward over n new tokens under a 4D mask (the shape of a tree verifica
 cache of L tokens, for every L of `--contexts` and n of `--tokens`, alternating the
 implementations call by call (A B, then B A, ...) on the same model and cache, so a slow spell
 of a shared machine falls on both. It prints each implementation's median milliseconds and the
-geometric mean of the paired ratios (first implementation / second) with a 95% interval, and
+geometric mean of the paired ratios (first implementation / second) with a 95% bootstrap
+interval (`metrics.paired_speedup`), and
 the largest difference between their logits. The default pair of implementations is the
 decoder's `mcsd_sdpa` against transformers' `sdpa`.
 """
@@ -13,7 +14,6 @@ decoder's `mcsd_sdpa` against transformers' `sdpa`.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -21,15 +21,15 @@ import time
 import torch
 
 from mcsd_runtime.errors import MCSDError
-
-Z95 = 1.959964
+from mcsd_runtime.metrics import paired_speedup
 
 
 def chain_mask(context: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     """[1, 1, n, context + n]: every new token sees the cache and the new tokens up to itself."""
+    from mcsd_runtime.decode.state import causal_bias
+
     mask = torch.zeros(1, 1, n, context + n, dtype=dtype, device=device)
-    block = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
-    mask[0, 0, :, context:].masked_fill_(block, torch.finfo(dtype).min)
+    mask[0, 0, :, context:] = causal_bias(n, dtype, device)
     return mask
 
 
@@ -70,11 +70,10 @@ def compare(model, implementations: tuple[str, str], context: int, n: int, reps:
     finally:
         model.config._attn_implementation = before
     a, b = implementations
-    logs = [math.log(x / y) for x, y in zip(times[a], times[b], strict=True)]
-    mean, half = statistics.fmean(logs), Z95 * statistics.stdev(logs) / math.sqrt(len(logs))
+    ratio = paired_speedup(times[a], times[b])  # time a / time b, call by call
     return {"context": context, "tokens": n, a: statistics.median(times[a]) * 1e3,
-            b: statistics.median(times[b]) * 1e3, "ratio": math.exp(mean),
-            "ci": [math.exp(mean - half), math.exp(mean + half)],
+            b: statistics.median(times[b]) * 1e3, "ratio": ratio["geomean"],
+            "ci": [ratio["ci_low"], ratio["ci_high"]],
             "max_logit_diff": float((logits[a] - logits[b]).abs().max())}
 
 
