@@ -20,6 +20,7 @@ makes the name known to transformers, once per process.
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from mcsd_runtime.errors import MCSDError
 
@@ -31,8 +32,6 @@ def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
                         value: torch.Tensor, attention_mask: torch.Tensor | None,
                         dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """transformers' attention-function signature: (output [B, n, H, D], None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
     if (groups == 1 or query.shape[2] == 1 or attention_mask is None or attention_mask.dim() != 4
             or attention_mask.shape[1] != 1 or query.device.type != "cpu" or dropout
