@@ -262,21 +262,30 @@ COPY_LENGTHS = {"static": None,
                 "learned": CopyLength(ConfidentCopies(), [1.0, 1.05, 1.1], rate=1.0)}
 
 
+# beside a chain (stopper none: the target alone elsewhere), or a tree of several candidates
+# drafted where nothing is copied (the copies then go on a chain tree of their own)
+LOOKUP_TREES = {"chain": ((1, 1), "none"), "wide": ((3, 2), "static")}
+
+
+@pytest.mark.parametrize("tree", list(LOOKUP_TREES))
 @pytest.mark.parametrize("copy_length", list(COPY_LENGTHS))
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_prompt_lookup_matches_target_distribution(micro, temperature, copy_length):
+def test_sampled_prompt_lookup_matches_target_distribution(micro, temperature, copy_length, tree):
     """Copied chains are verified as drafts from a one-hot q: the output follows the target,
-    whether the copy length is fixed or chosen step by step."""
-    counts = sampled_counts(micro, "mcss", (1, 1), temperature, prompt=LOOKUP_PROMPT,
-                            stopper="none", lookup=2, lookup_min_ngram=1,
+    whether the copy length is fixed or chosen step by step, beside a chain or a wide tree."""
+    k_config, stopper = LOOKUP_TREES[tree]
+    counts = sampled_counts(micro, "mcss", k_config, temperature, prompt=LOOKUP_PROMPT,
+                            stopper=stopper, lookup=2, lookup_min_ngram=1,
                             copy_length=COPY_LENGTHS[copy_length])
     assert p_value(counts, exact_joint(micro, temperature, LOOKUP_PROMPT)) > ALPHA
 
 
+@pytest.mark.parametrize("tree", list(LOOKUP_TREES))
 @pytest.mark.parametrize("copy_length", list(COPY_LENGTHS))
-def test_chi_square_detects_a_biased_verifier_under_lookup(micro, monkeypatch, copy_length):
+def test_chi_square_detects_a_biased_verifier_under_lookup(micro, monkeypatch, copy_length, tree):
+    k_config, stopper = LOOKUP_TREES[tree]
     monkeypatch.setattr(V, "verify_children", residual_from_p)
-    counts = sampled_counts(micro, "mcss", (1, 1), prompt=LOOKUP_PROMPT, stopper="none",
+    counts = sampled_counts(micro, "mcss", k_config, prompt=LOOKUP_PROMPT, stopper=stopper,
                             lookup=2, lookup_min_ngram=1, copy_length=COPY_LENGTHS[copy_length])
     assert p_value(counts, exact_joint(micro, 1.0, LOOKUP_PROMPT)) < ALPHA
 

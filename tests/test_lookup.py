@@ -1,5 +1,6 @@
 """Prompt lookup: the n-gram proposer, its place in the decode loop (greedy output equals the
-target's, alone and in batches beside drafted rows), its configuration and its method names."""
+target's, alone and in batches beside drafted rows, on chain trees and on trees of several
+candidates), its configuration and its method names."""
 
 from __future__ import annotations
 
@@ -76,6 +77,28 @@ def test_rows_beside_copied_rows_draft_as_they_would_alone(pair):
     assert [[(s.drafted, s.accepted) for s in r.steps] for r in batch] == steps
 
 
+@pytest.mark.parametrize("k_config", [(3, 2, 1), "4,1/1,1"])
+def test_copies_beside_a_tree_of_several_candidates_verify_a_chain_of_their_own(pair, reference,
+                                                                                k_config):
+    """A draft tree with several candidates: a step that copies verifies the chain alone (its
+    tree is the chain, no candidate slots), a step that does not drafts the whole tree; the
+    output is the target's, alone and in batches (where a step copies in every row or none)."""
+    cfg = DecodeConfig(k_config=k_config, max_new_tokens=40, lookup=3, lookup_min_ngram=1)
+    dec = MCSDDecoder(pair, cfg, "static")
+    alone = [dec.generate(p) for p in PROMPTS]
+    assert [r.token_ids for r in alone] == reference
+    copied = [s for r in alone for s in r.steps if s.drafted and s.tree_size == s.drafted]
+    drafted = [s for r in alone for s in r.steps if s.tree_size > s.drafted]
+    assert len(copied) == sum(r.stats.lookup_steps for r in alone) > 0
+    assert drafted and sum(s.accepted for s in copied) > 0
+    assert all(s.tree_size == dec.tree.cum[s.drafted] for s in drafted)
+    batch = dec.generate_batch(PROMPTS, batch_size=3)
+    assert [r.token_ids for r in batch] == reference
+    assert 0 < batch.stats.lookup_steps <= sum(r.stats.lookup_steps for r in alone)
+    for r in batch:  # every step copied in every row or in none
+        assert all(s.tree_size in (s.drafted, dec.tree.cum[s.drafted]) for s in r.steps)
+
+
 def test_lookup_off_changes_nothing(pair):
     a = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1), max_new_tokens=20), "static")
     b = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1), max_new_tokens=20, lookup=0), "static")
@@ -107,7 +130,6 @@ def test_a_copied_step_is_no_draft_to_the_stopper(pair):
 
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(k_config=(1, 1), lookup=3), "at least that many depths"),
-    (dict(k_config=(2, 1), lookup=2), "one candidate"),
     (dict(k_config=(1, 1), lookup=2, init="target"), "init='draft'"),
     (dict(k_config=(1, 1), lookup=2, lookup_min_ngram=3, lookup_max_ngram=2), "min <= max"),
     (dict(k_config=(1, 1), lookup=-1), "at least that many"),
@@ -155,3 +177,6 @@ def test_lookup_methods_run_and_stay_lossless(pair, reference):
         assert [runner.generate(p).token_ids for p in PROMPTS] == reference
     with pytest.raises(MCSDError, match="at least that many depths"):
         build_method("lookup:4:1+heuristic", pair, base)
+    wide = build_method("lookup:2:1+static", pair, DecodeConfig(k_config=(3, 2), max_new_tokens=40))
+    assert wide.decoder.config.k_config == (3, 2) and wide.decoder.chain is not None
+    assert [wide.generate(p).token_ids for p in PROMPTS] == reference

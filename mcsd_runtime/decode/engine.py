@@ -3,7 +3,9 @@
 A step, over every row of the batch at once:
 
 1. draft: a row whose context repeats itself (prompt lookup, `DecodeConfig.lookup`) verifies
-   the tokens that followed the repeat as a chain, drafting nothing; a row whose stopper says
+   the tokens that followed the repeat as a chain, drafting nothing (on the draft's tree when
+   its first depths are a chain, else on a chain tree of its own, `Decoding.chain`: then every
+   row of the step copies, or none does); a row whose stopper says
    not to draft at all this step (`should_draft`) verifies an empty tree, as autoregressive
    decoding does; both keep their pending draft tokens for later;
    the others' pending draft tokens go in, depth 1 is proposed; then, while the stopper says
@@ -96,6 +98,7 @@ class Decoding(Protocol):
     config: DecodeConfig
     tree: Tree
     tt: TreeTensors
+    chain: tuple[Tree, TreeTensors] | None  # copies' own tree (a draft tree of several candidates)
     stopper: Stopper
     recorder: Recorder | None
     needs_hidden: bool  # the stopper or the recorder reads draft hidden states
@@ -342,13 +345,22 @@ class Engine:
     # ------------------------------------------------------------------ one step
     def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:
         """Draft all rows' trees, verify them in one target forward, commit each row."""
-        tree, tt, lo = self.tree, self.tt, self.lo
+        lo = self.lo
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
+        # a row whose context repeats itself verifies what followed before (prompt lookup)
+        copied = [self.lookup(r.st, m - 1) for r, m in zip(rows, remaining, strict=True)]
+        # the step's tree: the draft's, or a chain of its own for copies when the draft's
+        # first depths hold several candidates (then every row copies, or none does)
+        self.tree, self.tt = self.dec.tree, self.dec.tt
+        if self.dec.chain is not None and any(copied):
+            if all(copied):
+                self.tree, self.tt = self.dec.chain
+            else:
+                copied = [[] for _ in rows]
+        tree, tt = self.tree, self.tt
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
-        # a row whose context repeats itself verifies what followed before (prompt lookup)
-        copied = [self.lookup(r.st, c) for r, c in zip(rows, caps, strict=True)]
         if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
             caps = [c if c and not look and r.st.stopper.should_draft(
                 StepStart(tree.depth, r.st.trajectory.values())) else 0
@@ -419,7 +431,7 @@ class Engine:
     def lookup(self, st: RowState, cap: int) -> list[int]:
         """The tokens prompt lookup proposes for a row this step (at most `cap`), or []."""
         cfg, policy = self.cfg, self.dec.copy_length
-        if not cfg.lookup or not cap:
+        if not cfg.lookup or cap <= 0:
             return []
         if policy is not None:
             match = find_match(st.committed, min(policy.max_copy, cap), policy.min_ngram,

@@ -45,7 +45,9 @@ class DecodeConfig:
     batch_depth: str = "max"
     # prompt lookup (`mcsd_runtime.decode.lookup`): up to `lookup` tokens copied from the
     # context where its last lookup_min_ngram..lookup_max_ngram tokens occurred before; a step
-    # with such a match verifies them instead of asking the stopper (0: off)
+    # with such a match verifies them instead of asking the stopper (0: off); on a tree with
+    # several candidates in its first `lookup` depths the copied chain is verified on a chain
+    # tree of its own (in a batch, a step then copies in every row or in none)
     lookup: int = 0
     lookup_min_ngram: int = 3
     lookup_max_ngram: int = 4
@@ -78,9 +80,6 @@ class DecodeConfig:
             raise MCSDError(f"lookup {self.lookup} needs a tree of at least that many depths; "
                             f"the k-config {k_text(self.k_config)} has "
                             f"{len(self.k_config)}")
-        if any(k != 1 for k in self.k_config[: self.lookup]):
-            raise MCSDError("prompt lookup proposes one chain: its depths need one candidate "
-                            "each, e.g. --k-config 1,1,1,1,1,1")
         if self.init != "draft":
             raise MCSDError("prompt lookup needs init='draft' (lossless)")
         if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
