@@ -58,7 +58,6 @@ def test_a_trained_stoppers_tree_is_the_default(monkeypatch, tmp_path):
     (["--methods", "ar,static:9", "--k-config", "4,2,2,1"], "static:9 needs a tree"),
     (["--methods", "ar,confidence,confidence:0.4"], "run the same thing"),
     (["--methods", "ar,lookup:0"], "positive integers"),
-    (["--methods", "ar,lookup:5+heuristic", "--k-config", "4,2,2,1"], "at least that many"),
     (["--target", "toy", "--draft", "toy:tiny"], "pass the target 'toy:tiny' alone"),
     (["--draft", "/no/such/folder"], "no model folder at /no/such/folder (the draft)"),
 ])

@@ -129,10 +129,10 @@ def test_a_copied_step_is_no_draft_to_the_stopper(pair):
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(k_config=(1, 1), lookup=3), "at least that many depths"),
+    (dict(k_config=(), lookup=3), "beside a draft tree"),
     (dict(k_config=(1, 1), lookup=2, init="target"), "init='draft'"),
     (dict(k_config=(1, 1), lookup=2, lookup_min_ngram=3, lookup_max_ngram=2), "min <= max"),
-    (dict(k_config=(1, 1), lookup=-1), "at least that many"),
+    (dict(k_config=(1, 1), lookup=-1), "lookup must be >= 0"),
 ])
 def test_bad_lookup_configs_are_refused(kw, message):
     with pytest.raises(MCSDError, match=message):
@@ -154,7 +154,7 @@ def test_lookup_method_names(tmp_path):
     assert parse_lookup("lookup") == (None, 3, None)
     assert parse_lookup("lookup:5:2+heuristic") == (5, 2, "heuristic")
     assert explicit_label("lookup", (4, 2, 2, 1)) == "lookup:8:3"
-    assert explicit_label("lookup+confidence", (1, 1, 1)) == "lookup:3:3+confidence:0.4"
+    assert explicit_label("lookup+confidence", (1, 1, 1)) == "lookup:8:3+confidence:0.4"
     assert explicit_label("lookup:2:1+static", (1, 1, 1)) == "lookup:2:1+static:3"
     for bad, message in (("lookup:0", "positive integers"), ("lookup:2:5", "N <= 4"),
                          ("lookup:a", "positive integers"), ("lookup:1:1:1", "positive"),
@@ -173,10 +173,10 @@ def test_lookup_methods_run_and_stay_lossless(pair, reference):
     assert pure.decoder.config.k_config == (1,) * 5 and pure.decoder.config.lookup == 5
     mixed = build_method("lookup:2:1+heuristic", pair, base)
     assert mixed.decoder.config.k_config == (1, 1, 1) and mixed.decoder.config.lookup == 2
-    for runner in (pure, mixed):
+    longer = build_method("lookup:4:1+heuristic", pair, base)  # copies longer than the tree
+    assert longer.decoder.chain is not None and mixed.decoder.chain is None
+    for runner in (pure, mixed, longer):
         assert [runner.generate(p).token_ids for p in PROMPTS] == reference
-    with pytest.raises(MCSDError, match="at least that many depths"):
-        build_method("lookup:4:1+heuristic", pair, base)
     wide = build_method("lookup:2:1+static", pair, DecodeConfig(k_config=(3, 2), max_new_tokens=40))
     assert wide.decoder.config.k_config == (3, 2) and wide.decoder.chain is not None
     assert [wide.generate(p).token_ids for p in PROMPTS] == reference

@@ -58,9 +58,9 @@ class MCSDDecoder:
         self.tree = Tree(self.config.k_config)
         self.tt = TreeTensors.build(self.tree, pair.device, pair.dtype)
         # the tree a copied chain is verified on when the draft's first depths are not a chain
-        self.chain = None
-        if self.config.lookup and any(k != 1 for k in self.config.k_config[:self.config.lookup]):
-            chain = Tree((1,) * self.config.lookup)
+        self.chain, k = None, self.config.lookup
+        if k and self.tree.sizes[:k] != (1,) * k:
+            chain = Tree((1,) * k)
             self.chain = chain, TreeTensors.build(chain, pair.device, pair.dtype)
         if self.tree.depth and max(self.config.k_config) > pair.vocab_size:
             raise MCSDError(f"k-config {self.config.k_config} asks for more candidates than the "

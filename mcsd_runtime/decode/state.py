@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
-from mcsd_runtime.decode.tree import KConfig, TreeTensors, k_text, parse_k_config
+from mcsd_runtime.decode.tree import KConfig, TreeTensors, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
     FEATURE_NAMES,
@@ -45,9 +45,9 @@ class DecodeConfig:
     batch_depth: str = "max"
     # prompt lookup (`mcsd_runtime.decode.lookup`): up to `lookup` tokens copied from the
     # context where its last lookup_min_ngram..lookup_max_ngram tokens occurred before; a step
-    # with such a match verifies them instead of asking the stopper (0: off); on a tree with
-    # several candidates in its first `lookup` depths the copied chain is verified on a chain
-    # tree of its own (in a batch, a step then copies in every row or in none)
+    # with such a match verifies them instead of asking the stopper (0: off); unless the tree's
+    # first `lookup` depths are a chain, the copied chain is verified on a chain tree of its own
+    # (in a batch, a step then copies in every row or in none)
     lookup: int = 0
     lookup_min_ngram: int = 3
     lookup_max_ngram: int = 4
@@ -76,10 +76,12 @@ class DecodeConfig:
             self._check_lookup()
 
     def _check_lookup(self) -> None:
-        if self.lookup < 0 or self.lookup > len(self.k_config):
-            raise MCSDError(f"lookup {self.lookup} needs a tree of at least that many depths; "
-                            f"the k-config {k_text(self.k_config)} has "
-                            f"{len(self.k_config)}")
+        if self.lookup < 0:
+            raise MCSDError(f"lookup must be >= 0 (0: off), got {self.lookup}")
+        if not self.k_config:
+            raise MCSDError("prompt lookup copies beside a draft tree: give a k-config (a chain "
+                            "such as 1,1,1,1,1,1 with the stopper 'none' copies with the target "
+                            "alone)")
         if self.init != "draft":
             raise MCSDError("prompt lookup needs init='draft' (lossless)")
         if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:

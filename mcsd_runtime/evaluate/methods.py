@@ -54,12 +54,10 @@ def parse_lookup(method: str) -> tuple[int | None, int, str | None] | None:
 
 def lookup_tree(k: int | None, spec: str | None,
                 k_config: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-    """The copy length and the tree a lookup method decodes on: alone, a chain of K (default
-    8); composed with a stopper, `k_config`, and K at most its depth by default."""
-    if spec is None:
-        k = k or LOOKUP_DEFAULTS[0]
-        return k, (1,) * k
-    return k or min(LOOKUP_DEFAULTS[0], len(k_config)), k_config
+    """The copy length (default 8) and the tree a lookup method decodes on: alone, a chain of
+    K; composed with a stopper, `k_config`."""
+    k = k or LOOKUP_DEFAULTS[0]
+    return k, (1,) * k if spec is None else k_config
 
 
 def split_methods(spec: str) -> list[str]:
