@@ -4,15 +4,15 @@ A step, over every row of the batch at once:
 
 1. draft: a row whose context repeats itself (prompt lookup, `DecodeConfig.lookup`) verifies
    the tokens that followed the repeat as a chain, drafting nothing (on the draft's tree when
-   its first depths are a chain, else on a chain tree of its own, `Decoding.chain`: then every
-   row of the step copies, or none does); a row whose stopper says
+   its first depths are a chain, else on a chain tree of its own, `Decoding.chain`, beside the
+   other rows' trees in the same forward); a row whose stopper says
    not to draft at all this step (`should_draft`) verifies an empty tree, as autoregressive
    decoding does; both keep their pending draft tokens for later;
    the others' pending draft tokens go in, depth 1 is proposed; then, while the stopper says
    so, the frontier goes through the draft (one forward for all rows, tree attention) and the
    next depth is proposed;
-2. one target forward over every row's pending root and tree (a 4D mask per row, explicit
-   position ids);
+2. one target forward over every row's pending root and tree (a 4D mask, shared or one per
+   row where rows lie on different trees; explicit position ids);
 3. verify each row's tree: the accepted path and the token after it (`verify_tree`);
 4. commit each row's tokens, clipped at EOS and the token budget, and cut both caches to the
    accepted paths;
@@ -345,20 +345,11 @@ class Engine:
     # ------------------------------------------------------------------ one step
     def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:
         """Draft all rows' trees, verify them in one target forward, commit each row."""
-        lo = self.lo
+        tree, tt, lo = self.tree, self.tt, self.lo
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
         # a row whose context repeats itself verifies what followed before (prompt lookup)
         copied = [self.lookup(r.st, m - 1) for r, m in zip(rows, remaining, strict=True)]
-        # the step's tree: the draft's, or a chain of its own for copies when the draft's
-        # first depths hold several candidates (then every row copies, or none does)
-        self.tree, self.tt = self.dec.tree, self.dec.tt
-        if self.dec.chain is not None and any(copied):
-            if all(copied):
-                self.tree, self.tt = self.dec.chain
-            else:
-                copied = [[] for _ in rows]
-        tree, tt = self.tree, self.tt
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
         if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
@@ -366,27 +357,27 @@ class Engine:
                 StepStart(tree.depth, r.st.trajectory.values())) else 0
                 for c, r, look in zip(caps, rows, copied, strict=True)]
         inputs, at = self.upload(rows, copied)
-        tokens = torch.zeros(len(rows), 1 + tree.num_nodes, dtype=torch.long, device=self.dev)
+        width = 1 + max(tree.num_nodes, *map(len, copied))
+        tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.dev)
         tokens[:, 0] = inputs[:, 1]
         timing = Timing()
 
         # 1. draft, depth by depth
         d = self.draft(rows, tokens, inputs, caps, dc, timing)
         self.place_copies(d, tokens, inputs[:, at:], [len(c) for c in copied])
+        # each row's tree: the draft's, or a copied chain's own (`Decoding.chain`)
+        drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
+                        d.copied[i], self.dec.chain[1] if d.copied[i] and self.dec.chain
+                        else tt) for i in range(len(rows))]
 
         # 2. one target forward over every row's pending root and tree
-        c = tree.cum[d.depth]
         target_base = tc.length
-        out = self.forward(self.pair.target, tc, tokens[:, lo : 1 + c],
-                           inputs[:, :1] + tt.depth[lo : 1 + c][None],
-                           tt.bias[lo : 1 + c, lo : 1 + c][None], None, timing,
-                           hidden=self.features)
+        out = self.forward(self.pair.target, tc, *self.tree_inputs(tokens, inputs, d, drafts),
+                           None, timing, hidden=self.features)
         logits = out.logits
 
         # 3. verify every row on the device, then one host copy for all of them
-        drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
-                        d.copied[i]) for i in range(len(rows))]
-        judged = [self.judge(r.st, draft, logits[i, : 1 + tree.cum[draft.depth] - lo])
+        judged = [self.judge(r.st, draft, logits[i, : 1 + draft.size - lo])
                   for i, (r, draft) in enumerate(zip(rows, drafts, strict=True))]
         values = [j[0] for j in judged]
         host = (torch.cat(values) if len(values) > 1 else values[0]).tolist()  # sync: verdicts
@@ -394,10 +385,10 @@ class Engine:
         # 4. per row: commit, and the cache entries to keep
         keep_t, keep_d, outcomes, at = [], [], [], 0
         for i, r in enumerate(rows):
-            n = 2 + (1 + tree.cum[drafts[i].depth]) * (1 + self.wants_conf)
-            v = self.verdict(host[at : at + n], judged[i][1])
+            n = 2 + (1 + drafts[i].size) * (1 + self.wants_conf)
+            v = self.verdict(host[at : at + n], judged[i][1], drafts[i].tt)
             at += n
-            new, path = self.commit(r.st, v, remaining[i], d.seen(i))
+            new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i].tt)
             if self.features:  # the new pending tokens' states: the root's, then the path's
                 r.st.d_feats.append(out.hidden_states[-1][i, [0, *path]])
             keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
@@ -409,6 +400,28 @@ class Engine:
 
         # 5. account
         self.account(rows, outcomes, timing, tc, dc)
+
+    def tree_inputs(self, tokens: torch.Tensor, inputs: torch.Tensor, d: Drafted,
+                    drafts: list[Draft]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The target's ids, positions and tree mask [rows or 1, n, n] for every row's root and
+        tree: the draft's tree's slice when all rows lie on it, else each row's own tree,
+        padded (a padding slot sees the root only and nobody sees it)."""
+        lo, tt = self.lo, self.tt
+        if all(dr.tt is tt for dr in drafts):
+            c = 1 + self.tree.cum[d.depth]
+            return (tokens[:, lo:c], inputs[:, :1] + tt.depth[lo:c][None],
+                    tt.bias[lo:c, lo:c][None])
+        w = 1 + max(dr.tt.tree.cum[min(d.depth if dr.tt is tt else dr.depth,
+                                       dr.tt.tree.depth)] for dr in drafts)
+        offsets = torch.zeros(len(drafts), w, dtype=torch.long, device=self.dev)
+        block = torch.full((len(drafts), w, w), torch.finfo(self.dtype).min, dtype=self.dtype,
+                           device=self.dev)
+        block[:, :, 0] = 0
+        for i, dr in enumerate(drafts):
+            n = min(w, dr.tt.tree.num_nodes + 1)
+            offsets[i, :n] = dr.tt.depth[:n]
+            block[i, :n, :n] = dr.tt.bias[:n, :n]
+        return tokens[:, :w], inputs[:, :1] + offsets, block
 
     def upload(self, rows: list[Row], copied: list[list[int]]) -> tuple[torch.Tensor, int]:
         """[rows, 3 + m + n] on the device, in one copy: each row's root position, its last
@@ -453,7 +466,8 @@ class Engine:
                 tokens[i, 1 : 1 + n] = chains[i, :n]
                 d.layers[i] = chain_layers(chains[i, :n], self.pair.vocab_size)
                 d.depths[i], d.copied[i] = n, True
-        d.depth = max(d.depth, *d.depths)
+        if self.dec.chain is None:  # the copies lie in the draft's tree
+            d.depth = max(d.depth, *d.depths)
 
     # -- 1. draft
     def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
@@ -604,7 +618,7 @@ class Engine:
         the deepest node whose whole path was accepted. Returns [best, its next token, the
         tree's tokens] (for the step's one host copy) and the target's distributions, when
         computed."""
-        tt, c = self.tt, self.tree.cum[draft.depth]
+        tt, c = draft.tt, draft.size
         tokens = draft.tokens[: 1 + c]
         greedy = self.cfg.temperature == 0
         probs = None
@@ -630,9 +644,9 @@ class Engine:
             values.append((top * CONF_SCALE).round().long())
         return torch.cat(values), probs
 
-    def verdict(self, host: list[int], probs: torch.Tensor | None) -> Verdict:
-        """The verdict from `judge`'s values on the host."""
-        path = self.tt.paths[host[0]]
+    def verdict(self, host: list[int], probs: torch.Tensor | None, tt: TreeTensors) -> Verdict:
+        """The verdict from `judge`'s values on the host (a row's tree on `tt`)."""
+        path = tt.paths[host[0]]
         tokens, conf = host[2:], None
         if self.wants_conf:
             tokens, nodes = tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]
@@ -643,8 +657,8 @@ class Engine:
     def verify_sampled(self, probs: torch.Tensor, draft: Draft, gen: torch.Generator,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-node accepted child and next token for the sampling verifiers."""
-        tree, tt = self.tree, self.tt
-        c = tree.cum[draft.depth]
+        tt = draft.tt
+        tree, c = tt.tree, draft.size
         rank_rows, next_rows = [], []
         for d, layer in enumerate(draft.layers, 1):
             if d == 1 and self.init is not None:  # the roots are the target's own: no test
@@ -670,8 +684,8 @@ class Engine:
         return match, torch.cat(next_rows)
 
     # -- 4. commit
-    def commit(self, st: RowState, v: Verdict, remaining: int,
-               forwarded: int) -> tuple[list[int], list[int]]:
+    def commit(self, st: RowState, v: Verdict, remaining: int, forwarded: int,
+               tt: TreeTensors) -> tuple[list[int], list[int]]:
         """Commit the path (and the bonus token), clipped at max_new_tokens, commit_limit and
         EOS, and set both models' pending tokens (`forwarded`: the deepest depth the draft has
         seen). When clipped, the caches keep the committed part of the path and its last token
@@ -692,7 +706,7 @@ class Engine:
             st.done = True
         st.t_pending = bonus
         if self.tree.depth:
-            st.d_pending += [v.tokens[j] for j in path if self.tt.depths[j] > forwarded] + bonus
+            st.d_pending += [v.tokens[j] for j in path if tt.depths[j] > forwarded] + bonus
         if self.init is not None:
             self.init.after_commit(st, v)
         return new, path
@@ -726,7 +740,7 @@ class Engine:
             self.learn(r.st, draft, v, new, rs, self.stats, row=r.index)
             r.steps.append(StepRecord(
                 drafted=draft.depth, accepted=v.accepted, committed=len(new),
-                tree_size=self.tree.cum[draft.depth], target_cache=tc.lens[i],
+                tree_size=draft.size, target_cache=tc.lens[i],
                 draft_cache=dc.lens[i] if self.tree.depth else 0,
                 target_pending=len(r.st.t_pending), draft_pending=len(r.st.d_pending)))
             self.commit_hook(r)
@@ -735,7 +749,7 @@ class Engine:
               *stats: DecodeStats, row: int = 0) -> None:
         """Tell the recorder, the trajectory, the stopper and each of `stats` how the step
         went."""
-        s, c = draft.depth, self.tree.cum[draft.depth]
+        s, c = draft.depth, draft.size
         roots = self.tree.sizes[0] if self.init is not None and s else 0  # the target's
         drafted_depth = s - 1 if roots else s
         if self.dec.recorder is not None:
@@ -756,8 +770,8 @@ class Engine:
                 counts.acceptance_sum += v.accepted / drafted_depth
 
     def trace(self, st: RowState, draft: Draft, v: Verdict, row: int = 0) -> StepTrace:
-        tt, s = self.tt, draft.depth
-        c = self.tree.cum[s]
+        tt, s = draft.tt, draft.depth
+        c = draft.size
         layers = draft.layers
         empty = v.probs.new_zeros(0)
         feats = [layer.node_features(tt.static_features[self.tree.depth_slice(d)])

@@ -47,7 +47,7 @@ class DecodeConfig:
     # context where its last lookup_min_ngram..lookup_max_ngram tokens occurred before; a step
     # with such a match verifies them instead of asking the stopper (0: off); unless the tree's
     # first `lookup` depths are a chain, the copied chain is verified on a chain tree of its own
-    # (in a batch, a step then copies in every row or in none)
+    # (in a batch, beside the other rows' trees)
     lookup: int = 0
     lookup_min_ngram: int = 3
     lookup_max_ngram: int = 4
@@ -253,10 +253,16 @@ class Draft:
     forwarded: int = 0  # deepest depth whose nodes are in the draft cache
     cache_base: int = 0  # draft cache length where depth-1 nodes start
     copied: bool = False  # a prompt-lookup chain, not drafted
+    tt: TreeTensors | None = None  # the tree it lies on (a copied chain's own, or the draft's)
 
     @property
     def depth(self) -> int:
         return len(self.layers)
+
+    @property
+    def size(self) -> int:
+        """Its nodes, the root excluded."""
+        return self.tt.tree.cum[self.depth]
 
 
 @dataclass
