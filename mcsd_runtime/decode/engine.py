@@ -411,8 +411,7 @@ class Engine:
             c = 1 + self.tree.cum[d.depth]
             return (tokens[:, lo:c], inputs[:, :1] + tt.depth[lo:c][None],
                     tt.bias[lo:c, lo:c][None])
-        w = 1 + max(dr.tt.tree.cum[min(d.depth if dr.tt is tt else dr.depth,
-                                       dr.tt.tree.depth)] for dr in drafts)
+        w = 1 + max(self.tree.cum[d.depth], *(dr.size for dr in drafts))
         offsets = torch.zeros(len(drafts), w, dtype=torch.long, device=self.dev)
         block = torch.full((len(drafts), w, w), torch.finfo(self.dtype).min, dtype=self.dtype,
                            device=self.dev)
@@ -774,7 +773,7 @@ class Engine:
         c = draft.size
         layers = draft.layers
         empty = v.probs.new_zeros(0)
-        feats = [layer.node_features(tt.static_features[self.tree.depth_slice(d)])
+        feats = [layer.node_features(tt.static_features[tt.tree.depth_slice(d)])
                  for d, layer in enumerate(layers, 1)]
         hidden = None
         if self.needs_hidden and s:
