@@ -60,8 +60,7 @@ class MCSDDecoder:
         # the tree a copied chain is verified on when the draft's first depths are not a chain
         self.chain, k = None, self.config.lookup
         if k and self.tree.sizes[:k] != (1,) * k:
-            chain = Tree((1,) * k)
-            self.chain = chain, TreeTensors.build(chain, pair.device, pair.dtype)
+            self.chain = TreeTensors.build(Tree((1,) * k), pair.device, pair.dtype)
         if self.tree.depth and max(self.config.k_config) > pair.vocab_size:
             raise MCSDError(f"k-config {self.config.k_config} asks for more candidates than the "
                             f"vocabulary has ({pair.vocab_size})")

@@ -98,7 +98,7 @@ class Decoding(Protocol):
     config: DecodeConfig
     tree: Tree
     tt: TreeTensors
-    chain: tuple[Tree, TreeTensors] | None  # copies' own tree (a draft tree of several candidates)
+    chain: TreeTensors | None  # copies' own chain tree (a draft tree of several candidates)
     stopper: Stopper
     recorder: Recorder | None
     needs_hidden: bool  # the stopper or the recorder reads draft hidden states
@@ -366,9 +366,9 @@ class Engine:
         d = self.draft(rows, tokens, inputs, caps, dc, timing)
         self.place_copies(d, tokens, inputs[:, at:], [len(c) for c in copied])
         # each row's tree: the draft's, or a copied chain's own (`Decoding.chain`)
+        chain = self.dec.chain or tt
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
-                        d.copied[i], self.dec.chain[1] if d.copied[i] and self.dec.chain
-                        else tt) for i in range(len(rows))]
+                        d.copied[i], chain if d.copied[i] else tt) for i in range(len(rows))]
 
         # 2. one target forward over every row's pending root and tree
         target_base = tc.length
