@@ -1,6 +1,7 @@
 """The learned prompt-lookup copy length: match statistics, the decision rule, training, the
-decoder taking exactly the decisions its replay takes (features included), greedy output equal
-to the target's alone and in batches, and `mcsd train-lookup`."""
+decoder taking exactly the decisions its replay takes (features included; beside a draft, the
+draft's teacher-forced candidates too), greedy output equal to the target's alone and in
+batches, the hindsight oracle, and `mcsd train-lookup`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from mcsd_runtime.decode.lookup import find_match
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
-from train.copy_length import Replay, Trace, fit, step_costs, target_traces
+from train.copy_length import (
+    Replay,
+    Trace,
+    copy_all,
+    draft_hits,
+    fit,
+    never,
+    step_costs,
+    target_traces,
+)
 
 REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
 PROMPTS = [REPEATING, [1, 2, 3, 4, 1, 2, 3], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8], [4, 5, 4, 5, 4]]
@@ -87,6 +97,88 @@ def test_the_decoder_decides_as_its_replay_does(pair):
         Replay(trace, 8, 1, 4).walk(CopyLength(replayed, COSTS, rate=0.6).choose, COSTS)
         assert np.allclose(live.seen, replayed.seen, atol=1e-5)
     assert any(s[FEATURES.index("last_copied")] > 0 for s in live.seen)
+
+
+DRAFT_COSTS = [1.4, 1.5, 1.6, 1.7, 1.8]  # a drafted step, by the draft's pending tokens
+
+
+@pytest.fixture(scope="module")
+def feature_pair():
+    """A pair whose draft reads the target's states (`distill.feature`)."""
+    import torch
+
+    from conftest import make_pair
+    from mcsd_runtime.distill.feature import with_feature_input
+    from mcsd_runtime.distill.layers import cut_draft
+    from mcsd_runtime.models.pair import Pair
+
+    base = make_pair(vocab=64, seed=3)
+    draft = with_feature_input(cut_draft(base.target, [0, 1])).to(torch.float64)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return Pair(base.target, draft.eval())
+
+
+def beside_draft(pair, policy: CopyLength, max_new_tokens: int = 30) -> MCSDDecoder:
+    cfg = DecodeConfig(k_config=(3, 2, 1), max_new_tokens=max_new_tokens, lookup=policy.max_copy,
+                       lookup_min_ngram=policy.min_ngram)
+    return MCSDDecoder(pair, cfg, "static:1", copy_length=policy)
+
+
+@pytest.mark.parametrize("kind", ["draft", "feature draft"])
+def test_beside_a_draft_the_decoder_copies_or_drafts_as_its_replay_does(pair, feature_pair,
+                                                                        kind):
+    p = pair if kind == "draft" else feature_pair
+    traces = draft_hits(p, target_traces(p, PROMPTS, 30), width=3)
+    copies = 0
+    for trace in traces:
+        live, replayed = ByConfidence(), ByConfidence()
+        policy = CopyLength(live, COSTS, 0.6, draft_costs=DRAFT_COSTS, draft_prior=1.5)
+        out = beside_draft(p, policy).generate(trace.prompt)
+        assert out.token_ids == trace.tokens
+        replay = Replay(trace, 8, 1, 4)
+        replay.walk(CopyLength(replayed, COSTS, 0.6, draft_costs=DRAFT_COSTS,
+                               draft_prior=1.5).choose, COSTS, None, DRAFT_COSTS, 1.5)
+        assert replay.steps == len(out.steps)
+        assert np.allclose(live.seen, replayed.seen, atol=1e-5)
+        copies += out.stats.lookup_steps
+        # the draft's candidates decide the drafted steps: with other hits, another walk
+        wrong = ByConfidence()
+        flipped = Replay(Trace(trace.prompt, trace.tokens, trace.conf,
+                               [1 - h for h in trace.hits]), 8, 1, 4)
+        flipped.walk(CopyLength(wrong, COSTS, 0.6, draft_costs=DRAFT_COSTS,
+                                draft_prior=1.5).choose, COSTS, None, DRAFT_COSTS, 1.5)
+        assert flipped.steps != replay.steps or not np.allclose(wrong.seen, live.seen)
+    assert 0 < copies < sum(len(t.tokens) for t in traces) / 2
+
+
+def test_the_oracle_is_at_least_as_fast_as_any_rule(pair):
+    traces = draft_hits(pair, target_traces(pair, PROMPTS, 30), width=3)
+    policy = CopyLength(ByConfidence(), COSTS, 0.6, draft_costs=DRAFT_COSTS, draft_prior=1.5)
+    for trace in traces:
+        r = Replay(trace, 8, 1, 4)
+        alone, beside = r.oracle_speedup(COSTS), r.oracle_speedup(COSTS, DRAFT_COSTS)
+        rules = [r.speedup(policy.choose, COSTS, DRAFT_COSTS, 1.5),
+                 r.speedup(never, COSTS, DRAFT_COSTS, 1.5),
+                 *(r.speedup(copy_all(k), COSTS[: k + 1], DRAFT_COSTS, 1.5) for k in (1, 8))]
+        assert beside >= max(rules) - 1e-9 and beside >= alone - 1e-9
+        assert alone >= max(r.speedup(copy_all(k), COSTS[: k + 1]) for k in (0, 2, 8)) - 1e-9
+    with pytest.raises(ValueError, match="hits"):
+        Replay(Trace([1, 2], [3, 4], [0.5, 0.5]), 8, 1, 4).walk(never, COSTS, None, DRAFT_COSTS)
+
+
+def test_a_policy_trained_beside_a_draft_is_lossless_alone_and_in_batches(pair, reference):
+    traces = draft_hits(pair, target_traces(pair, PROMPTS, 40), width=3)
+    policy, _, facts = fit(traces, COSTS, draft_costs=DRAFT_COSTS)
+    assert policy.draft_costs == DRAFT_COSTS
+    assert policy.draft_prior == pytest.approx(1 + np.mean([h for t in traces
+                                                             for h in t.hits[:-1]]))
+    assert facts["draft_prior"] == policy.draft_prior
+    dec = beside_draft(pair, policy, 40)
+    assert [dec.generate(p).token_ids for p in PROMPTS] == reference
+    assert [r.token_ids for r in dec.generate_batch(PROMPTS, batch_size=3)] == reference
 
 
 def test_a_trained_policy_is_lossless_alone_and_in_batches(pair, reference):
@@ -181,6 +273,42 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
             for w in seen] == [True]
 
 
+def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp_path, capsys):
+    profile = tmp_path / "cost.json"
+    CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(profile)
+    out, alone = tmp_path / "copy", tmp_path / "alone"
+    base = ["train-lookup", "--target", str(toy_tiny / "target"), "--draft",
+            str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
+            "--max-new-tokens", "24", "--max-copy", "8", "--dtype", "fp32", "--profile",
+            str(profile)]
+    assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--temperature", "0.5"]) == 2
+    assert "greedy" in capsys.readouterr().err and not out.exists()
+    assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--eval-prompts", "toy-doc",
+                 "--eval-limit", "2", "--check", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "lookup:8:3+static:1" in printed and "share" in printed
+    assert f"lookup-learned:{out}+static:1 --k-config 2,1" in printed
+    spec = json.loads((out / "copy_length.json").read_text())
+    assert spec["beside_draft"] == "2,1" and len(spec["draft_costs"]) == 10
+    for row in spec["report"]:
+        assert row["deploy"] == "lookup:8:3+static:1" and row["draft_vs_ar"] > 0
+        assert row["oracle_vs_ar"] >= max(row["learned_vs_ar"], row["best_static_vs_ar"]) - 1e-9
+    # greedy: replay takes the decoder's steps for every method, the draft's included
+    check = json.loads((out / "check.json").read_text())
+    assert set(check["per_method"]) == {"ar", "lookup:8:3+static:1", "lookup:8:2+static:1",
+                                        "static:1", "learned"}
+    assert all(r["steps_replayed"] == r["steps_measured"] for r in check["per_method"].values())
+    # decoded composed, with the draft; a policy trained without one is refused composed
+    check_method(f"lookup-learned:{out}+static:1")
+    assert short_name("lookup-learned:/a/b/copy+stopper:/c/lgb") == (
+        "lookup-learned:copy+stopper:lgb")
+    assert main([*base, "--out", str(alone)]) == 0
+    with pytest.raises(MCSDError, match="--beside-draft"):
+        check_method(f"lookup-learned:{alone}+static:1")
+    with pytest.raises(MCSDError, match="name a stopper after"):
+        check_method(f"lookup-learned:{out}+")
+
+
 def test_sampled_outputs_are_seeded_by_prompt_and_report_the_top_probability(pair):
     sampled = target_traces(pair, PROMPTS[:2], 20, temperature=1.0, seed=3)
     assert target_traces(pair, PROMPTS[1:2], 20, temperature=1.0, seed=3)[0] == sampled[1]
@@ -207,7 +335,7 @@ def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
 
     def replayed(trace) -> int:
         r = Replay(trace, 4, 1, 4)
-        r.walk(lambda match, feats: 4, COSTS[:5])
+        r.walk(copy_all(4), COSTS[:5])
         return r.steps
 
     sampled = _mean_and_se([replayed(target_traces(pair, [REPEATING], 30, temperature, s)[0])
@@ -228,7 +356,7 @@ def test_a_sampled_decode_replays_its_own_output_step_for_step(pair):
 
     def replayed(tokens: list[int]) -> int:
         r = Replay(Trace(REPEATING, tokens, [0.5] * len(tokens)), 4, 1, 4)
-        r.walk(lambda match, feats: 4, COSTS[:5])
+        r.walk(copy_all(4), COSTS[:5])
         return r.steps
 
     assert len({len(o.steps) for o in outs}) > 1  # the draws differ

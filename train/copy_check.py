@@ -1,5 +1,6 @@
 """Check the copy-length replay against reality: decode held-out prompts end to end with `ar`,
-static `lookup:K:N` methods and the learned policy (every method in a fresh random order per
+static `lookup:K:N` methods and the learned policy (beside a draft: `static:1`, the statics
+composed with it and the policy composed with it; every method in a fresh random order per
 prompt, after a warm-up), and compare the decode-phase tokens/s replay predicts with what was
 measured (the prefill, which no copy length changes, is left out on both sides).
 
@@ -19,9 +20,10 @@ from mcsd_runtime import metrics
 from mcsd_runtime.decode.state import DecodeConfig
 from mcsd_runtime.progress import progress as progress_bar
 from mcsd_runtime.stop.copy_length import CopyLength
-from train.copy_length import Replay, Trace, copy_all
+from train.copy_length import Replay, Trace, copy_all, never
 
 LEARNED = "learned"
+BESIDE = "static:1"  # what a policy trained beside a draft drafts
 
 
 def _replayed(name: str, trace: Trace, policy: CopyLength, costs: list[float]
@@ -29,28 +31,37 @@ def _replayed(name: str, trace: Trace, policy: CopyLength, costs: list[float]
     """Replayed decode seconds and steps of one method on one output."""
     if name == "ar":
         return len(trace.tokens) * costs[0], len(trace.tokens)
+    beside = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
     if name == LEARNED:
         r = Replay(trace, policy.max_copy, policy.min_ngram, policy.max_ngram)
-        return r.walk(policy.choose, costs), r.steps
-    k, n = (int(v) for v in name.split(":")[1:])
+        return r.walk(policy.choose, costs, None, **beside), r.steps
+    if name == BESIDE:
+        r = Replay(trace, 1, 4, 4)
+        return r.walk(never, costs, None, **beside), r.steps
+    k, n = (int(v) for v in name.partition("+")[0].split(":")[1:])
     r = Replay(trace, k, n, 4)
-    return r.walk(copy_all(k), costs[: k + 1]), r.steps
+    if "+" not in name:
+        beside["draft_costs"] = None
+    return r.walk(copy_all(k), costs[: k + 1], None, **beside), r.steps
 
 
 def end_to_end_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
                      statics: Sequence[str], limit: int = 4, seed: int = 0,
-                     progress: bool = False) -> dict:
-    """Replayed against measured decode tokens/s of `ar`, each static (`lookup:K:N`) and the
-    policy on the first `limit` outputs of every category in `traces` (decoded to the outputs'
-    length, at the policy's temperature, EOS ignored)."""
+                     progress: bool = False, tree: tuple[int, ...] | None = None) -> dict:
+    """Replayed against measured decode tokens/s of `ar`, each static (`lookup:K:N`, or
+    `lookup:K:N+static:1`) and the policy on the first `limit` outputs of every category in
+    `traces` (decoded to the outputs' length, at the policy's temperature, EOS ignored); with
+    `tree` (a policy trained beside a draft), `static:1` and the composed policy on it."""
     from mcsd_runtime.evaluate.runners import build_method, learned_lookup_decoder
 
     chosen = [(cat, t) for cat, outs in traces.items() for t in outs[:limit]]
     n_tokens = len(chosen[0][1].tokens)
     base = DecodeConfig(max_new_tokens=n_tokens, temperature=policy.temperature, eos_token_ids=(),
-                        seed=seed)
-    decoders = {name: build_method(name, pair, base).decoder for name in ("ar", *statics)}
-    decoders[LEARNED] = learned_lookup_decoder(pair, base, policy)
+                        seed=seed, **({} if tree is None else {"k_config": tree}))
+    names = ("ar", *statics, *((BESIDE,) if tree is not None else ()))
+    decoders = {name: build_method(name, pair, base).decoder for name in names}
+    decoders[LEARNED] = learned_lookup_decoder(pair, base, policy,
+                                               BESIDE if tree is not None else None)
     for dec in decoders.values():  # warm-up
         dec.generate(chosen[0][1].prompt)
     order = random.Random(seed)
@@ -97,8 +108,10 @@ def end_to_end_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
 def format_check(check: dict) -> str:
     lines = [f"replay vs end to end on {check['prompts']} held-out prompts at temperature "
              f"{check['temperature']:g} (decode tokens/s; steps):"]
+    wide = max(12, *map(len, check["per_method"]))
     for name, r in check["per_method"].items():
-        lines.append(f"  {name:<12} replayed {r['replayed']:7.2f}  measured {r['measured']:7.2f}"
+        lines.append(f"  {name:<{wide}} replayed {r['replayed']:7.2f}  measured "
+                     f"{r['measured']:7.2f}"
                      f"  error {r['error']:+6.1%} ({r['relative_error']:+6.1%} without the "
                      f"common factor)  steps {r['steps_replayed']} / {r['steps_measured']}")
     lines.append(f"  common factor replayed/measured {check['common_factor']:.3f}")
@@ -108,12 +121,13 @@ def format_check(check: dict) -> str:
     return "\n".join(lines)
 
 
-def capped(statics: Sequence[str], max_copy: int) -> list[str]:
-    """Static `lookup:K:N` names with K capped at the policy's `max_copy`, duplicates dropped."""
+def capped(statics: Sequence[str], max_copy: int, beside: str | None = None) -> list[str]:
+    """Static `lookup:K:N` names with K capped at the policy's `max_copy` (composed with
+    `beside`, when given), duplicates dropped."""
     out: list[str] = []
     for name in statics:
         k, n = (int(v) for v in name.split(":")[1:])
-        name = f"lookup:{min(k, max_copy)}:{n}"
+        name = f"lookup:{min(k, max_copy)}:{n}" + (f"+{beside}" if beside else "")
         if name not in out:
             out.append(name)
     return out

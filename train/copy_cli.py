@@ -1,7 +1,9 @@
 """`mcsd train-lookup`: train a learned prompt-lookup copy length (`lookup-learned:PATH`) on the
 target's outputs of training prompts (greedy, or sampled at --temperature), report its replayed
-speed by category, on the training prompts and on held-out ones, against static copy lengths,
-and with --check, check the replay against end-to-end decoding of held-out prompts.
+speed by category, on the training prompts and on held-out ones, against static copy lengths
+and the hindsight oracle, and with --check, check the replay against end-to-end decoding of
+held-out prompts. With --beside-draft, it learns to copy or draft (`lookup-learned:PATH+static:1`)
+against `lookup:K:N+static:1`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from mcsd_runtime.errors import MCSDError
 STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
 DEPLOY = (8, 3)  # the default `lookup` method
 CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check
+BESIDE = "static:1"  # what a step that copies nothing drafts, with --beside-draft
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "which short matches pay)")
     p.add_argument("--max-new-tokens", type=int, default=64,
                    help="output tokens per prompt (default %(default)s)")
+    p.add_argument("--beside-draft", default=None, metavar="K_CONFIG",
+                   help="learn to copy or draft: a step that copies nothing drafts this tree's "
+                        "first depth (greedy only; decode as `lookup-learned:PATH+static:1 "
+                        "--k-config K_CONFIG`; default: the target decodes such a step alone)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="the temperature the policy will decode at: outputs are sampled at it "
                         "(default %(default)s: greedy)")
@@ -85,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
                         "must be positive")
     if args.temperature < 0 or args.check < 0:
         raise MCSDError("--temperature and --check must be >= 0 (0: greedy; no check)")
+    if args.beside_draft is not None and args.temperature > 0:
+        raise MCSDError("--beside-draft replays greedy drafting only: drop --temperature or "
+                        "--beside-draft")
     if args.check and not args.eval_prompts:
         raise MCSDError("--check decodes held-out prompts: name them with --eval-prompts")
     if args.min_ngram > 4:
@@ -98,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
                         f"with `mcsd profile --max-tokens {args.max_copy + 1}` or lower "
                         f"--max-copy")
     costs = C.step_costs(profile, args.max_copy)
+    draft_costs = tree = None
+    if args.beside_draft is not None:
+        from mcsd_runtime.decode.tree import Tree, parse_k_config
+
+        tree = Tree(parse_k_config(args.beside_draft))
+        draft_costs = C.draft_step_costs(profile, tree, args.max_copy + 2)
     train_domains = load_domains(args.prompts, args.limit, by_category=False)
     eval_domains = (load_domains(args.eval_prompts, args.eval_limit)
                     if args.eval_prompts else {})
@@ -110,69 +126,98 @@ def run(args: argparse.Namespace) -> int:
                        args.temperature, args.seed)
     traces = {name: cache.get(pair, prompts, args.chat, name)
               for name, (_, prompts) in (train_domains | eval_domains).items()}
+    if tree is not None:
+        traces = {name: C.draft_hits(pair, outs, tree.sizes[0], desc=f"draft candidates: {name}")
+                  for name, outs in traces.items()}
     train = [t for name in train_domains for t in traces[name]]
     print(f"training on {len(train)} outputs ({sum(len(t.tokens) for t in train)} tokens)",
           flush=True)
-    policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed)
+    policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed,
+                                draft_costs=draft_costs)
     policy.temperature = args.temperature
     report = replay_report(policy, costs, traces, set(train_domains))
     if args.out.exists():
         shutil.rmtree(args.out)
     policy.save(args.out, text, {"training": facts, "prompts": args.prompts,
                                  "target": args.target, "profile": str(args.profile),
-                                 "max_new_tokens": args.max_new_tokens, "report": report})
+                                 "max_new_tokens": args.max_new_tokens, "report": report,
+                                 "beside_draft": args.beside_draft})
     print_report(report, policy.rate)
-    print(f"-> {args.out} (decode with `mcsd eval --methods lookup-learned:{args.out}`)",
-          flush=True)
+    method = f"lookup-learned:{args.out}" + (
+        f"+{BESIDE} --k-config {args.beside_draft}" if tree is not None else "")
+    print(f"-> {args.out} (decode with `mcsd eval --methods {method}`)", flush=True)
     if args.check:
         from train.copy_check import capped, end_to_end_check, format_check
 
-        statics = capped([f"lookup:{DEPLOY[0]}:{DEPLOY[1]}", *CHECK_STATICS], policy.max_copy)
+        statics = capped([f"lookup:{DEPLOY[0]}:{DEPLOY[1]}", *CHECK_STATICS], policy.max_copy,
+                         BESIDE if tree is not None else None)
         check = end_to_end_check(pair, policy, {n: traces[n] for n in eval_domains}, statics,
-                                 args.check, args.seed, progress=True)
+                                 args.check, args.seed, progress=True,
+                                 tree=None if tree is None else tree.k_config)
         (args.out / "check.json").write_text(json.dumps(check, indent=1))
         print(format_check(check))
     return 0
 
 
 def replay_report(policy, costs: list[float], traces: dict, trained: set[str]) -> list[dict]:
-    """Per domain: replayed speed over AR of the policy and of each static `lookup:K:N`, and
-    the policy's paired speedup over the deploy static and the domain's best static."""
+    """Per domain: replayed speed over AR of the policy, of each static `lookup:K:N` (composed
+    with `static:1` when the policy was trained beside a draft), of the draft alone and of the
+    hindsight oracle; the policy's paired speedup over the deploy static and the domain's best
+    static, and the share of the oracle's gain over the deploy static it takes."""
     import numpy as np
 
     from mcsd_runtime.metrics import paired_speedup
     from train import copy_length as C
 
-    rows, top = [], policy.max_copy
+    def gm(values: list[float]) -> float:
+        return float(np.exp(np.log(values).mean()))
+
+    rows, top, beside = [], policy.max_copy, policy.draft_costs
+    suffix = f"+{BESIDE}" if beside is not None else ""
     grid = sorted({(min(k, top), n) for k, n in STATIC_GRID})  # no static copies more than it
-    deploy = f"lookup:{min(DEPLOY[0], top)}:{DEPLOY[1]}"
+    deploy = f"lookup:{min(DEPLOY[0], top)}:{DEPLOY[1]}{suffix}"
+    walk = {"draft_costs": beside, "prior": policy.draft_prior}
     for name, outs in traces.items():
         learned = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in outs]
-        ours = [r.speedup(policy.choose, costs) for r in learned]
+        ours = [r.speedup(policy.choose, costs, **walk) for r in learned]
+        oracle = gm([r.oracle_speedup(costs, beside) for r in learned])
         statics = {}
         for k, n in grid:
             reps = [C.Replay(t, k, n, 4) for t in outs]
-            statics[f"lookup:{k}:{n}"] = [r.speedup(C.copy_all(k), costs[: k + 1]) for r in reps]
-        gm = {m: float(np.exp(np.log(v).mean())) for m, v in statics.items()}
-        best = max(gm, key=gm.get)
-        rows.append({"domain": name, "trained": name in trained, "prompts": len(outs),
-                     "learned_vs_ar": float(np.exp(np.log(ours).mean())),
-                     "best_static": best, "best_static_vs_ar": gm[best], "deploy": deploy,
-                     "vs_deploy": paired_speedup(ours, statics[deploy]),
-                     "vs_best_static": paired_speedup(ours, statics[best])})
+            statics[f"lookup:{k}:{n}{suffix}"] = [r.speedup(C.copy_all(k), costs[: k + 1], **walk)
+                                                 for r in reps]
+        gms = {m: gm(v) for m, v in statics.items()}
+        best = max(gms, key=gms.get)
+        row = {"domain": name, "trained": name in trained, "prompts": len(outs),
+               "learned_vs_ar": gm(ours), "best_static": best, "best_static_vs_ar": gms[best],
+               "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
+               "oracle_share": (gm(ours) - gms[deploy]) / (oracle - gms[deploy])
+               if oracle > gms[deploy] else None,
+               "vs_deploy": paired_speedup(ours, statics[deploy]),
+               "vs_best_static": paired_speedup(ours, statics[best])}
+        if beside is not None:
+            row["draft_vs_ar"] = gm([r.speedup(C.never, costs, **walk) for r in learned])
+        rows.append(row)
     return rows
 
 
 def print_report(report: list[dict], rate: float) -> None:
     print(f"replayed speed (tuned rate {rate:.1f} tokens/s); learned vs {report[0]['deploy']} "
           f"and vs the domain's best static copy length, 95% CI:")
-    print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  {'vs best static':>36}")
+    wide = max(len(r["best_static"]) for r in report)
+    print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  "
+          f"{'vs best static':>{24 + wide}}  {'oracle':>6} {'share':>6}")
     for r in sorted(report, key=lambda r: r["vs_best_static"]["geomean"]):
         d, b = r["vs_deploy"], r["vs_best_static"]
         label = r["domain"] + (" (trained)" if r["trained"] else "")
+        share = "-" if r["oracle_share"] is None else f"{r['oracle_share']:.0%}"
         print(f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
               f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
-              f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>12}")
+              f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>{wide}}  "
+              f"{r['oracle_vs_ar']:6.3f} {share:>6}")
+    print("(vs AR: replayed speed over the target alone; oracle: the hindsight-best choice at "
+          "every step, over AR; share: of the oracle's gain over the deploy static, the "
+          "policy's)")
 
 
 class TraceCache:

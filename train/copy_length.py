@@ -6,6 +6,12 @@ top-1 probability at each token) is replayed under a profiled cost per step. The
 come from walking each output under a few fixed copy rules (every length of each match visited,
 labelled "accepted at least i tokens"); the exchange rate is then tuned on the same outputs until
 it equals the throughput the policy reaches (Dinkelbach's iteration for a ratio objective).
+
+Beside a draft (`--beside-draft`), a step that copies nothing drafts the tree's first depth
+instead, as `lookup-learned:PATH+static:1` decodes. Under greedy decoding what such a step
+accepts is known from the output too: whether the output's next token is among the draft's
+candidates there, read from one teacher-forced pass of the target and the draft per output
+(`draft_hits`), the same distributions the decoder's drafting step computes.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import progress
 from mcsd_runtime.stop.copy_length import FEATURES, CopyHistory, CopyLength, features
 
-Choose = Callable[[Match, list[float]], int]
+Choose = Callable[[Match, list[float], "tuple[float, float] | None"], int]
 RATE_ROUNDS = 4
 
 
@@ -35,6 +41,7 @@ class Trace:
     prompt: list[int]
     tokens: list[int]
     conf: list[float]
+    hits: list[int] | None = None  # per token: among the draft's first-depth candidates there
 
 
 @torch.no_grad()
@@ -74,6 +81,35 @@ def target_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int,
     return out
 
 
+@torch.no_grad()
+def draft_hits(pair, traces: Sequence[Trace], width: int,
+               desc: str = "draft candidates") -> list[Trace]:
+    """`traces` with `hits`: whether each output token is among the `width` likeliest of the
+    draft's distribution at its position (a drafted step's greedy first depth), from one forward
+    of the draft over prompt and output (and of the target before it, for a feature draft, which
+    reads the target's state one position back, as the decoder feeds it)."""
+    from mcsd_runtime.distill.feature import is_feature_draft
+
+    out = []
+    for t in progress(traces, desc=desc, unit="output"):
+        ids = torch.tensor([t.prompt + t.tokens], device=pair.device)
+        extra = {}
+        if is_feature_draft(pair.draft):
+            states = pair.target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+            extra["prev_hidden"] = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
+        logits = pair.draft(input_ids=ids, **extra).logits[0, len(t.prompt) - 1 : -1]
+        top = logits.float().topk(width, dim=-1).indices
+        truth = torch.tensor(t.tokens, device=pair.device)[:, None]
+        out.append(replace(t, hits=(top == truth).any(-1).int().tolist()))
+    return out
+
+
+def draft_step_costs(profile: CostProfile, tree, max_pending: int) -> list[float]:
+    """Seconds of a step drafting `tree`'s first depth with p tokens the draft has not seen,
+    p = 1..max_pending (`CostProfile.step_seconds`)."""
+    return [profile.step_seconds(tree, 1, p) for p in range(1, max_pending + 1)]
+
+
 def step_costs(profile: CostProfile, max_copy: int) -> list[float]:
     """Seconds of a step verifying k copied tokens, k = 0..max_copy: the target's forward over
     k + 1 tokens and the per-step overhead."""
@@ -94,32 +130,74 @@ class Replay:
                          for s, m in enumerate(self.matches)]
         self.steps = 0  # of the last walk
 
-    def walk(self, choose: Choose, costs: list[float],
-             rows: list | None = None) -> float:
-        """Seconds to decode the output copying `choose(match, features)` tokens at each match
-        (`self.steps`: the walk's steps); with `rows`, appends (features + [i], accepted >= i)
-        for every length i of each match."""
-        t, s, history = self.trace, 0, CopyHistory()
-        n, seconds, self.steps = len(t.tokens), 0.0, 0
+    def walk(self, choose: Choose, costs: list[float], rows: list | None = None,
+             draft_costs: list[float] | None = None, prior: float = 1.0) -> float:
+        """Seconds to decode the output copying `choose(match, features, alt)` tokens at each
+        match (`self.steps`: the walk's steps); with `rows`, appends (features + [i], accepted
+        >= i) for every length i of each match. A step that copies nothing decodes one token
+        with the target alone, or, given `draft_costs` (seconds of a drafted step by the
+        draft's pending tokens, `CopyLength.draft_costs`; the trace needs `hits`), drafts the
+        first depth, `alt` being its (running value from `prior`, seconds)."""
+        t, s, history = self.trace, 0, CopyHistory(draft_value=prior)
+        beside = draft_costs is not None
+        if beside and t.hits is None:
+            raise ValueError("a walk beside a draft needs the trace's hits (`draft_hits`)")
+        n, seconds, self.steps, pending = len(t.tokens), 0.0, 0, 1
         while s < n:
             match, k, a = self.matches[s], 0, self.accepted[s]
+            alt = None
+            if beside:
+                alt = (history.draft_value, draft_costs[min(pending, len(draft_costs)) - 1])
             if match is not None and n - s > 1:  # as the decoder: never copy past the budget
                 match = replace(match, tokens=match.tokens[: n - s - 1])
                 feats = features(match, len(t.prompt) + s, len(t.prompt), history)
-                k = min(choose(match, feats), len(match.tokens), len(costs) - 1)
+                k = min(choose(match, feats, alt), len(match.tokens), len(costs) - 1)
                 if rows is not None:
                     rows += [(feats + [i], a >= i) for i in range(1, len(match.tokens) + 1)]
-            acc = min(a, k)
-            committed = min(acc + 1, n - s)
-            seconds += costs[k]
+            if k or alt is None or n - s == 1:  # a copy, or the target alone
+                acc = min(a, k)
+                committed = min(acc + 1, n - s)
+                seconds += costs[k]
+                pending += committed
+                history.update(k, acc, t.conf[s : s + committed])
+            else:  # the draft's first depth
+                committed = min(1 + t.hits[s], n - s)
+                seconds += alt[1]
+                pending = committed
+                history.update(0, 0, t.conf[s : s + committed])
+                history.drafted(committed)
             self.steps += 1
-            history.update(k, acc, t.conf[s : s + committed])
             s += committed
         return seconds
 
-    def speedup(self, choose: Choose, costs: list[float]) -> float:
+    def speedup(self, choose: Choose, costs: list[float],
+                draft_costs: list[float] | None = None, prior: float = 1.0) -> float:
         """Replayed speed of the rule over decoding the output one token a step."""
-        return len(self.trace.tokens) * costs[0] / self.walk(choose, costs)
+        return len(self.trace.tokens) * costs[0] / self.walk(choose, costs, None, draft_costs,
+                                                               prior)
+
+    def oracle_speedup(self, costs: list[float], draft_costs: list[float] | None = None) -> float:
+        """The speed over AR of copying, at every step, the length (or, beside a draft,
+        drafting instead) that decodes the output fastest in hindsight: a dynamic program over
+        (position, the draft's pending tokens)."""
+        t, n = self.trace, len(self.trace.tokens)
+        top = len(draft_costs) if draft_costs is not None else 1
+        best = np.zeros((n + 1, top + 1))
+        for s in range(n - 1, -1, -1):
+            match, a = self.matches[s], self.accepted[s]
+            for p in range(1, top + 1):
+                after = min(p + 1, top)
+                options = [costs[0] + best[s + 1, after]]
+                if n - s > 1:
+                    if draft_costs is not None:
+                        c = min(1 + t.hits[s], n - s)
+                        options.append(draft_costs[p - 1] + best[s + c, c])
+                    for k in range(1, min(len(match.tokens) if match else 0, n - s - 1,
+                                          len(costs) - 1) + 1):
+                        c = min(a, k) + 1
+                        options.append(costs[k] + best[s + c, min(p + c, top)])
+                best[s, p] = min(options)
+        return n * costs[0] / best[0, 1]
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -131,21 +209,28 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def copy_all(k: int) -> Choose:
     """The static rule: copy up to k tokens of every match."""
-    return lambda match, feats: k
+    return lambda match, feats, alt=None: k
 
 
 def long_matches_only(k: int, ngram: int) -> Choose:
     """Copy up to k tokens of matches of at least `ngram` tokens (a static `lookup:k:ngram`)."""
-    return lambda match, feats: k if match.ngram >= ngram else 0
+    return lambda match, feats, alt=None: k if match.ngram >= ngram else 0
+
+
+def never(match: Match, feats: list[float], alt: tuple[float, float] | None = None) -> int:
+    """Copy nothing: beside a draft, the draft alone (`static:1`)."""
+    return 0
 
 
 BEHAVIOUR = (copy_all(10**6), copy_all(2), long_matches_only(8, 3))
 
 
 def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngram: int = 4,
-        seed: int = 0, n_estimators: int = 200) -> tuple[CopyLength, str, dict]:
+        seed: int = 0, n_estimators: int = 200, draft_costs: list[float] | None = None,
+        ) -> tuple[CopyLength, str, dict]:
     """The policy trained on `traces` under `costs` (index k: a step copying k tokens), the
-    model file's text and training facts."""
+    model file's text and training facts; with `draft_costs` (the traces carrying `hits`),
+    beside a draft: copying nothing drafts, and the rate is tuned on walks that draft."""
     import lightgbm as lgb
 
     max_copy = len(costs) - 1
@@ -166,10 +251,16 @@ def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngr
     clf.fit(x, y, feature_name=list(FEATURES))
     booster = clf.booster_
     policy = CopyLength(booster, costs, 1 / costs[0], min_ngram, max_ngram)
+    if draft_costs is not None:  # a drafted step's tokens before a row has drafted
+        policy.draft_costs = list(draft_costs)
+        policy.draft_prior = 1 + float(np.mean([h for t in traces for h in t.hits[:-1]]))
     for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on the training outputs
-        seconds = sum(r.walk(policy.choose, costs) for r in replays)
+        seconds = sum(r.walk(policy.choose, costs, None, policy.draft_costs, policy.draft_prior)
+                      for r in replays)
         policy.rate = sum(len(t.tokens) for t in traces) / seconds
     text = booster.model_to_string()
     facts = {"rows": len(rows), "accept_share": float(y.mean()), "outputs": len(traces),
              "tokens": sum(len(t.tokens) for t in traces)}
+    if draft_costs is not None:
+        facts["draft_prior"] = policy.draft_prior
     return policy, text, facts

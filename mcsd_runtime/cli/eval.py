@@ -15,7 +15,9 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          alone (defaults 8, 3); lookup:K:N+STOPPER drafts with --k-config and
                          STOPPER (any of the above) where nothing is copied
   lookup-learned:PATH    prompt lookup with a learned copy length (`mcsd train-lookup`):
-                         how many of the match's tokens to verify, if any, each step
+                         how many of the match's tokens to verify, if any, each step;
+                         lookup-learned:PATH+STOPPER (a policy trained --beside-draft)
+                         copies or lets STOPPER draft with --k-config, whichever pays
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
   hf-generate:STOPPER    our decoder inside generate(custom_generate=models.hf.generate)
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired

@@ -83,8 +83,9 @@ from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.compat import cache_kwargs
 from mcsd_runtime.models.pair import Pair
+from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
-from mcsd_runtime.stop.copy_length import CopyHistory, features
+from mcsd_runtime.stop.copy_length import features
 from mcsd_runtime.stop.features import TOP_K_MASS
 
 CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
@@ -203,6 +204,10 @@ class Engine:
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None
+        # ...and, trained beside a draft, weighs copying against the stopper's drafted step
+        self.copy_beside_draft = (self.wants_conf and dec.copy_length.draft_costs is not None
+                                  and self.tree.depth > 0
+                                  and not isinstance(self.stopper, NoDraftStopper))
         # draws for nodes beyond a row's own depth, which it never verifies: kept off the row's
         # generator so that its draws stay those of the prompt decoded alone
         self.spare = torch.Generator(self.dev)
@@ -292,7 +297,8 @@ class Engine:
         stopper.reset()
         st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
                       t_pending=[], d_pending=[], generator=gen, stopper=stopper,
-                      copy_history=CopyHistory() if self.dec.copy_length else None)
+                      copy_history=self.dec.copy_length.history() if self.dec.copy_length
+                      else None)
         return Row(index, st, admitted=t0)
 
     def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
@@ -451,7 +457,9 @@ class Engine:
             if match is None:
                 return []
             feats = features(match, len(st.committed), st.n_prompt, st.copy_history)
-            return match.tokens[: policy.choose(match, feats)]
+            alt = (policy.alternative(st.copy_history, len(st.d_pending))
+                   if self.copy_beside_draft else None)
+            return match.tokens[: policy.choose(match, feats, alt)]
         return propose(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
                        cfg.lookup_max_ngram)
 
@@ -760,6 +768,8 @@ class Engine:
         if st.copy_history is not None:
             st.copy_history.update(s if draft.copied else 0, v.accepted,
                                    v.conf[: len(committed)])
+            if own:
+                st.copy_history.drafted(len(committed))
         for counts in stats:
             counts.lookup_steps += draft.copied
             counts.drafted_tokens += c - roots

@@ -18,18 +18,24 @@ from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
 LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (none: the target)
 LOOKUP_DEFAULTS = (8, 3)  # K tokens at most, from matches of N..4 tokens
-LEARNED_LOOKUP = "lookup-learned"  # `lookup-learned:PATH`: a copy length from `mcsd train-lookup`
+# `lookup-learned:PATH[+STOPPER]`: a copy length from `mcsd train-lookup`, then STOPPER
+LEARNED_LOOKUP = "lookup-learned"
 
 
-def learned_lookup_folder(method: str) -> Path | None:
-    """PATH of `lookup-learned:PATH`, else None; MCSDError without a PATH."""
-    kind, _, arg = method.partition(":")
+def parse_learned_lookup(method: str) -> tuple[Path, str | None] | None:
+    """(PATH, STOPPER or None) of `lookup-learned:PATH[+STOPPER]`, else None; MCSDError without
+    a PATH or a STOPPER after '+'."""
+    head, plus, spec = method.partition("+")
+    kind, _, arg = head.partition(":")
     if kind != LEARNED_LOOKUP:
         return None
     if not arg:
         raise MCSDError(f"method {method!r}: name the folder `mcsd train-lookup` wrote, e.g. "
                         f"lookup-learned:runs/copy")
-    return Path(arg)
+    if plus and not spec:
+        raise MCSDError(f"method {method!r}: name a stopper after '+', e.g. "
+                        f"lookup-learned:{arg}+static:1")
+    return Path(arg), spec or None
 
 
 def parse_lookup(method: str) -> tuple[int | None, int, str | None] | None:
@@ -88,10 +94,17 @@ def check_method(name: str) -> None:
         if look[2] is not None:
             check_method(look[2])
         return
-    if (folder := learned_lookup_folder(name)) is not None:
+    if (learned := parse_learned_lookup(name)) is not None:
         from mcsd_runtime.stop.copy_length import read_spec
 
-        read_spec(folder)
+        spec = read_spec(learned[0])
+        if learned[1] is not None:
+            if spec.get("draft_costs") is None:
+                raise MCSDError(f"method {name!r}: {learned[0]} was trained to copy or let the "
+                                f"target decode alone, not to copy or draft: retrain it with "
+                                f"`mcsd train-lookup --beside-draft K_CONFIG`, or drop "
+                                f"'+{learned[1]}'")
+            check_method(learned[1])
         return
     try:
         if kind in ("mcsd", "mcsd-target-init"):
@@ -124,6 +137,8 @@ def stopper_folder(method: str) -> Path | None:
     kind, _, arg = method.partition(":")
     if (look := parse_lookup(method)) is not None:
         return stopper_folder(look[2]) if look[2] else None
+    if (learned := parse_learned_lookup(method)) is not None:
+        return stopper_folder(learned[1]) if learned[1] else None
     try:
         return parse_stopper_spec(arg if kind == "hf-generate" else method).folder
     except UnknownStopperError:  # ar, hf, mcsd:K, ...
@@ -196,6 +211,8 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
         except MCSDError as err:
             raise MCSDError(f"method {method!r}: {err}") from None
         return f"{LOOKUP}:{k}:{n}" + (f"+{explicit_label(spec, k_config)}" if spec else "")
+    if (learned := parse_learned_lookup(method)) is not None and learned[1]:
+        return f"{method.partition('+')[0]}+{explicit_label(learned[1], k_config)}"
     if kind in ("mcsd", "mcsd-target-init") and not arg:
         return f"{kind}:{parse_k_config(k_config)}"
     if kind == "hf-generate":
@@ -228,6 +245,8 @@ def short_name(method: str) -> str:
     """`stopper:/long/path/lightgbm` -> `stopper:lightgbm`, for plot labels."""
     if (look := parse_lookup(method)) is not None and look[2]:
         return f"{method.partition('+')[0]}+{short_name(look[2])}"
+    if (learned := parse_learned_lookup(method)) is not None and learned[1]:
+        return f"{short_name(method.partition('+')[0])}+{short_name(learned[1])}"
     kind, _, arg = method.partition(":")
     return f"{kind}:{Path(arg).name}" if kind in ("stopper", LEARNED_LOOKUP) else method
 

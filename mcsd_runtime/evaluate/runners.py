@@ -19,8 +19,8 @@ from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import (
     check_method,
-    learned_lookup_folder,
     lookup_tree,
+    parse_learned_lookup,
     parse_lookup,
 )
 from mcsd_runtime.evaluate.record import Record
@@ -201,8 +201,8 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
         return DecoderRunner(MCSDDecoder(pair, replace(base, k_config=k, init=init), "static"))
     if (look := parse_lookup(name)) is not None:
         return lookup_runner(pair, base, *look)
-    if (folder := learned_lookup_folder(name)) is not None:
-        return learned_lookup_runner(pair, base, folder)
+    if (learned := parse_learned_lookup(name)) is not None:
+        return learned_lookup_runner(pair, base, *learned)
     if name in ("hf", "hf-assisted"):
         if name == "hf-assisted" and getattr(pair.draft, "is_feature_draft", False):
             raise MCSDError("hf-assisted runs the draft inside transformers' generate(), which "
@@ -256,24 +256,31 @@ def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
     return DecoderRunner(MCSDDecoder(pair, cfg, stopper))
 
 
-def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path) -> DecoderRunner:
-    """A learned copy length (`lookup-learned:PATH`): where the context repeats itself it copies
-    as many tokens as it chooses, else (or choosing none) the target decodes alone."""
+def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path,
+                          spec: str | None = None) -> DecoderRunner:
+    """A learned copy length (`lookup-learned:PATH[+STOPPER]`): where the context repeats
+    itself it copies as many tokens as it chooses, else (or choosing none) the target decodes
+    alone, or STOPPER drafts on --k-config."""
     from mcsd_runtime.stop.copy_length import CopyLength
 
     policy = CopyLength.load(folder)
     _warn_temperature_once(f"{folder} was trained on outputs at", [policy.temperature],
                            base.temperature, "survival", f"retrain with `mcsd train-lookup "
                            f"--temperature {base.temperature:g}`")
-    return DecoderRunner(learned_lookup_decoder(pair, base, policy))
+    return DecoderRunner(learned_lookup_decoder(pair, base, policy, spec))
 
 
-def learned_lookup_decoder(pair: Pair, base: DecodeConfig, policy) -> MCSDDecoder:
-    """The decoder of a copy length `policy` (`CopyLength`) on `base`'s budget and sampling."""
+def learned_lookup_decoder(pair: Pair, base: DecodeConfig, policy,
+                           spec: str | None = None) -> MCSDDecoder:
+    """The decoder of a copy length `policy` (`CopyLength`) on `base`'s budget and sampling:
+    alone, on a chain of its longest copy; composed with the stopper `spec`, on `base`'s tree."""
     k = policy.max_copy
-    cfg = replace(base, k_config=(1,) * k, init="draft", lookup=k,
+    tree = (1,) * k if spec is None else base.k_config
+    cfg = replace(base, k_config=tree, init="draft", lookup=k,
                   lookup_min_ngram=policy.min_ngram, lookup_max_ngram=policy.max_ngram)
-    return MCSDDecoder(pair, cfg, make_stopper("none"), copy_length=policy)
+    stopper = make_stopper(spec or "none")
+    check_pair(stopper, pair)
+    return MCSDDecoder(pair, cfg, stopper, copy_length=policy)
 
 
 def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:

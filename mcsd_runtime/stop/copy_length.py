@@ -10,7 +10,10 @@ the time the step takes, at the exchange rate it was tuned to:
     1 + sum_{i <= L} P(i) - rate * cost(L)
 
 where cost(L) is a profiled step verifying L copied tokens. L = 0 decodes one token with the
-target alone. Lossless: it only chooses what to verify. Trained by `mcsd train-lookup`.
+target alone, or, for a policy trained beside a draft (`mcsd train-lookup --beside-draft`) and
+decoded as `lookup-learned:PATH+STOPPER`, lets STOPPER draft the step: its value is then the
+tokens the row's drafted steps have committed lately (a running mean, from the training mean)
+less the rate times a profiled drafted step. Lossless: it only chooses what to verify.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ FORMAT = "mcsd-copy-length"
 SPEC_FILE, MODEL_FILE = "copy_length.json", "model.txt"
 CONF_WINDOW = 4  # the target's confidence in the row's last tokens: over this many
 DISTANCE_CAP = 512
+DRAFT_EMA = 0.3  # weight of a drafted step's committed tokens in the row's running value
 # per row and length i: the match, the copy history, the target's confidence, then i
 FEATURES = ("ngram", "hits", "distance", "agree", "in_prompt", "last_copied", "last_accepted",
             "copy_rate", "conf_last", "conf_mean", "conf_min", "length")
@@ -43,6 +47,7 @@ class CopyHistory:
     copied: int = 0
     accepted: int = 0
     conf: deque = field(default_factory=lambda: deque(maxlen=CONF_WINDOW))
+    draft_value: float = 1.0  # running mean of the tokens the row's drafted steps committed
 
     def update(self, copied: int, accepted: int, conf: list[float]) -> None:
         """After a step that copied `copied` tokens (0: none) of which `accepted` were accepted,
@@ -52,6 +57,10 @@ class CopyHistory:
             self.copied += copied
             self.accepted += accepted
         self.conf.extend(conf)
+
+    def drafted(self, committed: int) -> None:
+        """After a step the draft drafted (nothing copied) that committed `committed` tokens."""
+        self.draft_value += DRAFT_EMA * (committed - self.draft_value)
 
 
 def features(match: Match, context_len: int, n_prompt: int, history: CopyHistory) -> list[float]:
@@ -81,16 +90,37 @@ class CopyLength:
     min_ngram: int = 1
     max_ngram: int = 4
     temperature: float = 0.0  # of the outputs it was trained on (0: greedy)
+    # trained beside a draft: seconds of a step drafting instead, by the draft's pending tokens
+    # (index p - 1), and the tokens such a step commits before a row has drafted any
+    draft_costs: list[float] | None = None
+    draft_prior: float = 1.0
 
     @property
     def max_copy(self) -> int:
         return len(self.costs) - 1
 
-    def choose(self, match: Match, feats: list[float]) -> int:
-        """How many of the match's tokens to copy (0: none)."""
+    def history(self) -> CopyHistory:
+        """A new row's history."""
+        return CopyHistory(draft_value=self.draft_prior)
+
+    def alternative(self, history: CopyHistory, pending: int) -> tuple[float, float] | None:
+        """(tokens, seconds) of a drafted step in place of a copy, for a row with `pending`
+        tokens the draft has not seen; None for a policy trained without a draft."""
+        if self.draft_costs is None:
+            return None
+        return history.draft_value, self.draft_costs[min(max(pending, 1),
+                                                         len(self.draft_costs)) - 1]
+
+    def choose(self, match: Match, feats: list[float],
+               alt: tuple[float, float] | None = None) -> int:
+        """How many of the match's tokens to copy (0: none); `alt` (tokens, seconds) values
+        copying nothing (default: one token by the target alone)."""
         n = min(len(match.tokens), self.max_copy)
         gain = np.concatenate([[0.0], np.cumsum(survival(self.booster, feats, n))])
-        return int(np.argmax(gain - self.rate * np.asarray(self.costs[: n + 1])))
+        gain -= self.rate * np.asarray(self.costs[: n + 1])
+        if alt is not None:
+            gain[0] = alt[0] - 1 - self.rate * alt[1]
+        return int(np.argmax(gain))
 
     def save(self, folder: str | Path, booster_text: str, meta: dict | None = None) -> None:
         """Write `copy_length.json` and the model file (`booster_text`, LightGBM's format)."""
@@ -99,7 +129,8 @@ class CopyLength:
         (folder / MODEL_FILE).write_text(booster_text)
         spec = {"format": FORMAT, "version": 1, "features": list(FEATURES), "costs": self.costs,
                 "rate": self.rate, "min_ngram": self.min_ngram, "max_ngram": self.max_ngram,
-                "temperature": self.temperature, **(meta or {})}
+                "temperature": self.temperature, "draft_costs": self.draft_costs,
+                "draft_prior": self.draft_prior, **(meta or {})}
         tmp = folder / (SPEC_FILE + ".tmp")
         tmp.write_text(json.dumps(spec, indent=1))
         tmp.replace(folder / SPEC_FILE)  # written last: a folder with it is complete
@@ -112,9 +143,12 @@ class CopyLength:
         folder = Path(folder)
         spec = read_spec(folder)
         booster = load_lightgbm(folder / MODEL_FILE)
+        drafts = spec.get("draft_costs")
         return cls(booster, [float(c) for c in spec["costs"]], float(spec["rate"]),
                    int(spec["min_ngram"]), int(spec["max_ngram"]),
-                   float(spec.get("temperature", 0.0)))
+                   float(spec.get("temperature", 0.0)),
+                   None if drafts is None else [float(c) for c in drafts],
+                   float(spec.get("draft_prior", 1.0)))
 
 
 def read_spec(folder: str | Path) -> dict:
