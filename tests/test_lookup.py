@@ -106,6 +106,17 @@ def test_copies_beside_a_tree_of_several_candidates_verify_a_chain_of_their_own(
         assert all(s.tree_size in (s.drafted, dec.tree.cum[s.drafted]) for s in r.steps)
 
 
+def test_copies_accepted_past_the_draft_trees_last_node(pair, reference):
+    """A copy accepted deeper than the draft's tree has nodes (here 2): its path indexes the
+    chain's own tree, not the draft's."""
+    cfg = DecodeConfig(k_config=(2,), max_new_tokens=40, lookup=8, lookup_min_ngram=1)
+    dec = MCSDDecoder(pair, cfg, "static")
+    alone = [dec.generate(p) for p in PROMPTS]
+    assert [r.token_ids for r in alone] == reference
+    assert max(s.accepted for r in alone for s in r.steps) > dec.tree.num_nodes
+    assert [r.token_ids for r in dec.generate_batch(PROMPTS, batch_size=3)] == reference
+
+
 def test_lookup_off_changes_nothing(pair):
     a = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1), max_new_tokens=20), "static")
     b = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1), max_new_tokens=20, lookup=0), "static")

@@ -444,7 +444,8 @@ class Engine:
         """Row i's draft cache slots to keep: its pending tokens, if they went in this step, and
         the accepted nodes the draft has seen."""
         slots = [d.pending_base + k for k in range(d.pending[i])] if d.fed else []
-        return slots + [d.cache_base + j - 1 for j in path if self.tt.depths[j] <= d.seen(i)]
+        seen = d.seen(i)  # 0 for a copied chain, whose path may run past the draft's tree
+        return slots + [d.cache_base + j - 1 for j in path if seen and self.tt.depths[j] <= seen]
 
     def lookup(self, st: RowState, cap: int) -> list[int]:
         """The tokens prompt lookup proposes for a row this step (at most `cap`), or []."""
