@@ -290,6 +290,7 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     assert f"lookup-learned:{out}+static:1 --k-config 2,1" in printed
     spec = json.loads((out / "copy_length.json").read_text())
     assert spec["beside_draft"] == "2,1" and len(spec["draft_costs"]) == 10
+    assert spec["min_ngram"] == 2  # the default beside a draft
     for row in spec["report"]:
         assert row["deploy"] == "lookup:8:3+static:1" and row["draft_vs_ar"] > 0
         assert row["oracle_vs_ar"] >= max(row["learned_vs_ar"], row["best_static_vs_ar"]) - 1e-9

@@ -46,9 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--max-copy + 1 tokens")
     p.add_argument("--max-copy", type=int, default=15,
                    help="most tokens copied in a step (default %(default)s)")
-    p.add_argument("--min-ngram", type=int, default=1,
-                   help="shortest match considered (default %(default)s; the policy decides "
-                        "which short matches pay)")
+    p.add_argument("--min-ngram", type=int, default=None,
+                   help="shortest match considered (default 1, the policy deciding which short "
+                        "matches pay; 2 with --beside-draft, where a copy after a one-token "
+                        "match rarely beats the draft)")
     p.add_argument("--max-new-tokens", type=int, default=64,
                    help="output tokens per prompt (default %(default)s)")
     p.add_argument("--beside-draft", default=None, metavar="K_CONFIG",
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from train import copy_length as C
 
     require_toolkit("mcsd train-lookup", "lightgbm")
+    if args.min_ngram is None:
+        args.min_ngram = 1 if args.beside_draft is None else 2
     if min(args.limit, args.eval_limit, args.max_copy, args.min_ngram, args.max_new_tokens) < 1:
         raise MCSDError("--limit, --eval-limit, --max-copy, --min-ngram and --max-new-tokens "
                         "must be positive")
