@@ -20,10 +20,9 @@ from mcsd_runtime import metrics
 from mcsd_runtime.decode.state import DecodeConfig
 from mcsd_runtime.progress import progress as progress_bar
 from mcsd_runtime.stop.copy_length import CopyLength
-from train.copy_length import Replay, Trace, copy_all, never
+from train.copy_length import BESIDE, Replay, Trace, copy_all, never
 
 LEARNED = "learned"
-BESIDE = "static:1"  # what a policy trained beside a draft drafts
 
 
 def _replayed(name: str, trace: Trace, policy: CopyLength, costs: list[float]

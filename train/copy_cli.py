@@ -19,7 +19,6 @@ from mcsd_runtime.errors import MCSDError
 STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
 DEPLOY = (8, 3)  # the default `lookup` method
 CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check
-BESIDE = "static:1"  # what a step that copies nothing drafts, with --beside-draft
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -147,13 +146,13 @@ def run(args: argparse.Namespace) -> int:
                                  "beside_draft": args.beside_draft})
     print_report(report, policy.rate)
     method = f"lookup-learned:{args.out}" + (
-        f"+{BESIDE} --k-config {args.beside_draft}" if tree is not None else "")
+        f"+{C.BESIDE} --k-config {args.beside_draft}" if tree is not None else "")
     print(f"-> {args.out} (decode with `mcsd eval --methods {method}`)", flush=True)
     if args.check:
         from train.copy_check import capped, end_to_end_check, format_check
 
         statics = capped([f"lookup:{DEPLOY[0]}:{DEPLOY[1]}", *CHECK_STATICS], policy.max_copy,
-                         BESIDE if tree is not None else None)
+                         C.BESIDE if tree is not None else None)
         check = end_to_end_check(pair, policy, {n: traces[n] for n in eval_domains}, statics,
                                  args.check, args.seed, progress=True,
                                  tree=None if tree is None else tree.k_config)
@@ -176,7 +175,7 @@ def replay_report(policy, costs: list[float], traces: dict, trained: set[str]) -
         return float(np.exp(np.log(values).mean()))
 
     rows, top, beside = [], policy.max_copy, policy.draft_costs
-    suffix = f"+{BESIDE}" if beside is not None else ""
+    suffix = f"+{C.BESIDE}" if beside is not None else ""
     grid = sorted({(min(k, top), n) for k, n in STATIC_GRID})  # no static copies more than it
     deploy = f"lookup:{min(DEPLOY[0], top)}:{DEPLOY[1]}{suffix}"
     walk = {"draft_costs": beside, "prior": policy.draft_prior}

@@ -29,6 +29,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import progress
 from mcsd_runtime.stop.copy_length import FEATURES, CopyHistory, CopyLength, features
 
+BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--beside-draft`)
 Choose = Callable[[Match, list[float], "tuple[float, float] | None"], int]
 RATE_ROUNDS = 4
 
