@@ -301,6 +301,20 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     assert all(r["steps_replayed"] == r["steps_measured"] for r in check["per_method"].values())
     # decoded composed, with the draft; a policy trained without one is refused composed
     check_method(f"lookup-learned:{out}+static:1")
+    assert CopyLength.load(out).draft_tree == "2,1"
+    import warnings
+
+    from mcsd_runtime.evaluate.runners import learned_lookup_runner
+    from mcsd_runtime.models.pair import load_pair
+
+    tiny = load_pair(toy_tiny / "target", toy_tiny / "draft", device="cpu", dtype="float32")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for k_config in ("2,1", "3,1", "3,1"):  # another tree warns, once
+            learned_lookup_runner(tiny, DecodeConfig(k_config=k_config, max_new_tokens=8), out,
+                                  "static:1")
+    assert ["trained beside the draft tree 2,1 and decodes on 3,1" in str(w.message)
+            for w in seen] == [True]
     assert short_name("lookup-learned:/a/b/copy+stopper:/c/lgb") == (
         "lookup-learned:copy+stopper:lgb")
     assert main([*base, "--out", str(alone)]) == 0

@@ -136,14 +136,13 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed,
                                 draft_costs=draft_costs)
-    policy.temperature = args.temperature
+    policy.temperature, policy.draft_tree = args.temperature, args.beside_draft
     report = replay_report(policy, costs, traces, set(train_domains))
     if args.out.exists():
         shutil.rmtree(args.out)
     policy.save(args.out, text, {"training": facts, "prompts": args.prompts,
                                  "target": args.target, "profile": str(args.profile),
-                                 "max_new_tokens": args.max_new_tokens, "report": report,
-                                 "beside_draft": args.beside_draft})
+                                 "max_new_tokens": args.max_new_tokens, "report": report})
     print_report(report, policy.rate)
     method = f"lookup-learned:{args.out}" + (
         f"+{C.BESIDE} --k-config {args.beside_draft}" if tree is not None else "")

@@ -231,6 +231,16 @@ def warn_temperature(stopper, temperature: float, name: str) -> None:
                                f"{temperature:g} and train a stopper on that collection")
 
 
+def _warn_once(message: str) -> None:
+    """`message` as a warning, once per process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+_WARNED: set[str] = set()
+
+
 def _warn_temperature_once(who: str, trained: list[float], temperature: float, estimates: str,
                            fix: str) -> None:
     """One warning per process and (who, trained, temperature) that something fitted at the
@@ -267,6 +277,12 @@ def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path,
     _warn_temperature_once(f"{folder} was trained on outputs at", [policy.temperature],
                            base.temperature, "survival", f"retrain with `mcsd train-lookup "
                            f"--temperature {base.temperature:g}`")
+    if spec is not None and policy.draft_tree is not None and (
+            parse_k_config(policy.draft_tree) != parse_k_config(base.k_config)):
+        _warn_once(f"{folder} was trained beside the draft tree {policy.draft_tree} and decodes "
+                   f"on {parse_k_config(base.k_config)}: still lossless, but it prices a "
+                   f"drafted step as that tree's first depth (retrain with `mcsd train-lookup "
+                   f"--beside-draft` on this --k-config)")
     return DecoderRunner(learned_lookup_decoder(pair, base, policy, spec))
 
 

@@ -94,6 +94,7 @@ class CopyLength:
     # (index p - 1), and the tokens such a step commits before a row has drafted any
     draft_costs: list[float] | None = None
     draft_prior: float = 1.0
+    draft_tree: str | None = None  # the k-config whose first depth those costs are of
 
     @property
     def max_copy(self) -> int:
@@ -130,7 +131,7 @@ class CopyLength:
         spec = {"format": FORMAT, "version": 1, "features": list(FEATURES), "costs": self.costs,
                 "rate": self.rate, "min_ngram": self.min_ngram, "max_ngram": self.max_ngram,
                 "temperature": self.temperature, "draft_costs": self.draft_costs,
-                "draft_prior": self.draft_prior, **(meta or {})}
+                "draft_prior": self.draft_prior, "beside_draft": self.draft_tree, **(meta or {})}
         tmp = folder / (SPEC_FILE + ".tmp")
         tmp.write_text(json.dumps(spec, indent=1))
         tmp.replace(folder / SPEC_FILE)  # written last: a folder with it is complete
@@ -148,7 +149,7 @@ class CopyLength:
                    int(spec["min_ngram"]), int(spec["max_ngram"]),
                    float(spec.get("temperature", 0.0)),
                    None if drafts is None else [float(c) for c in drafts],
-                   float(spec.get("draft_prior", 1.0)))
+                   float(spec.get("draft_prior", 1.0)), spec.get("beside_draft"))
 
 
 def read_spec(folder: str | Path) -> dict:
