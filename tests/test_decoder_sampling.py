@@ -259,7 +259,11 @@ class ConfidentCopies:
 
 
 COPY_LENGTHS = {"static": None,
-                "learned": CopyLength(ConfidentCopies(), [1.0, 1.05, 1.1], rate=1.0)}
+                "learned": CopyLength(ConfidentCopies(), [1.0, 1.05, 1.1], rate=1.0),
+                # beside a draft: drafts first, then copies or drafts as the sampled drafted
+                # steps commit (their running value), on a wide tree
+                "beside-draft": CopyLength(ConfidentCopies(), [1.0, 1.05, 1.1], rate=1.0,
+                                           draft_costs=[1.1, 1.1, 1.1], draft_prior=2.0)}
 
 
 # beside a chain (stopper none: the target alone elsewhere), or a tree of several candidates

@@ -337,7 +337,7 @@ def test_a_stopper_trained_at_another_temperature_is_warned_about_once():
         runs = [{"temperature": t} for t in temps]
         return types.SimpleNamespace(spec=types.SimpleNamespace(training_data={"runs": runs}))
 
-    runners._WARNED_TEMPERATURE.clear()
+    runners._WARNED.clear()
     with pytest.warns(UserWarning, match="temperature 0 and decodes at 0.7.*--temperature 0.7"):
         runners.warn_temperature(trained_at(0.0, None), 0.7, "stopper:greedy")
     with warnings.catch_warnings():

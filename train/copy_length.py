@@ -27,7 +27,13 @@ from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.lookup import Match, find_match
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import progress
-from mcsd_runtime.stop.copy_length import FEATURES, CopyHistory, CopyLength, features
+from mcsd_runtime.stop.copy_length import (
+    FEATURES,
+    CopyHistory,
+    CopyLength,
+    drafted_step,
+    features,
+)
 
 BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--beside-draft`)
 Choose = Callable[[Match, list[float], "tuple[float, float] | None"], int]
@@ -146,9 +152,7 @@ class Replay:
         n, seconds, self.steps, pending = len(t.tokens), 0.0, 0, 1
         while s < n:
             match, k, a = self.matches[s], 0, self.accepted[s]
-            alt = None
-            if beside:
-                alt = (history.draft_value, draft_costs[min(pending, len(draft_costs)) - 1])
+            alt = drafted_step(history, draft_costs, pending) if beside else None
             if match is not None and n - s > 1:  # as the decoder: never copy past the budget
                 match = replace(match, tokens=match.tokens[: n - s - 1])
                 feats = features(match, len(t.prompt) + s, len(t.prompt), history)

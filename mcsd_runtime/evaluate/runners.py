@@ -217,9 +217,6 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
 
 
-_WARNED_TEMPERATURE: set[tuple[str, tuple[float, ...], float]] = set()
-
-
 def warn_temperature(stopper, temperature: float, name: str) -> None:
     """Warn (once per process) when a trained stopper's collections were decoded at another
     temperature than `temperature`: acceptance under sampling differs from greedy, so its
@@ -231,11 +228,11 @@ def warn_temperature(stopper, temperature: float, name: str) -> None:
                                f"{temperature:g} and train a stopper on that collection")
 
 
-def _warn_once(message: str) -> None:
+def _warn_once(message: str, stacklevel: int = 3) -> None:
     """`message` as a warning, once per process."""
     if message not in _WARNED:
         _WARNED.add(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 _WARNED: set[str] = set()
@@ -243,15 +240,12 @@ _WARNED: set[str] = set()
 
 def _warn_temperature_once(who: str, trained: list[float], temperature: float, estimates: str,
                            fix: str) -> None:
-    """One warning per process and (who, trained, temperature) that something fitted at the
-    `trained` temperatures decodes at `temperature`, unless they agree."""
-    key = (who, tuple(trained), temperature)
-    if trained == [temperature] or key in _WARNED_TEMPERATURE:
-        return
-    _WARNED_TEMPERATURE.add(key)
-    warnings.warn(f"{who} temperature {', '.join(f'{t:g}' for t in trained)} and decodes at "
-                  f"{temperature:g}: still lossless, but its {estimates} estimates are off "
-                  f"({fix})", UserWarning, stacklevel=3)
+    """One warning per process that something fitted at the `trained` temperatures decodes at
+    `temperature`, unless they agree."""
+    if trained != [temperature]:
+        _warn_once(f"{who} temperature {', '.join(f'{t:g}' for t in trained)} and decodes at "
+                   f"{temperature:g}: still lossless, but its {estimates} estimates are off "
+                   f"({fix})", stacklevel=4)
 
 
 def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,

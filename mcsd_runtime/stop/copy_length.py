@@ -72,6 +72,13 @@ def features(match: Match, context_len: int, n_prompt: int, history: CopyHistory
             conf[-1], sum(conf) / len(conf), min(conf)]
 
 
+def drafted_step(history: CopyHistory, draft_costs: list[float],
+                 pending: int) -> tuple[float, float]:
+    """(tokens, seconds) of a drafted step in place of a copy, for a row with `pending` tokens
+    the draft has not seen (`draft_costs[p - 1]`, held at the last beyond it)."""
+    return history.draft_value, draft_costs[min(max(pending, 1), len(draft_costs)) - 1]
+
+
 def survival(booster, feats: list[float], n: int) -> np.ndarray:
     """P(the first i copied tokens are all accepted) for i = 1..n, non-increasing."""
     x = np.empty((n, len(FEATURES)))
@@ -105,12 +112,11 @@ class CopyLength:
         return CopyHistory(draft_value=self.draft_prior)
 
     def alternative(self, history: CopyHistory, pending: int) -> tuple[float, float] | None:
-        """(tokens, seconds) of a drafted step in place of a copy, for a row with `pending`
-        tokens the draft has not seen; None for a policy trained without a draft."""
+        """`drafted_step` under this policy's draft costs; None for a policy trained without a
+        draft."""
         if self.draft_costs is None:
             return None
-        return history.draft_value, self.draft_costs[min(max(pending, 1),
-                                                         len(self.draft_costs)) - 1]
+        return drafted_step(history, self.draft_costs, pending)
 
     def choose(self, match: Match, feats: list[float],
                alt: tuple[float, float] | None = None) -> int:
