@@ -157,6 +157,7 @@ def test_beside_a_draft_the_decoder_copies_or_drafts_as_its_replay_does(pair, fe
 def test_the_oracle_is_at_least_as_fast_as_any_rule(pair):
     traces = draft_hits(pair, target_traces(pair, PROMPTS, 30), width=3)
     policy = CopyLength(ByConfidence(), COSTS, 0.6, draft_costs=DRAFT_COSTS, draft_prior=1.5)
+    skips = []
     for trace in traces:
         r = Replay(trace, 8, 1, 4)
         alone, beside = r.oracle_speedup(COSTS), r.oracle_speedup(COSTS, DRAFT_COSTS)
@@ -165,6 +166,11 @@ def test_the_oracle_is_at_least_as_fast_as_any_rule(pair):
                  *(r.speedup(copy_all(k), COSTS[: k + 1], DRAFT_COSTS, 1.5) for k in (1, 8))]
         assert beside >= max(rules) - 1e-9 and beside >= alone - 1e-9
         assert alone >= max(r.speedup(copy_all(k), COSTS[: k + 1]) for k in (0, 2, 8)) - 1e-9
+        # without the target-alone step: still at least every rule beside the draft
+        choices = r.oracle_speedup(COSTS, DRAFT_COSTS, alone=False)
+        assert max(rules) - 1e-9 <= choices <= beside + 1e-9
+        skips.append(choices < beside - 1e-9)
+    assert any(skips)  # where the draft misses, decoding alone is faster in hindsight
     with pytest.raises(ValueError, match="hits"):
         Replay(Trace([1, 2], [3, 4], [0.5, 0.5]), 8, 1, 4).walk(never, COSTS, None, DRAFT_COSTS)
 
@@ -179,6 +185,27 @@ def test_a_policy_trained_beside_a_draft_is_lossless_alone_and_in_batches(pair, 
     dec = beside_draft(pair, policy, 40)
     assert [dec.generate(p).token_ids for p in PROMPTS] == reference
     assert [r.token_ids for r in dec.generate_batch(PROMPTS, batch_size=3)] == reference
+
+
+def test_out_of_fold_decides_each_output_by_a_policy_not_fitted_on_it(pair, monkeypatch):
+    import train.copy_length as C
+
+    traces = draft_hits(pair, target_traces(pair, PROMPTS * 2, 30), width=3)
+    fitted, real_fit = [], C.fit
+
+    def recording_fit(train, *args, **kwargs):
+        policy, text, facts = real_fit(train, *args, **kwargs)
+        fitted.append(({id(t) for t in train}, policy))
+        return policy, text, facts
+
+    monkeypatch.setattr(C, "fit", recording_fit)
+    speed = C.out_of_fold(traces, COSTS, folds=3, draft_costs=DRAFT_COSTS)
+    assert len(fitted) == 3
+    for trace, s in zip(traces, speed, strict=True):
+        deciders = [p for train, p in fitted if id(trace) not in train]
+        assert len(deciders) == 1  # every output is left out of exactly one fold
+        p = deciders[0]
+        assert s == Replay(trace, 8, 1, 4).speedup(p.choose, COSTS, DRAFT_COSTS, p.draft_prior)
 
 
 def test_a_trained_policy_is_lossless_alone_and_in_batches(pair, reference):
@@ -283,10 +310,13 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
             str(profile)]
     assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--temperature", "0.5"]) == 2
     assert "greedy" in capsys.readouterr().err and not out.exists()
+    assert main([*base, "--out", str(out), "--folds", "1"]) == 2
+    assert "--folds not 1" in capsys.readouterr().err and not out.exists()
     assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--eval-prompts", "toy-doc",
                  "--eval-limit", "2", "--check", "1"]) == 0
     printed = capsys.readouterr().out
-    assert "lookup:8:3+static:1" in printed and "share" in printed
+    assert "lookup:8:3+static:1" in printed and "share*" in printed
+    assert "training mix, 3 outputs pooled" in printed
     assert f"lookup-learned:{out}+static:1 --k-config 2,1" in printed
     spec = json.loads((out / "copy_length.json").read_text())
     assert spec["beside_draft"] == "2,1" and len(spec["draft_costs"]) == 10
@@ -294,6 +324,11 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     for row in spec["report"]:
         assert row["deploy"] == "lookup:8:3+static:1" and row["draft_vs_ar"] > 0
         assert row["oracle_vs_ar"] >= max(row["learned_vs_ar"], row["best_static_vs_ar"]) - 1e-9
+        assert row["oracle_vs_ar"] + 1e-9 >= row["oracle_choices_vs_ar"] >= max(
+            row["learned_vs_ar"], row["best_static_vs_ar"]) - 1e-9
+    mix = spec["training_mix"]
+    assert mix["outputs"] == 3 and mix["folds"] == 3
+    assert mix["oracle_vs_ar"] + 1e-9 >= mix["oracle_choices_vs_ar"] >= mix["learned_vs_ar"] - 1e-9
     # greedy: replay takes the decoder's steps for every method, the draft's included
     check = json.loads((out / "check.json").read_text())
     assert set(check["per_method"]) == {"ar", "lookup:8:3+static:1", "lookup:8:2+static:1",

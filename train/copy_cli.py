@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="then decode N held-out prompts per category end to end with ar, "
                         "static copy lengths and the policy, and compare replayed with measured "
                         "speed (written to check.json; default %(default)s: no check)")
+    p.add_argument("--folds", type=int, default=5,
+                   help="also replay the training mix out of fold: a policy fitted on the other "
+                        "folds decides each output (default %(default)s folds; 0: skip)")
     p.add_argument("--out", type=Path, required=True, help="folder to write the policy to")
     p.add_argument("--force", action="store_true", help="replace an existing --out folder")
     p.add_argument("--seed", type=int, default=0,
@@ -92,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     if min(args.limit, args.eval_limit, args.max_copy, args.min_ngram, args.max_new_tokens) < 1:
         raise MCSDError("--limit, --eval-limit, --max-copy, --min-ngram and --max-new-tokens "
                         "must be positive")
-    if args.temperature < 0 or args.check < 0:
-        raise MCSDError("--temperature and --check must be >= 0 (0: greedy; no check)")
+    if args.temperature < 0 or args.check < 0 or args.folds < 0 or args.folds == 1:
+        raise MCSDError("--temperature, --check and --folds must be >= 0 (0: greedy; no check; "
+                        "no out-of-fold replay) and --folds not 1")
     if args.beside_draft is not None and args.temperature > 0:
         raise MCSDError("--beside-draft replays greedy drafting only: drop --temperature or "
                         "--beside-draft")
@@ -138,12 +142,14 @@ def run(args: argparse.Namespace) -> int:
                                 draft_costs=draft_costs)
     policy.temperature, policy.draft_tree = args.temperature, args.beside_draft
     report = replay_report(policy, costs, traces, set(train_domains))
+    mix = mix_report(policy, costs, train, min(args.folds, len(train)), args.seed)
     if args.out.exists():
         shutil.rmtree(args.out)
     policy.save(args.out, text, {"training": facts, "prompts": args.prompts,
                                  "target": args.target, "profile": str(args.profile),
-                                 "max_new_tokens": args.max_new_tokens, "report": report})
-    print_report(report, policy.rate)
+                                 "max_new_tokens": args.max_new_tokens, "report": report,
+                                 "training_mix": mix})
+    print_report(report, policy.rate, mix)
     method = f"lookup-learned:{args.out}" + (
         f"+{C.BESIDE} --k-config {args.beside_draft}" if tree is not None else "")
     print(f"-> {args.out} (decode with `mcsd eval --methods {method}`)", flush=True)
@@ -165,15 +171,11 @@ def replay_report(policy, costs: list[float], traces: dict, trained: set[str]) -
     with `static:1` when the policy was trained beside a draft), of the draft alone and of the
     hindsight oracle; the policy's paired speedup over the deploy static and the domain's best
     static, and the share of the oracle's gain over the deploy static it takes."""
-    import numpy as np
-
     from mcsd_runtime.metrics import paired_speedup
     from train import copy_length as C
 
-    def gm(values: list[float]) -> float:
-        return float(np.exp(np.log(values).mean()))
-
     rows, top, beside = [], policy.max_copy, policy.draft_costs
+    gm = _geomean
     suffix = f"+{C.BESIDE}" if beside is not None else ""
     grid = sorted({(min(k, top), n) for k, n in STATIC_GRID})  # no static copies more than it
     deploy = f"lookup:{min(DEPLOY[0], top)}:{DEPLOY[1]}{suffix}"
@@ -192,33 +194,102 @@ def replay_report(policy, costs: list[float], traces: dict, trained: set[str]) -
         row = {"domain": name, "trained": name in trained, "prompts": len(outs),
                "learned_vs_ar": gm(ours), "best_static": best, "best_static_vs_ar": gms[best],
                "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
-               "oracle_share": (gm(ours) - gms[deploy]) / (oracle - gms[deploy])
-               if oracle > gms[deploy] else None,
+               "oracle_share": _share(gm(ours), gms[deploy], oracle),
                "vs_deploy": paired_speedup(ours, statics[deploy]),
                "vs_best_static": paired_speedup(ours, statics[best])}
         if beside is not None:
             row["draft_vs_ar"] = gm([r.speedup(C.never, costs, **walk) for r in learned])
+            row["oracle_choices_vs_ar"] = gm([r.oracle_speedup(costs, beside, alone=False)
+                                              for r in learned])
+            row["oracle_choices_share"] = _share(gm(ours), gms[deploy],
+                                                 row["oracle_choices_vs_ar"])
         rows.append(row)
     return rows
 
 
-def print_report(report: list[dict], rate: float) -> None:
+def mix_report(policy, costs: list[float], train: list, folds: int, seed: int) -> dict:
+    """The training mix pooled (geometric means over its outputs): the policy, the deploy
+    static and the oracle over AR, the policy's share of the oracle's gain, and with `folds`
+    the same for the policy out of fold (`copy_length.out_of_fold`; None where a fold holds
+    too few repeats to fit)."""
+    from train import copy_length as C
+
+    deploy = DEPLOY[0] if policy.max_copy >= DEPLOY[0] else policy.max_copy
+    walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
+    replays = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in train]
+    learned = _geomean([r.speedup(policy.choose, costs, **walk) for r in replays])
+    static = _geomean([C.Replay(t, deploy, DEPLOY[1], 4).speedup(C.copy_all(deploy),
+                                                                  costs[: deploy + 1], **walk)
+                       for t in train])
+    oracle = _geomean([r.oracle_speedup(costs, policy.draft_costs) for r in replays])
+    mix = {"outputs": len(train), "learned_vs_ar": learned, "deploy_vs_ar": static,
+           "oracle_vs_ar": oracle, "oracle_share": _share(learned, static, oracle),
+           "folds": folds, "out_of_fold_vs_ar": None, "out_of_fold_share": None}
+    if policy.draft_costs is not None:
+        mix["oracle_choices_vs_ar"] = _geomean([r.oracle_speedup(costs, policy.draft_costs,
+                                                                 alone=False) for r in replays])
+        mix["oracle_choices_share"] = _share(learned, static, mix["oracle_choices_vs_ar"])
+    if folds:
+        try:
+            speed = C.out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
+                                  max_ngram=policy.max_ngram, draft_costs=policy.draft_costs)
+        except MCSDError:
+            return mix
+        mix["out_of_fold_vs_ar"] = _geomean(speed)
+        mix["out_of_fold_share"] = _share(mix["out_of_fold_vs_ar"], static, oracle)
+    return mix
+
+
+def _geomean(values: list[float]) -> float:
+    import numpy as np
+
+    return float(np.exp(np.log(values).mean()))
+
+
+def _share(ours: float, deploy: float, oracle: float) -> float | None:
+    """The share of the oracle's gain over the deploy static that `ours` takes."""
+    return (ours - deploy) / (oracle - deploy) if oracle > deploy else None
+
+
+def print_report(report: list[dict], rate: float, mix: dict | None = None) -> None:
+    choices = "oracle_choices_vs_ar" in report[0]
     print(f"replayed speed (tuned rate {rate:.1f} tokens/s); learned vs {report[0]['deploy']} "
           f"and vs the domain's best static copy length, 95% CI:")
     wide = max(len(r["best_static"]) for r in report)
     print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  "
-          f"{'vs best static':>{24 + wide}}  {'oracle':>6} {'share':>6}")
+          f"{'vs best static':>{24 + wide}}  {'oracle':>6} {'share':>6}"
+          + (f" {'oracle*':>7} {'share*':>6}" if choices else ""))
     for r in sorted(report, key=lambda r: r["vs_best_static"]["geomean"]):
         d, b = r["vs_deploy"], r["vs_best_static"]
         label = r["domain"] + (" (trained)" if r["trained"] else "")
-        share = "-" if r["oracle_share"] is None else f"{r['oracle_share']:.0%}"
-        print(f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
-              f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
-              f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>{wide}}  "
-              f"{r['oracle_vs_ar']:6.3f} {share:>6}")
+        line = (f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
+                f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
+                f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>{wide}}  "
+                f"{r['oracle_vs_ar']:6.3f} {_pct(r['oracle_share']):>6}")
+        if choices:
+            line += f" {r['oracle_choices_vs_ar']:7.3f} {_pct(r['oracle_choices_share']):>6}"
+        print(line)
     print("(vs AR: replayed speed over the target alone; oracle: the hindsight-best choice at "
           "every step, over AR; share: of the oracle's gain over the deploy static, the "
-          "policy's)")
+          "policy's" + ("; oracle*, share*: the same for an oracle that, as the policy, copies "
+                        "or drafts and never lets the target decode alone)" if choices else ")"))
+    if mix:
+        line = (f"training mix, {mix['outputs']} outputs pooled: learned {mix['learned_vs_ar']:.3f}"
+                f" AR, deploy {mix['deploy_vs_ar']:.3f}, oracle {mix['oracle_vs_ar']:.3f}; "
+                f"share {_pct(mix['oracle_share'])}")
+        if "oracle_choices_vs_ar" in mix:
+            line += (f"; oracle* {mix['oracle_choices_vs_ar']:.3f}, share* "
+                     f"{_pct(mix['oracle_choices_share'])}")
+        if mix["folds"]:
+            line += (f"; out of fold ({mix['folds']} folds) learned "
+                     f"{mix['out_of_fold_vs_ar']:.3f}, share {_pct(mix['out_of_fold_share'])}"
+                     if mix["out_of_fold_vs_ar"] is not None else
+                     "; out of fold: a fold holds too few repeats to fit")
+        print(line)
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 class TraceCache:

@@ -181,18 +181,21 @@ class Replay:
         return len(self.trace.tokens) * costs[0] / self.walk(choose, costs, None, draft_costs,
                                                                prior)
 
-    def oracle_speedup(self, costs: list[float], draft_costs: list[float] | None = None) -> float:
+    def oracle_speedup(self, costs: list[float], draft_costs: list[float] | None = None,
+                       alone: bool = True) -> float:
         """The speed over AR of copying, at every step, the length (or, beside a draft,
         drafting instead) that decodes the output fastest in hindsight: a dynamic program over
-        (position, the draft's pending tokens)."""
+        (position, the draft's pending tokens). Beside a draft, `alone=False` leaves out the
+        steps where the target decodes alone (but the last token): the choices the policy has."""
         t, n = self.trace, len(self.trace.tokens)
         top = len(draft_costs) if draft_costs is not None else 1
+        alone = alone or draft_costs is None
         best = np.zeros((n + 1, top + 1))
         for s in range(n - 1, -1, -1):
             match, a = self.matches[s], self.accepted[s]
             for p in range(1, top + 1):
                 after = min(p + 1, top)
-                options = [costs[0] + best[s + 1, after]]
+                options = [costs[0] + best[s + 1, after]] if alone or n - s == 1 else []
                 if n - s > 1:
                     if draft_costs is not None:
                         c = min(1 + t.hits[s], n - s)
@@ -203,6 +206,22 @@ class Replay:
                         options.append(costs[k] + best[s + c, min(p + c, top)])
                 best[s, p] = min(options)
         return n * costs[0] / best[0, 1]
+
+
+def out_of_fold(traces: Sequence[Trace], costs: list[float], folds: int = 5, seed: int = 0,
+                **fit_kwargs) -> list[float]:
+    """Each output's replayed speed over AR under a policy fitted on the other folds (outputs
+    dealt to `folds` folds at random): how the policy does on outputs it was not trained on."""
+    fold = np.random.default_rng(seed).permutation(len(traces)) % folds
+    speed = [0.0] * len(traces)
+    for f in range(folds):
+        policy, _, _ = fit([traces[i] for i in np.flatnonzero(fold != f)], costs, seed=seed,
+                           **fit_kwargs)
+        walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
+        for i in np.flatnonzero(fold == f):
+            replay = Replay(traces[i], policy.max_copy, policy.min_ngram, policy.max_ngram)
+            speed[i] = replay.speedup(policy.choose, costs, **walk)
+    return speed
 
 
 def _common(a: list[int], b: list[int]) -> int:
