@@ -194,6 +194,17 @@ def test_paired_geomean_against_ar_and_the_best_static():
     rows = {r["method"]: r for r in summarize(recs, greedy=True)}
     assert rows["stopper:x"]["reference"] == "mcsd:1,1"
     assert rows["stopper:x"]["geomean_vs_reference"] == pytest.approx(1.1)
+    # a fixed copy length, alone or beside a static depth, is a static schedule too; a copy
+    # length beside an adaptive stopper or a learned one is not
+    for i, base in enumerate((100.0, 150.0, 80.0, 120.0)):
+        recs += [_rec("lookup:8:3+heuristic:4", f"p{i}", base * 3),
+                 _rec("lookup-learned:c+static:1", f"p{i}", base * 3)]
+    assert best_static(recs) == "mcsd:1,1"
+    for i, base in enumerate((100.0, 150.0, 80.0, 120.0)):
+        recs.append(_rec("lookup:8:3+static:1", f"p{i}", base * 2))
+    assert best_static(recs) == "lookup:8:3+static:1"
+    recs += [_rec("lookup:12", f"p{i}", base * 2.5) for i, base in enumerate((100, 150, 80, 120))]
+    assert best_static(recs) == "lookup:12"
     assert rows["stopper:x"]["geomean_vs_ar"] == pytest.approx(1.65)
     assert rows["static:3"]["ci_vs_reference"] == pytest.approx([1.4 / 1.5, 1.4 / 1.5])
     rows = {r["method"]: r for r in summarize(recs, greedy=True, reference="static:3")}

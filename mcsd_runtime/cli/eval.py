@@ -98,8 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "spelt out, e.g. confidence -> confidence:0.4 (default: %(default)s)")
     p.add_argument("--reference", default=None,
                    help="method every other is compared with (paired per-prompt geometric mean "
-                        "and 95%% CI); default: the run's best static schedule (mcsd[:K] or "
-                        "static:D) by its geometric-mean speedup over ar")
+                        "and 95%% CI); default: the run's best static schedule (mcsd[:K], "
+                        "static:D, lookup:K:N or lookup:K:N+static:D) by its geometric-mean "
+                        "speedup over ar")
     p.add_argument("--deploy", default=None, metavar="METHOD",
                    help="across domains: the static schedule a user would deploy; default: the "
                         "deploy_static recorded by the first listed stopper:PATH (added to the "

@@ -252,8 +252,11 @@ def short_name(method: str) -> str:
 
 
 def is_static(method: str) -> bool:
-    """A static schedule: `mcsd[:K]` (draft-initialised) or the `static[:D]` stopper."""
+    """A static schedule: `mcsd[:K]` (draft-initialised), the `static[:D]` stopper, or prompt
+    lookup with a fixed copy length alone or beside one (`lookup:K:N`, `lookup:K:N+static:D`)."""
     kind = method.split(":", 1)[0]
+    if (look := parse_lookup(method)) is not None:
+        return look[2] is None or is_static(look[2])
     return kind in ("mcsd", "static")
 
 
