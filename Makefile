@@ -76,10 +76,12 @@ demo: venv
 # checked end to end), evaluates on the held-out twins of all five categories (summarization and
 # rewriting never trained on), one domain per category, against AR, generate(), assisted
 # generation, static depths, the tuned heuristic, the tuned switch (the deploy depth,
-# speculation off below an acceptance rate) and prompt lookup `lookup:8:3`, greedy and at T=0.7
-# (the copy length trained greedy, so it warns there), and measures bf16 drift. Sizes are variables (`make demo-real
-# REAL_EVAL=8`); `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your
-# own evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
+# speculation off below an acceptance rate) and prompt lookup `lookup:8:3` alone and beside the
+# draft, the learned copy length trained to copy or let the target decode alone, and to copy or
+# draft (`--beside-draft`), greedy and at T=0.7 (the copy lengths trained greedy, so they warn
+# there), and measures bf16 drift. Sizes are variables (`make demo-real REAL_EVAL=8`);
+# `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your own evaluates
+# with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
 comma := ,
 empty :=
 space := $(empty) $(empty)
@@ -103,8 +105,10 @@ REAL_EVAL_SET := inst-mix-eval
 REAL_EVAL := 4
 REAL_TOKENS := 64
 REAL_STATIC := static:1,static:2,static:3,static:4
-# prompt lookup: the default copy length and the learned one (`mcsd train-lookup`)
-REAL_LOOKUP := lookup:8:3,lookup-learned:$(DEMO_REAL)/copy
+# prompt lookup: the default copy length and the learned one (`mcsd train-lookup`), each alone
+# and beside the draft's first depth (the learned one trained to copy or draft, `--beside-draft`)
+REAL_LOOKUP := lookup:8:3,lookup-learned:$(DEMO_REAL)/copy,lookup:8:3+static:1,\
+	lookup-learned:$(DEMO_REAL)/copy-draft+static:1
 REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,SWITCH,\
 	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_LOOKUP)
 REAL_LOOKUP_CHECK := 2
@@ -135,6 +139,10 @@ demo-real: venv
 		--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
 		--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json --threads 1 \
 		--check $(REAL_LOOKUP_CHECK) --out $(DEMO_REAL)/copy --force
+	$(MCSD) train-lookup $(REAL_PAIR) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
+		--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
+		--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json --threads 1 \
+		--beside-draft $(REAL_K) --check $(REAL_LOOKUP_CHECK) --out $(DEMO_REAL)/copy-draft --force
 	heuristic=$$($(BIN)/python -c "import json; print(json.load(open( \
 		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
 	switch=$$($(BIN)/python -c "import json; print(json.load(open( \
