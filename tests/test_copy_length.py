@@ -22,6 +22,7 @@ from train.copy_length import (
     Trace,
     copy_all,
     draft_hits,
+    drafted_traces,
     fit,
     never,
     step_costs,
@@ -308,10 +309,29 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
             str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
             "--max-new-tokens", "24", "--max-copy", "8", "--dtype", "fp32", "--profile",
             str(profile)]
-    assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--temperature", "0.5"]) == 2
-    assert "greedy" in capsys.readouterr().err and not out.exists()
-    assert main([*base, "--out", str(out), "--folds", "1"]) == 2
-    assert "--folds not 1" in capsys.readouterr().err and not out.exists()
+    # sampled: outputs drawn through the first depth's verification, cached with their hits
+    traces = tmp_path / "drafted.json"
+    sampled = [*base, "--out", str(tmp_path / "sampled"), "--beside-draft", "2,1",
+               "--temperature", "0.5", "--traces", str(traces), "--eval-prompts", "toy-doc",
+               "--eval-limit", "2", "--check", "1", "--folds", "0"]
+    assert main(sampled) == 0
+    printed = capsys.readouterr()
+    assert "outputs with drafted steps" in printed.err and "temperature 0.5" in printed.out
+    assert "out of fold" not in printed.out
+    spec = json.loads((tmp_path / "sampled" / "copy_length.json").read_text())
+    assert spec["temperature"] == 0.5 and spec["beside_draft"] == "2,1"
+    assert spec["training_mix"]["folds"] == 0
+    cached = json.loads(traces.read_text())
+    assert cached["key"]["drafted"]["width"] == 2
+    assert all(len(v) == 3 and len(v[2]) == len(v[0]) for v in cached["traces"].values())
+    assert set(json.loads((tmp_path / "sampled" / "check.json").read_text())["per_method"]) == {
+        "ar", "lookup:8:3+static:1", "lookup:8:2+static:1", "static:1", "learned"}
+    # greedy outputs of the same prompts are another cache
+    assert main([*base, "--out", str(tmp_path / "o4"), "--beside-draft", "2,1", "--traces",
+                 str(traces)]) == 2
+    assert "drafted" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "o3"), "--folds", "1"]) == 2
+    assert "--folds not 1" in capsys.readouterr().err and not (tmp_path / "o3").exists()
     assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--eval-prompts", "toy-doc",
                  "--eval-limit", "2", "--check", "1"]) == 0
     printed = capsys.readouterr().out
@@ -393,6 +413,60 @@ def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
     se = np.hypot(real[1], sampled[1])
     assert abs(real[0] - sampled[0]) < 3 * se
     assert abs(real[0] - replayed(target_traces(pair, [REPEATING], 30)[0])) > 3 * se
+
+
+@pytest.mark.parametrize("kind", ["draft", "feature draft"])
+def test_sampled_drafted_steps_replay_the_sampling_decoders_steps(pair, feature_pair, kind):
+    """When sampling, a drafted step accepts a candidate by chance: outputs drawn through the
+    first depth's verification replay `static:1` in as many steps on average as the sampling
+    decoder takes (seeded, 100 runs each); reading a hit as "the output's token is among the
+    draft's top candidates" (the greedy rule) on sampled outputs is caught."""
+    p = pair if kind == "draft" else feature_pair
+    temperature, n, prompt = 1.0, 100, PROMPTS[1]
+    cfg = DecodeConfig(k_config=(3, 1), temperature=temperature, max_new_tokens=20,
+                       eos_token_ids=())
+    dec = MCSDDecoder(p, cfg, "static:1")
+    real = _mean_and_se([len(dec.generate(prompt, seed=s).steps) for s in range(n)])
+
+    def replayed(trace) -> int:
+        r = Replay(trace, 1, 4, 4)
+        r.walk(never, COSTS[:2], None, DRAFT_COSTS, 1.5)
+        return r.steps
+
+    drafted = [drafted_traces(p, [prompt], 20, temperature, 3, seed=s)[0] for s in range(n)]
+    ours = _mean_and_se([replayed(t) for t in drafted])
+    greedy_rule = _mean_and_se([replayed(draft_hits(p, target_traces(p, [prompt], 20,
+                                                                     temperature, s), 3)[0])
+                                for s in range(n)])
+    se = np.hypot(real[1], ours[1])
+    assert abs(real[0] - ours[0]) < 3 * se
+    assert abs(real[0] - greedy_rule[0]) > 3 * np.hypot(real[1], greedy_rule[1])
+    assert all(len(t.hits) == len(t.tokens) == 20 for t in drafted)
+
+
+def test_drafted_outputs_are_the_targets_samples(pair):
+    """Verification is lossless, so an output drawn through it is the target's sample: the first
+    token of 600 seeded draws follows the target's distribution at the temperature (chi-square),
+    and not its distribution at another."""
+    import torch
+    from scipy.stats import chisquare
+
+    prompt, temperature = PROMPTS[1], 0.7
+    firsts = [drafted_traces(pair, [prompt], 1, temperature, 3, seed=s)[0].tokens[0]
+              for s in range(600)]
+    with torch.no_grad():
+        logits = pair.target(input_ids=torch.tensor([prompt])).logits[0, -1].double()
+
+    def pvalue(t: float) -> float:
+        expected = torch.softmax(logits / t, -1) * len(firsts)
+        keep = expected >= 5  # chi-square's cells; the rest pooled into one
+        observed = torch.bincount(torch.tensor(firsts), minlength=len(expected)).double()
+        obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
+        exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
+        return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+    assert pvalue(temperature) > 1e-3
+    assert pvalue(1.5) < 1e-6
 
 
 def test_a_sampled_decode_replays_its_own_output_step_for_step(pair):

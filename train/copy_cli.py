@@ -18,6 +18,7 @@ from mcsd_runtime.errors import MCSDError
 
 STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
 DEPLOY = (8, 3)  # the default `lookup` method
+VERIFY = "mcss"  # the decoder's default sampling verifier, which sampled drafted steps replay
 CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check
 
 
@@ -53,8 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="output tokens per prompt (default %(default)s)")
     p.add_argument("--beside-draft", default=None, metavar="K_CONFIG",
                    help="learn to copy or draft: a step that copies nothing drafts this tree's "
-                        "first depth (greedy only; decode as `lookup-learned:PATH+static:1 "
-                        "--k-config K_CONFIG`; default: the target decodes such a step alone)")
+                        "first depth (decode as `lookup-learned:PATH+static:1 --k-config "
+                        "K_CONFIG`; with --temperature, each output is drawn through the first "
+                        "depth's mcss verification; default: the target decodes such a step "
+                        "alone)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="the temperature the policy will decode at: outputs are sampled at it "
                         "(default %(default)s: greedy)")
@@ -98,9 +101,6 @@ def run(args: argparse.Namespace) -> int:
     if args.temperature < 0 or args.check < 0 or args.folds < 0 or args.folds == 1:
         raise MCSDError("--temperature, --check and --folds must be >= 0 (0: greedy; no check; "
                         "no out-of-fold replay) and --folds not 1")
-    if args.beside_draft is not None and args.temperature > 0:
-        raise MCSDError("--beside-draft replays greedy drafting only: drop --temperature or "
-                        "--beside-draft")
     if args.check and not args.eval_prompts:
         raise MCSDError("--check decodes held-out prompts: name them with --eval-prompts")
     if args.min_ngram > 4:
@@ -128,11 +128,14 @@ def run(args: argparse.Namespace) -> int:
                         f"({', '.join(both)}): held-out prompts must come from other sets")
     apply_threads(args)
     pair = pair_from_args(args)
+    drafted = None  # sampled beside a draft: outputs drawn through the draft's first depth
+    if tree is not None and args.temperature > 0:
+        drafted = {"draft": str(pair.draft_name), "width": tree.sizes[0], "verify": VERIFY}
     cache = TraceCache(args.traces, args.target, args.max_new_tokens, args.stop_at_eos,
-                       args.temperature, args.seed)
+                       args.temperature, args.seed, drafted)
     traces = {name: cache.get(pair, prompts, args.chat, name)
               for name, (_, prompts) in (train_domains | eval_domains).items()}
-    if tree is not None:
+    if tree is not None and drafted is None:
         traces = {name: C.draft_hits(pair, outs, tree.sizes[0], desc=f"draft candidates: {name}")
                   for name, outs in traces.items()}
     train = [t for name in train_domains for t in traces[name]]
@@ -296,12 +299,15 @@ class TraceCache:
     """The target's outputs by prompt, kept in a JSON file when one is given."""
 
     def __init__(self, path: Path | None, target: str, max_new_tokens: int,
-                 stop_at_eos: bool, temperature: float = 0.0, seed: int = 0) -> None:
+                 stop_at_eos: bool, temperature: float = 0.0, seed: int = 0,
+                 drafted: dict | None = None) -> None:
         self.path = path
         self.key = {"target": target, "max_new_tokens": max_new_tokens,
                     "stop_at_eos": stop_at_eos}
         if temperature > 0:  # greedy outputs need neither
             self.key |= {"temperature": temperature, "seed": seed}
+        if drafted is not None:  # outputs drawn through a draft's verification, with hits
+            self.key |= {"drafted": drafted}
         self.traces: dict[str, list] = {}
         if path is not None and path.exists():
             try:
@@ -315,18 +321,24 @@ class TraceCache:
 
     def get(self, pair, prompts: list, chat: str, name: str) -> list:
         from mcsd_runtime.evaluate.runners import encode_prompt
-        from train.copy_length import Trace, target_traces
+        from train.copy_length import Trace, drafted_traces, target_traces
 
         ids = [encode_prompt(pair, p, chat) for p in prompts]
         keys = [hashlib.sha1(json.dumps(i).encode()).hexdigest() for i in ids]
         todo = [i for i, k in zip(ids, keys, strict=True) if k not in self.traces]
         if todo:
-            made = target_traces(pair, todo, self.key["max_new_tokens"],
-                                 self.key.get("temperature", 0.0), self.key.get("seed", 0),
-                                 self.key["stop_at_eos"], desc=f"target outputs: {name}")
+            k = self.key
+            if "drafted" in k:
+                made = drafted_traces(pair, todo, k["max_new_tokens"], k["temperature"],
+                                      k["drafted"]["width"], k["drafted"]["verify"], k["seed"],
+                                      k["stop_at_eos"], desc=f"outputs with drafted steps: {name}")
+            else:
+                made = target_traces(pair, todo, k["max_new_tokens"], k.get("temperature", 0.0),
+                                     k.get("seed", 0), k["stop_at_eos"],
+                                     desc=f"target outputs: {name}")
             for t in made:
                 self.traces[hashlib.sha1(json.dumps(t.prompt).encode()).hexdigest()] = [
-                    t.tokens, t.conf]
+                    t.tokens, t.conf, *([t.hits] if t.hits is not None else [])]
             self.save()
         return [Trace(i, *self.traces[k]) for i, k in zip(ids, keys, strict=True)]
 

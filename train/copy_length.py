@@ -11,7 +11,9 @@ Beside a draft (`--beside-draft`), a step that copies nothing drafts the tree's 
 instead, as `lookup-learned:PATH+static:1` decodes. Under greedy decoding what such a step
 accepts is known from the output too: whether the output's next token is among the draft's
 candidates there, read from one teacher-forced pass of the target and the draft per output
-(`draft_hits`), the same distributions the decoder's drafting step computes.
+(`draft_hits`), the same distributions the decoder's drafting step computes. When sampling, a
+drafted step's acceptance is a draw of its own: each output is then drawn through that step's
+verification at every position (`drafted_traces`), which records the draw.
 """
 
 from __future__ import annotations
@@ -100,15 +102,74 @@ def draft_hits(pair, traces: Sequence[Trace], width: int,
     out = []
     for t in progress(traces, desc=desc, unit="output"):
         ids = torch.tensor([t.prompt + t.tokens], device=pair.device)
-        extra = {}
+        states = None
         if is_feature_draft(pair.draft):
             states = pair.target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
-            extra["prev_hidden"] = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
-        logits = pair.draft(input_ids=ids, **extra).logits[0, len(t.prompt) - 1 : -1]
+        logits = _draft_logits(pair, ids, states)[len(t.prompt) - 1 : -1]
         top = logits.float().topk(width, dim=-1).indices
         truth = torch.tensor(t.tokens, device=pair.device)[:, None]
         out.append(replace(t, hits=(top == truth).any(-1).int().tolist()))
     return out
+
+
+@torch.no_grad()
+def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float,
+                   width: int, verify: str = "mcss", seed: int = 0, stop_at_eos: bool = False,
+                   desc: str = "target outputs with drafted steps") -> list[Trace]:
+    """Sampled outputs with `hits` for a policy beside a draft at `temperature` > 0: every token
+    comes from a drafted step's verification at its position — `width` candidates drawn from
+    the draft's distribution there and verified against the target's with `verify`, as the
+    decoder's first depth does (`decode.verify`) — and `hits` says whether a candidate was
+    accepted. Verification is lossless, so each output is a sample of the target's, and the
+    replay's copies read it as `target_traces`' (accepted when equal to the output's token);
+    each drafted step's acceptance is the one the decoder would have drawn with that token.
+    Seeded per prompt from `seed` and its tokens, as `target_traces`."""
+    from transformers import DynamicCache
+
+    from mcsd_runtime.decode import verify as V
+    from mcsd_runtime.distill.feature import is_feature_draft
+    from mcsd_runtime.models.compat import cache_kwargs
+
+    if temperature <= 0:
+        raise ValueError("drafted_traces samples: greedy hits come from `draft_hits`")
+    draw = V.sample_with_replacement if verify == "mcss-replacement" else (
+        V.sample_without_replacement)
+    features, out = is_feature_draft(pair.draft), []
+    for ids in progress(prompts, desc=desc, unit="prompt"):
+        cache, tokens, conf, hits = DynamicCache(), [], [], []
+        gen = torch.Generator(device=pair.device).manual_seed(seed + zlib.crc32(str(ids).encode()))
+        x, states = torch.tensor([ids], device=pair.device), []
+        for _ in range(max_new_tokens):
+            t_out = pair.target(input_ids=x, **cache_kwargs(pair.target, cache), use_cache=True,
+                                output_hidden_states=features)
+            if features:
+                states.append(t_out.hidden_states[-1])
+            context = torch.tensor([ids + tokens], device=pair.device)
+            d_logits = _draft_logits(pair, context, torch.cat(states, 1) if features else None)[-1]
+            p = torch.softmax(t_out.logits[0, -1].float() / temperature, -1)[None]
+            q = torch.softmax(d_logits.float() / temperature, -1)[None]
+            cands = draw(q, width, gen)
+            rank, nxt = V.verify_children(p, q, cands, verify, gen)
+            r = int(rank)
+            token = int(cands[0, r]) if r >= 0 else int(nxt)
+            tokens.append(token)
+            hits.append(int(r >= 0))
+            conf.append(float(torch.softmax(t_out.logits[0, -1].float(), -1).max()))
+            if stop_at_eos and token in pair.eos_token_ids:
+                break
+            x = torch.tensor([[token]], device=pair.device)
+        out.append(Trace(list(ids), tokens, conf, hits))
+    return out
+
+
+def _draft_logits(pair, ids: torch.Tensor, states: torch.Tensor | None) -> torch.Tensor:
+    """The draft's logits [n, V] at every position of `ids` [1, n]; a feature draft reads at
+    each position the target's state one position back (`states` [1, n, H]: the target's final
+    states there), as the decoder feeds it."""
+    extra = {}
+    if states is not None:
+        extra["prev_hidden"] = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
+    return pair.draft(input_ids=ids, **extra).logits[0]
 
 
 def draft_step_costs(profile: CostProfile, tree, max_pending: int) -> list[float]:
