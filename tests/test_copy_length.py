@@ -313,7 +313,7 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     traces = tmp_path / "drafted.json"
     sampled = [*base, "--out", str(tmp_path / "sampled"), "--beside-draft", "2,1",
                "--temperature", "0.5", "--traces", str(traces), "--eval-prompts", "toy-doc",
-               "--eval-limit", "2", "--check", "1", "--folds", "0"]
+               "--eval-limit", "2", "--check", "1", "--folds", "0", "--limit", "6"]
     assert main(sampled) == 0
     printed = capsys.readouterr()
     assert "outputs with drafted steps" in printed.err and "temperature 0.5" in printed.out

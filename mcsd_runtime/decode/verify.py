@@ -24,23 +24,30 @@ from __future__ import annotations
 import torch
 
 
+def exponential(shape: tuple[int, ...], like: torch.Tensor,
+                generator: torch.Generator) -> torch.Tensor:
+    """Exp(1) noise of `shape` in `like`'s dtype and device: -log(u), u ~ U[0, 1) drawn in
+    float64, so the race's smallest noises (u near 1) keep their precision. About 3x faster than
+    `Tensor.exponential_` on a CPU, which made sampling 14 ms of a 64 ms step over SmolLM2's
+    49k-token vocabulary. u = 0 (probability 2^-53) gives infinite noise: a weight of 0."""
+    u = torch.rand(shape, generator=generator, device=like.device, dtype=torch.float64)
+    return u.log_().neg_().to(like.dtype)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of `probs` [..., V], without a host sync (exponential race)."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(-1)
+    return (probs / exponential(probs.shape, probs, generator)).argmax(-1)
 
 
 def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator,
                                ) -> torch.Tensor:
     """`k` distinct tokens per row, in the order sequential sampling would draw them."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).topk(k, dim=-1).indices
+    return (probs / exponential(probs.shape, probs, generator)).topk(k, dim=-1).indices
 
 
 def sample_with_replacement(probs: torch.Tensor, k: int, generator: torch.Generator,
                             ) -> torch.Tensor:
-    noise = torch.empty(*probs.shape[:-1], k, probs.shape[-1], device=probs.device,
-                        dtype=probs.dtype).exponential_(generator=generator)
+    noise = exponential((*probs.shape[:-1], k, probs.shape[-1]), probs, generator)
     return (probs.unsqueeze(-2) / noise).argmax(-1)
 
 
