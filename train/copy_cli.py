@@ -217,7 +217,7 @@ def mix_report(policy, costs: list[float], train: list, folds: int, seed: int) -
     too few repeats to fit)."""
     from train import copy_length as C
 
-    deploy = DEPLOY[0] if policy.max_copy >= DEPLOY[0] else policy.max_copy
+    deploy = min(DEPLOY[0], policy.max_copy)  # as `replay_report`'s deploy static
     walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
     replays = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in train]
     learned = _geomean([r.speedup(policy.choose, costs, **walk) for r in replays])

@@ -122,8 +122,8 @@ def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temp
     decoder's first depth does (`decode.verify`) — and `hits` says whether a candidate was
     accepted. Verification is lossless, so each output is a sample of the target's, and the
     replay's copies read it as `target_traces`' (accepted when equal to the output's token);
-    each drafted step's acceptance is the one the decoder would have drawn with that token.
-    Seeded per prompt from `seed` and its tokens, as `target_traces`."""
+    each position's token and acceptance are jointly one draw of the decoder's drafted step
+    there. Seeded per prompt from `seed` and its tokens, as `target_traces`."""
     from transformers import DynamicCache
 
     from mcsd_runtime.decode import verify as V
