@@ -144,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
     policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed,
                                 draft_costs=draft_costs)
     policy.temperature, policy.draft_tree = args.temperature, args.beside_draft
-    report = replay_report(policy, costs, traces, set(train_domains))
-    mix = mix_report(policy, costs, train, min(args.folds, len(train)), args.seed)
+    speeds = {name: replay_speeds(policy, costs, outs) for name, outs in traces.items()}
+    report = replay_report(policy, speeds, set(train_domains))
+    mix = mix_report(policy, costs, train, [speeds[n] for n in train_domains],
+                     min(args.folds, len(train)), args.seed)
     if args.out.exists():
         shutil.rmtree(args.out)
     policy.save(args.out, text, {"training": facts, "prompts": args.prompts,
@@ -169,68 +171,78 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_report(policy, costs: list[float], traces: dict, trained: set[str]) -> list[dict]:
-    """Per domain: replayed speed over AR of the policy, of each static `lookup:K:N` (composed
-    with `static:1` when the policy was trained beside a draft), of the draft alone and of the
-    hindsight oracle; the policy's paired speedup over the deploy static and the domain's best
-    static, and the share of the oracle's gain over the deploy static it takes."""
-    from mcsd_runtime.metrics import paired_speedup
+def replay_speeds(policy, costs: list[float], outs: list) -> dict[str, list[float]]:
+    """Per output, the replayed speed over AR of the policy (`learned`), of each static
+    `lookup:K:N` (composed with `static:1` when the policy was trained beside a draft) and of
+    the hindsight oracle; beside a draft also of the draft alone (`draft`) and of the oracle
+    over the policy's own choices (`oracle_choices`: copy or draft, never the target alone)."""
     from train import copy_length as C
 
-    rows, top, beside = [], policy.max_copy, policy.draft_costs
-    gm = _geomean
-    suffix = f"+{C.BESIDE}" if beside is not None else ""
-    grid = sorted({(min(k, top), n) for k, n in STATIC_GRID})  # no static copies more than it
-    deploy = f"lookup:{min(DEPLOY[0], top)}:{DEPLOY[1]}{suffix}"
+    top, beside = policy.max_copy, policy.draft_costs
     walk = {"draft_costs": beside, "prior": policy.draft_prior}
-    for name, outs in traces.items():
-        learned = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in outs]
-        ours = [r.speedup(policy.choose, costs, **walk) for r in learned]
-        oracle = gm([r.oracle_speedup(costs, beside) for r in learned])
-        statics = {}
-        for k, n in grid:
-            reps = [C.Replay(t, k, n, 4) for t in outs]
-            statics[f"lookup:{k}:{n}{suffix}"] = [r.speedup(C.copy_all(k), costs[: k + 1], **walk)
-                                                 for r in reps]
-        gms = {m: gm(v) for m, v in statics.items()}
+    learned = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in outs]
+    speeds = {"learned": [r.speedup(policy.choose, costs, **walk) for r in learned],
+              "oracle": [r.oracle_speedup(costs, beside) for r in learned]}
+    for k, n in sorted({(min(k, top), n) for k, n in STATIC_GRID}):  # none copies more than it
+        speeds[_static(k, n, beside)] = [C.Replay(t, k, n, 4).speedup(
+            C.copy_all(k), costs[: k + 1], **walk) for t in outs]
+    if beside is not None:
+        speeds["draft"] = [r.speedup(C.never, costs, **walk) for r in learned]
+        speeds["oracle_choices"] = [r.oracle_speedup(costs, beside, alone=False)
+                                    for r in learned]
+    return speeds
+
+
+def _static(k: int, n: int, beside) -> str:
+    from train.copy_length import BESIDE
+
+    return f"lookup:{k}:{n}" + (f"+{BESIDE}" if beside is not None else "")
+
+
+def replay_report(policy, speeds: dict[str, dict[str, list[float]]],
+                  trained: set[str]) -> list[dict]:
+    """Per domain, from its `replay_speeds`: geometric means over AR; the policy's paired
+    speedup over the deploy static and the domain's best static; the share of the oracle's
+    gain over the deploy static it takes."""
+    from mcsd_runtime.metrics import paired_speedup
+
+    deploy = _static(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
+    rows = []
+    for name, sp in speeds.items():
+        gms = {m: _geomean(v) for m, v in sp.items() if m.startswith("lookup:")}
         best = max(gms, key=gms.get)
-        row = {"domain": name, "trained": name in trained, "prompts": len(outs),
-               "learned_vs_ar": gm(ours), "best_static": best, "best_static_vs_ar": gms[best],
+        ours, oracle = _geomean(sp["learned"]), _geomean(sp["oracle"])
+        row = {"domain": name, "trained": name in trained, "prompts": len(sp["learned"]),
+               "learned_vs_ar": ours, "best_static": best, "best_static_vs_ar": gms[best],
                "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
-               "oracle_share": _share(gm(ours), gms[deploy], oracle),
-               "vs_deploy": paired_speedup(ours, statics[deploy]),
-               "vs_best_static": paired_speedup(ours, statics[best])}
-        if beside is not None:
-            row["draft_vs_ar"] = gm([r.speedup(C.never, costs, **walk) for r in learned])
-            row["oracle_choices_vs_ar"] = gm([r.oracle_speedup(costs, beside, alone=False)
-                                              for r in learned])
-            row["oracle_choices_share"] = _share(gm(ours), gms[deploy],
-                                                 row["oracle_choices_vs_ar"])
+               "oracle_share": _share(ours, gms[deploy], oracle),
+               "vs_deploy": paired_speedup(sp["learned"], sp[deploy]),
+               "vs_best_static": paired_speedup(sp["learned"], sp[best])}
+        if "draft" in sp:
+            row["draft_vs_ar"] = _geomean(sp["draft"])
+            row["oracle_choices_vs_ar"] = _geomean(sp["oracle_choices"])
+            row["oracle_choices_share"] = _share(ours, gms[deploy], row["oracle_choices_vs_ar"])
         rows.append(row)
     return rows
 
 
-def mix_report(policy, costs: list[float], train: list, folds: int, seed: int) -> dict:
-    """The training mix pooled (geometric means over its outputs): the policy, the deploy
-    static and the oracle over AR, the policy's share of the oracle's gain, and with `folds`
-    the same for the policy out of fold (`copy_length.out_of_fold`; None where a fold holds
-    too few repeats to fit)."""
+def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, list[float]]],
+               folds: int, seed: int) -> dict:
+    """The training mix pooled (geometric means over its outputs, from the training domains'
+    `replay_speeds`): the policy, the deploy static and the oracle over AR, the policy's share
+    of the oracle's gain, and with `folds` the same for the policy out of fold
+    (`copy_length.out_of_fold`; None where a fold holds too few repeats to fit)."""
     from train import copy_length as C
 
-    deploy = min(DEPLOY[0], policy.max_copy)  # as `replay_report`'s deploy static
-    walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
-    replays = [C.Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in train]
-    learned = _geomean([r.speedup(policy.choose, costs, **walk) for r in replays])
-    static = _geomean([C.Replay(t, deploy, DEPLOY[1], 4).speedup(C.copy_all(deploy),
-                                                                  costs[: deploy + 1], **walk)
-                       for t in train])
-    oracle = _geomean([r.oracle_speedup(costs, policy.draft_costs) for r in replays])
+    deploy = _static(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
+    pooled = {m: [v for sp in speeds for v in sp[m]] for m in speeds[0]}
+    learned, static = _geomean(pooled["learned"]), _geomean(pooled[deploy])
+    oracle = _geomean(pooled["oracle"])
     mix = {"outputs": len(train), "learned_vs_ar": learned, "deploy_vs_ar": static,
            "oracle_vs_ar": oracle, "oracle_share": _share(learned, static, oracle),
            "folds": folds, "out_of_fold_vs_ar": None, "out_of_fold_share": None}
-    if policy.draft_costs is not None:
-        mix["oracle_choices_vs_ar"] = _geomean([r.oracle_speedup(costs, policy.draft_costs,
-                                                                 alone=False) for r in replays])
+    if "oracle_choices" in pooled:
+        mix["oracle_choices_vs_ar"] = _geomean(pooled["oracle_choices"])
         mix["oracle_choices_share"] = _share(learned, static, mix["oracle_choices_vs_ar"])
     if folds:
         try:
