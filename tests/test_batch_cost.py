@@ -130,8 +130,9 @@ def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
 
 
 def test_static_runs_at_a_batch_size_time_the_batched_decoder():
-    """One run per static depth through generate_batch: its steps, drafted depths and tokens
-    are the batch's; the forward timer sees exactly the decode-phase forwards (no prefill)."""
+    """One run for AR (depth 0) and each static depth through generate_batch: its steps,
+    drafted depths and tokens are the batch's; the forward timer sees exactly the decode-phase
+    forwards (no prefill)."""
     from mcsd_runtime.costmodel.measure import ForwardTimer as _ForwardTimer
     from mcsd_runtime.costmodel.measure import calibrate, static_runs
     from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
@@ -139,7 +140,9 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
     pair = make_pair()
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12], [13]]
     runs, forwards = static_runs(pair, prompts, (1, 1, 1), max_new_tokens=6, batch_size=2)
-    assert sorted(r["depth"] for r in runs) == [1, 2, 3]
+    assert sorted(r["depth"] for r in runs) == [0, 1, 2, 3]
+    ar = next(r for r in runs if r["depth"] == 0)
+    assert ar["drafted"] == 0 and ar["tokens"] == 6 * len(prompts)
     dec = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1, 1), max_new_tokens=6),
                       stopper="static:2")
     with _ForwardTimer(pair) as log:
@@ -170,6 +173,7 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
     coef, _ = nnls(a, np.array([r["decode_s"] - r["forward_s"] for r in runs]))
     assert (b2.step_overhead_s, b2.depth_overhead_s) == pytest.approx(tuple(coef), rel=1e-9)
     assert b2.static["tokens_per_s"] == pytest.approx(
-        {f"static:{r['depth']}": r["tokens"] / r["decode_s"] for r in runs}, rel=1e-12)
+        {f"static:{r['depth']}" if r["depth"] else "ar": r["tokens"] / r["decode_s"]
+         for r in runs}, rel=1e-12)
 
 

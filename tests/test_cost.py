@@ -67,24 +67,51 @@ def test_fit_overheads_recovers_known_costs():
     assert step == pytest.approx(0.002, rel=1e-6) and depth == pytest.approx(0.0005, rel=1e-6)
 
 
-def test_static_runs_record_each_depths_decoding():
-    """One run per prompt and static depth, with the decoder's own counts, and every forward
-    logged by (model, tokens): depth d's target forward takes the root and d nodes."""
-    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+def _decode_alike(pair, depth: int, prompt: list[int], **config):
+    from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 
+    config = DecodeConfig(k_config=(1, 1, 1), **config)
+    dec = ARDecoder(pair, config) if not depth else MCSDDecoder(pair, config,
+                                                                 stopper=f"static:{depth}")
+    return dec.generate(prompt)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_runs_record_each_depths_decoding(temperature):
+    """One run per prompt for AR (depth 0) and each static depth, with the decoder's own counts
+    at the temperature asked for, and every forward logged by (model, tokens): depth d's target
+    forward takes the root and d nodes."""
     pair = make_pair()
     prompts = [[1, 2, 3], [4, 5]]
-    runs, forwards = static_runs(pair, prompts, (1, 1, 1), max_new_tokens=6)
+    runs, forwards = static_runs(pair, prompts, (1, 1, 1), max_new_tokens=12, seed=3,
+                                 temperature=temperature)
     assert sorted((r["prompt"], r["depth"]) for r in runs) == [(i, d) for i in (0, 1)
-                                                                for d in (1, 2, 3)]
+                                                                for d in (0, 1, 2, 3)]
     for r in runs:
-        res = MCSDDecoder(pair, DecodeConfig(k_config=(1, 1, 1), max_new_tokens=6),
-                          stopper=f"static:{r['depth']}").generate(prompts[r["prompt"]])
+        res = _decode_alike(pair, r["depth"], prompts[r["prompt"]], max_new_tokens=12, seed=3,
+                            temperature=temperature)
         assert (r["steps"], r["drafted"], r["tokens"]) == (
             len(res.steps), sum(s.drafted for s in res.steps), res.stats.new_tokens)
         assert r["decode_s"] > r["forward_s"] > 0
+        assert r["depth"] or r["steps"] == r["tokens"] and not r["drafted"]  # AR
     assert {2, 3, 4} <= {n for (name, n) in forwards if name == "target"}  # root + 1..3 nodes
     assert {name for name, _ in forwards} == {"target", "draft", "draft_first"}
+    if temperature:  # sampled, not greedy: some run takes other steps than greedy decoding
+        assert any((r["steps"], r["drafted"]) != (len(g.steps), sum(s.drafted for s in g.steps))
+                   for r in runs for g in [_decode_alike(pair, r["depth"], prompts[r["prompt"]],
+                                                         max_new_tokens=12)])
+
+
+def test_profile_temperature_and_its_note():
+    """The temperature the overheads were fitted at is read back; replays that sample against
+    a greedy profile (or the reverse) get a note naming the fix, others none."""
+    base = dict(tokens=[1, 2], target_s=[1.0, 1.1], draft_s=[0.1, 0.11])
+    assert CostProfile(**base).temperature is None  # not calibrated on the decoder
+    old = CostProfile(**base, static={"k_config": [1, 1]})  # before the field: greedy
+    assert old.temperature == 0.0 and old.temperature_note(0.0) is None
+    assert "mcsd profile --temperature 0.7" in old.temperature_note(0.7)
+    hot = CostProfile(**base, static={"k_config": [1, 1], "temperature": 0.7})
+    assert hot.temperature_note(1.0) is None and "temperature 0.7" in hot.temperature_note(0)
 
 
 def test_calibrate_takes_the_decoders_medians_and_fits_overheads():

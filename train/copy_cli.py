@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                         f"tokens; copying {args.max_copy} verifies {args.max_copy + 1}: measure "
                         f"with `mcsd profile --max-tokens {args.max_copy + 1}` or lower "
                         f"--max-copy")
+    if note := profile.temperature_note(args.temperature):
+        print(note, flush=True)
     costs = C.step_costs(profile, args.max_copy)
     draft_costs = tree = None
     if args.beside_draft is not None:

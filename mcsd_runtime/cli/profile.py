@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "%(default)s)")
     p.add_argument("--overhead-tokens", type=int, default=48,
                    help="new tokens per run (default %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="temperature of those runs: sampling costs a step more than an argmax "
+                        "(a drafted step more than AR's), so profile at the temperature the "
+                        "replays will price (default %(default)s: greedy)")
     add_chat_arg(p)
     add_threads_arg(p)
     p.set_defaults(func=run)
@@ -61,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
            args.overhead_tokens) < 1:
         raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "
                         "--overhead-tokens must be positive")
+    if not args.temperature >= 0:
+        raise MCSDError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
     k_config = parse_k_config(args.k_config)
     sizes = sorted({1, *parse_batch_sizes(args.batch_sizes, "--batch-sizes")})
     apply_threads(args)
@@ -96,14 +102,17 @@ def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile
         limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)
         prompts = load_prompts(args.overhead_prompts, limit=limit)
         ids = [encode_prompt(pair, p, args.chat) for p in prompts]
-        print(f"calibrating on the decoder at batch size {b}: static depths "
-              f"1..{len(k_config)} of {k_config} on {len(ids)} prompts", flush=True)
+        print(f"calibrating on the decoder at batch size {b}: AR and static depths "
+              f"1..{len(k_config)} of {k_config} on {len(ids)} prompts at temperature "
+              f"{args.temperature:g}", flush=True)
         runs, forwards = cost_measure.static_runs(pair, ids, k_config, args.overhead_tokens,
-                                                  progress=True, batch_size=b)
+                                                  progress=True, batch_size=b,
+                                                  temperature=args.temperature)
         profile = cost_measure.calibrate(profile, runs, forwards, batch_size=b)
         if b > 1:
             profile.batches[b].static["prompts"] = len(ids)
-    profile.static |= {"k_config": k_config.json(), "prompt_set": args.overhead_prompts,
+    profile.static |= {"k_config": k_config.json(), "temperature": args.temperature,
+                       "prompt_set": args.overhead_prompts,
                        "max_new_tokens": args.overhead_tokens,
                        "prompt_format": prompt_format(prompts, pair.tokenizer, args.chat)}
     return profile

@@ -7,8 +7,10 @@ shared machine spread over all counts instead of bending the curve) and each cou
 kept as it is: a forward over more tokens can cost less (a matrix kernel's blocking: SmolLM2-135M
 in fp32 on one AMD EPYC core takes 148 ms for 3 new tokens and 130 ms for 4), and a curve forced
 to rise would mis-price exactly the depths where that happens.
-`static_runs` then decodes every static depth of a k-config end to end, interleaved per prompt
-(at B > 1: per batch of prompts, `MCSDDecoder.generate_batch`), and `calibrate` replaces the
+`static_runs` then decodes AR and every static depth of a k-config end to end, interleaved per
+prompt (at B > 1: per batch of prompts, `MCSDDecoder.generate_batch`), greedy or sampled at the
+temperature replays will price (sampling costs a step more than an argmax, and a drafted step
+more than AR's), and `calibrate` replaces the
 isolated forwards' latencies by the ones timed there and fits the decoder's per-step and
 per-depth overheads to those runs by least squares (`fit_overheads`); the runs' tokens/s are
 kept under the profile's `static`.
@@ -34,8 +36,8 @@ Forwards = dict[tuple[str, int], list[float]]  # (model or "draft_first", new to
 
 class ForwardTimer:
     """Times every forward of a pair's two models through module hooks, as (model, rows, new
-    tokens per row, seconds), synchronizing a GPU around each; leaves out prefills (a target
-    forward that keeps one position's logits, and the draft forward that follows it). Use:
+    tokens per row, seconds), synchronizing a GPU around each; leaves out prefills (a forward
+    into an empty cache: the prompt's, for the rows a batch admits). Use:
     `with ForwardTimer(pair) as log: ...`; the hooks are removed on leaving."""
 
     def __init__(self, pair) -> None:
@@ -62,18 +64,16 @@ class ForwardTimer:
             torch.cuda.synchronize()
 
     def _start(self, module, args, kwargs) -> None:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        self._prefill = cache is None or not cache.get_seq_length()
         self._sync()
         self._t0 = time.perf_counter()
 
     def _stop(self, name: str, kwargs: dict) -> None:
         self._sync()
         dt = time.perf_counter() - self._t0
-        rows, n = kwargs["input_ids"].shape
-        if name == "target" and kwargs.get("logits_to_keep") == 1:
-            self._prefill = True  # an admission: the target's prefill, then the draft's
-        elif self._prefill and name == "draft":
-            self._prefill = False
-        else:
+        if not self._prefill:
+            rows, n = kwargs["input_ids"].shape
             self.log.append((name, rows, n, dt))
 
 
@@ -157,21 +157,24 @@ def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, r
 
 
 def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
-                seed: int = 0, progress: bool = False,
-                batch_size: int = 1) -> tuple[list[dict], Forwards]:
-    """Every static depth 1..D of `k_config` end to end, after one warm-up. At batch size 1 each
-    prompt alone, depths in a fresh random order per prompt; above it all `prompts` through
-    `MCSDDecoder.generate_batch` once per depth, in a random order. Returns the runs (depth,
-    steps, drafted depths, tokens, decode seconds after the prefill, seconds inside forwards
-    then) and every forward's seconds by (model, new tokens per row): forwards timed by
-    `ForwardTimer` as the decoder runs them, a step's first draft forward (right after a target
-    forward) apart as `draft_first`; above batch size 1 only forwards over `batch_size` rows."""
-    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+                seed: int = 0, progress: bool = False, batch_size: int = 1,
+                temperature: float = 0.0) -> tuple[list[dict], Forwards]:
+    """AR (depth 0) and every static depth 1..D of `k_config` end to end at `temperature`, after
+    one warm-up. At batch size 1 each prompt alone, depths in a fresh random order per prompt;
+    above it all `prompts` through `MCSDDecoder.generate_batch` once per depth, in a random
+    order. Returns the runs (depth, steps, drafted depths, tokens, decode seconds after the
+    prefill, seconds inside forwards then) and every forward's seconds by (model, new tokens per
+    row): forwards timed by `ForwardTimer` as the decoder runs them, a step's first draft
+    forward (right after a target forward) apart as `draft_first`; above batch size 1 only
+    forwards over `batch_size` rows."""
+    from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
     from mcsd_runtime.progress import progress as progress_bar
 
     depth = len(k_config)
-    decs = {d: MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens),
-                           stopper=f"static:{d}") for d in range(1, depth + 1)}
+    config = DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens,
+                          temperature=temperature, seed=seed)
+    decs = {0: ARDecoder(pair, config)}
+    decs |= {d: MCSDDecoder(pair, config, stopper=f"static:{d}") for d in range(1, depth + 1)}
     order = random.Random(seed)
     if batch_size > 1:
         return _static_batch_runs(pair, decs, prompts, batch_size, order, progress)
@@ -259,10 +262,10 @@ def fit_overheads(runs: list[dict]) -> tuple[float, float]:
 
 
 def static_throughput(runs: list[dict]) -> dict[str, float]:
-    """Decode-phase tokens/s of each static depth over all prompts of `static_runs`."""
+    """Decode-phase tokens/s of AR and each static depth over all prompts of `static_runs`."""
     out = {}
     for d in sorted({r["depth"] for r in runs}):
         sel = [r for r in runs if r["depth"] == d]
-        out[f"static:{d}"] = metrics.throughput(sum(r["tokens"] for r in sel),
+        out[f"static:{d}" if d else "ar"] = metrics.throughput(sum(r["tokens"] for r in sel),
                                                 sum(r["decode_s"] for r in sel))
     return out

@@ -21,9 +21,9 @@ Counts in between are interpolated linearly, beyond the last extrapolated from t
 row counts between two measured batch sizes are interpolated linearly, and row counts outside
 the measured ones are refused.
 `step_overhead_s` and `depth_overhead_s` are the decoder's own time outside model forwards
-(bookkeeping, verification, cache cuts; per drafted depth: candidates, stopper); `static` keeps
-the tokens/s of the end-to-end runs they were fitted to, so that a replay can be checked
-against them.
+(bookkeeping, verification and sampling, cache cuts; per drafted depth: candidates, stopper);
+`static` keeps the tokens/s of the end-to-end runs they were fitted to (AR and each static
+depth), so that a replay can be checked against them, and the temperature they decoded at.
 Users may write their own profile (e.g. measured on their GPU).
 """
 
@@ -111,6 +111,25 @@ class CostProfile:
                                 f"non-negative numbers")
             batches[b] = costs
         self.batches = dict(sorted(batches.items()))
+
+    @property
+    def temperature(self) -> float | None:
+        """The temperature the overheads were fitted at (`mcsd profile --temperature`); None
+        when not calibrated on the decoder, 0.0 for profiles older than the field (greedy)."""
+        if "k_config" not in self.static:
+            return None
+        return float(self.static.get("temperature", 0.0))
+
+    def temperature_note(self, temperature: float) -> str | None:
+        """A warning when replays at `temperature` price steps with overheads fitted greedy
+        and the replay samples, or the reverse (sampling costs a step more than an argmax; the
+        temperature's value barely moves it); None when both sample or neither does."""
+        own = self.temperature
+        if own is None or (own > 0) == (temperature > 0):
+            return None
+        return (f"note: the cost profile's overheads were fitted at temperature {own:g}, the "
+                f"replay decodes at {temperature:g}: sampling's own cost is priced as at "
+                f"{own:g} (measure one with `mcsd profile --temperature {temperature:g}`)")
 
     @property
     def batch_sizes(self) -> list[int]:
