@@ -145,7 +145,8 @@ def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temp
             if features:
                 states.append(t_out.hidden_states[-1])
             context = torch.tensor([ids + tokens], device=pair.device)
-            d_logits = _draft_logits(pair, context, torch.cat(states, 1) if features else None)[-1]
+            d_logits = _draft_logits(pair, context, torch.cat(states, 1) if features else None,
+                                     keep=1)[-1]
             p = torch.softmax(t_out.logits[0, -1].float() / temperature, -1)[None]
             q = torch.softmax(d_logits.float() / temperature, -1)[None]
             cands = draw(q, width, gen)
@@ -162,14 +163,15 @@ def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temp
     return out
 
 
-def _draft_logits(pair, ids: torch.Tensor, states: torch.Tensor | None) -> torch.Tensor:
-    """The draft's logits [n, V] at every position of `ids` [1, n]; a feature draft reads at
-    each position the target's state one position back (`states` [1, n, H]: the target's final
-    states there), as the decoder feeds it."""
+def _draft_logits(pair, ids: torch.Tensor, states: torch.Tensor | None,
+                  keep: int = 0) -> torch.Tensor:
+    """The draft's logits [n, V] at every position of `ids` [1, n] (`keep` > 0: the last `keep`
+    positions only); a feature draft reads at each position the target's state one position
+    back (`states` [1, n, H]: the target's final states there), as the decoder feeds it."""
     extra = {}
     if states is not None:
         extra["prev_hidden"] = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
-    return pair.draft(input_ids=ids, **extra).logits[0]
+    return pair.draft(input_ids=ids, logits_to_keep=keep, **extra).logits[0]
 
 
 def draft_step_costs(profile: CostProfile, tree, max_pending: int) -> list[float]:
