@@ -246,7 +246,7 @@ def test_method_names_and_missing_folders(tmp_path):
 
 def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, capsys):
     profile = tmp_path / "cost.json"
-    CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(profile)
+    CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.003]).save(profile)
     out = tmp_path / "copy"
     base = ["train-lookup", "--target", str(toy_tiny / "target"), "--draft",
             str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
@@ -303,7 +303,7 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
 
 def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp_path, capsys):
     profile = tmp_path / "cost.json"
-    CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(profile)
+    CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.003]).save(profile)
     out, alone = tmp_path / "copy", tmp_path / "alone"
     base = ["train-lookup", "--target", str(toy_tiny / "target"), "--draft",
             str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
@@ -354,6 +354,9 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     assert set(check["per_method"]) == {"ar", "lookup:8:3+static:1", "lookup:8:2+static:1",
                                         "static:1", "learned"}
     assert all(r["steps_replayed"] == r["steps_measured"] for r in check["per_method"].values())
+    # ...so the profile prices the decoder's own steps as the replay priced the trace's
+    for name, r in check["per_method"].items():
+        assert r["priced"] == pytest.approx(r["replayed"], rel=1e-9), name
     # decoded composed, with the draft; a policy trained without one is refused composed
     check_method(f"lookup-learned:{out}+static:1")
     assert CopyLength.load(out).draft_tree == "2,1"

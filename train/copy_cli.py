@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
                          C.BESIDE if tree is not None else None)
         check = end_to_end_check(pair, policy, {n: traces[n] for n in eval_domains}, statics,
                                  args.check, args.seed, progress=True,
-                                 tree=None if tree is None else tree.k_config)
+                                 tree=None if tree is None else tree.k_config,
+                                 profile=profile)
         (args.out / "check.json").write_text(json.dumps(check, indent=1))
         print(format_check(check))
     return 0

@@ -750,7 +750,8 @@ class Engine:
                 drafted=draft.depth, accepted=v.accepted, committed=len(new),
                 tree_size=draft.size, target_cache=tc.lens[i],
                 draft_cache=dc.lens[i] if self.tree.depth else 0,
-                target_pending=len(r.st.t_pending), draft_pending=len(r.st.d_pending)))
+                target_pending=len(r.st.t_pending), draft_pending=len(r.st.d_pending),
+                copied=draft.copied))
             self.commit_hook(r)
 
     def learn(self, st: RowState, draft: Draft, v: Verdict, committed: list[int],

@@ -103,6 +103,7 @@ class StepRecord:
     draft_cache: int
     target_pending: int  # committed tokens not yet in each cache
     draft_pending: int
+    copied: bool = False  # the tree was a prompt-lookup chain (`drafted` its length), no draft
 
 
 @dataclass
