@@ -506,3 +506,28 @@ def test_the_end_to_end_check_takes_the_replays_steps(pair):
     assert all(r["steps_replayed"] == r["steps_measured"] for r in rows.values())
     assert rows["ar"]["steps_measured"] == 4 * 24 > rows["lookup:8:1"]["steps_measured"]
     assert "steps 96 / 96" in format_check(check)
+
+
+@pytest.mark.parametrize("kind", ["draft", "feature draft"])
+def test_sampled_composed_steps_replay_the_sampling_decoders_steps(pair, feature_pair, kind):
+    """Prompt lookup composed with a drafted first depth (`lookup:K:N+static:1`), sampled: replay
+    over outputs drawn through the first depth's verification takes as many steps on average as
+    the composed sampling decoder (seeded, 100 runs each) — copies and drafted steps
+    interleaved, the check's statics at T > 0."""
+    p = pair if kind == "draft" else feature_pair
+    temperature, n, k = 1.0, 100, 4
+    cfg = DecodeConfig(k_config=(3, 1), lookup=k, lookup_min_ngram=1, temperature=temperature,
+                       max_new_tokens=30, eos_token_ids=())
+    dec = MCSDDecoder(p, cfg, "static:1")
+    runs = [dec.generate(REPEATING, seed=s).steps for s in range(n)]
+    assert all(any(s.copied for s in r) and any(not s.copied for s in r) for r in runs[:5])
+    real = _mean_and_se([len(r) for r in runs])
+
+    def replayed(trace) -> int:
+        r = Replay(trace, k, 1, 4)
+        r.walk(copy_all(k), COSTS[: k + 1], None, DRAFT_COSTS, 1.5)
+        return r.steps
+
+    drafted = [drafted_traces(p, [REPEATING], 30, temperature, 3, seed=s)[0] for s in range(n)]
+    ours = _mean_and_se([replayed(t) for t in drafted])
+    assert abs(real[0] - ours[0]) < 3 * np.hypot(real[1], ours[1]), (real, ours)
