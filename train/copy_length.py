@@ -182,9 +182,8 @@ def draft_step_costs(profile: CostProfile, tree, max_pending: int) -> list[float
 
 def step_costs(profile: CostProfile, max_copy: int) -> list[float]:
     """Seconds of a step verifying k copied tokens, k = 0..max_copy: the target's forward over
-    k + 1 tokens and the per-step overhead."""
-    step, _ = profile.overheads(1)
-    return [profile.target(k + 1) + step for k in range(max_copy + 1)]
+    k + 1 tokens and the per-step overhead (`CostProfile.copy_step_seconds`)."""
+    return [profile.copy_step_seconds(k) for k in range(max_copy + 1)]
 
 
 class Replay:

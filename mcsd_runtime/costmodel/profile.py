@@ -216,6 +216,12 @@ class CostProfile:
             cost += self.draft_first(first, rows) + sum(self.draft(n, rows) for n in rest)
         return cost
 
+    def copy_step_seconds(self, k: int) -> float:
+        """Seconds of a step at batch size 1 verifying a prompt-lookup chain of `k` copied
+        tokens (k = 0: the target alone): the target's forward over k + 1 and the per-step
+        overhead."""
+        return self.target(k + 1) + self.overheads(1)[0]
+
     def decode_seconds(self, tree, steps, from_prefill: bool = False) -> float:
         """Seconds this profile charges the decode phase of one generation at batch size 1,
         priced step by step as the decoder took them (`GenerationResult.steps`): a drafted step
@@ -224,11 +230,10 @@ class CostProfile:
         per-step overhead. `from_prefill`: the first step's token came from the prefill's
         logits (`ARDecoder`) and is not charged. Unlike a replay over another output's trace,
         this checks the cost model alone, also when sampling."""
-        step, _ = self.overheads(1)
         total, pending = 0.0, 1
         for i, rec in enumerate(steps):
             if i or not from_prefill:
-                total += (self.target(1 + rec.tree_size) + step if rec.copied
+                total += (self.copy_step_seconds(rec.tree_size) if rec.copied
                           else self.step_seconds(tree, rec.drafted, pending))
             pending = rec.draft_pending
         return total
