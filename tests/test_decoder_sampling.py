@@ -190,10 +190,11 @@ def exact_joint(pair, temperature: float, prompt: list[int] = PROMPT) -> torch.T
 
 def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
                    n: int = N_SAMPLES, prompt: list[int] = PROMPT, stopper: str | None = None,
-                   copy_length: CopyLength | None = None, **config) -> torch.Tensor:
+                   copy_length: CopyLength | None = None, width=None,
+                   **config) -> torch.Tensor:
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
                                          verify=verify, max_new_tokens=3, **config), stopper,
-                      copy_length=copy_length)
+                      copy_length=copy_length, width=width)
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(n):
         x1, x2 = dec.generate(prompt, seed=seed).token_ids[:2]

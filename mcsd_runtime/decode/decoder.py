@@ -33,6 +33,7 @@ from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_messages, is_messages
 from mcsd_runtime.stop.builtin import Stopper, make_stopper
 from mcsd_runtime.stop.copy_length import CopyLength
+from mcsd_runtime.stop.width import WidthPolicy
 
 # What `generate` decodes: a text, token ids, or chat messages ([{"role": ..., "content": ...}]).
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, str]]
@@ -47,10 +48,12 @@ class MCSDDecoder:
 
     def __init__(self, pair: Pair, config: DecodeConfig | None = None,
                  stopper: Stopper | str | None = None, recorder: Recorder | None = None,
-                 copy_length: CopyLength | None = None) -> None:
+                 copy_length: CopyLength | None = None, width: WidthPolicy | None = None) -> None:
         """`copy_length`: a learned prompt-lookup copy length (`mcsd_runtime.stop.copy_length`)
         choosing how much of each match to verify; needs `config.lookup` at least its
-        `max_copy`."""
+        `max_copy`. `width`: a learned width (`mcsd_runtime.stop.width`) choosing how many of
+        the first depth's candidates a step drafted to depth 1 verifies; needs the tree's first
+        depth to draft its k."""
         self.pair = pair
         self.config = config or DecodeConfig()
         self.stopper = make_stopper(stopper, self.config.k_config)
@@ -72,6 +75,16 @@ class MCSDDecoder:
             raise MCSDError(f"a learned copy length copies up to {copy_length.max_copy} tokens: "
                             f"decode with lookup >= {copy_length.max_copy} (got "
                             f"{self.config.lookup})")
+        self.width, self.widths = width, {}
+        if width is not None:
+            if self.config.init != "draft" or not self.tree.depth or (
+                    self.config.k_config[0] != width.k):
+                raise MCSDError(f"a learned width chooses among the {width.k} candidates of a "
+                                f"tree's first depth: decode with init='draft' on a k-config "
+                                f"whose first depth drafts {width.k} (got "
+                                f"{self.config.k_config}, init={self.config.init!r})")
+            self.widths = {w: TreeTensors.build(Tree((w,)), pair.device, pair.dtype)
+                           for w in range(1, width.k)}
         self.needs_hidden = self.stopper.needs_hidden or (recorder is not None
                                                           and recorder.needs_hidden)
         self._causal = causal_bias(max(self.tree.num_nodes + 1, 8), pair.dtype, pair.device)

@@ -58,7 +58,7 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -87,6 +87,7 @@ from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
 from mcsd_runtime.stop.copy_length import features
 from mcsd_runtime.stop.features import TOP_K_MASS
+from mcsd_runtime.stop.width import WidthPolicy
 
 CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
 CommitHook = Callable[[list[int]], "int | None"]
@@ -105,6 +106,8 @@ class Decoding(Protocol):
     needs_hidden: bool  # the stopper or the recorder reads draft hidden states
     eos: set[int]
     sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
+    width: WidthPolicy | None  # a learned width of the first depth (`mcsd_runtime.stop.width`)
+    widths: dict[int, TreeTensors]  # the first depth cut to w < k candidates, by w
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor: ...
 
@@ -165,6 +168,7 @@ class Drafted:
     forwarded: int = 0  # deepest depth whose nodes went through the draft
     fed: bool = False  # the pending draft tokens went through the draft this step
     copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
+    cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
     refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
 
     def seen(self, i: int) -> int:
@@ -371,10 +375,13 @@ class Engine:
         # 1. draft, depth by depth
         d = self.draft(rows, tokens, inputs, caps, dc, timing)
         self.place_copies(d, tokens, inputs[:, at:], [len(c) for c in copied])
-        # each row's tree: the draft's, or a copied chain's own (`Decoding.chain`)
+        if self.dec.width is not None:
+            self.choose_widths(d)
+        # each row's tree: the draft's, a copied chain's own (`Decoding.chain`) or a cut width's
         chain = self.dec.chain or tt
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
-                        d.copied[i], chain if d.copied[i] else tt) for i in range(len(rows))]
+                        d.copied[i], chain if d.copied[i] else d.cut.get(i, tt))
+                  for i in range(len(rows))]
 
         # 2. one target forward over every row's pending root and tree
         target_base = tc.length
@@ -417,7 +424,7 @@ class Engine:
             c = 1 + self.tree.cum[d.depth]
             return (tokens[:, lo:c], inputs[:, :1] + tt.depth[lo:c][None],
                     tt.bias[lo:c, lo:c][None])
-        w = 1 + max(self.tree.cum[d.depth], *(dr.size for dr in drafts))
+        w = 1 + max(dr.size for dr in drafts)
         offsets = torch.zeros(len(drafts), w, dtype=torch.long, device=self.dev)
         block = torch.full((len(drafts), w, w), torch.finfo(self.dtype).min, dtype=self.dtype,
                            device=self.dev)
@@ -476,6 +483,27 @@ class Engine:
                 d.depths[i], d.copied[i] = n, True
         if self.dec.chain is None:  # the copies lie in the draft's tree
             d.depth = max(d.depth, *d.depths)
+
+    def choose_widths(self, d: Drafted) -> None:
+        """Cut each row drafted to depth 1 to the width the decoder's `WidthPolicy` chooses
+        from the draft's k largest probabilities at its root (one host copy for all rows). The
+        choice never reads the candidates, and the first w are the w likeliest (greedy) or the
+        first w drawn (sampled): a cut tree verifies losslessly."""
+        k = self.cfg.k_config[0]
+        rows = [i for i, n in enumerate(d.depths) if n == 1 and not d.copied[i]]
+        if not rows or k == 1:
+            return
+        firsts = [d.layers[i][0] for i in rows]
+        tops = [layer.top[0, :k] if layer.top is not None and layer.top.shape[-1] >= k
+                else layer.proposal[0].topk(k).values for layer in firsts]
+        host = torch.stack(tops).float().tolist()  # sync: the widths' decision
+        for i, layer, top in zip(rows, firsts, host, strict=True):
+            w = self.dec.width.choose(top)
+            if w < k:
+                d.layers[i][0] = replace(layer, tokens=layer.tokens[:w], prob=layer.prob[:w],
+                                         log_path=layer.log_path[:w], _node_features=None,
+                                         _host=None)
+                d.cut[i] = self.dec.widths[w]
 
     # -- 1. draft
     def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
