@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from test_copy_length import feature_pair as feature_pair_fixture
 from test_decoder_sampling import (
     ALPHA,
     PROMPT,
@@ -18,10 +20,16 @@ from test_decoder_sampling import (
 )
 
 from conftest import make_pair
+from mcsd_runtime.cli import main
+from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.width import WidthPolicy
+from train.copy_length import target_traces
+from train.width import Ranked, WidthReplay, draft_ranks, fit, learned, oracle, static
 
 IDENTITY = ([0.0, 1.0], [0.0, 1.0])  # calibration: the draft's probability is the hit chance
 
@@ -125,3 +133,92 @@ def test_sampled_check_fails_on_a_biased_verifier(monkeypatch):
     monkeypatch.setattr(V, "verify_children", residual_from_p)
     counts = sampled_counts(pair, "mcss", (3,), stopper="static:1", width=MICRO)
     assert p_value(counts, exact_joint(pair, 1.0)) < ALPHA
+
+
+# ------------------------------------------------------------------ training and replay
+feature_pair = feature_pair_fixture  # a fixture of test_copy_length, used here too
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8], [4, 5, 4, 5, 4]]
+
+
+def cost_profile() -> CostProfile:
+    """Verification dearer with every token, so that widths differ in cost."""
+    return CostProfile(tokens=[1, 2, 3, 4, 5], target_s=[0.010, 0.0105, 0.011, 0.0115, 0.013],
+                       draft_s=[0.001, 0.0012, 0.0014, 0.0016, 0.0018])
+
+
+@pytest.mark.parametrize("kind", ["draft", "feature draft"])
+def test_decoder_takes_the_widths_and_steps_its_replay_takes(pair, feature_pair, kind):
+    """Greedy, the replay over the target's output and the draft's teacher-forced candidates
+    walks exactly the decoder's steps (widths and all), and the profile prices both alike;
+    with the ranks hidden, the walk differs."""
+    p = pair if kind == "draft" else feature_pair
+    profile = cost_profile()
+    replay = WidthReplay(profile, 4)
+    traces = target_traces(p, PROMPTS, 30)
+    ranked = draft_ranks(p, traces, 4)
+    policy = varied(4, step=0.06)
+    dec = MCSDDecoder(p, DecodeConfig(k_config=(4,), max_new_tokens=30, eos_token_ids=()),
+                      "static:1", width=policy)
+    widths = set()
+    for trace, out in zip(traces, ranked, strict=True):
+        got = dec.generate(trace.prompt)
+        assert got.token_ids == trace.tokens
+        tokens, seconds, walked = replay.walk(out, learned(policy))
+        assert walked == [s.tree_size if s.drafted else 0 for s in got.steps]
+        assert profile.decode_seconds(Tree((4,)), got.steps) == pytest.approx(seconds)
+        blind = Ranked(out.top, np.full_like(out.rank, -1))
+        assert replay.walk(blind, learned(policy))[2] != walked
+        widths |= set(walked)
+    assert len(widths - {0}) >= 3
+
+
+def test_fit_calibrates_and_tunes_the_rate_to_its_own_throughput(pair):
+    profile = cost_profile()
+    ranked = draft_ranks(pair, target_traces(pair, PROMPTS * 2, 30), 4)
+    policy, facts = fit(ranked, profile, 4)
+    for x, y in policy.calibration:
+        assert list(x) == sorted(x) and all(0 <= v <= 1 for v in y) and list(y) == sorted(y)
+    replay = WidthReplay(profile, 4)
+    assert policy.rate == pytest.approx(facts["rates"][-1])
+    assert facts["rates"][0] == pytest.approx(replay.rate(ranked, static(4)))
+    # the tuned rate is (nearly) the policy's own replayed throughput
+    assert replay.rate(ranked, learned(policy)) == pytest.approx(policy.rate, rel=0.02)
+    assert facts["hit_rates"] == sorted(facts["hit_rates"])
+    assert all(replay.speed(o, oracle) >= replay.speed(o, learned(policy)) - 1e-9
+               for o in ranked)
+
+
+def test_train_width_trains_reports_decodes_and_refuses_bad_input(toy_tiny, tmp_path, capsys):
+    profile = tmp_path / "cost.json"
+    cost_profile().save(profile)
+    out = tmp_path / "width"
+    base = ["train-width", "--target", str(toy_tiny / "target"), "--draft",
+            str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
+            "--eval-prompts", "toy-doc", "--eval-limit", "2", "--max-new-tokens", "24",
+            "--dtype", "fp32", "--profile", str(profile)]
+    assert main([*base, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "toy-code (trained)" in printed and "width:" in printed
+    policy = WidthPolicy.load(out)
+    assert policy.k == 4 and policy.trained["report"][0]["outputs"] in (2, 3)
+    assert main([*base, "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    short = tmp_path / "short.json"
+    CostProfile(tokens=[1, 4], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(short)
+    assert main([*base[:-1], str(short), "--out", str(tmp_path / "o2")]) == 2
+    assert "--max-tokens 5" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+    # decoded through `mcsd eval`: lossless, and refused on a first depth of another width
+    from mcsd_runtime.evaluate.runners import build_method
+    from mcsd_runtime.models.pair import load_pair
+
+    tiny = load_pair(toy_tiny / "target", toy_tiny / "draft", device="cpu", dtype="float32")
+    cfg = DecodeConfig(k_config=(4, 2), max_new_tokens=16)
+    ids = [5, 6, 7, 8]
+    ar = build_method("ar", tiny, cfg).generate(ids)
+    for method in (f"width:{out}", f"lookup:8:2+width:{out}"):
+        assert build_method(method, tiny, cfg).generate(ids).token_ids == ar.token_ids
+    with pytest.raises(MCSDError, match="first depth drafts 4"):
+        build_method(f"width:{out}", tiny, DecodeConfig(k_config=(3,), max_new_tokens=16))
+    with pytest.raises(MCSDError, match="mcsd train-width"):
+        check_method(f"width:{tmp_path / 'none'}")
+    assert short_name(f"lookup:8:3+width:{out}") == "lookup:8:3+width:width"

@@ -226,15 +226,20 @@ class CostProfile:
         """Seconds this profile charges the decode phase of one generation at batch size 1,
         priced step by step as the decoder took them (`GenerationResult.steps`): a drafted step
         `step_seconds` at its depth with the draft's pending tokens before it (1 after the
-        prefill); a prompt-lookup chain of k tokens the target's forward over k + 1 and the
-        per-step overhead. `from_prefill`: the first step's token came from the prefill's
+        prefill; a first depth cut to w candidates by a learned width, the tree `(w,)`'s); a
+        prompt-lookup chain of k tokens the target's forward over k + 1 and the per-step
+        overhead. `from_prefill`: the first step's token came from the prefill's
         logits (`ARDecoder`) and is not charged. Unlike a replay over another output's trace,
         this checks the cost model alone, also when sampling."""
         total, pending = 0.0, 1
         for i, rec in enumerate(steps):
             if i or not from_prefill:
-                total += (self.copy_step_seconds(rec.tree_size) if rec.copied
-                          else self.step_seconds(tree, rec.drafted, pending))
+                if rec.copied:
+                    total += self.copy_step_seconds(rec.tree_size)
+                elif rec.drafted == 1 and rec.tree_size != tree.cum[1]:  # a learned width's cut
+                    total += self.step_seconds(type(tree)((rec.tree_size,)), 1, pending)
+                else:
+                    total += self.step_seconds(tree, rec.drafted, pending)
             pending = rec.draft_pending
         return total
 

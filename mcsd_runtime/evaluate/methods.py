@@ -20,6 +20,8 @@ LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (no
 LOOKUP_DEFAULTS = (8, 3)  # K tokens at most, from matches of N..4 tokens
 # `lookup-learned:PATH[+STOPPER]`: a copy length from `mcsd train-lookup`, then STOPPER
 LEARNED_LOOKUP = "lookup-learned"
+# `width:PATH`, also after '+': the first depth, cut to the width `mcsd train-width` chooses
+WIDTH = "width"
 
 
 def parse_learned_lookup(method: str) -> tuple[Path, str | None] | None:
@@ -94,6 +96,11 @@ def check_method(name: str) -> None:
         if look[2] is not None:
             check_method(look[2])
         return
+    if kind == WIDTH:
+        from mcsd_runtime.stop.width import WidthPolicy, parse_width
+
+        WidthPolicy.load(parse_width(name))
+        return
     if (learned := parse_learned_lookup(name)) is not None:
         from mcsd_runtime.stop.copy_length import read_spec
 
@@ -115,7 +122,7 @@ def check_method(name: str) -> None:
     except UnknownStopperError:
         raise MCSDError(
             f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
-            f"lookup[:K[:N]], lookup-learned:PATH, hf-generate:STOPPER, a stopper spec "
+            f"lookup[:K[:N]], lookup-learned:PATH, width:PATH, hf-generate:STOPPER, a stopper spec "
             f"({', '.join(BUILTIN)}) or stopper:PATH"
         ) from None
     except MCSDError as err:
@@ -248,7 +255,7 @@ def short_name(method: str) -> str:
     if (learned := parse_learned_lookup(method)) is not None and learned[1]:
         return f"{short_name(method.partition('+')[0])}+{short_name(learned[1])}"
     kind, _, arg = method.partition(":")
-    return f"{kind}:{Path(arg).name}" if kind in ("stopper", LEARNED_LOOKUP) else method
+    return f"{kind}:{Path(arg).name}" if kind in ("stopper", LEARNED_LOOKUP, WIDTH) else method
 
 
 def is_static(method: str) -> bool:

@@ -18,6 +18,7 @@ from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResul
 from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import (
+    WIDTH,
     check_method,
     lookup_tree,
     parse_learned_lookup,
@@ -203,6 +204,9 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
         return lookup_runner(pair, base, *look)
     if (learned := parse_learned_lookup(name)) is not None:
         return learned_lookup_runner(pair, base, *learned)
+    if kind == WIDTH:
+        stopper, width = stopper_and_width(name, pair)
+        return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper, width=width))
     if name in ("hf", "hf-assisted"):
         if name == "hf-assisted" and getattr(pair.draft, "is_feature_draft", False):
             raise MCSDError("hf-assisted runs the draft inside transformers' generate(), which "
@@ -248,16 +252,31 @@ def _warn_temperature_once(who: str, trained: list[float], temperature: float, e
                    f"({fix})", stacklevel=4)
 
 
+def stopper_and_width(spec: str | None, pair: Pair, temperature: float = 0.0):
+    """The stopper a spec names and the learned width it verifies with: `width:PATH` is the
+    first depth (`static:1`) cut to the width PATH chooses (`mcsd_runtime.stop.width`); any
+    other spec its stopper at full width (None: the target alone)."""
+    from mcsd_runtime.stop.width import WidthPolicy, parse_width
+
+    if (folder := parse_width(spec)) is not None:
+        width = WidthPolicy.load(folder)
+        _warn_temperature_once(f"{folder} was calibrated on outputs at", [width.temperature],
+                               temperature, "hit-chance", "its calibration is greedy")
+        return make_stopper("static:1"), width
+    stopper = make_stopper(spec or "none")
+    check_pair(stopper, pair)
+    return stopper, None
+
+
 def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
                   spec: str | None) -> DecoderRunner:
     """Prompt lookup (`lookup[:K[:N]][+STOPPER]`): a chain of K copied tokens where the context
     repeats itself, else STOPPER's step on --k-config, or the target alone (`none`) on a chain
     of K depths."""
     k, tree = lookup_tree(k, spec, base.k_config)
-    stopper = make_stopper(spec or "none")
-    check_pair(stopper, pair)
+    stopper, width = stopper_and_width(spec, pair, base.temperature)
     cfg = replace(base, k_config=tree, init="draft", lookup=k, lookup_min_ngram=n)
-    return DecoderRunner(MCSDDecoder(pair, cfg, stopper))
+    return DecoderRunner(MCSDDecoder(pair, cfg, stopper, width=width))
 
 
 def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path,
@@ -288,9 +307,8 @@ def learned_lookup_decoder(pair: Pair, base: DecodeConfig, policy,
     tree = (1,) * k if spec is None else base.k_config
     cfg = replace(base, k_config=tree, init="draft", lookup=k,
                   lookup_min_ngram=policy.min_ngram, lookup_max_ngram=policy.max_ngram)
-    stopper = make_stopper(spec or "none")
-    check_pair(stopper, pair)
-    return MCSDDecoder(pair, cfg, stopper, copy_length=policy)
+    stopper, width = stopper_and_width(spec, pair, base.temperature)
+    return MCSDDecoder(pair, cfg, stopper, copy_length=policy, width=width)
 
 
 def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:
