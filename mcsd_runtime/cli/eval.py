@@ -18,6 +18,9 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          how many of the match's tokens to verify, if any, each step;
                          lookup-learned:PATH+STOPPER (a policy trained --beside-draft)
                          copies or lets STOPPER draft with --k-config, whichever pays
+  width:PATH             a learned width (`mcsd train-width`): the first depth of --k-config,
+                         verifying as many of its candidates as pay, step by step; also as
+                         STOPPER after lookup:K:N+ or lookup-learned:PATH+
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
   hf-generate:STOPPER    our decoder inside generate(custom_generate=models.hf.generate)
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
