@@ -102,6 +102,22 @@ def test_static_runs_record_each_depths_decoding(temperature):
                                                          max_new_tokens=12)])
 
 
+def test_static_runs_with_widths_time_every_narrower_first_depth():
+    """`widths`: depth 1 also decoded on first depths 1..k-1, so that the target's forwards of
+    2..k+1 tokens are all the decoder's own, and each width's throughput is kept apart."""
+    from mcsd_runtime.costmodel.measure import static_throughput
+
+    pair = make_pair()
+    runs, forwards = static_runs(pair, [[1, 2, 3]], (4, 2), max_new_tokens=10, widths=True)
+    assert sorted((r["depth"], r.get("width", 0)) for r in runs) == [
+        (0, 0), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0)]
+    assert {1, 2, 3, 4, 5} <= {n for (name, n) in forwards if name == "target"}
+    assert set(static_throughput(runs)) == {"ar", "static:1", "static:2", "static:1 width 1",
+                                            "static:1 width 2", "static:1 width 3"}
+    plain, _ = static_runs(pair, [[1, 2, 3]], (4, 2), max_new_tokens=10)
+    assert {r.get("width") for r in plain} == {None}
+
+
 def test_profile_temperature_and_its_note():
     """The temperature the overheads were fitted at is read back; replays that sample against
     a greedy profile (or the reverse) get a note naming the fix, others none."""

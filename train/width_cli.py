@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
                         f"`mcsd profile --max-tokens {args.k + 1}`")
     if note := profile.temperature_note(0.0):
         print(note, flush=True)
+    if not any(" width " in name for name in profile.static.get("tokens_per_s", {})):
+        print(f"note: --profile {args.profile} timed forwards of 2..{args.k} tokens in isolation, "
+              f"not in the decoder, and the widths trade exactly those: measure it with `mcsd "
+              f"profile --widths`", flush=True)
     train_domains = load_domains(args.prompts, args.limit, by_category=False)
     eval_domains = (load_domains(args.eval_prompts, args.eval_limit)
                     if args.eval_prompts else {})

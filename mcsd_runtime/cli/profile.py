@@ -50,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="temperature of those runs: sampling costs a step more than an argmax "
                         "(a drafted step more than AR's), so profile at the temperature the "
                         "replays will price (default %(default)s: greedy)")
+    p.add_argument("--widths", action="store_true",
+                   help="also decode depth 1 at every narrower first depth (trees (w,), w < k) "
+                        "at batch size 1, so that forwards of 2..k tokens are timed in the "
+                        "decoder: profile so for `mcsd train-width`")
     add_chat_arg(p)
     add_threads_arg(p)
     p.set_defaults(func=run)
@@ -102,12 +106,14 @@ def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile
         limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)
         prompts = load_prompts(args.overhead_prompts, limit=limit)
         ids = [encode_prompt(pair, p, args.chat) for p in prompts]
+        widths = args.widths and b == 1
         print(f"calibrating on the decoder at batch size {b}: AR and static depths "
-              f"1..{len(k_config)} of {k_config} on {len(ids)} prompts at temperature "
-              f"{args.temperature:g}", flush=True)
+              f"1..{len(k_config)} of {k_config}"
+              + (f", and depth 1 at widths 1..{k_config[0] - 1}" if widths else "")
+              + f" on {len(ids)} prompts at temperature {args.temperature:g}", flush=True)
         runs, forwards = cost_measure.static_runs(pair, ids, k_config, args.overhead_tokens,
                                                   progress=True, batch_size=b,
-                                                  temperature=args.temperature)
+                                                  temperature=args.temperature, widths=widths)
         profile = cost_measure.calibrate(profile, runs, forwards, batch_size=b)
         if b > 1:
             profile.batches[b].static["prompts"] = len(ids)

@@ -158,7 +158,7 @@ def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, r
 
 def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
                 seed: int = 0, progress: bool = False, batch_size: int = 1,
-                temperature: float = 0.0) -> tuple[list[dict], Forwards]:
+                temperature: float = 0.0, widths: bool = False) -> tuple[list[dict], Forwards]:
     """AR (depth 0) and every static depth 1..D of `k_config` end to end at `temperature`, after
     one warm-up. At batch size 1 each prompt alone, depths in a fresh random order per prompt;
     above it all `prompts` through `MCSDDecoder.generate_batch` once per depth, in a random
@@ -166,7 +166,10 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     prefill, seconds inside forwards then) and every forward's seconds by (model, new tokens per
     row): forwards timed by `ForwardTimer` as the decoder runs them, a step's first draft
     forward (right after a target forward) apart as `draft_first`; above batch size 1 only
-    forwards over `batch_size` rows."""
+    forwards over `batch_size` rows. `widths` (batch size 1): also depth 1 at every narrower
+    first depth w < k (run "width" w), so that the forwards a learned width verifies (2..k
+    tokens) are timed in the decoder too: an isolated forward's cost differs from the decoder's
+    by more than the gap between neighbouring counts."""
     from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
     from mcsd_runtime.progress import progress as progress_bar
 
@@ -178,6 +181,9 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     order = random.Random(seed)
     if batch_size > 1:
         return _static_batch_runs(pair, decs, prompts, batch_size, order, progress)
+    if widths:
+        decs |= {(1, w): MCSDDecoder(pair, replace(config, k_config=(w,)), stopper="static:1")
+                 for w in range(1, config.k_config[0])}
     decs[depth].generate(prompts[0])
     runs, forwards = [], {}
     for i, ids in enumerate(progress_bar(prompts, desc="static runs", unit="prompt",
@@ -188,7 +194,9 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
             with ForwardTimer(pair) as log:
                 r = decs[d].generate(ids)
             _add_forwards(forwards, log, rows=1)
-            runs.append({"prompt": i, "depth": d, "steps": len(r.steps),
+            runs.append({"prompt": i, "depth": d[0] if isinstance(d, tuple) else d,
+                         **({"width": d[1]} if isinstance(d, tuple) else {}),
+                         "steps": len(r.steps),
                          "drafted": sum(s.drafted for s in r.steps),
                          "tokens": r.stats.new_tokens, "decode_s": r.stats.decode_time,
                          "forward_s": sum(x[3] for x in log)})
@@ -262,10 +270,12 @@ def fit_overheads(runs: list[dict]) -> tuple[float, float]:
 
 
 def static_throughput(runs: list[dict]) -> dict[str, float]:
-    """Decode-phase tokens/s of AR and each static depth over all prompts of `static_runs`."""
+    """Decode-phase tokens/s of AR, each static depth and each narrower first depth over all
+    prompts of `static_runs`."""
     out = {}
-    for d in sorted({r["depth"] for r in runs}):
-        sel = [r for r in runs if r["depth"] == d]
-        out[f"static:{d}" if d else "ar"] = metrics.throughput(sum(r["tokens"] for r in sel),
-                                                sum(r["decode_s"] for r in sel))
+    for d, w in sorted({(r["depth"], r.get("width", 0)) for r in runs}):
+        sel = [r for r in runs if r["depth"] == d and r.get("width", 0) == w]
+        name = (f"static:{d}" if d else "ar") + (f" width {w}" if w else "")
+        out[name] = metrics.throughput(sum(r["tokens"] for r in sel),
+                                       sum(r["decode_s"] for r in sel))
     return out
