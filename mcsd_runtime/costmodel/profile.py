@@ -237,6 +237,7 @@ class CostProfile:
                 if rec.copied:
                     total += self.copy_step_seconds(rec.tree_size)
                 elif rec.drafted == 1 and rec.tree_size != tree.cum[1]:  # a learned width's cut
+                    # the tree (w,): built by `tree`'s own class (no torch import here)
                     total += self.step_seconds(type(tree)((rec.tree_size,)), 1, pending)
                 else:
                     total += self.step_seconds(tree, rec.drafted, pending)

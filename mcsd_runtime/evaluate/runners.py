@@ -205,7 +205,7 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     if (learned := parse_learned_lookup(name)) is not None:
         return learned_lookup_runner(pair, base, *learned)
     if kind == WIDTH:
-        stopper, width = stopper_and_width(name, pair)
+        stopper, width = stopper_and_width(name, pair, base.temperature)
         return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper, width=width))
     if name in ("hf", "hf-assisted"):
         if name == "hf-assisted" and getattr(pair.draft, "is_feature_draft", False):
