@@ -32,14 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=f"{__doc__}\n{copy_length.__doc__}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
-    p.add_argument("--prompts", required=True,
-                   help="training prompt sets, comma-separated (e.g. inst-explain,inst-qa)")
-    p.add_argument("--eval-prompts", default=None,
-                   help="held-out prompt sets to report on, split by category (e.g. "
-                        "inst-mix-eval); never trained on")
-    p.add_argument("--limit", type=int, default=40, help="prompts per set (default %(default)s)")
-    p.add_argument("--eval-limit", type=int, default=10,
-                   help="held-out prompts per category (default %(default)s)")
+    add_prompt_args(p)
     p.add_argument("--profile", type=Path, required=True,
                    help="cost profile of this pair on this machine (`mcsd profile`): the step "
                         "costs the policy trades against; it must time forwards of up to "
@@ -85,11 +78,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """--prompts, --eval-prompts, --limit and --eval-limit (`load_prompt_domains` reads them)."""
+    p.add_argument("--prompts", required=True,
+                   help="training prompt sets, comma-separated (e.g. inst-explain,inst-qa)")
+    p.add_argument("--eval-prompts", default=None,
+                   help="held-out prompt sets to report on, split by category (e.g. "
+                        "inst-mix-eval); never trained on")
+    p.add_argument("--limit", type=int, default=40, help="prompts per set (default %(default)s)")
+    p.add_argument("--eval-limit", type=int, default=10,
+                   help="held-out prompts per category (default %(default)s)")
+
+
+def load_prompt_domains(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The training sets (one domain each) and the held-out categories; MCSDError when a
+    held-out category is named like a training set."""
+    from mcsd_runtime.prompts.sets import load_domains
+
+    train = load_domains(args.prompts, args.limit, by_category=False)
+    held_out = load_domains(args.eval_prompts, args.eval_limit) if args.eval_prompts else {}
+    if both := sorted(set(train) & set(held_out)):
+        raise MCSDError(f"--eval-prompts has a category named like a training set "
+                        f"({', '.join(both)}): held-out prompts must come from other sets")
+    return train, held_out
+
+
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli.args import apply_threads, pair_from_args
     from mcsd_runtime.costmodel.profile import CostProfile
     from mcsd_runtime.extras import require_toolkit
-    from mcsd_runtime.prompts.sets import load_domains
     from train import copy_length as C
 
     require_toolkit("mcsd train-lookup", "lightgbm")
@@ -122,12 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
         tree = Tree(parse_k_config(args.beside_draft))
         draft_costs = C.draft_step_costs(profile, tree, args.max_copy + 2)
-    train_domains = load_domains(args.prompts, args.limit, by_category=False)
-    eval_domains = (load_domains(args.eval_prompts, args.eval_limit)
-                    if args.eval_prompts else {})
-    if both := sorted(set(train_domains) & set(eval_domains)):
-        raise MCSDError(f"--eval-prompts has a category named like a training set "
-                        f"({', '.join(both)}): held-out prompts must come from other sets")
+    train_domains, eval_domains = load_prompt_domains(args)
     apply_threads(args)
     pair = pair_from_args(args)
     drafted = None  # sampled beside a draft: outputs drawn through the draft's first depth

@@ -97,16 +97,9 @@ def draft_hits(pair, traces: Sequence[Trace], width: int,
     draft's distribution at its position (a drafted step's greedy first depth), from one forward
     of the draft over prompt and output (and of the target before it, for a feature draft, which
     reads the target's state one position back, as the decoder feeds it)."""
-    from mcsd_runtime.distill.feature import is_feature_draft
-
     out = []
     for t in progress(traces, desc=desc, unit="output"):
-        ids = torch.tensor([t.prompt + t.tokens], device=pair.device)
-        states = None
-        if is_feature_draft(pair.draft):
-            states = pair.target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
-        logits = _draft_logits(pair, ids, states)[len(t.prompt) - 1 : -1]
-        top = logits.float().topk(width, dim=-1).indices
+        top = teacher_forced_draft_logits(pair, t).float().topk(width, dim=-1).indices
         truth = torch.tensor(t.tokens, device=pair.device)[:, None]
         out.append(replace(t, hits=(top == truth).any(-1).int().tolist()))
     return out
@@ -161,6 +154,20 @@ def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temp
             x = torch.tensor([[token]], device=pair.device)
         out.append(Trace(list(ids), tokens, conf, hits))
     return out
+
+
+@torch.no_grad()
+def teacher_forced_draft_logits(pair, t: Trace) -> torch.Tensor:
+    """The draft's logits [n, V] before each of the output's n tokens, from one forward over
+    prompt and output (and one of the target before it, for a feature draft, which reads the
+    target's state one position back, as the decoder feeds it)."""
+    from mcsd_runtime.distill.feature import is_feature_draft
+
+    ids = torch.tensor([t.prompt + t.tokens], device=pair.device)
+    states = None
+    if is_feature_draft(pair.draft):
+        states = pair.target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+    return _draft_logits(pair, ids, states)[len(t.prompt) - 1 : -1]
 
 
 def _draft_logits(pair, ids: torch.Tensor, states: torch.Tensor | None,

@@ -45,18 +45,13 @@ class Ranked:
 @torch.no_grad()
 def draft_ranks(pair, traces: Sequence, k: int, desc: str = "draft candidates") -> list[Ranked]:
     """`Ranked` of each trace (`train.copy_length.Trace`: a prompt and the target's output),
-    from one forward of the draft over prompt and output, the target's first for a feature
-    draft (`train.copy_length.draft_hits` reads the same distributions)."""
-    from mcsd_runtime.distill.feature import is_feature_draft
-    from train.copy_length import _draft_logits
+    from the draft's teacher-forced distributions (`teacher_forced_draft_logits`, which
+    `train.copy_length.draft_hits` reads too)."""
+    from train.copy_length import teacher_forced_draft_logits
 
     out = []
     for t in progress(traces, desc=desc, unit="output"):
-        ids = torch.tensor([t.prompt + t.tokens], device=pair.device)
-        states = None
-        if is_feature_draft(pair.draft):
-            states = pair.target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
-        logits = _draft_logits(pair, ids, states)[len(t.prompt) - 1 : -1].float()
+        logits = teacher_forced_draft_logits(pair, t).float()
         top = torch.softmax(logits, -1).topk(k, dim=-1)
         hit = top.indices == torch.tensor(t.tokens, device=pair.device)[:, None]
         rank = torch.where(hit.any(-1), hit.int().argmax(-1), -1)

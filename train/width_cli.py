@@ -20,20 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     from mcsd_runtime.prompts.chat import add_chat_arg
     from mcsd_runtime.stop import width as W
     from train import width
+    from train.copy_cli import add_prompt_args
 
     p = sub.add_parser(
         "train-width", help="train a learned width of the draft's first depth (width:PATH)",
         description=f"{__doc__}\n{W.__doc__}\n{width.__doc__}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
-    p.add_argument("--prompts", required=True,
-                   help="training prompt sets, comma-separated (e.g. inst-explain,inst-qa)")
-    p.add_argument("--eval-prompts", default=None,
-                   help="held-out prompt sets to report on, split by category (e.g. "
-                        "inst-mix-eval); never trained on")
-    p.add_argument("--limit", type=int, default=40, help="prompts per set (default %(default)s)")
-    p.add_argument("--eval-limit", type=int, default=10,
-                   help="held-out prompts per category (default %(default)s)")
+    add_prompt_args(p)
     p.add_argument("--profile", type=Path, required=True,
                    help="cost profile of this pair on this machine (`mcsd profile`): the step "
                         "costs the widths trade against; it must time forwards of up to k + 1 "
@@ -57,9 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli.args import apply_threads, pair_from_args
     from mcsd_runtime.costmodel.profile import CostProfile
     from mcsd_runtime.extras import require_toolkit
-    from mcsd_runtime.prompts.sets import load_domains
     from train import width as W
-    from train.copy_cli import TraceCache
+    from train.copy_cli import TraceCache, load_prompt_domains
 
     require_toolkit("mcsd train-width", "sklearn")
     if min(args.limit, args.eval_limit, args.max_new_tokens) < 1 or args.k < 2:
@@ -78,12 +71,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: --profile {args.profile} timed forwards of 2..{args.k} tokens in isolation, "
               f"not in the decoder, and the widths trade exactly those: measure it with `mcsd "
               f"profile --widths`", flush=True)
-    train_domains = load_domains(args.prompts, args.limit, by_category=False)
-    eval_domains = (load_domains(args.eval_prompts, args.eval_limit)
-                    if args.eval_prompts else {})
-    if both := sorted(set(train_domains) & set(eval_domains)):
-        raise MCSDError(f"--eval-prompts has a category named like a training set "
-                        f"({', '.join(both)}): held-out prompts must come from other sets")
+    train_domains, eval_domains = load_prompt_domains(args)
     apply_threads(args)
     pair = pair_from_args(args)
     cache = TraceCache(args.traces, args.target, args.max_new_tokens, False)
