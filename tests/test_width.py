@@ -12,8 +12,10 @@ import torch
 from test_copy_length import feature_pair as feature_pair_fixture
 from test_decoder_sampling import (
     ALPHA,
+    DRAFTS,
     PROMPT,
     exact_joint,
+    micro_pair,
     p_value,
     residual_from_p,
     sampled_counts,
@@ -126,6 +128,26 @@ def test_sampled_output_follows_the_target_at_every_width(verify):
             if s.drafted} == {1, 2, 3}
     counts = sampled_counts(pair, verify, (3,), stopper="static:1", width=MICRO)
     assert p_value(counts, exact_joint(pair, 1.0)) > ALPHA
+
+
+@pytest.mark.parametrize("draft_kind", ["one-hot", "support-2", "sharp-T0.2"])
+def test_sampled_width_stays_exact_under_degenerate_drafts(draft_kind):
+    """A draft with fewer than k non-zero tokens (one-hot, two) or a sharp one at a low
+    temperature: the cut first depth still follows the target (chi-square)."""
+    _, temperature, _ = DRAFTS[draft_kind]
+    pair = micro_pair(draft_kind)
+    counts = sampled_counts(pair, "mcss", (3,), temperature, stopper="static:1", width=MICRO)
+    assert p_value(counts, exact_joint(pair, temperature)) > ALPHA
+
+
+@pytest.mark.parametrize("draft_kind", ["one-hot", "support-2"])
+def test_degenerate_draft_check_fails_on_a_biased_verifier(draft_kind, monkeypatch):
+    """The check above rejects a residual drawn from p under the small-support drafts (where
+    the rule verifies one candidate, the unguarded verifier's failure cannot arise)."""
+    pair = micro_pair(draft_kind)
+    monkeypatch.setattr(V, "verify_children", residual_from_p)
+    counts = sampled_counts(pair, "mcss", (3,), 1.0, stopper="static:1", width=MICRO)
+    assert p_value(counts, exact_joint(pair, 1.0)) < ALPHA
 
 
 def test_sampled_check_fails_on_a_biased_verifier(monkeypatch):

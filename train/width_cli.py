@@ -109,9 +109,11 @@ def replay_report(policy, replay, ranked: dict[str, list], trained: set[str]) ->
             "learned": learned(policy), "oracle": oracle}
         row = {"domain": name, "trained": name in trained, "outputs": len(outs)}
         for label, rule in rules.items():
-            row[label] = paired_speedup([replay.speed(o, rule) for o in outs], base)
-        widths = [w for o in outs for w in replay.walk(o, learned(policy))[2] if w]
-        row["mean_width"] = sum(widths) / max(len(widths), 1)
+            walks = [replay.walk(o, rule) for o in outs]
+            row[label] = paired_speedup([tokens / sec for tokens, sec, _ in walks], base)
+            if label == "learned":
+                widths = [w for _, _, taken in walks for w in taken if w]
+                row["mean_width"] = sum(widths) / max(len(widths), 1)
         report.append(row)
     return report
 
