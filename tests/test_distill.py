@@ -405,7 +405,8 @@ def test_a_second_build_reuses_the_draft(built, chat_target, monkeypatch):
 def test_default_draft_dir_builds_once_into_the_cache(chat_target, tmp_path, monkeypatch):
     monkeypatch.setenv("MCSD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(PRESETS, "default", replace(PRESETS["tiny"], name="default"))
-    with pytest.raises(MCSDError, match="no distilled draft for .* `mcsd draft distill --target"):
+    with pytest.raises(MCSDError, match="no distilled draft \\(default recipe\\) for .* "
+                                        "`mcsd draft distill --target [^ ]*`"):
         distill_cache.default_draft_dir(chat_target, build=False)
     got = distill_cache.default_draft_dir(chat_target, progress=False)
     assert got.name == "draft" and (got / "config.json").is_file()
@@ -416,6 +417,9 @@ def test_default_draft_dir_builds_once_into_the_cache(chat_target, tmp_path, mon
     # another copy of the same target (same config, tokenizer and weights) finds the same draft
     copy = shutil.copytree(chat_target, tmp_path / "elsewhere")
     assert distill_cache.default_draft_dir(copy, build=False) == got
+    # another recipe has its own folder, and the command to build it names the recipe
+    with pytest.raises(MCSDError, match="no distilled draft \\(tiny recipe\\).* --recipe tiny`"):
+        distill_cache.default_draft_dir(chat_target, build=False, recipe="tiny")
 
 
 # --------------------------------------------------------------------------- the command

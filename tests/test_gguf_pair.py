@@ -302,8 +302,8 @@ def fake_distill(monkeypatch) -> list:
     calls = []
     module = types.ModuleType("mcsd_runtime.distill.cache")
 
-    def default_draft_dir(target, build=True, progress=True):
-        calls.append(str(target))
+    def default_draft_dir(target, build=True, progress=True, recipe="default"):
+        calls.append(str(target) if recipe == "default" else (str(target), recipe))
         return Path("/drafts/distilled")
 
     module.default_draft_dir = default_draft_dir
@@ -339,6 +339,12 @@ def test_smollm2_resolves_from_the_installed_package_with_its_distilled_draft(
         gguf.gguf_model_dir(files["draft"], progress=False))  # an explicit draft wins
     assert pair_names(files["target"], "distill") == (target, "/drafts/distilled")
     assert fake_distill == [target, target]
+    assert pair_names("smollm2", "distill:features") == (target, "/drafts/distilled")
+    assert fake_distill[-1] == (target, "features")
+    with pytest.raises(MCSDError, match="unknown distillation recipe .*distill:RECIPE with one "
+                                        "of default, features, tiny"):
+        pair_names("smollm2", "distill:fast")
+    assert len(fake_distill) == 3  # refused before anything was built
 
 
 def test_smollm2_without_the_package_or_the_hub_says_what_to_install(monkeypatch, cache,

@@ -24,7 +24,8 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", default=None,
                    help="draft model: hub name, folder or .gguf file (default: the pair's own "
                         "draft for toy and smollm2); 'distill' is the target's default distilled "
-                        "draft, built on first use (`mcsd draft distill`); toy-draft:NAME is an "
+                        "draft, built on first use (`mcsd draft distill`), 'distill:RECIPE' "
+                        "that of another recipe (distill:features); toy-draft:NAME is an "
                         "extra draft of the toy target (`mcsd toy draft --list`)")
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda:0")
     g.add_argument("--dtype", default="auto",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.distill.recipe import PRESETS, DistillRecipe, get_recipe
+from mcsd_runtime.distill.recipe import DistillRecipe, get_recipe
 from mcsd_runtime.distill.target import fingerprint, load_target, resolve_target
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import CACHE_HELP, cache_root, models_dir
@@ -54,20 +54,22 @@ def draft_dir(folder: Path, recipe: DistillRecipe, fp: dict) -> Path:
     return models_dir() / f"distill-{_tag(folder)}-{recipe.name}-{recipe.hash12(fp)}"
 
 
-def default_draft_dir(target: str | Path, build: bool = True, progress: bool = True) -> Path:
-    """The cached draft folder (the one holding `config.json`) for `target` under the default
-    recipe, built first if missing and `build` (MCSDError naming the command otherwise)."""
+def default_draft_dir(target: str | Path, build: bool = True, progress: bool = True,
+                      recipe: str = "default") -> Path:
+    """The cached draft folder (the one holding `config.json`) for `target` under the preset
+    `recipe`, built first if missing and `build` (MCSDError naming the command otherwise)."""
     folder = resolve_target(target)
-    recipe = PRESETS["default"].resolved()
-    root = draft_dir(folder, recipe, fingerprint(folder))
+    resolved = get_recipe(recipe).resolved()
+    root = draft_dir(folder, resolved, fingerprint(folder))
     if not _holds(root):
         if not build:
-            raise MCSDError(f"no distilled draft for {target} yet (looked in {root}); build it "
-                            f"with `mcsd draft distill --target {target}` (about 25 minutes on "
-                            f"a 2-core CPU)")
-        root = build_draft(folder, recipe, progress=progress)
+            flag = "" if recipe == "default" else f" --recipe {recipe}"
+            raise MCSDError(f"no distilled draft ({recipe} recipe) for {target} yet (looked in "
+                            f"{root}); build it with `mcsd draft distill --target {target}{flag}` "
+                            f"(`mcsd draft distill --help` says how long each recipe takes)")
+        root = build_draft(folder, resolved, progress=progress)
     else:
-        verify_draft(root, recipe.hash12(fingerprint(folder)))
+        verify_draft(root, resolved.hash12(fingerprint(folder)))
     return root / "draft"
 
 

@@ -107,6 +107,22 @@ def _looks_like_path(name: str) -> bool:
 DISTILL = "distill"  # as draft: the draft distilled from the target (mcsd_runtime.distill)
 
 
+def distill_recipe(name: str | None) -> str | None:
+    """The distillation recipe a draft name asks for (`distill` -> default, `distill:features`
+    -> features), None for any other name; an unknown recipe is refused."""
+    if name is None or (name != DISTILL and not name.startswith(DISTILL + ":")):
+        return None
+    recipe = name.partition(":")[2] or "default"
+    if recipe == "default":
+        return recipe
+    from mcsd_runtime.distill.recipe import PRESETS
+
+    if recipe not in PRESETS:
+        raise MCSDError(f"unknown distillation recipe in draft {name!r}: use {DISTILL} (the "
+                        f"default recipe) or {DISTILL}:RECIPE with one of {', '.join(PRESETS)}")
+    return recipe
+
+
 def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str, str]:
     """The target and draft to load for `load_pair(target, draft)`.
 
@@ -117,7 +133,8 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
       its hub name, and brings the draft distilled for it.
     - A `.gguf` file, or a folder holding exactly one, is converted once into the cache
       (`models.gguf`), as target or as draft.
-    - `distill` as draft is the draft distilled from the target (built on first use).
+    - `distill` as draft is the draft distilled from the target (built on first use), and
+      `distill:RECIPE` the one of another recipe (`distill:features`).
     - Any other name is a folder or hub name; such a target needs a draft.
 
     A local-looking path that does not exist, a missing GGUF file, or a toy draft that is not
@@ -133,7 +150,7 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
 
         return resolve_draft(draft, target)
     for role, name in (("target", target), ("draft", draft)):
-        if name is None or name == DISTILL or is_named(name):
+        if name is None or distill_recipe(name) or is_named(name):
             continue
         if is_gguf_spec(name):
             find_gguf(name)
@@ -161,8 +178,8 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
                         f"load_pair(target, draft)")
     else:
         target = _real_model(target)
-    if draft is None or draft == DISTILL:
-        return target, _distilled_draft(target)
+    if draft is None or distill_recipe(draft):
+        return target, _distilled_draft(target, distill_recipe(draft) or "default")
     return target, _real_model(draft)
 
 
@@ -176,11 +193,12 @@ def _real_model(name: str) -> str:
     return str(gguf_model_dir(name)) if is_gguf_spec(name) else name
 
 
-def _distilled_draft(target: str) -> str:
-    """The draft distilled from `target` (`mcsd_runtime.distill`), built on first use."""
+def _distilled_draft(target: str, recipe: str) -> str:
+    """The draft of `recipe` distilled from `target` (`mcsd_runtime.distill`), built on first
+    use."""
     from mcsd_runtime.distill.cache import default_draft_dir
 
-    return str(default_draft_dir(target))
+    return str(default_draft_dir(target, recipe=recipe))
 
 
 def _load_tokenizer(name: str):
