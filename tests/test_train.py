@@ -11,7 +11,7 @@ import pytest
 from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, small_pair
 
 from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
@@ -100,6 +100,19 @@ def test_exact_replay_matches_decoder(data, spec):
     assert (r.tokens, r.steps, r.draft_forwards, r.drafted_tokens) == (tokens, calls, drafts,
                                                                       drafted)
     assert r.tau == pytest.approx(tokens / calls)
+
+
+def test_ar_replays_as_the_ar_decoder_decodes(data):
+    """The baseline `ar` takes the AR decoder's steps and counts them alike, but its first token
+    comes from the prefill's logits: an output of n tokens pays for n - 1 forwards, not n."""
+    r = R.replay(data, R.NeverDraft(), name="ar")
+    stats = [ARDecoder(small_pair(), DecodeConfig(max_new_tokens=MAX_NEW)).generate(ids).stats
+             for ids in prompts()]
+    assert r.tokens == sum(st.new_tokens for st in stats)
+    assert r.steps == sum(st.target_calls for st in stats) == r.tokens and r.tau == 1.0
+    assert r.batch_steps == r.tokens - len(stats)
+    one = CostProfile.relative().step_seconds(data.tree, 0, 1, 1)
+    assert r.cost_s == pytest.approx(r.batch_steps * one)
 
 
 SPARSE = "4,1/1,1,1"  # four candidates, a chain under the likeliest

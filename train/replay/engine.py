@@ -109,6 +109,17 @@ class _Row:
             raise MCSDError(f"{p.key}: no recorded step at position {self.t}")
         return True
 
+    def take_prefill_token(self, exact: bool, res: ReplayResult) -> None:
+        """Commit the first token from the prefill's logits, counted as a step (as `ARDecoder`
+        counts it) but with no forward of its own to pay for (the MCSD decoder's prefill leaves
+        the prompt's last token pending instead)."""
+        res.tokens += 1
+        res.steps += 1
+        if exact:
+            self.t = 1
+        else:
+            next(self.steps, None)
+
     def ask_draft(self, max_depth: int) -> None:
         """Ask the stopper whether this step drafts at all (a step that may draft)."""
         step = self.step
@@ -168,6 +179,9 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
             row = _Row(p, stopper)
+            if getattr(stopper, "first_from_prefill", False) and (p.new_tokens if exact
+                                                                  else p.steps):
+                row.take_prefill_token(exact, res)
             if row.advance(exact):
                 rows.append(row)
         if not rows:

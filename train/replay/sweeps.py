@@ -235,7 +235,10 @@ def tune_switch(data: ReplayData, profile: CostProfile | None, depth: int,
 
 
 class NeverDraft(StopperBase):
-    """Autoregressive decoding as a stopper: no step drafts (the baseline `ar`)."""
+    """Autoregressive decoding as a stopper: no step drafts (the baseline `ar`), and the first
+    token comes from the prefill's logits, as `ARDecoder` takes it."""
+
+    first_from_prefill = True
 
     def should_draft(self, start) -> bool:
         return False
