@@ -79,12 +79,14 @@ demo: venv
 # a learned width of the first depth (`mcsd train-width`), both on the target's own outputs
 # (one cache of them), then evaluates on the held-out twins of all five categories
 # (summarization and rewriting never trained on), one domain per category, against AR,
-# generate(), assisted generation, static depths, the tuned heuristic, the tuned switch (the
-# deploy depth, speculation off below an acceptance rate) and prompt lookup beside the draft
+# generate(), static depths, the tuned heuristic, the tuned switch (the deploy depth,
+# speculation off below an acceptance rate) and prompt lookup beside the draft
 # (`lookup:8:3+static:1`, what a user deploys on this pair: the --deploy of the report), greedy
 # and at T=0.7 (the copy and width policies are trained greedy, so they warn there), and
-# measures bf16 drift. Sizes are variables: a small run, about 80 minutes on a 2-core CPU once
-# the draft is built, is `make demo-real REAL_COLLECT=12 REAL_DOMAIN_ROWS=4 REAL_EVAL=2
+# measures bf16 drift. Assisted generation (`hf-assisted`) cannot run a feature draft, as
+# generate() does not hand it the target's states: with REAL_RECIPE=default it can join
+# REAL_METHODS. Sizes are variables: a small run, about 80 minutes on a 2-core CPU once the
+# draft is built, is `make demo-real REAL_COLLECT=12 REAL_DOMAIN_ROWS=4 REAL_EVAL=2
 # REAL_CHECK=1`; `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your own
 # evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
 comma := ,
@@ -118,7 +120,7 @@ REAL_DEPLOY := lookup:8:3+static:1
 # at four candidates or at the learned width
 REAL_LEARNED := width:$(DEMO_REAL)/width,lookup-learned:$(DEMO_REAL)/copy-draft+static:1,\
 	lookup-learned:$(DEMO_REAL)/copy-draft+width:$(DEMO_REAL)/width
-REAL_METHODS := ar,hf,hf-assisted,$(REAL_STATIC),HEURISTIC,SWITCH,\
+REAL_METHODS := ar,hf,$(REAL_STATIC),HEURISTIC,SWITCH,\
 	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_DEPLOY),\
 	$(REAL_LEARNED)
 REAL_DENSE := $(REAL_PAIR) --k-config $(REAL_K) --dense \
