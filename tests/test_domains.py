@@ -158,4 +158,6 @@ def test_eval_across_domains_writes_one_folder_per_domain_and_the_table(toy_tiny
     assert all(r["ar_equal"] for r in report["rows"])
     assert (out / "toy-code" / "summary.json").is_file()
     assert (out / "toy-shift" / "report.md").is_file()
-    assert "Worst domain per method" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Worst domain per method" in printed
+    assert "deploy = `static:2` (given by --deploy)" in printed  # not "chosen on validation"

@@ -359,8 +359,8 @@ def run_domains(args: argparse.Namespace, methods: list[str], base,
     worst = domain_report.worst_domains(rows)
     settings = _settings(args, pair, base, args.prompts,
                          sum(len(p) for _, p in domains.values()))
-    settings |= {"deploy": deploy, "heuristic": heuristic,
-                 "domains": {n: spec for n, (spec, _) in domains.items()}}
+    settings |= {"deploy": deploy, "deploy_given": args.deploy is not None,
+                 "heuristic": heuristic, "domains": {n: spec for n, (spec, _) in domains.items()}}
     print(domain_report.write(rows, worst, out, settings))
     print(f"wrote {out}/domains.md")
     return 0
@@ -389,7 +389,7 @@ def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
     ran = {r.method for records in by_domain.values() for r in records}
     deploy, heuristic = domain_baselines(args, [m for m in methods if m in ran])
     settings = {"from_runs": [str(d) for d in args.from_runs], "deploy": deploy,
-                "heuristic": heuristic}
+                "deploy_given": args.deploy is not None, "heuristic": heuristic}
     greedy = all(domain_report.run_settings(d).get("temperature", 0) == 0 for d in args.from_runs)
     rows = domain_report.domain_rows(by_domain, deploy, heuristic, greedy)
     print(domain_report.write(rows, domain_report.worst_domains(rows), args.out, settings))

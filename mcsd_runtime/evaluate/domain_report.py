@@ -119,13 +119,18 @@ def _cell(geomean: float | None, ci: list | None = None) -> str:
     return f"{geomean:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+DEPLOY_CHOSEN = "chosen on the training collection's validation prompts"
+DEPLOY_GIVEN = "given by --deploy"
+
+
 def markdown(rows: list[dict], worst: list[dict], deploy: str | None,
-             heuristic: str | None) -> str:
-    """The per-domain table and the worst-domain table, with what each column compares."""
-    lines = [f"Baselines: deploy = `{deploy or 'none'}` (chosen on the training collection's "
-             f"validation prompts), best static = each domain's hindsight best static schedule, "
-             f"heuristic = `{heuristic or 'none'}`. Geometric means of paired per-prompt "
-             f"speedups, 95% bootstrap CIs. NLL/token: the target's NLL of the outputs per new "
+             heuristic: str | None, deploy_origin: str = DEPLOY_CHOSEN) -> str:
+    """The per-domain table and the worst-domain table, with what each column compares
+    (`deploy_origin`: where the deploy static came from)."""
+    lines = [f"Baselines: deploy = `{deploy or 'none'}` ({deploy_origin}), best static = "
+             f"each domain's hindsight best static schedule, heuristic = "
+             f"`{heuristic or 'none'}`. Geometric means of paired per-prompt speedups, 95% "
+             f"bootstrap CIs. NLL/token: the target's NLL of the outputs per new "
              f"token; NLL vs AR: mean per-prompt difference from ar's, 95% bootstrap CI; "
              f"repeated 4-grams: mean share of an output's 4-grams seen earlier in it.", "",
              "| domain | method | " + " | ".join(HEADERS.values()) +
@@ -155,7 +160,8 @@ def markdown(rows: list[dict], worst: list[dict], deploy: str | None,
 
 def write(rows: list[dict], worst: list[dict], out: Path, settings: dict) -> str:
     """domains.json and domains.md in `out`; returns the Markdown."""
-    text = markdown(rows, worst, settings.get("deploy"), settings.get("heuristic"))
+    origin = DEPLOY_GIVEN if settings.get("deploy_given") else DEPLOY_CHOSEN
+    text = markdown(rows, worst, settings.get("deploy"), settings.get("heuristic"), origin)
     out.mkdir(parents=True, exist_ok=True)
     (out / "domains.json").write_text(json.dumps({"settings": settings, "rows": rows,
                                                   "worst": worst}, indent=1) + "\n")
