@@ -85,7 +85,7 @@ demo: venv
 # and at T=0.7 (the copy and width policies are trained greedy, so they warn there), and
 # measures bf16 drift. Assisted generation (`hf-assisted`) cannot run a feature draft, as
 # generate() does not hand it the target's states: with REAL_RECIPE=default it can join
-# REAL_METHODS. Sizes are variables: a small run, about 80 minutes on a 2-core CPU once the
+# REAL_METHODS. Sizes are variables: a small run, about 50 minutes on a 2-core CPU once the
 # draft is built, is `make demo-real REAL_COLLECT=12 REAL_DOMAIN_ROWS=4 REAL_EVAL=2
 # REAL_CHECK=1`; `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your own
 # evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
