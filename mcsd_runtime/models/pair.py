@@ -178,8 +178,9 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
                         f"load_pair(target, draft)")
     else:
         target = _real_model(target)
-    if draft is None or distill_recipe(draft):
-        return target, _distilled_draft(target, distill_recipe(draft) or "default")
+    recipe = distill_recipe(draft)
+    if draft is None or recipe:
+        return target, _distilled_draft(target, recipe or "default")
     return target, _real_model(draft)
 
 

@@ -112,7 +112,9 @@ class _Row:
     def take_prefill_token(self, exact: bool, res: ReplayResult) -> None:
         """Commit the first token from the prefill's logits, counted as a step (as `ARDecoder`
         counts it) but with no forward of its own to pay for (the MCSD decoder's prefill leaves
-        the prompt's last token pending instead)."""
+        the prompt's last token pending instead); nothing for an empty output."""
+        if not (self.prompt.new_tokens if exact else self.prompt.steps):
+            return
         res.tokens += 1
         res.steps += 1
         if exact:
@@ -179,8 +181,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
             row = _Row(p, stopper)
-            if getattr(stopper, "first_from_prefill", False) and (p.new_tokens if exact
-                                                                  else p.steps):
+            if getattr(stopper, "first_from_prefill", False):
                 row.take_prefill_token(exact, res)
             if row.advance(exact):
                 rows.append(row)
