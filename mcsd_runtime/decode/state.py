@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from mcsd_runtime import metrics
-from mcsd_runtime.constants import DEFAULT_K_CONFIG, INITS, VERIFIERS
+from mcsd_runtime.constants import DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
 from mcsd_runtime.decode.tree import KConfig, TreeTensors, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
@@ -51,6 +51,10 @@ class DecodeConfig:
     lookup: int = 0
     lookup_min_ngram: int = 3
     lookup_max_ngram: int = 4
+    # forwards of fixed shape over preallocated caches, replayed as CUDA graphs
+    # (`mcsd_runtime.decode.graphs`): "auto" on CUDA, "off" eager (the reference path), "on"
+    # everywhere (on a CPU the fixed-shape path runs without capture)
+    graphs: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
@@ -65,6 +69,8 @@ class DecodeConfig:
         if self.verify not in VERIFIERS:
             raise MCSDError(f"unknown verifier {self.verify!r}: use one of "
                             f"{', '.join(VERIFIERS)}")
+        if self.graphs not in GRAPHS:
+            raise MCSDError(f"unknown graphs {self.graphs!r}: use one of {', '.join(GRAPHS)}")
         if self.batch_depth not in ("max", "row"):
             raise MCSDError(f"unknown batch_depth {self.batch_depth!r}: use 'max' or 'row'")
         if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
