@@ -13,7 +13,9 @@ no validity mask is kept and the context part of the attention mask is a view of
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
+
+from mcsd_runtime.errors import MCSDError
 
 
 def new_cache() -> DynamicCache:
@@ -150,3 +152,164 @@ def _padded(t: torch.Tensor | None, ref: torch.Tensor, rows: int, length: int) -
     if t is None:
         return ref.new_zeros(rows, ref.shape[1], length, ref.shape[3])
     return torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))
+
+
+class SlotRowCache:
+    """`RowCache`'s contract over preallocated buffers: per layer, keys and values of shape
+    [row_slots, heads, capacity, head_dim], allocated once and then only written in place, so
+    that a forward over it has fixed shapes and can be replayed as a CUDA graph
+    (`mcsd_runtime.decode.graphs`).
+
+    A forward of n new tokens writes them at the columns `[length, length + n)` of every row
+    (through `write_index`, a tensor that keeps its storage per n) and attends over the first
+    `span` columns: `length + n` rounded up to a multiple of `bucket` (0: exactly `length + n`),
+    so a graph serves every length up to its span. The columns past `length + n` are masked.
+    Compaction, row selection and admission are index copies into the same buffers."""
+
+    def __init__(self, row_slots: int, capacity: int, device: torch.device,
+                 bucket: int = 0) -> None:
+        self.row_slots, self.capacity, self.device = row_slots, capacity, device
+        self.bucket = bucket
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.cache = SlotKV(self)
+        self.lens: list[int] = []
+        self.length = 0
+        self.valid: torch.Tensor | None = None
+        self.span = 0
+        self._arange = torch.arange(capacity, device=device)
+        self._write: dict[int, torch.Tensor] = {}
+
+    @property
+    def rows(self) -> int:
+        return len(self.lens)
+
+    def reset(self) -> None:
+        """Empty (the buffers stay allocated; what they hold is masked until overwritten)."""
+        self.lens, self.length, self.valid = [], 0, None
+
+    def span_for(self, n: int) -> int:
+        """The columns a forward of n new tokens attends over."""
+        need = self.length + n
+        if need > self.capacity:
+            raise MCSDError(f"a forward of {n} tokens past {self.length} cached ones overflows "
+                            f"the preallocated cache ({self.capacity} slots)")
+        if not self.bucket:
+            return need
+        return min(self.capacity, -(-need // self.bucket) * self.bucket)
+
+    def begin(self, n: int) -> torch.Tensor:
+        """Prepare the next forward of n tokens: its span and the columns it writes (returned:
+        the same tensor for every forward of n tokens, filled in place)."""
+        self.span = self.span_for(n)
+        idx = self._write.get(n)
+        if idx is None:
+            idx = self._write[n] = torch.empty(n, dtype=torch.long, device=self.device)
+        torch.add(self._arange[:n], self.length, out=idx)
+        return idx
+
+    def mask(self, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[rows, 1, n, span] additive mask: `RowCache.mask`'s, then the unused columns."""
+        n, nb = block.shape[-2], block.shape[-1]
+        ctx = self.length - (nb - n)
+        span = self.span_for(n)
+        m = torch.full((self.rows, 1, n, span), torch.finfo(dtype).min, dtype=dtype,
+                       device=self.device)
+        m[:, 0, :, ctx : ctx + nb] = block.to(dtype)
+        if self.valid is None:
+            m[:, :, :, :ctx] = 0
+        else:
+            m[:, :, :, :ctx] = 0
+            m[:, 0, :, :ctx].masked_fill_(~self.valid[:, None, :ctx], torch.finfo(dtype).min)
+        return m
+
+    def appended(self, n: int, valid: torch.Tensor | None = None) -> None:
+        if valid is not None or self.valid is not None:
+            if valid is None:
+                valid = torch.ones(self.rows, n, dtype=torch.bool, device=self.device)
+            self.valid = torch.cat([self._valid(), valid], 1)
+        self.length += n
+
+    def compact(self, keep: list[list[int]]) -> None:
+        moves = []  # (row, to, from)
+        for r, slots in enumerate(keep):
+            moves += [(r, self.lens[r] + i, s) for i, s in enumerate(slots)
+                      if s != self.lens[r] + i]
+            self.lens[r] += len(slots)
+        if moves and self.keys:
+            r_idx, d_idx, s_idx = torch.tensor(moves, device=self.device).unbind(1)
+            for t in (*self.keys, *self.values):
+                t[r_idx, :, d_idx] = t[r_idx, :, s_idx]
+        self._cut()
+
+    def settle(self, lens: list[int]) -> None:
+        self.lens = list(lens)
+        self._cut()
+
+    def select(self, rows: list[int]) -> None:
+        if rows != list(range(len(rows))) and self.keys:
+            idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+            for t in (*self.keys, *self.values):
+                t[: len(rows)] = t[idx]
+        self.lens = [self.lens[r] for r in rows]
+        self._cut()
+
+    def extend(self, other: RowCache) -> None:
+        """Append the rows of `other` (a `RowCache` after a prefill) in the next row slots."""
+        if self.rows + other.rows > self.row_slots:
+            raise MCSDError(f"{self.rows + other.rows} rows exceed the cache's {self.row_slots}")
+        layers = _layers(other.cache)
+        if layers and not self.keys:
+            self.allocate([(layer.keys, layer.values) for layer in layers])
+        lo, n = self.rows, other.length
+        for i, layer in enumerate(layers):
+            self.keys[i][lo : lo + other.rows, :, :n] = layer.keys
+            self.values[i][lo : lo + other.rows, :, :n] = layer.values
+        self.lens = self.lens + other.lens
+        self._cut()
+
+    def allocate(self, like: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Allocate one layer's buffers per (keys, values) pair, shaped like them."""
+        for k, v in like:
+            shape = (self.row_slots, k.shape[1], self.capacity)
+            self.keys.append(torch.zeros(*shape, k.shape[3], dtype=k.dtype, device=self.device))
+            self.values.append(torch.zeros(*shape, v.shape[3], dtype=v.dtype,
+                                           device=self.device))
+
+    def _valid(self) -> torch.Tensor:
+        if self.valid is not None:
+            return self.valid
+        return torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
+
+    def _cut(self) -> None:
+        """The length is the longest row's; the valid slots are the prefixes again."""
+        longest = max(self.lens, default=0)
+        self.length = longest
+        if all(n == longest for n in self.lens):
+            self.valid = None
+        else:
+            lens = torch.tensor(self.lens, device=self.device)
+            self.valid = self._arange[None, :longest] < lens[:, None]
+
+
+class SlotKV(Cache):
+    """The transformers `Cache` a model writes a `SlotRowCache` through: each layer's new keys
+    and values go to the columns of `write_index`, and attention reads the first `span`."""
+
+    def __init__(self, slots: SlotRowCache) -> None:
+        super().__init__(layers=[])
+        self.slots = slots
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.slots
+        if layer_idx >= len(s.keys):  # the first forward allocates, layer by layer
+            s.allocate([(key_states, value_states)])
+        rows, idx = key_states.shape[0], s._write[key_states.shape[2]]
+        keys, values = s.keys[layer_idx][:rows], s.values[layer_idx][:rows]
+        keys.index_copy_(2, idx, key_states)
+        values.index_copy_(2, idx, value_states)
+        return keys[:, :, : s.span], values[:, :, : s.span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.slots.length

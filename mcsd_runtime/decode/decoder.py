@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 
 from mcsd_runtime.decode.engine import BatchResult, CommitHook, Engine
+from mcsd_runtime.decode.graphs import make_forwards
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
@@ -89,6 +90,7 @@ class MCSDDecoder:
                                                           and recorder.needs_hidden)
         self._causal = causal_bias(max(self.tree.num_nodes + 1, 8), pair.dtype, pair.device)
         self.sync_forwards = pair.device.type != "cpu" and self.config.profile
+        self.forwards = make_forwards(self.config.graphs, pair.device)
         eos = self.config.eos_token_ids
         self.eos = set(pair.eos_token_ids if eos is None else eos)
 

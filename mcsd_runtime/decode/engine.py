@@ -64,7 +64,8 @@ from typing import Protocol
 import torch
 
 from mcsd_runtime.decode import verify as V
-from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.cache import RowCache, SlotRowCache
+from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
 from mcsd_runtime.decode.lookup import chain_layers, find_match, propose
 from mcsd_runtime.decode.state import (
     DecodeConfig,
@@ -81,7 +82,6 @@ from mcsd_runtime.decode.state import (
 )
 from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.models.compat import cache_kwargs
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
@@ -103,6 +103,7 @@ class Decoding(Protocol):
     chain: TreeTensors | None  # copies' own chain tree (a draft tree of several candidates)
     stopper: Stopper
     recorder: Recorder | None
+    forwards: EagerForwards | FixedForwards  # eager, or fixed shapes captured as CUDA graphs
     needs_hidden: bool  # the stopper or the recorder reads draft hidden states
     eos: set[int]
     sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
@@ -223,7 +224,7 @@ class Engine:
         queue = deque(range(len(prompts)))
         results: list[GenerationResult | None] = [None] * len(prompts)
         rows: list[Row] = []
-        tc, dc = RowCache(0, self.dev), RowCache(0, self.dev)
+        tc, dc = self.dec.forwards.caches(self.batch_size, self.capacity(prompts))
         t_start = time.perf_counter()
         while queue or rows:
             if queue and len(rows) < self.batch_size:
@@ -237,6 +238,12 @@ class Engine:
         self.stats.wall_time = time.perf_counter() - t_start
         self.stats.new_tokens = sum(len(r.token_ids) for r in results)
         return BatchResult(results, self.stats, self.batch_size)
+
+    def capacity(self, prompts: list[list[int]]) -> int:
+        """Cache slots a row can need: its prompt, its tokens, and a step's forwards past them
+        (pending tokens, a tree or a copied chain, and the root)."""
+        step = self.tree.num_nodes + self.tree.depth + self.cfg.lookup + 4
+        return max(map(len, prompts)) + self.cfg.max_new_tokens + 2 * step
 
     def retire(self, rows: list[Row], results: list, tc: RowCache, dc: RowCache,
                on_result: Callable[[int, GenerationResult], None] | None) -> list[Row]:
@@ -325,7 +332,7 @@ class Engine:
             out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
                                timing, keep=n if ragged and logits else 1, prefill=True,
                                hidden=states, prev=prev)
-            hidden = out.hidden_states[-1] if states else None
+            hidden = out.hidden if states else None
             if logits:
                 rows = torch.arange(len(prompts), device=self.dev)
                 last = out.logits[:, -1] if not ragged else out.logits[
@@ -403,7 +410,7 @@ class Engine:
             at += n
             new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i].tt)
             if self.features:  # the new pending tokens' states: the root's, then the path's
-                r.st.d_feats.append(out.hidden_states[-1][i, [0, *path]])
+                r.st.d_feats.append(out.hidden[i, [0, *path]])
             keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
             keep_d.append(self.draft_keep(d, i, path))
             outcomes.append((drafts[i], v, new))
@@ -562,7 +569,7 @@ class Engine:
             1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
         hidden = None
         if self.draft_hidden:
-            h = out.hidden_states[-1]
+            h = out.hidden
             hidden = h[:, -1:] if last is None else h.gather(1, last.expand(-1, 1, h.shape[-1]))
         return self.dec.probs(logits), hidden
 
@@ -581,7 +588,7 @@ class Engine:
                            inputs[:, :1] + self.tt.depth[nodes][None],
                            self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
                            hidden=self.draft_hidden, prev=prev)
-        return self.dec.probs(out.logits), out.hidden_states[-1] if self.draft_hidden else None
+        return self.dec.probs(out.logits), out.hidden if self.draft_hidden else None
 
     def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
                   caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
@@ -832,23 +839,21 @@ class Engine:
             hidden=hidden, path=v.path, accepted=v.accepted, drafted=s, row=row)
 
     # ------------------------------------------------------------------ forwards, results
-    def forward(self, model, cache: RowCache, ids: torch.Tensor, pos: torch.Tensor,
-                block: torch.Tensor, valid: torch.Tensor | None, timing: Timing,
-                keep: int = 0, hidden: bool = False, prefill: bool = False,
-                prev: torch.Tensor | None = None):
-        """One forward of ids [rows, n] at positions pos over `cache`, timed into `timing`.
-        `block` [rows or 1, n, nb] masks the new tokens over the last nb keys (the new ones and
-        the nb - n before them); `valid` [rows, n]: which new slots rows may attend to later
-        (None: all); `prev` [rows, n, H]: a feature draft's input states."""
+    def forward(self, model, cache: RowCache | SlotRowCache, ids: torch.Tensor,
+                pos: torch.Tensor, block: torch.Tensor, valid: torch.Tensor | None,
+                timing: Timing, keep: int = 0, hidden: bool = False, prefill: bool = False,
+                prev: torch.Tensor | None = None) -> ForwardOut:
+        """One forward of ids [rows, n] at positions pos over `cache` (through the decoder's
+        `forwards`: eager or fixed-shape), timed into `timing`. `block` [rows or 1, n, nb]
+        masks the new tokens over the last nb keys (the new ones and the nb - n before them);
+        `valid` [rows, n]: which new slots rows may attend to later (None: all); `prev`
+        [rows, n, H]: a feature draft's input states."""
         sync = self.dec.sync_forwards
         mask = cache.mask(block, self.dtype)
         if sync:
             torch.cuda.synchronize()  # sync: timing forwards on a GPU (profile=True)
         t0 = time.perf_counter()
-        extra = {} if prev is None else {"prev_hidden": prev}
-        out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                    **cache_kwargs(model, cache.cache), use_cache=True, logits_to_keep=keep,
-                    output_hidden_states=hidden, **extra)
+        out = self.dec.forwards(model, cache, ids, pos, mask, keep, hidden, prev)
         if sync:
             torch.cuda.synchronize()  # sync: as above
         dt = time.perf_counter() - t0
@@ -908,7 +913,7 @@ class TargetInit:
                         keep=extra, hidden=e.needs_hidden)
         st.d_pending = []
         d.cache_base = dc.length - extra
-        hidden = out.hidden_states[-1][:, -extra:] if e.needs_hidden else None
+        hidden = out.hidden[:, -extra:] if e.needs_hidden else None
         return e.dec.probs(out.logits[:, -extra:]), hidden
 
     def with_root(self, st: RowState, probs: torch.Tensor) -> torch.Tensor:

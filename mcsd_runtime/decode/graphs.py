@@ -1,0 +1,157 @@
+"""How the engine runs a model's forward (`DecodeConfig.graphs`).
+
+- `EagerForwards` ("off", and "auto" off CUDA): the reference path. Each forward runs as
+  transformers runs it, over `RowCache`s that grow and shrink with the rows.
+- `FixedForwards` ("on", and "auto" on CUDA): every decode forward has a fixed shape. Both models'
+  caches are `SlotRowCache`s, preallocated once per decoder and kept across calls. A forward
+  writes its keys and values at columns that a device tensor gives, and it attends over a
+  bucketed span of columns. On CUDA each shape is then captured once as a CUDA graph and
+  replayed. The shape is (model, rows, new tokens, span, logits kept, states returned). Replay
+  launches the whole forward at once, so the GPU is not kept waiting on Python. On a CPU the
+  same fixed-shape forwards run without capture: that is what the tests check against eager.
+  Prefills stay eager (one per admission, of any length) and are copied into the slots.
+
+A capture that fails, or memory that runs out, falls back to eager forwards over the same
+caches, with one warning: decoding stays correct.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from mcsd_runtime.decode.cache import RowCache, SlotRowCache
+from mcsd_runtime.models.compat import cache_kwargs
+
+SPAN_BUCKET = 64  # a fixed-shape forward attends over a multiple of this many cached columns
+MAX_GRAPHS = 512  # past this many shapes, new shapes run eagerly (over the same caches)
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor  # [rows, kept, V]
+    hidden: torch.Tensor | None  # the last layer's states [rows, n, H], when asked
+
+
+def call_model(model, cache: RowCache | SlotRowCache, ids: torch.Tensor, pos: torch.Tensor,
+               mask: torch.Tensor, keep: int, hidden: bool,
+               prev: torch.Tensor | None = None) -> ForwardOut:
+    """One forward of ids [rows, n] at positions pos with the additive mask over `cache`;
+    `prev` [rows, n, H]: a feature draft's input states."""
+    extra = {} if prev is None else {"prev_hidden": prev}
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                **cache_kwargs(model, cache.cache), use_cache=True, logits_to_keep=keep,
+                output_hidden_states=hidden, **extra)
+    return ForwardOut(out.logits, out.hidden_states[-1] if hidden else None)
+
+
+def make_forwards(graphs: str, device: torch.device) -> EagerForwards | FixedForwards:
+    """The forwards `DecodeConfig.graphs` asks for on `device`."""
+    cuda = device.type == "cuda"
+    if graphs == "off" or (graphs == "auto" and not cuda):
+        return EagerForwards(device)
+    return FixedForwards(device, capture=cuda)
+
+
+class EagerForwards:
+    """Forwards as transformers runs them, over growing caches."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def caches(self, rows: int, capacity: int) -> tuple[RowCache, RowCache]:
+        """Empty caches for the target and the draft of a call decoding up to `rows` rows of
+        at most `capacity` tokens."""
+        return RowCache(0, self.device), RowCache(0, self.device)
+
+    def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
+        return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+
+
+class FixedForwards:
+    """Fixed-shape forwards over preallocated caches, captured as CUDA graphs when `capture`
+    (see the module docstring)."""
+
+    def __init__(self, device: torch.device, capture: bool, bucket: int = SPAN_BUCKET) -> None:
+        self.device, self.capture, self.bucket = device, capture, bucket
+        self._caches: tuple[SlotRowCache, SlotRowCache] | None = None
+        self.graphs: dict[tuple, Graph | None] = {}  # None: this shape runs eagerly
+        self.pool = None
+
+    def caches(self, rows: int, capacity: int) -> tuple[SlotRowCache, SlotRowCache]:
+        """The decoder's two slot caches, emptied; reallocated (and every graph dropped) when
+        a call needs more rows or columns than they hold."""
+        have = self._caches
+        if have is None or have[0].row_slots < rows or have[0].capacity < capacity:
+            if have is not None:  # grow, never shrink: a later call may be as large again
+                rows, capacity = max(rows, have[0].row_slots), max(capacity, have[0].capacity)
+            self.graphs.clear()
+            self._caches = None  # free the old buffers before allocating the new ones
+            capacity = -(-capacity // self.bucket) * self.bucket
+            self._caches = tuple(SlotRowCache(rows, capacity, self.device, self.bucket)
+                                 for _ in range(2))
+        for c in self._caches:
+            c.reset()
+        return self._caches
+
+    def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
+        if not isinstance(cache, SlotRowCache):  # a prefill: eager, then copied into slots
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+        cache.begin(ids.shape[1])
+        if not self.capture:
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+        key = (id(model), id(cache), *ids.shape, mask.shape[-1], keep, hidden, prev is not None)
+        inputs = {"ids": ids, "pos": pos, "mask": mask}
+        if prev is not None:
+            inputs["prev"] = prev
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(model, cache, keep, hidden, inputs)
+        graph = self.graphs[key]
+        if graph is None:
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+        return graph.replay(inputs)
+
+    def _capture(self, model, cache: SlotRowCache, keep: int, hidden: bool,
+                 inputs: dict[str, torch.Tensor]) -> Graph | None:
+        if len(self.graphs) >= MAX_GRAPHS:
+            return None
+
+        def run(ids, pos, mask, prev=None) -> ForwardOut:
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+
+        try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            return Graph(run, inputs, self.pool)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
+            self.capture = False  # every later forward runs eagerly over the same caches
+            warnings.warn(f"CUDA graph capture failed ({type(err).__name__}: {err}); decoding "
+                          f"continues with eager forwards (DecodeConfig.graphs='off' skips "
+                          f"capture)", RuntimeWarning, stacklevel=3)
+            return None
+
+
+class Graph:
+    """One forward captured as a CUDA graph, with its own input buffers."""
+
+    def __init__(self, run, inputs: dict[str, torch.Tensor], pool) -> None:
+        self.inputs = {k: v.clone() for k, v in inputs.items()}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: writes the cache columns the replay rewrites
+            run(**self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = run(**self.inputs)
+
+    def replay(self, inputs: dict[str, torch.Tensor]) -> ForwardOut:
+        """Copy `inputs` in, replay, and return copies of the outputs (the next replay of any
+        graph may reuse their memory)."""
+        for name, value in inputs.items():
+            self.inputs[name].copy_(value)
+        self.graph.replay()
+        out = self.out
+        return ForwardOut(out.logits.clone(), None if out.hidden is None else out.hidden.clone())
