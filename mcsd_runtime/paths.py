@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
+
+from mcsd_runtime.errors import MCSDError
 
 CACHE_HELP = "$MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd"
 
@@ -58,3 +61,23 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def tmp_beside(dest: Path, what: str, remedy: str) -> Path:
+    """A fresh, writable temporary folder next to `dest`, where `what` is built before it is
+    renamed into place. MCSDError if that location is not writable: `cannot write WHAT to DEST:
+    WHY; REMEDY`."""
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        probe = tmp / ".probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        blocker = next((p for p in dest.parents if p.exists()), None)
+        why = (f"{blocker} is not a folder" if blocker is not None and not blocker.is_dir()
+               else err.strerror or str(err))
+        raise MCSDError(f"cannot write {what} to {dest}: {why}; {remedy}") from None
+    return tmp

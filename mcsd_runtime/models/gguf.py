@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, file_sha256, models_dir
+from mcsd_runtime.paths import CACHE_HELP, file_sha256, models_dir, tmp_beside
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-gguf-model"
@@ -103,7 +103,7 @@ def convert_gguf(gguf: Path, dest: Path, source: dict, progress: bool = True) ->
     if progress:
         print(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB) once into {dest} "
               f"(the cache: {CACHE_HELP})", flush=True)
-    tmp = _tmp_beside(dest)
+    tmp = tmp_beside(dest, "the converted model", "set MCSD_CACHE to a writable folder")
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -243,19 +243,6 @@ def _plain_copy(loaded):
 def _broken(root: str | Path, what: str) -> str:
     return (f"the converted GGUF model at {root} is incomplete or damaged: {what}. Delete that "
             f"folder (rm -r {root}); the next load converts the GGUF file again")
-
-
-def _tmp_beside(dest: Path) -> Path:
-    """A fresh temporary folder next to `dest` (MCSDError if that location is not writable)."""
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as err:
-        raise MCSDError(f"cannot write the converted model to {dest}: "
-                        f"{err.strerror or err}; set MCSD_CACHE to a writable folder") from None
-    return tmp
 
 
 def _install(tmp: Path, dest: Path) -> None:

@@ -25,7 +25,13 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, file_sha256, legacy_models_dir, models_dir
+from mcsd_runtime.paths import (
+    CACHE_HELP,
+    file_sha256,
+    legacy_models_dir,
+    models_dir,
+    tmp_beside,
+)
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
 from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, _cpu_bf16_ok, get_recipe
 from mcsd_runtime.toy.spec import is_toy_spec, parse_toy_spec
@@ -393,21 +399,8 @@ def _broken(root: str | Path, what: str) -> str:
 
 def _make_tmp(dest: Path) -> Path:
     """A fresh temporary folder next to `dest` (MCSDError if that location is not writable)."""
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        probe = tmp / ".probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        blocker = next((p for p in dest.parents if p.exists()), None)
-        why = (f"{blocker} is not a folder" if blocker is not None and not blocker.is_dir()
-               else err.strerror or str(err))
-        raise MCSDError(f"cannot write the toy pair to {dest}: {why}; "
-                        "choose a writable folder with --out (or set MCSD_CACHE)") from None
-    return tmp
+    return tmp_beside(dest, "the toy pair",
+                      "choose a writable folder with --out (or set MCSD_CACHE)")
 
 
 def _install(tmp: Path, dest: Path) -> None:
