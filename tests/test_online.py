@@ -59,6 +59,37 @@ def test_an_overconfident_stopper_learns_to_stop_and_a_right_one_goes_on():
     assert all(decided(1.0, accepted=2))  # its confidence borne out: it goes on
 
 
+class Fixed:
+    """The same node score for every frontier."""
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def __call__(self, frontiers):
+        return [(np.array([self.score]), np.zeros((1, 1))) for _ in frontiers]
+
+
+@pytest.mark.parametrize(("strength", "node_score", "predicted"), [
+    (0.0, 0.5, 0.0),  # off: the raw score
+    (1.0, 0.5, 0.0),  # on, nothing seen yet: factor 1
+    (1.0, 1.0, 1.0),  # on, one miss seen: factor (0 + 1) / (1 + 1) = 0.5
+])
+def test_a_score_exactly_at_the_threshold_goes_on(strength, node_score, predicted):
+    # the rule is `score >= threshold` with the online factor applied as well as without it
+    stopper = stopper_from(ArtifactSpec.read(FIXTURE), FIXTURE, threshold=0.5,
+                           aggregation="max", min_depth=1, online_strength=strength)
+    stopper.reset()
+    stopper.online.predicted = predicted
+    stopper.node_scores_of = Fixed(node_score)
+    frontier = SimpleNamespace(depth=1, trajectory=lambda: [0.0] * 16)
+    factor = stopper.online.factor() if strength else 1.0
+    assert node_score * factor == 0.5  # exactly the threshold
+    assert stopper.should_continue(frontier)
+    assert stopper.online.pending == ([(1, node_score)] if strength else [])
+    stopper.node_scores_of = Fixed(np.nextafter(node_score, 0.0))  # just under it: stops
+    assert not stopper.should_continue(frontier)
+
+
 def test_a_sequence_starts_afresh():
     stopper = stopper_from(ArtifactSpec.read(FIXTURE), FIXTURE, online_strength=1.0)
     stopper.online.drafted_past(1, 0.9)
