@@ -12,15 +12,19 @@
   Prefills stay eager (one per admission, of any length) and are copied into the slots.
 
 A capture that fails, or memory that runs out, falls back to eager forwards over the same
-caches, with one warning: decoding stays correct.
+caches, with one warning: decoding stays correct. On CUDA the fixed path pins scaled-dot-product
+attention to the memory-efficient kernel (the math one as a fallback): it takes any additive mask
+and captures, where the cuDNN kernel costs host time per call and may not capture.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.models.compat import cache_kwargs
@@ -100,6 +104,16 @@ class FixedForwards:
         if not isinstance(cache, SlotRowCache):  # a prefill: eager, then copied into slots
             return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
         cache.begin(ids.shape[1])
+        with self.attention():
+            return self._run(model, cache, ids, pos, mask, keep, hidden, prev)
+
+    def attention(self) -> contextlib.AbstractContextManager:
+        """The attention kernels of fixed-shape forwards (see the module docstring)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+    def _run(self, model, cache, ids, pos, mask, keep, hidden, prev) -> ForwardOut:
         if not self.capture:
             return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
         key = (id(model), id(cache), *ids.shape, mask.shape[-1], keep, hidden, prev is not None)
