@@ -12,7 +12,7 @@ from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2Fo
 
 from mcsd_runtime.decode.cache import SlotRowCache
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, make_forwards
+from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, make_forwards, row_bucket
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.width import WidthPolicy
@@ -40,6 +40,11 @@ def both(make, ps=PROMPTS, batch_size: int = 3, **kw) -> tuple[list, list]:
     return [r.token_ids for r in eager], [r.token_ids for r in got]
 
 
+def test_rows_are_padded_to_powers_of_two_within_the_slots():
+    assert [row_bucket(r, 5) for r in range(1, 6)] == [1, 2, 4, 4, 5]
+    assert [row_bucket(r, 8) for r in (3, 5, 8)] == [4, 8, 8]
+
+
 def test_graphs_option_picks_the_path():
     cpu = torch.device("cpu")
     assert isinstance(make_forwards("auto", cpu), EagerForwards)
@@ -52,7 +57,7 @@ def test_graphs_option_picks_the_path():
 
 
 @pytest.mark.parametrize("k_config", [(4, 2, 2, 1), (1, 1, 1, 1), "4,1/1,1,1", (8,)])
-@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("batch_size", [1, 3, 5])  # 5: rows padded to 8, then to 4 as they go
 def test_greedy_equals_eager_and_the_target(pair, k_config, batch_size):
     def make(graphs):
         return MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24,
@@ -80,7 +85,7 @@ def test_ar_equals_eager(pair):
 
 
 @pytest.mark.parametrize("verify", ["mcss", "naive"])
-@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("batch_size", [1, 3, 5])
 def test_sampled_draws_equal_eager(pair, verify, batch_size):
     """Same seeds, same draws: the fixed path's rows follow the target's law because they are
     the eager path's rows (whose law the sampling tests check)."""

@@ -6,7 +6,8 @@
   caches are `SlotRowCache`s, preallocated once per decoder and kept across calls. A forward
   writes its keys and values at columns that a device tensor gives, and it attends over a
   bucketed span of columns. On CUDA each shape is then captured once as a CUDA graph and
-  replayed. The shape is (model, rows, new tokens, span, logits kept, states returned). Replay
+  replayed. The shape is (model, rows, new tokens, span, logits kept, states returned), rows
+  padded to a power of two with idle rows, so a batch whose rows retire reuses few graphs. Replay
   launches the whole forward at once, so the GPU is not kept waiting on Python. On a CPU the
   same fixed-shape forwards run without capture: that is what the tests check against eager.
   Prefills stay eager (one per admission, of any length) and are copied into the slots.
@@ -59,6 +60,22 @@ def make_forwards(graphs: str, device: torch.device) -> EagerForwards | FixedFor
     return FixedForwards(device, capture=cuda)
 
 
+def row_bucket(rows: int, slots: int) -> int:
+    """The rows a fixed-shape forward runs: the next power of two, at most the cache's rows."""
+    return min(slots, 1 << (rows - 1).bit_length())
+
+
+def pad_rows(n: int, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+             prev: torch.Tensor | None) -> tuple:
+    """The inputs with idle rows up to n: token 0 at position 0, seeing every column (finite
+    scores, no empty softmax). They write to the cache's free row slots, never read."""
+    extra = n - ids.shape[0]
+    if not extra:
+        return ids, pos, mask, prev
+    grow = lambda t: torch.cat([t, t.new_zeros(extra, *t.shape[1:])])  # noqa: E731
+    return grow(ids), grow(pos), grow(mask), None if prev is None else grow(prev)
+
+
 class EagerForwards:
     """Forwards as transformers runs them, over growing caches."""
 
@@ -104,8 +121,13 @@ class FixedForwards:
         if not isinstance(cache, SlotRowCache):  # a prefill: eager, then copied into slots
             return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
         cache.begin(ids.shape[1])
+        rows = ids.shape[0]
+        ids, pos, mask, prev = pad_rows(row_bucket(rows, cache.row_slots), ids, pos, mask, prev)
         with self.attention():
-            return self._run(model, cache, ids, pos, mask, keep, hidden, prev)
+            out = self._run(model, cache, ids, pos, mask, keep, hidden, prev)
+        if ids.shape[0] == rows:
+            return out
+        return ForwardOut(out.logits[:rows], None if out.hidden is None else out.hidden[:rows])
 
     def attention(self) -> contextlib.AbstractContextManager:
         """The attention kernels of fixed-shape forwards (see the module docstring)."""
