@@ -1,0 +1,164 @@
+"""How fast one forward can be: eager, fixed-shape (captured as a CUDA graph on a GPU) and
+`torch.compile(mode="reduce-overhead")`, side by side.
+
+This measures a target forward of n new tokens over a context of `context` cached tokens. It is
+timed alone, outside the decoder, at 1 row and at 8 rows. The three ways to run it are:
+
+- **eager**: transformers over a `DynamicCache`, cut back after each forward;
+- **fixed**: the decoder's own fixed-shape forward (`mcsd_runtime.decode.graphs.FixedForwards`:
+  slot cache, bucketed span, one CUDA graph per shape; no capture on a CPU);
+- **compiled**: `torch.compile(mode="reduce-overhead")` over transformers' `StaticCache`, on
+  CUDA only, since it is what gpt-fast does. Its compile seconds are reported beside its forward.
+
+Each forward gets the same additive 4D mask and explicit positions as a decoder step. Every
+figure is the median of `repeats` timed forwards after warm-up: CUDA events on a GPU,
+`perf_counter` on a CPU. `run_spike(pair)` returns a list of rows, one per (way, rows, n). The
+GPU check (`docs/gpu-check.md`) runs it at the smollm2 and llama2-7b shapes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from transformers import StaticCache
+
+from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.graphs import FixedForwards, call_model
+from mcsd_runtime.decode.state import causal_bias
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
+    """Median milliseconds of `fn()` over `repeats` calls, after two untimed ones."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def _inputs(model, rows: int, context: int, n: int):
+    """Context ids [rows, context], new ids [rows, n], their positions and [n, n] causal block."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    dev, dtype = model.device, model.dtype
+    ctx = torch.randint(0, vocab, (rows, context), generator=gen).to(dev)
+    new = torch.randint(0, vocab, (rows, n), generator=gen).to(dev)
+    pos = (context + torch.arange(n, device=dev)).expand(rows, -1)
+    return ctx, new, pos, causal_bias(n, dtype, dev)
+
+
+def _prefill(model, cache, ctx: torch.Tensor) -> None:
+    rows, context = ctx.shape
+    block = causal_bias(context, model.dtype, model.device)[None, None].expand(rows, -1, -1, -1)
+    pos = torch.arange(context, device=model.device).expand(rows, -1)
+    call_model(model, cache, ctx, pos, block, 1, False)
+
+
+def eager_forward(model, rows: int, context: int, n: int):
+    """A function running the eager forward again and again (returning its logits)."""
+    ctx, new, pos, block = _inputs(model, rows, context, n)
+    cache = RowCache(rows, model.device)
+    _prefill(model, cache, ctx)
+    cache.settle([context] * rows)
+    mask = cache.mask(block[None], model.dtype)
+
+    def forward():
+        out = call_model(model, cache, new, pos, mask, 0, False)
+        for layer in cache.cache.layers:
+            layer.crop(-n)
+        return out.logits
+
+    return forward
+
+
+def fixed_forward(model, rows: int, context: int, n: int):
+    """The fixed-shape forward, again and again: each call rewrites the same n columns of the
+    slot cache (returning its logits)."""
+    ctx, new, pos, block = _inputs(model, rows, context, n)
+    fw = FixedForwards(model.device, capture=model.device.type == "cuda")
+    slots, _ = fw.caches(rows, context + n)
+    prefill = RowCache(rows, model.device)
+    _prefill(model, prefill, ctx)
+    prefill.settle([context] * rows)
+    slots.extend(prefill)
+    mask = slots.mask(block[None], model.dtype)
+    return lambda: fw(model, slots, new, pos, mask, 0, False).logits
+
+
+@torch.inference_mode()
+def compiled_ms(model, rows: int, context: int, n: int, repeats: int) -> tuple[float, float]:
+    """(forward ms, compile seconds) of torch.compile(mode="reduce-overhead") over a
+    StaticCache; each call writes the same n columns again."""
+    ctx, new, pos, block = _inputs(model, rows, context, n)
+    length = context + n
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    full = causal_bias(length, model.dtype, model.device)[None, None].expand(rows, -1, -1, -1)
+    model(input_ids=ctx, position_ids=torch.arange(context, device=ctx.device).expand(rows, -1),
+          attention_mask=full[:, :, :context].contiguous(), past_key_values=cache,
+          use_cache=True, logits_to_keep=1)
+    mask = full[:, :, context:].contiguous()
+    step = torch.compile(model, mode="reduce-overhead", fullgraph=False)
+
+    def forward():
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(context)
+        step(input_ids=new, position_ids=pos, attention_mask=mask, past_key_values=cache,
+             use_cache=True, logits_to_keep=0)
+
+    t0 = time.perf_counter()
+    forward()
+    torch.cuda.synchronize()
+    return _timed(forward, repeats, model.device), time.perf_counter() - t0
+
+
+def run_spike(pair, rows: tuple[int, ...] = (1, 8), tokens: tuple[int, ...] = (1, 16),
+              context: int = 256, repeats: int = 10, compiled: bool | None = None) -> list[dict]:
+    """One row per (way, rows, new tokens) for the pair's target; `compiled` (default: on
+    CUDA) adds torch.compile's rows, whose failures are recorded, not raised."""
+    model = pair.target
+    compiled = model.device.type == "cuda" if compiled is None else compiled
+    out = []
+    for b in rows:
+        for n in tokens:
+            row = {"rows": b, "new_tokens": n, "context": context}
+            for way, make in (("eager", eager_forward), ("fixed", fixed_forward)):
+                with torch.inference_mode():
+                    ms = _timed(make(model, b, context, n), repeats, model.device)
+                out.append({**row, "way": way, "ms": ms})
+            if compiled:
+                try:
+                    ms, secs = compiled_ms(model, b, context, n, repeats)
+                    out.append({**row, "way": "compiled", "ms": ms, "compile_s": secs})
+                except Exception as err:  # a compile failure is a result here, not a crash
+                    out.append({**row, "way": "compiled", "error": f"{type(err).__name__}: "
+                                                                  f"{str(err)[:300]}"})
+    return out
+
+
+def spike_table(rows: list[dict]) -> str:
+    """The spike's rows as a Markdown table: milliseconds per forward, by way."""
+    ways = sorted({r["way"] for r in rows}, key=["eager", "fixed", "compiled"].index)
+    keys = sorted({(r["rows"], r["new_tokens"]) for r in rows})
+    lines = ["| rows | new tokens | " + " | ".join(f"{w} ms" for w in ways) + " |",
+             "|---:|---:|" + "---:|" * len(ways)]
+    for b, n in keys:
+        cells = []
+        for w in ways:
+            hit = [r for r in rows if (r["rows"], r["new_tokens"], r["way"]) == (b, n, w)]
+            cells.append(f"{hit[0]['ms']:.2f}" if hit and "ms" in hit[0] else "failed")
+        lines.append(f"| {b} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
