@@ -1,19 +1,39 @@
 """One worker process of distillation data: `python -m mcsd_runtime.distill.worker_process
-PLAN` (started by `worker.run_workers`). It loads the target once, on one torch thread, and takes
-the plan's jobs in order, claiming each with a file created exclusively
+PLAN [PARENT_PID]` (started by `worker.run_workers`). It loads the target once, on one torch
+thread, and takes the plan's jobs in order, claiming each with a file created exclusively
 (`.claim-<run>-<stream>-<batch>`), so that the workers share the jobs dynamically (a worker on a
-busy core takes fewer) and no job runs twice."""
+busy core takes fewer) and no job runs twice.
+
+It ends with its parent: given PARENT_PID, it watches (`watch_parent`) whether that process is
+still its parent, and exits once it is not (a parent killed outright, SIGKILL included, leaves
+its children to another process). A parent that is asked to stop (SIGTERM) stops its workers
+itself (`worker.run_workers`)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
-import torch
+PARENT_POLL_SECONDS = 0.5
+PARENT_GONE_EXIT = 3  # the exit status of a worker whose parent went away
 
-from mcsd_runtime.distill.data import DataStore, run_job
-from mcsd_runtime.distill.target import load_target
+
+def watch_parent(parent: int, every: float = PARENT_POLL_SECONDS) -> threading.Thread:
+    """Exit this process as soon as `parent` is no longer its parent: from a daemon thread,
+    with `os._exit`, since the main thread may be deep inside a torch kernel."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        print(f"the parent process {parent} is gone: this worker stops", flush=True)
+        os._exit(PARENT_GONE_EXIT)
+
+    thread = threading.Thread(target=watch, name="watch-parent", daemon=True)
+    thread.start()
+    return thread
 
 
 def _claim(folder: Path, run: str, job) -> bool:
@@ -26,7 +46,15 @@ def _claim(folder: Path, run: str, job) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    plan = torch.load((argv or sys.argv[1:])[0], weights_only=False)  # written by run_workers
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1:  # watched before torch is imported: that alone takes seconds
+        watch_parent(int(args[1]))
+    import torch
+
+    from mcsd_runtime.distill.data import DataStore, run_job
+    from mcsd_runtime.distill.target import load_target
+
+    plan = torch.load(args[0], weights_only=False)  # written by run_workers
     torch.set_num_threads(1)
     model, tokenizer = load_target(Path(plan["target"]))
     store = DataStore(Path(plan["store"]))
