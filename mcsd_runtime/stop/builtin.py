@@ -22,7 +22,7 @@ import torch
 from mcsd_runtime.decode.tree import k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase
+from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
 from mcsd_runtime.stop.learned import stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
 
@@ -38,6 +38,9 @@ class StaticStopper(StopperBase):
 
     def should_continue(self, frontier: Frontier) -> bool:
         return self.depth is None or frontier.depth < self.depth
+
+    def device_continue(self, frontier: Frontier) -> torch.Tensor:
+        return decided(frontier, StaticStopper.should_continue(self, frontier))
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         """Refuse a depth the tree does not have (it would silently draft the whole tree)."""
@@ -58,6 +61,9 @@ class NoDraftStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         return False
 
+    def device_continue(self, frontier: Frontier) -> torch.Tensor:
+        return decided(frontier, False)
+
 
 class ConfidenceStopper(StopperBase):
     """HF/DISCO style: continue while some frontier token's draft probability is >= T."""
@@ -66,8 +72,10 @@ class ConfidenceStopper(StopperBase):
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        prob = frontier.column("draft_prob")
-        return bool((prob >= self.threshold).any())
+        return bool(self.device_continue(frontier))
+
+    def device_continue(self, frontier: Frontier) -> torch.Tensor:
+        return (frontier.column("draft_prob") >= self.threshold).any()
 
 
 class EntropyStopper(StopperBase):
@@ -78,9 +86,11 @@ class EntropyStopper(StopperBase):
         self.lam, self.gamma = lam, gamma
 
     def should_continue(self, frontier: Frontier) -> bool:
+        return bool(self.device_continue(frontier))
+
+    def device_continue(self, frontier: Frontier) -> torch.Tensor:
         entropy = frontier.column("q_entropy")
-        bound = 1.0 - torch.sqrt(self.gamma * entropy.min())
-        return bool(bound >= self.lam)
+        return 1.0 - torch.sqrt(self.gamma * entropy.min()) >= self.lam
 
 
 class CumprodStopper(StopperBase):
@@ -91,8 +101,10 @@ class CumprodStopper(StopperBase):
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        log_path = frontier.column("log_path_prob")
-        return bool(1.0 - log_path.max().exp() <= self.threshold)
+        return bool(self.device_continue(frontier))
+
+    def device_continue(self, frontier: Frontier) -> torch.Tensor:
+        return 1.0 - frontier.column("log_path_prob").max().exp() <= self.threshold
 
 
 class HeuristicStopper(StopperBase):
@@ -109,6 +121,9 @@ class HeuristicStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         self.budget = min(self.budget, frontier.max_depth)
         return frontier.depth < self.budget
+
+    def device_continue(self, frontier: Frontier) -> torch.Tensor:
+        return decided(frontier, frontier.depth < min(self.budget, frontier.max_depth))
 
     def update(self, drafted: int, accepted: int) -> None:
         self.budget = self.budget + 2 if accepted == drafted else max(1, self.budget - 1)
