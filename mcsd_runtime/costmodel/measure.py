@@ -10,7 +10,8 @@ to rise would mis-price exactly the depths where that happens.
 `static_runs` then decodes AR and every static depth of a k-config end to end, interleaved per
 prompt (at B > 1: per batch of prompts, `MCSDDecoder.generate_batch`), greedy or sampled at the
 temperature replays will price (sampling costs a step more than an argmax, and a drafted step
-more than AR's), and `calibrate` replaces the
+more than AR's; on an accelerator after decoding every prompt once untimed, so that no timed
+forward is a shape's first use), and `calibrate` replaces the
 isolated forwards' latencies by the ones timed there and fits the decoder's per-step and
 per-depth overheads to those runs by least squares (`fit_overheads`); the runs' tokens/s are
 kept under the profile's `static`.
@@ -158,10 +159,11 @@ def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, r
 
 def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,
                 seed: int = 0, progress: bool = False, batch_size: int = 1,
-                temperature: float = 0.0, widths: bool = False) -> tuple[list[dict], Forwards]:
+                temperature: float = 0.0, widths: bool = False,
+                graphs: str = "auto") -> tuple[list[dict], Forwards]:
     """AR (depth 0) and every static depth 1..D of `k_config` end to end at `temperature`, after
-    one warm-up. At batch size 1 each prompt alone, depths in a fresh random order per prompt;
-    above it all `prompts` through `MCSDDecoder.generate_batch` once per depth, in a random
+    a warm-up (`_warm_up`). At batch size 1 each prompt alone, depths in a fresh random order per
+    prompt; above it all `prompts` through `MCSDDecoder.generate_batch` once per depth, in a random
     order. Returns the runs (depth, steps, drafted depths, tokens, decode seconds after the
     prefill, seconds inside forwards then) and every forward's seconds by (model, new tokens per
     row): forwards timed by `ForwardTimer` as the decoder runs them, a step's first draft
@@ -169,13 +171,13 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     forwards over `batch_size` rows. `widths` (batch size 1): also depth 1 at every narrower
     first depth w < k (run "width" w), so that the forwards a learned width verifies (2..k
     tokens) are timed in the decoder too: an isolated forward's cost differs from the decoder's
-    by more than the gap between neighbouring counts."""
+    by more than the gap between neighbouring counts. `graphs` is DecodeConfig.graphs."""
     from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
     from mcsd_runtime.progress import progress as progress_bar
 
     depth = len(k_config)
     config = DecodeConfig(k_config=k_config, max_new_tokens=max_new_tokens,
-                          temperature=temperature, seed=seed)
+                          temperature=temperature, seed=seed, graphs=graphs)
     decs = {0: ARDecoder(pair, config)}
     decs |= {d: MCSDDecoder(pair, config, stopper=f"static:{d}") for d in range(1, depth + 1)}
     order = random.Random(seed)
@@ -184,7 +186,7 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     if widths:
         decs |= {(1, w): MCSDDecoder(pair, replace(config, k_config=(w,)), stopper="static:1")
                  for w in range(1, config.k_config[0])}
-    decs[depth].generate(prompts[0])
+    _warm_up(pair, decs, prompts, depth)
     runs, forwards = [], {}
     for i, ids in enumerate(progress_bar(prompts, desc="static runs", unit="prompt",
                                          disable=not progress)):
@@ -203,13 +205,32 @@ def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 
     return runs, forwards
 
 
+def _warm_up(pair, decs: dict, prompts: list[list[int]], deepest, batch_size: int = 1) -> None:
+    """Decode untimed before the timed runs. On a CPU the deepest decoder decodes one prompt
+    (or batch): first-call costs. On an accelerator every decoder decodes every prompt first: a
+    forward's first use of a shape costs there far more than its later uses (the cuDNN attention
+    backend builds an execution plan for each query and key length, tens of ms; a captured
+    path captures a graph per shape bucket), a long decode pays each once, and the timed runs
+    would otherwise meet a new shape at nearly every step (`step_breakdown`'s docstring)."""
+    if pair.device.type == "cpu":
+        todo = [(decs[deepest], prompts[:batch_size])]
+    else:
+        todo = [(dec, prompts) for dec in decs.values()]
+    for dec, ids in todo:
+        if batch_size > 1:
+            dec.generate_batch(ids, batch_size=batch_size)
+        else:
+            for one in ids:
+                dec.generate(one)
+
+
 def _static_batch_runs(pair, decs: dict, prompts: list[list[int]], batch_size: int, order,
                        progress: bool) -> tuple[list[dict], Forwards]:
     """`static_runs` above batch size 1: each static depth decodes all prompts once with
-    `generate_batch`, depths in a random order after a warm-up of the deepest."""
+    `generate_batch`, depths in a random order after a warm-up (`_warm_up`)."""
     from mcsd_runtime.progress import progress as progress_bar
 
-    decs[max(decs)].generate_batch(prompts[:batch_size], batch_size=batch_size)
+    _warm_up(pair, decs, prompts, max(decs), batch_size)
     depths = list(decs)
     order.shuffle(depths)
     runs, forwards = [], {}
