@@ -21,20 +21,27 @@ from mcsd_runtime import metrics
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mcsd_runtime.cli.args import add_decode_args, add_pair_args, add_threads_arg
+    from collect.cli import add_record_args
+    from mcsd_runtime.cli.args import (
+        add_decode_args,
+        add_json_arg,
+        add_limit_arg,
+        add_pair_args,
+        add_prompts_arg,
+        add_threads_arg,
+    )
     from mcsd_runtime.prompts.chat import add_chat_arg
 
     p = argparse.ArgumentParser(prog="python -m collect.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_decode_args(p)
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="default %(default)s")
-    p.add_argument("--limit", type=int, default=8, help="prompts (default %(default)s)")
-    p.add_argument("--save-hidden", action="store_true")
-    p.add_argument("--dense", action="store_true")
+    add_prompts_arg(p, "prompt set or file (default %(default)s)", default=DEFAULT_PROMPTS)
+    add_limit_arg(p, "prompts (default %(default)s)", default=8)
+    add_record_args(p)
     add_chat_arg(p)
     add_threads_arg(p)
-    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    add_json_arg(p)
     return p
 
 

@@ -32,7 +32,10 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
     from mcsd_runtime.cli.args import (
         add_batch_size_arg,
         add_decode_args,
+        add_limit_arg,
+        add_out_arg,
         add_pair_args,
+        add_prompts_arg,
         add_threads_arg,
     )
     from mcsd_runtime.prompts.chat import add_chat_arg
@@ -40,24 +43,18 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
     add_pair_args(p)
     add_decode_args(p)
     g = p.add_argument_group("collection")
-    g.add_argument("--prompts", default=DEFAULT_PROMPTS,
-                   help="prompt set (`mcsd prompts --list`: toy-code-collect, toy-doc-collect, "
-                        "mt-bench, ...), SET=FILE or a .json/.jsonl/.parquet file (default "
-                        "%(default)s); train on your own traffic, evaluate on other sets")
-    g.add_argument("--limit", type=int, default=None,
-                   help="a seeded random sample of this many prompts (default: all)")
+    add_prompts_arg(g, "prompt set (`mcsd prompts --list`: toy-code-collect, toy-doc-collect, "
+                       "mt-bench, ...), SET=FILE or a .json/.jsonl/.parquet file (default "
+                       "%(default)s); train on your own traffic, evaluate on other sets",
+                    default=DEFAULT_PROMPTS)
+    add_limit_arg(g, "a seeded random sample of this many prompts (default: all)")
     add_chat_arg(g)
-    g.add_argument("--out", default=None,
-                   help="run folder (default: $MCSD_DATA/runs/<name from the options>, MCSD_DATA "
-                        "defaulting to ./data); an existing "
-                        "run folder with the same options is resumed")
+    add_out_arg(g, "run folder (default: $MCSD_DATA/runs/<name from the options>, MCSD_DATA "
+                   "defaulting to ./data); an existing run folder with the same options is "
+                   "resumed")
     g.add_argument("--run-id", default=None, help="run id stored in every row (default: the "
                                                    "folder name)")
-    g.add_argument("--save-hidden", action="store_true",
-                   help="also store the draft's last hidden state per node (float16 list column)")
-    g.add_argument("--dense", action="store_true",
-                   help="greedy only: draft and verify a full tree at every position, committing "
-                        "one token per step, so replay can follow any stopper exactly")
+    add_record_args(g)
     g.add_argument("--devices", type=int, default=1,
                    help="processes per node (Lightning Fabric DDP; CPU processes or one GPU each)")
     g.add_argument("--processes-per-device", type=int, default=1, metavar="N",
@@ -74,6 +71,16 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
     add_threads_arg(g)
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bar (nor, when not on a terminal, progress lines)")
+
+
+def add_record_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--save-hidden` and `--dense`: what the recorder keeps (collect, `python -m
+    collect.bench`)."""
+    g.add_argument("--save-hidden", action="store_true",
+                   help="also store the draft's last hidden state per node (float16 list column)")
+    g.add_argument("--dense", action="store_true",
+                   help="greedy only: draft and verify a full tree at every position, committing "
+                        "one token per step, so replay can follow any stopper exactly")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

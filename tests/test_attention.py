@@ -74,11 +74,11 @@ def test_unknown_attention_is_a_clear_error():
 
 
 def test_attention_bench_pairs_the_two_implementations(toy_tiny, capsys):
-    from mcsd_runtime.costmodel.attention_bench import main
+    from mcsd_runtime.cli import main
 
-    pair = ["--target", str(toy_tiny / "target"), "--draft", str(toy_tiny / "draft"),
-            "--dtype", "float32", "--threads", "1"]
-    assert main([*pair, "--contexts", "8", "--tokens", "1,3", "--reps", "3"]) == 0
+    pair = ["attention-bench", "--target", str(toy_tiny / "target"), "--draft",
+            str(toy_tiny / "draft"), "--dtype", "float32", "--threads", "1"]
+    assert main([*pair, "--context", "8", "--tokens", "1,3", "--rounds", "3"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 8 |")]
     assert [r.split(" | ")[1] for r in rows] == ["1", "3"]
     assert all(r.endswith("| 0 |") for r in rows)  # the same logits

@@ -41,7 +41,7 @@ def test_rows_outside_the_measured_sizes_are_refused():
     for rows in (0, 9, 2.5):
         with pytest.raises(MCSDError, match=r"measured at batch size\(s\) 1, 4, 8"):
             PROFILE.target(1, rows=rows)
-    with pytest.raises(MCSDError, match="--batch-sizes 1,4,8,16"):
+    with pytest.raises(MCSDError, match="--batch-size 1,4,8,16"):
         PROFILE.step_seconds(Tree((1,)), 1, 1, rows=16)
 
 

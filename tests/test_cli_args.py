@@ -26,8 +26,8 @@ def test_every_command_has_the_same_threads_option():
     from collect.bench import build_parser as collect_bench_parser
 
     parsers = {name: p for name, p in _subcommands().items() if "--threads" in _options(p)}
-    assert set(parsers) == {"bench", "collect", "drift", "eval", "profile", "train", "train-lookup",
-                            "train-width"}
+    assert set(parsers) == {"attention-bench", "bench", "collect", "drift", "eval", "profile",
+                            "train", "train-lookup", "train-width"}
     parsers["collect.bench"] = collect_bench_parser()
     threads = {name: _options(p)["--threads"] for name, p in parsers.items()}
     assert {(a.default, a.type, a.help) for a in threads.values()} == {

@@ -1,7 +1,7 @@
 """The learned prompt-lookup copy length: match statistics, the decision rule, training, the
 decoder taking exactly the decisions its replay takes (features included; beside a draft, the
 draft's teacher-forced candidates too), greedy output equal to the target's alone and in
-batches, the hindsight oracle, and `mcsd train-lookup`."""
+batches, the hindsight oracle, and `mcsd train --decision copy`."""
 
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ def test_step_costs_read_the_profile():
 
 
 def test_method_names_and_missing_folders(tmp_path):
-    with pytest.raises(MCSDError, match="mcsd train-lookup"):
+    with pytest.raises(MCSDError, match="mcsd train --decision copy"):
         check_method(f"lookup-learned:{tmp_path}")
     with pytest.raises(MCSDError, match="name the folder"):
         check_method("lookup-learned")
@@ -248,10 +248,10 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
     profile = tmp_path / "cost.json"
     CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.003]).save(profile)
     out = tmp_path / "copy"
-    base = ["train-lookup", "--target", str(toy_tiny / "target"), "--draft",
+    base = ["train", "--decision", "copy", "--target", str(toy_tiny / "target"), "--draft",
             str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
             "--max-new-tokens", "24", "--max-copy", "8", "--dtype", "fp32"]
-    assert main([*base, "--profile", str(profile), "--out", str(out),
+    assert main([*base, "--cost-profile", str(profile), "--out", str(out),
                  "--traces", str(tmp_path / "traces.json")]) == 0
     printed = capsys.readouterr().out
     assert "toy-code (trained)" in printed and "lookup-learned:" in printed
@@ -259,27 +259,27 @@ def test_train_lookup_trains_reports_and_refuses_bad_input(toy_tiny, tmp_path, c
     assert spec["report"][0]["prompts"] == 3 and len(spec["costs"]) == 9
     assert CopyLength.load(out).max_copy == 8
     # a second run refuses to overwrite without --force; with it, reuses the cached outputs
-    assert main([*base, "--profile", str(profile), "--out", str(out)]) == 2
+    assert main([*base, "--cost-profile", str(profile), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
-    assert main([*base, "--profile", str(profile), "--out", str(out), "--max-copy", "4",
+    assert main([*base, "--cost-profile", str(profile), "--out", str(out), "--max-copy", "4",
                  "--force", "--traces", str(tmp_path / "traces.json")]) == 0
     printed = capsys.readouterr()
     assert "vs lookup:4:3" in printed.out and "target outputs" not in printed.err
     assert CopyLength.load(out).max_copy == 4
     short = tmp_path / "short.json"
     CostProfile(tokens=[1, 4], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(short)
-    assert main([*base, "--profile", str(short), "--out", str(tmp_path / "o2")]) == 2
+    assert main([*base, "--cost-profile", str(short), "--out", str(tmp_path / "o2")]) == 2
     assert "--max-tokens 9" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
-    sampled = [*base, "--profile", str(profile), "--out", str(out), "--force",
+    sampled = [*base, "--cost-profile", str(profile), "--out", str(out), "--force",
                "--temperature", "0.2"]
-    assert main([*sampled, "--check", "1"]) == 2
+    assert main([*sampled, "--check-prompts", "1"]) == 2
     assert "--eval-prompts" in capsys.readouterr().err
     assert main([*sampled, "--traces", str(tmp_path / "traces.json")]) == 2  # greedy outputs
     assert "temperature" in capsys.readouterr().err
     assert main([*sampled, "--eval-prompts", "toy-code"]) == 2
     assert "held-out prompts must come from other sets" in capsys.readouterr().err
-    assert main([*sampled, "--eval-prompts", "toy-doc", "--eval-limit", "2", "--check",
+    assert main([*sampled, "--eval-prompts", "toy-doc", "--eval-limit", "2", "--check-prompts",
                  "1"]) == 0
     assert "replay vs end to end on 1 held-out prompts at temperature 0.2" in (
         capsys.readouterr().out)
@@ -305,15 +305,15 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     profile = tmp_path / "cost.json"
     CostProfile(tokens=[1, 9], target_s=[0.01, 0.012], draft_s=[0.001, 0.003]).save(profile)
     out, alone = tmp_path / "copy", tmp_path / "alone"
-    base = ["train-lookup", "--target", str(toy_tiny / "target"), "--draft",
+    base = ["train", "--decision", "copy", "--target", str(toy_tiny / "target"), "--draft",
             str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
-            "--max-new-tokens", "24", "--max-copy", "8", "--dtype", "fp32", "--profile",
+            "--max-new-tokens", "24", "--max-copy", "8", "--dtype", "fp32", "--cost-profile",
             str(profile)]
     # sampled: outputs drawn through the first depth's verification, cached with their hits
     traces = tmp_path / "drafted.json"
-    sampled = [*base, "--out", str(tmp_path / "sampled"), "--beside-draft", "2,1",
+    sampled = [*base, "--out", str(tmp_path / "sampled"), "--k-config", "2,1",
                "--temperature", "0.5", "--traces", str(traces), "--eval-prompts", "toy-doc",
-               "--eval-limit", "2", "--check", "1", "--folds", "0", "--limit", "6"]
+               "--eval-limit", "2", "--check-prompts", "1", "--folds", "0", "--limit", "6"]
     assert main(sampled) == 0
     printed = capsys.readouterr()
     assert "outputs with drafted steps" in printed.err and "temperature 0.5" in printed.out
@@ -327,13 +327,13 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     assert set(json.loads((tmp_path / "sampled" / "check.json").read_text())["per_method"]) == {
         "ar", "lookup:8:3+static:1", "lookup:8:2+static:1", "static:1", "learned"}
     # greedy outputs of the same prompts are another cache
-    assert main([*base, "--out", str(tmp_path / "o4"), "--beside-draft", "2,1", "--traces",
+    assert main([*base, "--out", str(tmp_path / "o4"), "--k-config", "2,1", "--traces",
                  str(traces)]) == 2
     assert "drafted" in capsys.readouterr().err
     assert main([*base, "--out", str(tmp_path / "o3"), "--folds", "1"]) == 2
     assert "--folds not 1" in capsys.readouterr().err and not (tmp_path / "o3").exists()
-    assert main([*base, "--out", str(out), "--beside-draft", "2,1", "--eval-prompts", "toy-doc",
-                 "--eval-limit", "2", "--check", "1"]) == 0
+    assert main([*base, "--out", str(out), "--k-config", "2,1", "--eval-prompts", "toy-doc",
+                 "--eval-limit", "2", "--check-prompts", "1"]) == 0
     printed = capsys.readouterr().out
     assert "lookup:8:3+static:1" in printed and "share*" in printed
     assert "training mix, 3 outputs pooled" in printed
@@ -376,7 +376,7 @@ def test_train_lookup_beside_a_draft_replays_what_the_decoder_does(toy_tiny, tmp
     assert short_name("lookup-learned:/a/b/copy+stopper:/c/lgb") == (
         "lookup-learned:copy+stopper:lgb")
     assert main([*base, "--out", str(alone)]) == 0
-    with pytest.raises(MCSDError, match="--beside-draft"):
+    with pytest.raises(MCSDError, match="--k-config K_CONFIG"):
         check_method(f"lookup-learned:{alone}+static:1")
     with pytest.raises(MCSDError, match="name a stopper after"):
         check_method(f"lookup-learned:{out}+")

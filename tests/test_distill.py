@@ -439,7 +439,7 @@ def test_cli_distills_and_shows(chat_target, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--target", "no-such-model"], "unknown target 'no-such-model'"),
     (["--target", "toy:tiny", "--layer-ids", "a,b"], "comma-separated integers"),
-    (["--target", "toy:tiny", "--threads", "0"], "--threads must be at least 1"),
+    (["--target", "toy:tiny", "--threads", "-1"], "--threads must be 0 (torch's own default)"),
     (["--target", "toy:tiny", "--device", "tpu:0"], "unknown device 'tpu:0'"),
 ])
 def test_cli_distill_errors(argv, message, capsys):

@@ -20,7 +20,7 @@ def test_cli_trains_an_artifact(tmp_path, capsys):
     (run / "manifest.json").write_text(json.dumps({"k_config": [4, 2, 2, 1]}))
     out = tmp_path / "stopper"
     parser = build_parser([register])
-    code = run_parser(parser, ["train", "--data", str(run), "--model", "lightgbm", "--out",
+    code = run_parser(parser, ["train", "--runs", str(run), "--model", "lightgbm", "--out",
                                str(out), "--aggregations", "max,sum", "--threads", "1",
                                "--features", "node"])
     assert code == 0, capsys.readouterr().err
@@ -35,14 +35,14 @@ def test_cli_trains_an_artifact(tmp_path, capsys):
 def test_cli_user_errors(tmp_path, capsys):
     parser = build_parser([register])
     assert run_parser(parser, ["train", "--out", str(tmp_path / "x")]) == 2
-    assert "--data" in capsys.readouterr().err
-    assert run_parser(parser, ["train", "--data", str(tmp_path / "nope"), "--out",
+    assert "--runs" in capsys.readouterr().err
+    assert run_parser(parser, ["train", "--runs", str(tmp_path / "nope"), "--out",
                                str(tmp_path / "x")]) == 2
     assert "no collection run" in capsys.readouterr().err
     for extra, message in ((["--features", "depth,bogus"], "unknown bogus; use all or node"),
                            (["--features", "node", "--model", "mlp-hidden"],
                             "mlp-hidden reads hidden states")):
-        assert run_parser(parser, ["train", "--data", str(tmp_path), "--out",
+        assert run_parser(parser, ["train", "--runs", str(tmp_path), "--out",
                                    str(tmp_path / "x"), *extra]) == 2
         assert message in capsys.readouterr().err
 

@@ -61,7 +61,7 @@ def test_policy_file_round_trip_and_clear_errors(tmp_path):
     back = WidthPolicy.load(tmp_path / "w")
     assert back.to_json() == policy.to_json()
     assert [back.choose(t) for t in ([0.9, 0.05, 0.03, 0.01], [0.3, 0.25, 0.2, 0.2])] == [1, 4]
-    with pytest.raises(MCSDError, match="mcsd train-width"):
+    with pytest.raises(MCSDError, match="mcsd train --decision width"):
         WidthPolicy.load(tmp_path / "missing")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "width.json").write_text(json.dumps({"format": "something-else"}))
@@ -214,10 +214,10 @@ def test_train_width_trains_reports_decodes_and_refuses_bad_input(toy_tiny, tmp_
     profile = tmp_path / "cost.json"
     cost_profile().save(profile)
     out = tmp_path / "width"
-    base = ["train-width", "--target", str(toy_tiny / "target"), "--draft",
+    base = ["train", "--decision", "width", "--target", str(toy_tiny / "target"), "--draft",
             str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
             "--eval-prompts", "toy-doc", "--eval-limit", "2", "--max-new-tokens", "24",
-            "--dtype", "fp32", "--profile", str(profile)]
+            "--dtype", "fp32", "--cost-profile", str(profile)]
     assert main([*base, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "toy-code (trained)" in printed and "width:" in printed
@@ -241,6 +241,6 @@ def test_train_width_trains_reports_decodes_and_refuses_bad_input(toy_tiny, tmp_
         assert build_method(method, tiny, cfg).generate(ids).token_ids == ar.token_ids
     with pytest.raises(MCSDError, match="first depth drafts 4"):
         build_method(f"width:{out}", tiny, DecodeConfig(k_config=(3,), max_new_tokens=16))
-    with pytest.raises(MCSDError, match="mcsd train-width"):
+    with pytest.raises(MCSDError, match="mcsd train --decision width"):
         check_method(f"width:{tmp_path / 'none'}")
     assert short_name(f"lookup:8:3+width:{out}") == "lookup:8:3+width:width"

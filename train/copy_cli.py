@@ -1,9 +1,10 @@
-"""`mcsd train-lookup`: train a learned prompt-lookup copy length (`lookup-learned:PATH`) on the
-target's outputs of training prompts (greedy, or sampled at --temperature), report its replayed
-speed by category, on the training prompts and on held-out ones, against static copy lengths
-and the hindsight oracle, and with --check, check the replay against end-to-end decoding of
-held-out prompts. With --beside-draft, it learns to copy or draft (`lookup-learned:PATH+static:1`)
-against `lookup:K:N+static:1`.
+"""`mcsd train --decision copy`: train a learned prompt-lookup copy length
+(`lookup-learned:PATH`) on the target's outputs of training prompts (greedy, or sampled at
+--temperature), report its replayed speed by category, on the training prompts and on held-out
+ones, against static copy lengths and the hindsight oracle, and with --check-prompts, check the
+replay against end-to-end decoding of held-out prompts. With --k-config, it learns to copy or
+draft (`lookup-learned:PATH+static:1`) against `lookup:K:N+static:1`. (`mcsd train-lookup`
+before; `train.cli` parses the options.)
 """
 
 from __future__ import annotations
@@ -19,75 +20,7 @@ from mcsd_runtime.errors import MCSDError
 STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
 DEPLOY = (8, 3)  # the default `lookup` method
 VERIFY = "mcss"  # the decoder's default sampling verifier, which sampled drafted steps replay
-CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli.args import add_pair_args, add_threads_arg
-    from mcsd_runtime.prompts.chat import add_chat_arg
-    from train import copy_length
-
-    p = sub.add_parser(
-        "train-lookup", help="train a learned prompt-lookup copy length (lookup-learned:PATH)",
-        description=f"{__doc__}\n{copy_length.__doc__}",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_pair_args(p)
-    add_prompt_args(p)
-    p.add_argument("--profile", type=Path, required=True,
-                   help="cost profile of this pair on this machine (`mcsd profile`): the step "
-                        "costs the policy trades against; it must time forwards of up to "
-                        "--max-copy + 1 tokens")
-    p.add_argument("--max-copy", type=int, default=15,
-                   help="most tokens copied in a step (default %(default)s)")
-    p.add_argument("--min-ngram", type=int, default=None,
-                   help="shortest match considered (default 1, the policy deciding which short "
-                        "matches pay; 2 with --beside-draft, where a copy after a one-token "
-                        "match rarely beats the draft)")
-    p.add_argument("--max-new-tokens", type=int, default=64,
-                   help="output tokens per prompt (default %(default)s)")
-    p.add_argument("--beside-draft", default=None, metavar="K_CONFIG",
-                   help="learn to copy or draft: a step that copies nothing drafts this tree's "
-                        "first depth (decode as `lookup-learned:PATH+static:1 --k-config "
-                        "K_CONFIG`; with --temperature, each output is drawn through the first "
-                        "depth's mcss verification; default: the target decodes such a step "
-                        "alone)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="the temperature the policy will decode at: outputs are sampled at it "
-                        "(default %(default)s: greedy)")
-    p.add_argument("--stop-at-eos", action="store_true",
-                   help="end each output at EOS (default: run to --max-new-tokens, as "
-                        "`mcsd eval --ignore-eos` decodes)")
-    p.add_argument("--traces", type=Path, default=None,
-                   help="JSON cache of the target's outputs: reused where it holds a prompt, "
-                        "extended where not (outputs of another target, length, temperature or "
-                        "seed are refused)")
-    p.add_argument("--check", type=int, default=0, metavar="N",
-                   help="then decode N held-out prompts per category end to end with ar, "
-                        "static copy lengths and the policy, and compare replayed with measured "
-                        "speed (written to check.json; default %(default)s: no check)")
-    p.add_argument("--folds", type=int, default=5,
-                   help="also replay the training mix out of fold: a policy fitted on the other "
-                        "folds decides each output (default %(default)s folds; 0: skip)")
-    p.add_argument("--out", type=Path, required=True, help="folder to write the policy to")
-    p.add_argument("--force", action="store_true", help="replace an existing --out folder")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of LightGBM, of sampled outputs and of the check's decoding "
-                        "(default %(default)s)")
-    add_chat_arg(p)
-    add_threads_arg(p)
-    p.set_defaults(func=run)
-
-
-def add_prompt_args(p: argparse.ArgumentParser) -> None:
-    """--prompts, --eval-prompts, --limit and --eval-limit (`load_prompt_domains` reads them)."""
-    p.add_argument("--prompts", required=True,
-                   help="training prompt sets, comma-separated (e.g. inst-explain,inst-qa)")
-    p.add_argument("--eval-prompts", default=None,
-                   help="held-out prompt sets to report on, split by category (e.g. "
-                        "inst-mix-eval); never trained on")
-    p.add_argument("--limit", type=int, default=40, help="prompts per set (default %(default)s)")
-    p.add_argument("--eval-limit", type=int, default=10,
-                   help="held-out prompts per category (default %(default)s)")
+CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check-prompts
 
 
 def load_prompt_domains(args: argparse.Namespace) -> tuple[dict, dict]:
@@ -109,35 +42,36 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.extras import require_toolkit
     from train import copy_length as C
 
-    require_toolkit("mcsd train-lookup", "lightgbm")
+    require_toolkit("mcsd train --decision copy", "lightgbm")
     if args.min_ngram is None:
-        args.min_ngram = 1 if args.beside_draft is None else 2
+        args.min_ngram = 1 if args.k_config is None else 2
     if min(args.limit, args.eval_limit, args.max_copy, args.min_ngram, args.max_new_tokens) < 1:
         raise MCSDError("--limit, --eval-limit, --max-copy, --min-ngram and --max-new-tokens "
                         "must be positive")
-    if args.temperature < 0 or args.check < 0 or args.folds < 0 or args.folds == 1:
-        raise MCSDError("--temperature, --check and --folds must be >= 0 (0: greedy; no check; "
-                        "no out-of-fold replay) and --folds not 1")
-    if args.check and not args.eval_prompts:
-        raise MCSDError("--check decodes held-out prompts: name them with --eval-prompts")
+    if args.temperature < 0 or args.check_prompts < 0 or args.folds < 0 or args.folds == 1:
+        raise MCSDError("--temperature, --check-prompts and --folds must be >= 0 (0: greedy; no "
+                        "check; no out-of-fold replay) and --folds not 1")
+    if args.check_prompts and not args.eval_prompts:
+        raise MCSDError("--check-prompts decodes held-out prompts: name them with "
+                        "--eval-prompts")
     if args.min_ngram > 4:
         raise MCSDError("--min-ngram: matches are of 1..4 tokens; use 4 at most")
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
         raise MCSDError(f"--out {args.out} exists and is not empty; pass --force to replace it")
-    profile = CostProfile.load(args.profile)
+    profile = CostProfile.load(args.cost_profile)
     if profile.tokens[-1] < args.max_copy + 1:
-        raise MCSDError(f"--profile {args.profile} times forwards of up to {profile.tokens[-1]} "
-                        f"tokens; copying {args.max_copy} verifies {args.max_copy + 1}: measure "
-                        f"with `mcsd profile --max-tokens {args.max_copy + 1}` or lower "
-                        f"--max-copy")
+        raise MCSDError(f"--cost-profile {args.cost_profile} times forwards of up to "
+                        f"{profile.tokens[-1]} tokens; copying {args.max_copy} verifies "
+                        f"{args.max_copy + 1}: measure with `mcsd profile --max-tokens "
+                        f"{args.max_copy + 1}` or lower --max-copy")
     if note := profile.temperature_note(args.temperature):
         print(note, flush=True)
     costs = C.step_costs(profile, args.max_copy)
     draft_costs = tree = None
-    if args.beside_draft is not None:
+    if args.k_config is not None:
         from mcsd_runtime.decode.tree import Tree, parse_k_config
 
-        tree = Tree(parse_k_config(args.beside_draft))
+        tree = Tree(parse_k_config(args.k_config))
         draft_costs = C.draft_step_costs(profile, tree, args.max_copy + 2)
     train_domains, eval_domains = load_prompt_domains(args)
     apply_threads(args)
@@ -145,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     drafted = None  # sampled beside a draft: outputs drawn through the draft's first depth
     if tree is not None and args.temperature > 0:
         drafted = {"draft": str(pair.draft_name), "width": tree.sizes[0], "verify": VERIFY}
-    cache = TraceCache(args.traces, args.target, args.max_new_tokens, args.stop_at_eos,
+    cache = TraceCache(args.traces, args.target, args.max_new_tokens, args.eos == "stop",
                        args.temperature, args.seed, drafted)
     traces = {name: cache.get(pair, prompts, args.chat, name)
               for name, (_, prompts) in (train_domains | eval_domains).items()}
@@ -157,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     policy, text, facts = C.fit(train, costs, args.min_ngram, seed=args.seed,
                                 draft_costs=draft_costs)
-    policy.temperature, policy.draft_tree = args.temperature, args.beside_draft
+    policy.temperature, policy.draft_tree = args.temperature, args.k_config
     speeds = {name: replay_speeds(policy, costs, outs) for name, outs in traces.items()}
     report = replay_report(policy, speeds, set(train_domains))
     mix = mix_report(policy, costs, train, [speeds[n] for n in train_domains],
@@ -165,20 +99,20 @@ def run(args: argparse.Namespace) -> int:
     if args.out.exists():
         shutil.rmtree(args.out)
     policy.save(args.out, text, {"training": facts, "prompts": args.prompts,
-                                 "target": args.target, "profile": str(args.profile),
+                                 "target": args.target, "profile": str(args.cost_profile),
                                  "max_new_tokens": args.max_new_tokens, "report": report,
                                  "training_mix": mix})
     print_report(report, policy.rate, mix)
     method = f"lookup-learned:{args.out}" + (
-        f"+{C.BESIDE} --k-config {args.beside_draft}" if tree is not None else "")
+        f"+{C.BESIDE} --k-config {args.k_config}" if tree is not None else "")
     print(f"-> {args.out} (decode with `mcsd eval --methods {method}`)", flush=True)
-    if args.check:
+    if args.check_prompts:
         from train.copy_check import capped, end_to_end_check, format_check
 
         statics = capped([f"lookup:{DEPLOY[0]}:{DEPLOY[1]}", *CHECK_STATICS], policy.max_copy,
                          C.BESIDE if tree is not None else None)
         check = end_to_end_check(pair, policy, {n: traces[n] for n in eval_domains}, statics,
-                                 args.check, args.seed, progress=True,
+                                 args.check_prompts, args.seed, progress=True,
                                  tree=None if tree is None else tree.k_config,
                                  profile=profile)
         (args.out / "check.json").write_text(json.dumps(check, indent=1))

@@ -7,7 +7,7 @@ come from walking each output under a few fixed copy rules (every length of each
 labelled "accepted at least i tokens"); the exchange rate is then tuned on the same outputs until
 it equals the throughput the policy reaches (Dinkelbach's iteration for a ratio objective).
 
-Beside a draft (`--beside-draft`), a step that copies nothing drafts the tree's first depth
+Beside a draft (`--k-config`), a step that copies nothing drafts the tree's first depth
 instead, as `lookup-learned:PATH+static:1` decodes. Under greedy decoding what such a step
 accepts is known from the output too: whether the output's next token is among the draft's
 candidates there, read from one teacher-forced pass of the target and the draft per output
@@ -37,7 +37,7 @@ from mcsd_runtime.stop.copy_length import (
     features,
 )
 
-BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--beside-draft`)
+BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--k-config`)
 Choose = Callable[[Match, list[float], "tuple[float, float] | None"], int]
 RATE_ROUNDS = 4
 

@@ -98,7 +98,7 @@ def pair_fingerprint(manifests: list[dict]) -> dict | None:
     first = prints[0]
     for p in prints[1:]:
         if any(p.get(k) != first.get(k) for k in keys):
-            raise MCSDError("the runs passed to --data come from different model pairs; train one "
+            raise MCSDError("the runs passed to --runs come from different model pairs; train one "
                             "stopper per pair")
     return first
 
@@ -109,7 +109,7 @@ def collected_k_config(manifests: list[dict]) -> KConfig | None:
     configs = {parse_k_config(m["k_config"]) for m in manifests if m.get("k_config")}
     if len(configs) > 1:
         shown = " and ".join(sorted(map(str, configs)))
-        raise MCSDError(f"the runs passed to --data were collected with different k-configs "
+        raise MCSDError(f"the runs passed to --runs were collected with different k-configs "
                         f"({shown}); train one stopper per k-config")
     return configs.pop() if configs else None
 

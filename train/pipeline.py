@@ -481,7 +481,7 @@ def _check_batch_sizes(config: TrainConfig, profile: CostProfile | None) -> None
         return
     if profile is None:
         raise MCSDError("--batch-size above 1 needs a measured --cost-profile "
-                        "(`mcsd profile --batch-sizes ...`)")
+                        "(`mcsd profile --batch-size ...`)")
     profile.check_rows(config.batch_sizes[-1])
 
 

@@ -1,7 +1,7 @@
 """Replay against a finished `mcsd eval`, prompt by prompt: does the cost model rank methods as
 the decoder does?
 
-`python -m train.replay_vs_eval --collections DIR... --eval EVAL... --cost-profile cost.json`
+`python -m train.replay_vs_eval --runs DIR... --eval EVAL... --cost-profile cost.json`
 replays every method of the evaluation (AR, static depths, built-in and trained stoppers) on
 dense collections of the same prompts (`mcsd collect --dense` on the sets and seeds the
 evaluation drew) and compares, per prompt, each method's speed relative to a base method
@@ -153,21 +153,25 @@ def table(result: dict[str, dict], base: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mcsd_runtime.cli.args import add_cost_profile_arg, add_out_arg, add_runs_arg
+
     p = argparse.ArgumentParser(prog="python -m train.replay_vs_eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--collections", nargs="+", required=True,
-                   help="dense collection folders of the evaluation's prompts (mcsd collect "
-                        "--dense, same sets, --limit and --seed as the evaluation)")
+    add_runs_arg(p, "dense collection folders of the evaluation's prompts (mcsd collect "
+                    "--dense, same sets, --limit and --seed as the evaluation); required",
+                 renamed=("--collections",))
     p.add_argument("--eval", nargs="+", required=True, dest="evals",
                    help="mcsd eval output folders (several runs pool their timing noise)")
-    p.add_argument("--cost-profile", required=True, help="the cost profile replay charges")
+    add_cost_profile_arg(p, "the cost profile replay charges", required=True)
     p.add_argument("--base", default="static:1", help="method every ratio is taken against")
-    p.add_argument("--out", help="also write the result as JSON here")
+    add_out_arg(p, "also write the result as JSON here")
     args = p.parse_args(argv)
     try:
         from mcsd_runtime.costmodel.profile import CostProfile
 
-        for path in [*args.collections, *args.evals]:
+        if not args.runs:
+            raise MCSDError("--runs DIR... is required: the dense collections to replay")
+        for path in [*args.runs, *args.evals]:
             if not Path(path).is_dir():
                 raise MCSDError(f"no folder at {path}")
         measured = [eval_records(Path(e)) for e in args.evals]
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             raise MCSDError(f"--base {args.base} is not a method of the evaluations "
                             f"({', '.join(methods)})")
         trees = set().union(*(eval_trees(Path(e)) for e in args.evals))
-        result = compare(measured, replayed(args.collections,
+        result = compare(measured, replayed(args.runs,
                                             CostProfile.load(args.cost_profile), methods, trees),
                          args.base)
     except MCSDError as err:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from mcsd_runtime.cli.args import (
     FROM_STOPPER,
     add_batch_size_arg,
     add_decode_args,
+    add_format_mismatch_arg,
+    add_json_arg,
+    add_limit_arg,
     add_pair_args,
+    add_prompts_arg,
     add_threads_arg,
     apply_threads,
     check_batch_size,
@@ -33,18 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_decode_args(p, k_config=FROM_STOPPER)
-    p.add_argument("--prompts", default="toy-code", help="prompt set or file (default %(default)s)")
-    p.add_argument("--limit", type=int, default=12, help="number of prompts (default %(default)s)")
+    add_prompts_arg(p, "prompt set or file (default %(default)s)", default="toy-code")
+    add_limit_arg(p, "number of prompts (default %(default)s)", default=12)
     p.add_argument("--stopper", default="static", help="stopper spec (default %(default)s)")
     add_chat_arg(p)
-    p.add_argument("--allow-format-mismatch", action="store_true",
-                   help="run a trained --stopper on prompts formatted otherwise (chat or text) "
-                        "than those it was trained on, with a warning, instead of refusing")
+    add_format_mismatch_arg(p)
     add_batch_size_arg(p, "ar and MCSD decode the same batches of prompts (hf, which decodes "
                           "one at a time, then sits out); tok/s is the batch's, per decode "
                           "second")
     add_threads_arg(p)
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    add_json_arg(p)
     p.set_defaults(func=run)
 
 

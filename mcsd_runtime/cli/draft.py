@@ -5,6 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mcsd_runtime.cli.args import (
+    add_device_arg,
+    add_force_arg,
+    add_limit_arg,
+    add_out_arg,
+    add_prompts_arg,
+    add_recipe_arg,
+    add_renamed,
+    add_seed_arg,
+    add_target_arg,
+    add_threads_arg,
+)
 from mcsd_runtime.distill.recipe import PRESETS
 
 
@@ -40,10 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "conversations (about an hour on a 2-core CPU); tiny is for tests. Options below "
             "override the recipe (and so its hash)."),
     )
-    distill.add_argument("--target", required=True,
-                         help="the target: a local model folder, smollm2, or toy / toy:tiny")
-    distill.add_argument("--recipe", choices=sorted(PRESETS), default="default",
-                         help="the recipe preset (default: %(default)s)")
+    add_target_arg(distill, "the target: a local model folder, smollm2, or toy / toy:tiny",
+                   required=True)
+    add_recipe_arg(distill, sorted(PRESETS), "the recipe preset (default: %(default)s)")
     layers = distill.add_mutually_exclusive_group()
     layers.add_argument("--layers", type=int, default=None,
                         help="number of target layers kept, evenly spaced from the first to "
@@ -69,23 +80,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="tokens per packed training row (default: the recipe's)")
     distill.add_argument("--batch-size", type=int, default=None,
                          help="rows per optimizer step (default: the recipe's)")
-    distill.add_argument("--prompts", default=None, metavar="SPEC",
-                         help="also answer the instructions of this prompt set (`mcsd prompts`) "
-                              "and train on them")
-    distill.add_argument("--prompt-limit", type=int, default=None,
-                         help="at most this many instructions of --prompts")
-    distill.add_argument("--seed", type=int, default=None, help="seed (default: the recipe's)")
-    distill.add_argument("--out", type=Path, default=None,
-                         help="folder for the draft instead of the cache")
+    add_prompts_arg(distill, "also answer the instructions of this prompt set (`mcsd prompts`) "
+                             "and train on them")
+    add_limit_arg(distill, "at most this many instructions of --prompts")
+    add_renamed(distill, "--prompt-limit", "--limit", "limit", type=int)
+    add_seed_arg(distill, "seed (default: the recipe's)", default=None)
+    add_out_arg(distill, "folder for the draft instead of the cache")
     distill.add_argument("--data", type=Path, default=None,
                          help="folder for the generated data instead of the cache")
-    distill.add_argument("--threads", type=int, default=None,
-                         help="torch threads for the build (default: torch's own)")
-    distill.add_argument("--device", default="auto",
-                         help="where the target generates the data and the draft trains: auto "
-                              "(cuda, then mps, then cpu), cpu, cuda:0 (default %(default)s); "
-                              "the draft is the same recipe wherever it is built")
-    distill.add_argument("--force", action="store_true", help="rebuild even if already built")
+    add_threads_arg(distill, default=0, help="torch threads for the build (default 0: torch's "
+                                             "own)")
+    add_device_arg(distill, " (default %(default)s): where the target generates the data and "
+                            "the draft trains; the draft is the same recipe wherever it is built")
+    add_force_arg(distill)
     distill.set_defaults(func=run_distill)
 
     show = sub.add_parser(
@@ -94,7 +101,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Verify a distilled draft's folder (card, checksums) and print a summary of "
                     "its card, or the whole card with --json. PATH is the folder holding "
                     "card.json or its draft/ subfolder.")
-    show.add_argument("path", type=Path, metavar="PATH")
+    show.add_argument("path", type=Path, metavar="PATH",
+                      help="the draft's folder (holding card.json) or its draft/ subfolder")
     show.add_argument("--json", action="store_true", help="print the whole card as JSON")
     show.set_defaults(func=run_show)
 
@@ -105,7 +113,7 @@ def _overrides(args: argparse.Namespace) -> dict:
     out = {"layers": args.layers, "steps": args.steps, "conversations": args.conversations,
            "vocab": args.vocab, "text_tokens": args.text_tokens, "lr": args.lr,
            "seq_len": args.seq_len, "batch_size": args.batch_size,
-           "prompts": args.prompts, "prompt_limit": args.prompt_limit, "seed": args.seed,
+           "prompts": args.prompts, "prompt_limit": args.limit, "seed": args.seed,
            "features": args.features}
     if args.layer_ids is not None:
         try:
@@ -117,15 +125,14 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def run_distill(args: argparse.Namespace) -> int:
+    from mcsd_runtime.cli.args import check_threads
     from mcsd_runtime.distill.cache import build_draft
     from mcsd_runtime.distill.recipe import get_recipe
-    from mcsd_runtime.errors import MCSDError
 
-    if args.threads is not None and args.threads < 1:
-        raise MCSDError(f"--threads must be at least 1, got {args.threads}")
+    check_threads(args.threads)
     recipe = get_recipe(args.recipe, **_overrides(args))
     root = build_draft(args.target, recipe, out=args.out, force=args.force, data=args.data,
-                       threads=args.threads, device=args.device)
+                       threads=args.threads or None, device=args.device)
     print(root / "draft")
     return 0
 

@@ -13,9 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from mcsd_runtime.cli.args import add_pair_args, add_threads_arg, apply_threads
+from mcsd_runtime.cli.args import (
+    add_graphs_arg,
+    add_k_config_arg,
+    add_limit_arg,
+    add_max_new_tokens_arg,
+    add_out_arg,
+    add_pair_args,
+    add_prompts_arg,
+    add_seed_arg,
+    add_threads_arg,
+    apply_threads,
+)
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import add_chat_arg
 
@@ -28,16 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_pair_args(p)
     p.add_argument("--low", default="bf16", choices=sorted(LOW),
                    help="the low precision compared with float32 (default %(default)s)")
-    p.add_argument("--k-config", default="4,2", help="static tree of MCSD (default %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="default %(default)s")
-    p.add_argument("--prompts", default="inst-mix-eval",
-                   help="prompt set or file; categories are reported apart (default %(default)s)")
-    p.add_argument("--limit", type=int, default=24, help="prompts, a seeded sample "
-                                                         "(default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of --limit")
+    add_k_config_arg(p, "4,2", "static tree of MCSD (default %(default)s)")
+    add_max_new_tokens_arg(p, 64)
+    add_graphs_arg(p)
+    add_prompts_arg(p, "prompt set or file; categories are reported apart (default "
+                       "%(default)s)", default="inst-mix-eval")
+    add_limit_arg(p, "prompts, a seeded sample (default %(default)s)", default=24)
+    add_seed_arg(p, "sampling seed of --limit (default %(default)s)")
     add_chat_arg(p)
     add_threads_arg(p)
-    p.add_argument("--out", type=Path, required=True, help="folder for drift.json and drift.md")
+    add_out_arg(p, "folder for drift.json and drift.md", required=True)
     p.set_defaults(func=run, dtype="float32")
 
 
@@ -60,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
     pair = load_pair(args.target, args.draft, device=args.device, dtype="float32",
                      attn_implementation=args.attention)
-    config = DecodeConfig(k_config=k_config, max_new_tokens=args.max_new_tokens)
+    config = DecodeConfig(k_config=k_config, max_new_tokens=args.max_new_tokens,
+                          graphs=args.graphs)
     encoded = [(p.id, p.category or p.source, encode_prompt(p, pair.tokenizer, args.chat))
                for p in prompts]
     rows = measure_drift(pair, encoded, config, low=getattr(torch, LOW[args.low]),

@@ -14,13 +14,13 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          verify the K tokens that followed (no draft forward), else the target
                          alone (defaults 8, 3); lookup:K:N+STOPPER drafts with --k-config and
                          STOPPER (any of the above) where nothing is copied
-  lookup-learned:PATH    prompt lookup with a learned copy length (`mcsd train-lookup`):
-                         how many of the match's tokens to verify, if any, each step;
-                         lookup-learned:PATH+STOPPER (a policy trained --beside-draft)
+  lookup-learned:PATH    prompt lookup with a learned copy length (`mcsd train --decision
+                         copy`): how many of the match's tokens to verify, if any, each step;
+                         lookup-learned:PATH+STOPPER (a policy trained with a --k-config)
                          copies or lets STOPPER draft with --k-config, whichever pays
-  width:PATH             a learned width (`mcsd train-width`): the first depth of --k-config,
-                         verifying as many of its candidates as pay, step by step; also as
-                         STOPPER after lookup:K:N+ or lookup-learned:PATH+
+  width:PATH             a learned width (`mcsd train --decision width`): the first depth of
+                         --k-config, verifying as many of its candidates as pay, step by
+                         step; also as STOPPER after lookup:K:N+ or lookup-learned:PATH+
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
   hf-generate:STOPPER    our decoder inside generate(custom_generate=models.hf.generate)
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
@@ -64,8 +64,14 @@ from pathlib import Path
 
 from mcsd_runtime.cli.args import (
     FROM_STOPPER,
+    add_batch_size_arg,
     add_decode_args,
+    add_format_mismatch_arg,
+    add_limit_arg,
+    add_out_arg,
     add_pair_args,
+    add_prompts_arg,
+    add_runs_arg,
     add_threads_arg,
     apply_threads,
     check_batch_size,
@@ -90,12 +96,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_pair_args(p)
     add_decode_args(p, k_config=FROM_STOPPER)
     p.set_defaults(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
-    p.add_argument("--prompts", default="toy-code",
-                   help="prompt set or file, or several separated by commas for an evaluation "
-                        "across domains (default %(default)s; `mcsd prompts --list`)")
-    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
-                   help="number of prompts per set, a seeded sample (default %(default)s; "
-                        "0: all)")
+    add_prompts_arg(p, "prompt set or file, or several separated by commas for an evaluation "
+                       "across domains (default %(default)s; `mcsd prompts --list`)",
+                    default="toy-code")
+    add_limit_arg(p, "number of prompts per set, a seeded sample (default %(default)s; 0: all)",
+                  default=DEFAULT_LIMIT)
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated, see above; each runs under a label with its defaults "
                         "spelt out, e.g. confidence -> confidence:0.4 (default: %(default)s)")
@@ -111,9 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heuristic", default=None, metavar="METHOD",
                    help="across domains: the tuned heuristic to compare with; default: the first "
                         "listed heuristic method")
-    p.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="EVAL_DIR",
-                   help="build the table across domains from finished eval folders (one per "
-                        "domain, e.g. run in parallel) instead of decoding; writes to --out")
+    add_runs_arg(p, "build the table across domains from finished eval folders (one per "
+                    "domain, e.g. run in parallel) instead of decoding; writes to --out",
+                 metavar="EVAL_DIR", renamed=("--from-runs",))
     p.add_argument("--drafts", default=None, metavar="D1,D2,...",
                    help="run every method that uses a draft once per draft (labelled "
                         "METHOD@DRAFT; ar and hf once), all interleaved, and write drafts.md: "
@@ -121,23 +126,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "toy,toy-draft:l2,toy-draft:l4); --reference then means the first "
                         "draft's")
     add_chat_arg(p)
-    p.add_argument("--allow-format-mismatch", action="store_true",
-                   help="run a trained stopper on prompts formatted otherwise (chat or text) "
-                        "than those it was trained on, with a warning, instead of refusing")
+    add_format_mismatch_arg(p)
     p.add_argument("--by-category", action=argparse.BooleanOptionalAction, default=None,
                    help="one domain per category of a categorized prompt set (default: when "
                         "its prompts carry two or more categories, as a Spec-Bench file does)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA "
-                        "defaulting to ./data); an existing one has its reports replaced")
-    p.add_argument("--batch-size", default="1", metavar="B[,B...]",
-                   help="sequences decoded together (MCSDDecoder.generate_batch; default "
-                        "%(default)s): every method decodes the same batches of consecutive "
-                        "prompts, batch by batch in a rotating order; speed is the batch's "
-                        "committed tokens per decode second, paired per batch (the default "
-                        "methods then leave out those that decode one sequence at a time: hf, "
-                        "hf-assisted, mcsd-target-init). Several, e.g. 1,4,8,16: one run per "
-                        "batch size and a table across them (batches.md)")
+    add_out_arg(p, "output folder (default: $MCSD_DATA/runs/eval-<time>, MCSD_DATA defaulting "
+                   "to ./data); an existing one has its reports replaced")
+    add_batch_size_arg(p, "sequences decoded together (MCSDDecoder.generate_batch; default "
+                          "%(default)s): every method decodes the same batches of consecutive "
+                          "prompts, batch by batch in a rotating order; speed is the batch's "
+                          "committed tokens per decode second, paired per batch (the default "
+                          "methods then leave out those that decode one sequence at a time: hf, "
+                          "hf-assisted, mcsd-target-init). Several, e.g. 1,4,8,16: one run per "
+                          "batch size and a table across them (batches.md)", several=True)
     p.add_argument("--samples", type=int, default=1, metavar="N",
                    help="at --temperature > 0: decode every prompt N times with every method "
                         "(seeds --seed, --seed+1, ...), speed paired per prompt over all its "
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         from mcsd_runtime.evaluate.multi_draft import run_drafts
 
         return run_drafts(args, methods, base, settings_of=_settings, why=why)
-    if args.from_runs:
+    if args.runs:
         return combine_runs(args, methods)
     print(f"k-config {base.k_config} ({why})", flush=True)
     domains = prompt_domains(args)
@@ -381,16 +382,16 @@ def _settings(args: argparse.Namespace, pair, base, prompts: str, n_prompts: int
 
 
 def combine_runs(args: argparse.Namespace, methods: list[str]) -> int:
-    """The table across domains from finished eval folders (`--from-runs`), named by folder."""
+    """The table across domains from finished eval folders (`--runs`), named by folder."""
     from mcsd_runtime.evaluate import domain_report
     if args.out is None:
-        raise MCSDError("--from-runs needs --out, the folder for domains.md and domains.json")
-    by_domain = {Path(d).name: domain_report.read_records(d) for d in args.from_runs}
+        raise MCSDError("--runs needs --out, the folder for domains.md and domains.json")
+    by_domain = {Path(d).name: domain_report.read_records(d) for d in args.runs}
     ran = {r.method for records in by_domain.values() for r in records}
     deploy, heuristic = domain_baselines(args, [m for m in methods if m in ran])
-    settings = {"from_runs": [str(d) for d in args.from_runs], "deploy": deploy,
+    settings = {"from_runs": [str(d) for d in args.runs], "deploy": deploy,
                 "deploy_given": args.deploy is not None, "heuristic": heuristic}
-    greedy = all(domain_report.run_settings(d).get("temperature", 0) == 0 for d in args.from_runs)
+    greedy = all(domain_report.run_settings(d).get("temperature", 0) == 0 for d in args.runs)
     rows = domain_report.domain_rows(by_domain, deploy, heuristic, greedy)
     print(domain_report.write(rows, domain_report.worst_domains(rows), args.out, settings))
     print(f"wrote {args.out}/domains.md")

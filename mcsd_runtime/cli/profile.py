@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from mcsd_runtime.costmodel import measure as cost_measure
 from mcsd_runtime.costmodel import profile as cost_profile
@@ -13,7 +12,21 @@ from mcsd_runtime.errors import MCSDError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli.args import DEFAULT_K_TEXT, add_pair_args, add_threads_arg
+    from mcsd_runtime.cli.args import (
+        DEFAULT_K_TEXT,
+        add_batch_size_arg,
+        add_graphs_arg,
+        add_k_config_arg,
+        add_limit_arg,
+        add_max_new_tokens_arg,
+        add_out_arg,
+        add_pair_args,
+        add_prompts_arg,
+        add_renamed,
+        add_temperature_arg,
+        add_threads_arg,
+        add_timing_args,
+    )
     from mcsd_runtime.prompts.chat import add_chat_arg
 
     p = sub.add_parser(
@@ -21,58 +34,69 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=f"{cost_profile.__doc__}\n{cost_measure.__doc__}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
-    p.add_argument("--out", type=Path, required=True, help="profile JSON to write")
-    p.add_argument("--max-tokens", type=int, default=64,
+    add_out_arg(p, "profile JSON to write", required=True)
+    g = p.add_argument_group("the timed forwards")
+    g.add_argument("--max-tokens", type=int, default=64,
                    help="largest number of new tokens per forward (default %(default)s)")
-    p.add_argument("--context", type=int, default=256,
-                   help="KV cache length the forwards run over (default %(default)s)")
-    p.add_argument("--rounds", "--repeats", type=int, default=7, dest="rounds",
-                   help="timed rounds over all token counts, each in a random order; the median "
-                        "is kept (default %(default)s)")
-    p.add_argument("--batch-sizes", default=",".join(map(str, cost_measure.DEFAULT_BATCH_SIZES)),
-                   metavar="B[,B...]",
-                   help="batch sizes whose forwards are timed (B rows of n tokens each; 1 is "
-                        "always measured) and whose overheads are fitted to batched runs; "
-                        "replay at B rows needs B within them (default %(default)s)")
-    p.add_argument("--k-config", default=DEFAULT_K_TEXT,
-                   help="tree whose static depths 1..D are run end to end: the forwards timed "
-                        "there replace the isolated ones, and the decoder's per-step and "
-                        "per-depth overheads are fitted to them; use the collection's tree "
-                        "(default %(default)s, as collect's)")
-    p.add_argument("--overhead-prompts", default="toy-code", help="prompt set of those runs; "
-                   "'none' to skip (default %(default)s)")
-    p.add_argument("--overhead-limit", type=int, default=6,
-                   help="prompts of those runs (at batch size B > 1 at least 2B; default "
-                        "%(default)s)")
-    p.add_argument("--overhead-tokens", type=int, default=48,
-                   help="new tokens per run (default %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="temperature of those runs: sampling costs a step more than an argmax "
-                        "(a drafted step more than AR's), so profile at the temperature the "
-                        "replays will price (default %(default)s: greedy)")
-    p.add_argument("--widths", action="store_true",
+    add_timing_args(g, rounds=7, context="256",
+                    rounds_help="timed rounds over all token counts, each in a random order; "
+                                "the median is kept (default %(default)s)",
+                    context_help="KV cache length the forwards run over (default %(default)s)")
+    add_renamed(g, "--repeats", "--rounds", "rounds", type=int)
+    add_batch_size_arg(g, "batch sizes whose forwards are timed (B rows of n tokens each; 1 is "
+                          "always measured) and whose overheads are fitted to batched runs; "
+                          "replay at B rows needs B within them (default %(default)s)",
+                       several=True, default=",".join(map(str, cost_measure.DEFAULT_BATCH_SIZES)))
+    add_renamed(g, "--batch-sizes", "--batch-size", "batch_size")
+    g = p.add_argument_group(
+        "the decoder's runs", "Static depths 1..D of --k-config decoded end to end: the forwards "
+        "timed there replace the isolated ones, and the decoder's per-step and per-depth "
+        "overheads are fitted to them.")
+    add_k_config_arg(g, DEFAULT_K_TEXT, "the tree whose static depths are run; use the "
+                                        "collection's tree (default %(default)s, as collect's)")
+    add_prompts_arg(g, "prompt set of those runs; 'none' skips them (default %(default)s)",
+                    default="toy-code")
+    add_renamed(g, "--overhead-prompts", "--prompts", "prompts")
+    add_limit_arg(g, "prompts of those runs (at batch size B > 1 at least 2B; default "
+                     "%(default)s)", default=6)
+    add_renamed(g, "--overhead-limit", "--limit", "limit", type=int)
+    add_max_new_tokens_arg(g, 48, "new tokens per run (default %(default)s)")
+    add_renamed(g, "--overhead-tokens", "--max-new-tokens", "max_new_tokens", type=int)
+    add_temperature_arg(g, "temperature of those runs: sampling costs a step more than an argmax "
+                           "(a drafted step more than AR's), so profile at the temperature the "
+                           "replays will price (default %(default)s: greedy)")
+    g.add_argument("--widths", action="store_true",
                    help="also decode depth 1 at every narrower first depth (trees (w,), w < k) "
                         "at batch size 1, so that forwards of 2..k tokens are timed in the "
-                        "decoder: profile so for `mcsd train-width`")
-    add_chat_arg(p)
+                        "decoder: profile so for `mcsd train --decision width`")
+    add_graphs_arg(g)
+    add_chat_arg(g)
     add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.cli.args import apply_threads, pair_from_args, parse_batch_sizes
+    from mcsd_runtime.cli.args import (
+        apply_threads,
+        pair_from_args,
+        parse_batch_sizes,
+        parse_counts,
+    )
     from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.extras import require_toolkit
 
     require_toolkit("mcsd profile", "scipy")  # the overhead fit
-    if min(args.max_tokens, args.rounds, args.context, args.overhead_limit,
-           args.overhead_tokens) < 1:
-        raise MCSDError("--max-tokens, --rounds, --context, --overhead-limit and "
-                        "--overhead-tokens must be positive")
+    (context, *more) = parse_counts(args.context, "--context")
+    if more:
+        raise MCSDError(f"--context: profile times forwards over one cache length, got "
+                        f"{args.context!r}")
+    if min(args.max_tokens, args.rounds, args.limit, args.max_new_tokens) < 1:
+        raise MCSDError("--max-tokens, --rounds, --context, --limit and --max-new-tokens must be "
+                        "positive")
     if not args.temperature >= 0:
         raise MCSDError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
     k_config = parse_k_config(args.k_config)
-    sizes = sorted({1, *parse_batch_sizes(args.batch_sizes, "--batch-sizes")})
+    sizes = sorted({1, *parse_batch_sizes(args.batch_size, "--batch-size")})
     apply_threads(args)
     pair = pair_from_args(args)
     tokens = [n for n in cost_measure.DEFAULT_TOKENS if n <= args.max_tokens]
@@ -80,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
         tokens.append(args.max_tokens)
     print(f"timing forwards: {len(tokens)} token counts x 2 models x {len(sizes)} batch size(s) "
           f"x {args.rounds} rounds", flush=True)
-    profile = cost_measure.measure(pair, tokens, context=args.context, rounds=args.rounds,
+    profile = cost_measure.measure(pair, tokens, context=context, rounds=args.rounds,
                                    progress=True, batch_sizes=tuple(sizes))
-    if args.overhead_prompts != "none" and k_config:
+    if args.prompts != "none" and k_config:
         profile = _calibrate(args, pair, profile, k_config, sizes)
     profile.save(args.out)
     for b in profile.batch_sizes:
@@ -103,22 +127,23 @@ def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile
     from mcsd_runtime.prompts.sets import load_prompts
 
     for b in sizes:  # above batch size 1: enough prompts to fill the batch twice
-        limit = args.overhead_limit if b == 1 else max(args.overhead_limit, 2 * b)
-        prompts = load_prompts(args.overhead_prompts, limit=limit)
+        limit = args.limit if b == 1 else max(args.limit, 2 * b)
+        prompts = load_prompts(args.prompts, limit=limit)
         ids = [encode_prompt(pair, p, args.chat) for p in prompts]
         widths = args.widths and b == 1
         print(f"calibrating on the decoder at batch size {b}: AR and static depths "
               f"1..{len(k_config)} of {k_config}"
               + (f", and depth 1 at widths 1..{k_config[0] - 1}" if widths else "")
               + f" on {len(ids)} prompts at temperature {args.temperature:g}", flush=True)
-        runs, forwards = cost_measure.static_runs(pair, ids, k_config, args.overhead_tokens,
+        runs, forwards = cost_measure.static_runs(pair, ids, k_config, args.max_new_tokens,
                                                   progress=True, batch_size=b,
-                                                  temperature=args.temperature, widths=widths)
+                                                  temperature=args.temperature, widths=widths,
+                                                  graphs=args.graphs)
         profile = cost_measure.calibrate(profile, runs, forwards, batch_size=b)
         if b > 1:
             profile.batches[b].static["prompts"] = len(ids)
     profile.static |= {"k_config": k_config.json(), "temperature": args.temperature,
-                       "prompt_set": args.overhead_prompts,
-                       "max_new_tokens": args.overhead_tokens,
+                       "prompt_set": args.prompts,
+                       "max_new_tokens": args.max_new_tokens,
                        "prompt_format": prompt_format(prompts, pair.tokenizer, args.chat)}
     return profile

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mcsd_runtime.cli.args import add_limit_arg, add_list_arg, add_seed_arg
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.domains import DOMAIN_SETS
 from mcsd_runtime.prompts.sets import (
@@ -36,12 +37,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("spec", metavar="SPEC", nargs="?", help="prompt set or file")
-    parser.add_argument("--list", action="store_true",
-                        help="list the named prompt sets with what they hold, their kind and "
-                             "categories, and their sizes")
-    parser.add_argument("--limit", type=int, default=None,
-                        help="a seeded random sample of this many prompts")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    add_list_arg(parser, "list the named prompt sets with what they hold, their kind and "
+                         "categories, and their sizes")
+    add_limit_arg(parser, "a seeded random sample of this many prompts")
+    add_seed_arg(parser, "sampling seed (default: 0)")
     parser.add_argument("--jsonl", type=Path, default=None, metavar="OUT",
                         help="write the prompts to this JSONL file instead of a preview")
     parser.set_defaults(func=run_prompts)

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
+from mcsd_runtime.cli.args import (
+    add_force_arg,
+    add_list_arg,
+    add_out_arg,
+    add_recipe_arg,
+    add_seed_arg,
+)
 from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS
 from mcsd_runtime.toy.recipe import PRESETS
 
@@ -46,8 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     _common(build)
-    build.add_argument("--force", action="store_true",
-                       help="rebuild even if a pair already exists at the location")
+    add_force_arg(build, "rebuild even if a pair already exists at the location")
     build.set_defaults(func=run_build)
 
     info = sub.add_parser(
@@ -76,22 +81,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     draft.add_argument("names", nargs="*", metavar="NAME",
                        help=f"draft presets to build: {', '.join(DRAFT_PRESETS)}")
-    draft.add_argument("--list", action="store_true",
-                       help="list the draft presets and where each is built")
-    draft.add_argument("--seed", type=int, default=0,
-                       help="the seed of the toy target to distil from (default: 0)")
-    draft.add_argument("--out", type=Path, default=None,
-                       help="folder for the draft instead of the cache (one NAME only)")
-    draft.add_argument("--force", action="store_true", help="rebuild even if already built")
+    add_list_arg(draft, "list the draft presets and where each is built")
+    add_seed_arg(draft, "the seed of the toy target to distil from (default: 0)")
+    add_out_arg(draft, "folder for the draft instead of the cache (one NAME only)")
+    add_force_arg(draft)
     draft.set_defaults(func=run_draft)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                        help="model sizes and training budget (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the pair instead of the cache (<cache>/models)")
+    add_recipe_arg(parser, sorted(PRESETS), "model sizes and training budget (default: "
+                                            "%(default)s)", renamed=("--preset",))
+    add_seed_arg(parser, "training seed (default: 0)")
+    add_out_arg(parser, "folder for the pair instead of the cache (<cache>/models)")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="training precision: auto (bf16 autocast where the CPU has native "
                              "bf16 kernels, else fp32) or 32-true (fp32 everywhere); a pair "
@@ -104,16 +105,16 @@ def _recipe(args: argparse.Namespace):
 
     # "auto" is the preset's own value: the default pair's name (hash) stays as it is
     overrides = {} if args.precision == "auto" else {"precision": args.precision}
-    return get_recipe(args.preset, args.seed, **overrides)
+    return get_recipe(args.recipe, args.seed, **overrides)
 
 
 def run_build(args: argparse.Namespace) -> int:
     from mcsd_runtime.toy.build import build_pair, pair_dir, read_card, summary
 
-    dest = args.out if args.out is not None else pair_dir(args.preset, args.seed, args.precision)
+    dest = args.out if args.out is not None else pair_dir(args.recipe, args.seed, args.precision)
     cached = dest.is_dir() and any(dest.iterdir()) and not args.force
     start = time.perf_counter()
-    root = build_pair(args.preset, out=args.out, seed=args.seed, force=args.force,
+    root = build_pair(args.recipe, out=args.out, seed=args.seed, force=args.force,
                       recipe=_recipe(args))
     if cached:
         print(f"toy pair already built ({time.perf_counter() - start:.1f} s to verify):")
@@ -125,12 +126,12 @@ def run_info(args: argparse.Namespace) -> int:
     from mcsd_runtime.errors import MCSDError
     from mcsd_runtime.toy.build import pair_dir, summary, verify_pair, where_looked
 
-    dest = args.out if args.out is not None else pair_dir(args.preset, args.seed, args.precision)
+    dest = args.out if args.out is not None else pair_dir(args.recipe, args.seed, args.precision)
     if not dest.exists():
         where = (f"no toy pair at {dest}" if args.out
                  else f"no toy pair {dest.name}: {where_looked()}")
-        raise MCSDError(f"{where}; build it with `mcsd toy build --preset "
-                        f"{args.preset}" + (f" --out {dest}" if args.out else "")
+        raise MCSDError(f"{where}; build it with `mcsd toy build --recipe "
+                        f"{args.recipe}" + (f" --out {dest}" if args.out else "")
                         + (f" --precision {args.precision}" if args.precision != "auto" else "")
                         + "`")
     recipe = None if args.out is not None else _recipe(args)

@@ -1,8 +1,8 @@
 """How much a verification forward costs under two attention implementations, interleaved.
 
-`python -m mcsd_runtime.costmodel.attention_bench --target smollm2 --draft DRAFT` times the
-target's forward over n new tokens under a 4D mask (the shape of a tree verification) after a
-cache of L tokens, for every L of `--contexts` and n of `--tokens`, alternating the
+`mcsd attention-bench --target smollm2 --draft DRAFT` (`mcsd_runtime.cli.attention_bench`) times
+the target's forward over n new tokens under a 4D mask (the shape of a tree verification) after
+a cache of L tokens, for every L of `--context` and n of `--tokens`, alternating the
 implementations call by call (A B, then B A, ...) on the same model and cache, so a slow spell
 of a shared machine falls on both. It prints each implementation's median milliseconds and the
 geometric mean of the paired ratios (first implementation / second) with a 95% bootstrap
@@ -13,14 +13,12 @@ decoder's `mcsd_sdpa` against transformers' `sdpa`.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import torch
 
-from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.metrics import paired_speedup
 
 
@@ -77,53 +75,7 @@ def compare(model, implementations: tuple[str, str], context: int, n: int, reps:
             "max_logit_diff": float((logits[a] - logits[b]).abs().max())}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mcsd_runtime.cli.args import add_pair_args, add_threads_arg, apply_threads, pair_from_args
-
-    p = argparse.ArgumentParser(prog="python -m mcsd_runtime.costmodel.attention_bench",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_pair_args(p)
-    add_threads_arg(p)
-    p.add_argument("--compare", default="mcsd_sdpa,sdpa",
-                   help="two attention implementations, A,B (ratios are A / B)")
-    p.add_argument("--contexts", default="200,800", help="cached tokens, comma-separated")
-    p.add_argument("--tokens", default="1,5,9", help="new tokens per forward, comma-separated")
-    p.add_argument("--reps", type=int, default=20, help="timed forwards of each (default 20)")
-    args = p.parse_args(argv)
-    try:
-        from mcsd_runtime.models.attention import check_attention
-
-        impls = tuple(x.strip() for x in args.compare.split(","))
-        if len(impls) != 2 or impls[0] == impls[1]:
-            raise MCSDError(f"--compare takes two different implementations, A,B: {args.compare!r}")
-        for impl in impls:
-            check_attention(impl)
-        try:
-            contexts = [int(x) for x in args.contexts.split(",")]
-            tokens = [int(x) for x in args.tokens.split(",")]
-        except ValueError:
-            raise MCSDError("--contexts and --tokens take whole numbers, e.g. 200,800") from None
-        if min(contexts) < 1 or min(tokens) < 1 or args.reps < 2:
-            raise MCSDError("--contexts and --tokens must be >= 1 and --reps >= 2")
-        apply_threads(args)
-        pair = pair_from_args(args)
-    except MCSDError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    a, b = impls
-    print(f"target forward over n new tokens under a tree mask, {pair.target.dtype}, "
-          f"{pair.device}; ratio = {a} / {b}, paired call by call")
-    print(f"| context | n | {a} ms | {b} ms | ratio [95% CI] | max logit diff |")
-    print("|---|---|---|---|---|---|")
-    for context in contexts:
-        for n in tokens:
-            r = compare(pair.target, impls, context, n, args.reps)
-            print(f"| {context} | {n} | {r[a]:.1f} | {r[b]:.1f} | {r['ratio']:.3f} "
-                  f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {r['max_logit_diff']:.2g} |",
-                  flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    print("python -m mcsd_runtime.costmodel.attention_bench is now `mcsd attention-bench` "
+          "(--contexts is --context, --reps is --rounds)", file=sys.stderr)
+    sys.exit(2)

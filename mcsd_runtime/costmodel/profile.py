@@ -161,7 +161,7 @@ class CostProfile:
             raise MCSDError(
                 f"this cost profile was measured at batch size(s) "
                 f"{', '.join(map(str, sizes))}: {rows} rows lie outside; measure one that covers "
-                f"them (`mcsd profile --batch-sizes {','.join(map(str, sizes))},{rows}`)")
+                f"them (`mcsd profile --batch-size {','.join(map(str, sizes))},{rows}`)")
 
     def _bracket(self, rows: int) -> tuple[int, int, float]:
         """The measured batch sizes around `rows` and the weight of the upper one."""

@@ -44,7 +44,7 @@ def read_records(run: Path) -> list[Record]:
         return [Record(**{k: v for k, v in json.loads(line).items() if k in names})
                 for line in lines if line.strip()]
     except (OSError, ValueError, TypeError) as err:
-        raise MCSDError(f"cannot read eval records from {path}: {err}; point --from-runs at "
+        raise MCSDError(f"cannot read eval records from {path}: {err}; point --runs at "
                         f"folders written by mcsd eval") from None
 
 

@@ -18,9 +18,10 @@ from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
 LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (none: the target)
 LOOKUP_DEFAULTS = (8, 3)  # K tokens at most, from matches of N..4 tokens
-# `lookup-learned:PATH[+STOPPER]`: a copy length from `mcsd train-lookup`, then STOPPER
+# `lookup-learned:PATH[+STOPPER]`: a copy length from `mcsd train --decision copy`, then STOPPER
 LEARNED_LOOKUP = "lookup-learned"
-# `width:PATH`, also after '+': the first depth, cut to the width `mcsd train-width` chooses
+# `width:PATH`, also after '+': the first depth, cut to the width `mcsd train --decision width`
+# chooses
 WIDTH = "width"
 
 
@@ -32,7 +33,8 @@ def parse_learned_lookup(method: str) -> tuple[Path, str | None] | None:
     if kind != LEARNED_LOOKUP:
         return None
     if not arg:
-        raise MCSDError(f"method {method!r}: name the folder `mcsd train-lookup` wrote, e.g. "
+        raise MCSDError(f"method {method!r}: name the folder `mcsd train --decision copy` wrote, "
+                        f"e.g. "
                         f"lookup-learned:runs/copy")
     if plus and not spec:
         raise MCSDError(f"method {method!r}: name a stopper after '+', e.g. "
@@ -109,7 +111,7 @@ def check_method(name: str) -> None:
             if spec.get("draft_costs") is None:
                 raise MCSDError(f"method {name!r}: {learned[0]} was trained to copy or let the "
                                 f"target decode alone, not to copy or draft: retrain it with "
-                                f"`mcsd train-lookup --beside-draft K_CONFIG`, or drop "
+                                f"`mcsd train --decision copy --k-config K_CONFIG`, or drop "
                                 f"'+{learned[1]}'")
             check_method(learned[1])
         return

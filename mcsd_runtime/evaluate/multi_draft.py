@@ -194,8 +194,8 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_domains
 
-    if args.from_runs:
-        raise MCSDError("--drafts decodes; --from-runs only combines finished runs: pass one")
+    if args.runs:
+        raise MCSDError("--drafts decodes; --runs only combines finished runs: pass one")
     drafts = split_drafts(args.drafts)
     if args.draft is not None:
         raise MCSDError(f"--draft {args.draft} and --drafts: list every draft in --drafts")

@@ -288,14 +288,14 @@ def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path,
 
     policy = CopyLength.load(folder)
     _warn_temperature_once(f"{folder} was trained on outputs at", [policy.temperature],
-                           base.temperature, "survival", f"retrain with `mcsd train-lookup "
-                           f"--temperature {base.temperature:g}`")
+                           base.temperature, "survival", f"retrain with `mcsd train --decision "
+                           f"copy --temperature {base.temperature:g}`")
     if spec is not None and policy.draft_tree is not None and (
             parse_k_config(policy.draft_tree) != parse_k_config(base.k_config)):
         _warn_once(f"{folder} was trained beside the draft tree {policy.draft_tree} and decodes "
                    f"on {parse_k_config(base.k_config)}: still lossless, but it prices a "
-                   f"drafted step as that tree's first depth (retrain with `mcsd train-lookup "
-                   f"--beside-draft` on this --k-config)")
+                   f"drafted step as that tree's first depth (retrain with `mcsd train --decision "
+                   f"copy` on this --k-config)")
     return DecoderRunner(learned_lookup_decoder(pair, base, policy, spec))
 
 

@@ -9,7 +9,7 @@ heads (the decoder's 4D tree masks are): queries [B, H, n, D] become [B, H_kv, g
 mask [B, 1, n, L] is tiled g times, so attention reads each cached key once. The arithmetic is
 the same, per query row, as after `repeat_kv`: SmolLM2-135M's logits in bf16 on a CPU came out
 identical, and its verification forward over 5-9 tokens took 0-5% less time after 200 cached
-tokens, 5-7% less after 400 and 11-15% after 800-1600 (`costmodel.attention_bench`). On other
+tokens, 5-7% less after 400 and 11-15% after 800-1600 (`mcsd attention-bench`). On other
 devices, and for calls it does not cover (one new token, no mask, a per-head mask, no grouped
 heads, attention bias or soft-capping), it is `sdpa` itself.
 

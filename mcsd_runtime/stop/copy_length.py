@@ -10,8 +10,8 @@ the time the step takes, at the exchange rate it was tuned to:
     1 + sum_{i <= L} P(i) - rate * cost(L)
 
 where cost(L) is a profiled step verifying L copied tokens. L = 0 decodes one token with the
-target alone, or, for a policy trained beside a draft (`mcsd train-lookup --beside-draft`) and
-decoded as `lookup-learned:PATH+STOPPER`, lets STOPPER draft the step: its value is then the
+target alone, or, for a policy trained beside a draft (`mcsd train --decision copy --k-config`)
+and decoded as `lookup-learned:PATH+STOPPER`, lets STOPPER draft the step: its value is then the
 tokens the row's drafted steps have committed lately (a running mean, from the training mean)
 less the rate times a profiled drafted step. Lossless: it only chooses what to verify.
 """
@@ -144,7 +144,8 @@ class CopyLength:
 
     @classmethod
     def load(cls, folder: str | Path) -> CopyLength:
-        """The policy `mcsd train-lookup` wrote to `folder`; MCSDError if it is not one."""
+        """The policy `mcsd train --decision copy` wrote to `folder`; MCSDError if it is not
+        one."""
         from mcsd_runtime.stop.learned import load_lightgbm
 
         folder = Path(folder)
@@ -165,9 +166,9 @@ def read_spec(folder: str | Path) -> dict:
         spec = json.loads((folder / SPEC_FILE).read_text())
     except (OSError, ValueError) as err:
         raise MCSDError(f"{folder} is not a learned copy length (cannot read {SPEC_FILE}: "
-                        f"{err}); train one with `mcsd train-lookup`") from None
+                        f"{err}); train one with `mcsd train --decision copy`") from None
     if (not isinstance(spec, dict) or spec.get("format") != FORMAT
             or spec.get("features") != list(FEATURES)):
         raise MCSDError(f"{folder / SPEC_FILE} is not a copy length this version reads; retrain "
-                        f"with `mcsd train-lookup`")
+                        f"with `mcsd train --decision copy`")
     return spec

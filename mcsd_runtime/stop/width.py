@@ -4,8 +4,8 @@ On hardware where verifying more tokens costs more (a CPU), a step whose draft i
 one candidate and a step whose draft hesitates may want all of them. After the draft's forward,
 a `WidthPolicy` reads the draft's k largest probabilities at the root, turns each into the chance
 that candidate i is the token the target commits (isotonic calibration per rank, fitted by
-`mcsd train-width` on the target's own outputs), and verifies the w = 1..k likeliest candidates
-that maximise
+`mcsd train --decision width` on the target's own outputs), and verifies the w = 1..k
+likeliest candidates that maximise
 
     expected tokens committed - rate * seconds of verifying them,
 
@@ -99,19 +99,20 @@ class WidthPolicy:
         path = Path(folder)
         path = path / FILE if path.is_dir() else path
         if not path.is_file():
-            raise MCSDError(f"no width policy at {folder}: train one with `mcsd train-width "
-                            f"--out {folder}`")
+            raise MCSDError(f"no width policy at {folder}: train one with `mcsd train --decision "
+                            f"width --out {folder}`")
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise MCSDError(f"{path} is not readable JSON ({err}): retrain with `mcsd "
-                            f"train-width`") from None
+                            f"train --decision width`") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise MCSDError(f"{path} is not a width policy (format {FORMAT!r}): train one with "
-                            f"`mcsd train-width`")
+                            f"`mcsd train --decision width`")
         if data.get("version") != VERSION:
             raise MCSDError(f"{path} is a version {data.get('version')} width policy; this "
-                            f"release reads version {VERSION}: retrain with `mcsd train-width`")
+                            f"release reads version {VERSION}: retrain with `mcsd train "
+                            f"--decision width`")
         try:
             return cls(k=int(data["k"]), rate=float(data["rate"]),
                        calibration=[(c["x"], c["y"]) for c in data["calibration"]],
@@ -120,7 +121,7 @@ class WidthPolicy:
                        trained=dict(data.get("trained", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise MCSDError(f"{path} is incomplete ({err!r}): retrain with `mcsd "
-                            f"train-width`") from None
+                            f"train --decision width`") from None
 
 
 def parse_width(spec: str | None) -> Path | None:
@@ -131,6 +132,7 @@ def parse_width(spec: str | None) -> Path | None:
     if kind != METHOD:
         return None
     if not arg:
-        raise MCSDError(f"{spec!r}: name the folder `mcsd train-width` wrote, e.g. "
+        raise MCSDError(f"{spec!r}: name the folder `mcsd train --decision width` wrote, "
+                        f"e.g. "
                         f"width:runs/width")
     return Path(arg)

@@ -1,0 +1,266 @@
+"""One command line: every option's name, counted per command; the folded near-duplicates stay
+folded, and each old spelling still parses as its new one, with a note (docs/cli.md).
+
+`python tests/test_cli_options.py` prints the inventory: the options of every command and the
+`add_argument` calls in the source that define them."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import runpy
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from mcsd_runtime.cli import build_parser, main
+from mcsd_runtime.constants import GRAPHS
+
+ROOT = Path(__file__).resolve().parent.parent
+# issue 53 counted 164 `add_argument` calls over the commands and `python -m` scripts; folding
+# near-duplicates and defining shared options once (mcsd_runtime.cli.args) took 20% off at least
+DEFINITIONS_BEFORE = 164
+DEFINITIONS_CEILING = int(DEFINITIONS_BEFORE * 0.8)
+# visible options per command today: a new option raises its command's figure here on purpose,
+# after checking mcsd_runtime.cli.args for an option of the same meaning (and docs/cli.md)
+CEILINGS = {
+    "attention-bench": 10, "bench": 21, "collect": 27, "draft distill": 20, "draft show": 2,
+    "drift": 15, "eval": 28, "profile": 19, "prompts": 5, "toy build": 5, "toy draft": 5,
+    "toy info": 4, "train": 40,
+}
+# old spelling -> (its new one, the commands it lived in): none of them may show in --help again
+FOLDED = {
+    "--ignore-eos": ("--eos", {"eval", "bench", "collect"}),
+    "--stop-at-eos": ("--eos", {"train"}),
+    "--profile": ("--cost-profile", {"train"}),
+    "--k": ("--k-config", {"train"}),
+    "--beside-draft": ("--k-config", {"train"}),
+    "--data": ("--runs", {"train"}),
+    "--from-runs": ("--runs", {"eval"}),
+    "--check": ("--check-prompts", {"train"}),
+    "--batch-sizes": ("--batch-size", {"profile"}),
+    "--overhead-prompts": ("--prompts", {"profile"}),
+    "--overhead-limit": ("--limit", {"profile"}),
+    "--overhead-tokens": ("--max-new-tokens", {"profile"}),
+    "--repeats": ("--rounds", {"profile"}),
+    "--reps": ("--rounds", {"attention-bench"}),
+    "--contexts": ("--context", {"attention-bench"}),
+    "--prompt-limit": ("--limit", {"draft distill"}),
+    "--preset": ("--recipe", {"toy build", "toy info"}),
+}
+
+
+def visible_options(parser: argparse.ArgumentParser) -> list[str]:
+    """The options --help shows (hidden old spellings and the help option left out)."""
+    return [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+            if a.help is not argparse.SUPPRESS
+            and not isinstance(a, (argparse._SubParsersAction, argparse._HelpAction))
+            and "--help" not in a.option_strings]
+
+
+def commands(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> dict:
+    """Every visible command and subcommand of `mcsd` (renamed ones, hidden, left out) ->
+    its parser."""
+    parser = parser or build_parser()
+    out = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:  # the listed ones: not the hidden aliases
+                sub = action.choices[choice.dest]
+                name = f"{prefix} {choice.dest}".strip()
+                nested = commands(sub, name)
+                out |= nested or {name: sub}
+    return out
+
+
+def definitions(roots=("mcsd_runtime", "collect", "train")) -> dict[str, int]:
+    """Source file -> its `add_argument` calls that define a visible option (not an old
+    spelling's hidden alias, not a help option)."""
+    counts = {}
+    for root in roots:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            n = 0
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "add_argument"):
+                    continue
+                kw = {k.arg: k.value for k in node.keywords}
+                names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                hidden = (isinstance(kw.get("help"), ast.Attribute)
+                          and kw["help"].attr == "SUPPRESS")
+                alias = isinstance(kw.get("action"), ast.Name) and kw["action"].id == "_Renamed"
+                if not (hidden or alias or "--help" in names):
+                    n += 1
+            if n:
+                counts[str(path.relative_to(ROOT))] = n
+    return counts
+
+
+def test_options_per_command_stay_within_their_count():
+    counts = {name: len(visible_options(p)) for name, p in commands().items()}
+    assert set(counts) == set(CEILINGS), "a command came or went: update CEILINGS"
+    over = {name: (n, CEILINGS[name]) for name, n in counts.items() if n > CEILINGS[name]}
+    assert not over, f"more options than counted (now, counted): {over}"
+
+
+def test_option_definitions_are_a_fifth_fewer():
+    total = sum(definitions().values())
+    assert total <= DEFINITIONS_CEILING, definitions()
+
+
+def test_no_command_shows_a_folded_name_again():
+    for name, parser in commands().items():
+        shown = set(visible_options(parser))
+        for old, (new, lived) in FOLDED.items():
+            if name in lived:
+                assert old not in shown, f"{name} shows {old} again: it is {new}"
+                assert new in shown, f"{name} lost {new}"
+    # a few names mean one thing everywhere: each is defined once, in mcsd_runtime.cli.args
+    every = {o for p in commands().values() for o in visible_options(p)}
+    assert not {"--profile", "--ignore-eos", "--stop-at-eos", "--from-runs", "--beside-draft",
+                "--batch-sizes", "--reps", "--contexts", "--overhead-limit"} & every
+
+
+def _parsed(argv: list[str]) -> dict:
+    args = vars(build_parser().parse_args(argv))
+    for key in ("func", "command", "renamed"):
+        args.pop(key, None)
+    return args
+
+
+OUT = ["--out", "o"]
+TRAIN_COPY = ["--prompts", "p", "--out", "o"]
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (["eval", "--ignore-eos"], ["eval", "--eos", "ignore"]),
+    (["bench", "--ignore-eos"], ["bench", "--eos", "ignore"]),
+    (["collect", "--ignore-eos"], ["collect", "--eos", "ignore"]),
+    (["eval", "--from-runs", "a", "b", *OUT], ["eval", "--runs", "a", "b", *OUT]),
+    (["train", "--data", "r1", "r2", *OUT], ["train", "--runs", "r1", "r2", *OUT]),
+    (["train-lookup", "--profile", "c.json", *TRAIN_COPY],
+     ["train", "--decision", "copy", "--cost-profile", "c.json", *TRAIN_COPY]),
+    (["train-lookup", "--beside-draft", "4,1", *TRAIN_COPY],
+     ["train", "--decision", "copy", "--k-config", "4,1", *TRAIN_COPY]),
+    (["train-lookup", "--stop-at-eos", *TRAIN_COPY],
+     ["train", "--decision", "copy", "--eos", "stop", *TRAIN_COPY]),
+    (["train-lookup", "--check", "3", *TRAIN_COPY],
+     ["train", "--decision", "copy", "--check-prompts", "3", *TRAIN_COPY]),
+    (["train-width", "--k", "3", "--profile", "c.json", *TRAIN_COPY],
+     ["train", "--decision", "width", "--k-config", "3", "--cost-profile", "c.json",
+      *TRAIN_COPY]),
+    (["profile", "--batch-sizes", "1,8", *OUT], ["profile", "--batch-size", "1,8", *OUT]),
+    (["profile", "--overhead-prompts", "none", "--overhead-limit", "3", "--overhead-tokens",
+      "9", "--repeats", "2", *OUT],
+     ["profile", "--prompts", "none", "--limit", "3", "--max-new-tokens", "9", "--rounds", "2",
+      *OUT]),
+    (["attention-bench", "--reps", "4", "--contexts", "8,16"],
+     ["attention-bench", "--rounds", "4", "--context", "8,16"]),
+    (["draft", "distill", "--target", "t", "--prompt-limit", "5"],
+     ["draft", "distill", "--target", "t", "--limit", "5"]),
+    (["toy", "build", "--preset", "tiny"], ["toy", "build", "--recipe", "tiny"]),
+    (["toy", "info", "--preset", "tiny"], ["toy", "info", "--recipe", "tiny"]),
+])
+def test_each_old_spelling_parses_as_the_new_one_with_a_note(old, new, capsys):
+    assert _parsed(old) == _parsed(new)
+    notes = capsys.readouterr().err.strip().splitlines()
+    renamed = [o for o in old if o.startswith("--") and o not in new]
+    assert len(notes) == len(renamed)
+    for option, note in zip(renamed, notes, strict=True):
+        assert f"note: {option} is renamed: use " in note
+
+
+def test_python_m_scripts_take_the_new_names_too(capsys):
+    from collect.bench import build_parser as collect_bench
+
+    assert collect_bench().parse_args(["--ignore-eos"]).eos == "ignore"
+    assert "use --eos ignore" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the module is imported already
+        runpy.run_module("mcsd_runtime.costmodel.attention_bench", run_name="__main__")
+    assert stop.value.code == 2
+    assert "mcsd attention-bench" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("old", "decision", "module"), [
+    ("train-lookup", "copy", "train.copy_cli"),
+    ("train-width", "width", "train.width_cli"),
+])
+def test_renamed_train_commands_forward_with_a_note(old, decision, module, monkeypatch, capsys):
+    import importlib
+
+    seen = []
+    monkeypatch.setattr(importlib.import_module(module), "run",
+                        lambda args: seen.append(args) or 0)
+    assert main([old, "--cost-profile", "c.json", *TRAIN_COPY]) == 0
+    assert f"renamed: use mcsd train --decision {decision}" in capsys.readouterr().err
+    (args,) = seen
+    assert args.decision == decision and args.max_new_tokens == 64 and args.eos == "ignore"
+    assert args.k_config == ("4" if decision == "width" else None)
+    assert args.model is None and args.runs is None  # a stopper's options stay unset
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--decision", "copy", "--runs", "r", *TRAIN_COPY, "--cost-profile", "c"],
+     "--runs is an option of --decision stop, not of --decision copy"),
+    (["--runs", "r", "--max-copy", "4", *OUT], "--max-copy is an option of --decision copy"),
+    (["--decision", "width", "--temperature", "0.5", *TRAIN_COPY, "--cost-profile", "c"],
+     "--temperature is an option of --decision copy, not of --decision width"),
+    (["--runs", "r", "--force", *OUT], "--force is an option of --decision copy and width"),
+    (["--decision", "copy", "--prompts", "p", *OUT], "--decision copy needs --cost-profile"),
+    (["--decision", "width", "--cost-profile", "c", *OUT], "--decision width needs --prompts"),
+])
+def test_train_refuses_an_option_its_decision_does_not_take(argv, message, capsys):
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_train_help_follows_the_decision(capsys):
+    for decision, text in (("copy", "Training a learned prompt-lookup copy length"),
+                           ("width", "A learned width: how many of the draft's"),
+                           ("stop", "Prompts are split train/validation/test")):
+        with pytest.raises(SystemExit):
+            main(["train", "--decision", decision, "--help"])
+        assert text in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    shown = capsys.readouterr().out
+    assert "--decision copy and width" in shown and "stop   (default)" in shown
+
+
+def test_every_command_that_builds_a_decode_config_takes_graphs_and_eos():
+    from mcsd_runtime.cli.args import decode_config_from_args
+
+    every = commands()
+    for name in ("eval", "bench", "collect", "profile", "drift"):
+        graphs = next(a for a in every[name]._actions if "--graphs" in a.option_strings)
+        assert tuple(graphs.choices) == GRAPHS and graphs.default == "auto"
+    for name in ("eval", "bench", "collect"):
+        args = build_parser().parse_args([name, "--graphs", "off", "--eos", "ignore"])
+        config = decode_config_from_args(args)
+        assert config.graphs == "off" and config.eos_token_ids == ()
+        config = decode_config_from_args(build_parser().parse_args([name]))
+        assert config.graphs == "auto" and config.eos_token_ids is None
+
+
+def test_every_command_explains_itself(capsys):
+    for name, parser in commands().items():
+        assert parser.description, name
+        for action in parser._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest}"
+
+
+if __name__ == "__main__":
+    for name, parser in sorted(commands().items()):
+        shown = visible_options(parser)
+        print(f"{len(shown):4} mcsd {name}: {' '.join(shown)}")
+    print(f"{sum(len(visible_options(p)) for p in commands().values()):4} options over "
+          f"{len(commands())} commands")
+    counts = definitions()
+    for path, n in counts.items():
+        print(f"{n:4} add_argument calls in {path}")
+    print(f"{sum(counts.values()):4} add_argument calls (issue 53 counted {DEFINITIONS_BEFORE})")
+    sys.exit(0)
