@@ -86,7 +86,8 @@ class CollectJob:
     threads: int | None = None
     batch_size: int = 1  # prompts decoded together (MCSDDecoder.generate_batch)
     chat: str = "auto"  # how prompts reach the model (mcsd_runtime.prompts.chat)
-    # How each rank gets its pair: pair_loader(device) if given, else load_pair(**pair_args).
+    # How each rank gets its pair: pair_loader(device) if given, else load_pair(**pair_args), its
+    # dtype as a command's --dtype (`auto`: the device's fast one, models.device.command_dtype).
     pair_args: dict[str, Any] = field(default_factory=dict)
     pair_loader: Callable[[str], Pair] | None = None
 
@@ -405,9 +406,11 @@ def _load_pair(job: CollectJob, device: str) -> Pair:
     set_threads(job.threads)
     if job.pair_loader is not None:
         return job.pair_loader(device)
+    from mcsd_runtime.models.device import command_dtype
     from mcsd_runtime.models.pair import load_pair
 
-    return load_pair(**(job.pair_args | {"device": device}))
+    dtype = command_dtype(job.pair_args.get("dtype", "auto"), device)
+    return load_pair(**(job.pair_args | {"device": device, "dtype": dtype}))
 
 
 def _fabric_worker(fabric, job_bytes: bytes, shared: str | None = None) -> dict[str, Any]:

@@ -214,15 +214,17 @@ def test_paired_geomean_against_ar_and_the_best_static():
 
 
 def test_on_a_cpu_with_native_bf16_auto_decodes_and_scores_in_bf16(toy_tiny, tmp_path,
-                                                                    monkeypatch):
-    """Where the CPU reports AMX, `--dtype auto` decodes in bf16, says so in the summary, and
-    scores each output with that bf16 target (rescoring in fp32 gives other NLLs)."""
+                                                                    monkeypatch, capsys):
+    """Where the CPU reports AMX, `--dtype auto` decodes the fp32 checkpoints in bf16, says so
+    once on stderr and in the summary, and scores each output with that bf16 target (rescoring
+    in fp32 gives other NLLs)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mcsd_runtime.evaluate.quality import target_scores
-    from mcsd_runtime.models import cpu
+    from mcsd_runtime.models import cpu, device
 
     fake_cpu_flags(monkeypatch, tmp_path, "fpu avx2 amx_bf16")
+    monkeypatch.setattr(device, "_SAID_CPU_BF16", False)
     assert cpu.cpu_has_native_bf16()
     out = tmp_path / "run"
     assert mcsd(["eval", "--target", str(toy_tiny / "target"), "--draft",
@@ -230,6 +232,7 @@ def test_on_a_cpu_with_native_bf16_auto_decodes_and_scores_in_bf16(toy_tiny, tmp
                  "--max-new-tokens", "12", "--k-config", "2,1", "--methods", "ar,mcsd:2,1",
                  "--out", str(out)]) == 0
     assert json.loads((out / "summary.json").read_text())["settings"]["dtype"] == "bfloat16"
+    assert capsys.readouterr().err.count("--dtype auto runs the models in bfloat16") == 1
     tok = AutoTokenizer.from_pretrained(toy_tiny / "target")
     prompt = tok(load_prompts("toy-code", limit=1)[0].text)["input_ids"]
     target = AutoModelForCausalLM.from_pretrained(toy_tiny / "target",

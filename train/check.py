@@ -78,6 +78,7 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
     import torch
 
     from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+    from mcsd_runtime.models.device import command_dtype
     from mcsd_runtime.models.pair import load_pair
 
     if profile.threads:  # time as the profile was timed
@@ -85,8 +86,9 @@ def end_to_end_check(data: R.ReplayData, manifests: list[dict], profile: CostPro
     m = manifests[0]
     if pair is None:
         fp = m.get("pair") or {}
-        pair = load_pair(fp["target"], fp["draft"], device=_profile_device(profile),
-                         dtype=m.get("dtype", "auto"))
+        device = _profile_device(profile)
+        pair = load_pair(fp["target"], fp["draft"], device=device,
+                         dtype=command_dtype(m.get("dtype", "auto"), device))
     chosen = _prompt_ids(data, manifests, limit)
     sub = data.subset([k for k, _ in chosen])
     sub.prompts = {k: sub.prompts[k] for k, _ in chosen}  # admitted in the decoded order

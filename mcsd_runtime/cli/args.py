@@ -318,12 +318,13 @@ def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
-    from mcsd_runtime.models.device import pick_device
+    from mcsd_runtime.models.device import command_dtype, pick_device
     from mcsd_runtime.models.pair import load_pair
 
     pick_device(args.device)  # a bad --device fails before a toy pair is built
     target, draft = pair_paths(args)
-    return load_pair(target, draft, device=args.device, dtype=args.dtype,
+    return load_pair(target, draft, device=args.device,
+                     dtype=command_dtype(args.dtype, args.device),
                      attn_implementation=args.attention)
 
 

@@ -49,14 +49,15 @@ def labelled(methods: list[str], drafts: list[str]) -> list[tuple[str, str, str]
 
 def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
     """One pair per draft, all sharing the first one's target model (loaded once in effect)."""
-    from mcsd_runtime.models.device import pick_device
+    from mcsd_runtime.models.device import command_dtype, pick_device
     from mcsd_runtime.models.pair import load_pair, pair_names
 
     pick_device(args.device)
     names = {d: pair_names(args.target, d) for d in drafts}  # every name checked first
     pairs: dict[str, Pair] = {}
     for d, (target, draft) in names.items():
-        pair = load_pair(target, draft, device=args.device, dtype=args.dtype,
+        pair = load_pair(target, draft, device=args.device,
+                         dtype=command_dtype(args.dtype, args.device),
                          attn_implementation=args.attention)
         if pairs:
             first = next(iter(pairs.values()))

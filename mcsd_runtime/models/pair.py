@@ -215,7 +215,7 @@ def _load_tokenizer(name: str):
         ) from None
 
 
-def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
+def _load_model(name: str, device: torch.device, dtype: torch.dtype | str, attn: str):
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -239,7 +239,7 @@ def _load_model(name: str, device: torch.device, dtype: torch.dtype, attn: str):
 
 
 def load_pair(target: str | Path, draft: str | Path | None = None, device: str = "auto",
-              dtype: str = "auto", attn_implementation: str = ATTENTION) -> Pair:
+              dtype: str | torch.dtype = "auto", attn_implementation: str = ATTENTION) -> Pair:
     """Load a target/draft pair, refusing mismatched vocabularies before any weights are loaded.
 
     `target` and `draft` are hub names, local folders or `.gguf` files; `load_pair("toy")` (or
@@ -247,13 +247,19 @@ def load_pair(target: str | Path, draft: str | Path | None = None, device: str =
     (`mcsd_runtime.paths`); `load_pair("smollm2")` is SmolLM2-135M-Instruct with its distilled
     draft (`pair_names` says how every name resolves). `attn_implementation`: a name transformers
     knows, or `mcsd_sdpa` (the default: `sdpa` with grouped-query heads packed under tree masks,
-    `models.attention`)."""
+    `models.attention`).
+
+    `dtype`: `auto` (the default) keeps the target checkpoint's own dtype, as transformers'
+    `dtype="auto"` does (its config's dtype, else its weights'), and loads the draft in that
+    dtype too: a pair runs in one dtype. A name (fp32, bf16, fp16, ...) or a torch.dtype casts
+    both: bf16 on a CPU with native bf16 matmuls is such a choice (the commands make it for
+    their `--dtype auto`: `models.device.command_dtype`)."""
     check_attention(attn_implementation)
     target, draft = pair_names(target, draft)
     t_tok, d_tok = _load_tokenizer(target), _load_tokenizer(draft)
     check_same_vocab(t_tok, d_tok, target, draft)
     dev = pick_device(device)
-    dt = pick_dtype(dtype, dev)
+    dt = "auto" if dtype == "auto" else pick_dtype(dtype, dev)
     t_model = _load_model(target, dev, dt, attn_implementation)
-    d_model = _load_model(draft, dev, dt, attn_implementation)
+    d_model = _load_model(draft, dev, t_model.dtype, attn_implementation)
     return Pair(t_model, d_model, t_tok, target_name=target, draft_name=draft)
