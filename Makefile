@@ -44,7 +44,7 @@ COMMA := ,
 DEMO_DENSE := --target toy --k-config $(DEMO_K) --dense --max-new-tokens $(DEMO_TOKENS) --threads 1
 
 demo: venv
-	$(MCSD) toy build --preset default
+	$(MCSD) toy build --recipe default
 	$(MCSD) collect $(DEMO_DENSE) --prompts toy-code-collect --limit $(DEMO_COLLECT) \
 		--out $(DEMO)/collect
 	for set in $(subst $(COMMA), ,$(DEMO_DOMAINS)); do \
@@ -52,9 +52,9 @@ demo: venv
 			--out $(DEMO)/domains/$$set || exit 1; \
 	done
 	$(MCSD) profile --target toy --out $(DEMO)/cost.json --max-tokens 16 --k-config $(DEMO_K) \
-		--overhead-limit 8 --threads 1
+		--limit 8 --threads 1
 	for model in lightgbm mlp; do \
-		$(MCSD) train --data $(DEMO)/collect --model $$model --cost-profile $(DEMO)/cost.json \
+		$(MCSD) train --runs $(DEMO)/collect --model $$model --cost-profile $(DEMO)/cost.json \
 			--val-frac 0.3 --out $(DEMO)/stoppers/$$model --threads 1 --check-prompts 12 \
 			--domains $(addprefix $(DEMO)/domains/,$(subst $(COMMA), ,$(DEMO_DOMAINS))) \
 			|| exit 1; \
@@ -64,7 +64,7 @@ demo: venv
 	for temp in 0 0.7; do \
 		$(MCSD) eval --target toy --prompts $(DEMO_DOMAINS) --limit $(DEMO_EVAL) \
 			--k-config $(DEMO_K) --max-new-tokens $(DEMO_TOKENS) --temperature $$temp \
-			--ignore-eos --methods "$(subst HEURISTIC,$$heuristic,$(DEMO_METHODS))" \
+			--eos ignore --methods "$(subst HEURISTIC,$$heuristic,$(DEMO_METHODS))" \
 			--out $(DEMO)/eval-t$$temp || exit 1; \
 	done
 
@@ -75,8 +75,9 @@ demo: venv
 # four candidates, then a chain under the likeliest (4,1/1,1,1,1,1). Collects dense trajectories
 # on three of the offline instruction sets (explain, code, qa) in the chat template, profiles
 # (with every narrower first depth, for the width), trains LightGBM and MLP stoppers, a learned
-# choice to copy or draft (`mcsd train-lookup --beside-draft`, its replay checked end to end) and
-# a learned width of the first depth (`mcsd train-width`), both on the target's own outputs
+# choice to copy or draft (`mcsd train --decision copy --k-config`, its replay checked end to end)
+# and a learned width of the first depth (`mcsd train --decision width`), both on the target's own
+# outputs
 # (one cache of them), then evaluates on the held-out twins of all five categories
 # (summarization and rewriting never trained on), one domain per category, against AR,
 # generate(), static depths, the tuned heuristic, the tuned switch (the deploy depth,
@@ -113,12 +114,12 @@ DRAFTS_K := 4,2,2,1
 DRAFTS_TEMPS := 0 0.7
 
 drafts: venv
-	$(MCSD) toy build --preset default
+	$(MCSD) toy build --recipe default
 	$(MCSD) toy draft l2 l4
 	for temp in $(DRAFTS_TEMPS); do \
 		$(MCSD) eval --target toy --drafts $(DRAFTS) --methods ar,mcsd,mcsd-target-init \
 			--prompts $(DRAFTS_DOMAINS) --limit $(DRAFTS_EVAL) --max-new-tokens $(DRAFTS_TOKENS) \
-			--k-config $(DRAFTS_K) --temperature $$temp --ignore-eos --threads 1 \
+			--k-config $(DRAFTS_K) --temperature $$temp --eos ignore --threads 1 \
 			--out $(DRAFTS_RUN)/t$$temp || exit 1; \
 	done
 
@@ -135,8 +136,8 @@ batches: venv
 	$(MCSD) collect $(DEMO_DENSE) --prompts toy-code-collect --limit $(DEMO_COLLECT) \
 		--batch-size 8 --out $(BATCH)/collect
 	$(MCSD) profile --target toy --out $(BATCH)/cost.json --max-tokens 16 --k-config $(DEMO_K) \
-		--overhead-limit 8 --threads 1 --batch-sizes $(BATCH_SIZES)
-	$(MCSD) train --data $(BATCH)/collect --model lightgbm --cost-profile $(BATCH)/cost.json \
+		--limit 8 --threads 1 --batch-size $(BATCH_SIZES)
+	$(MCSD) train --runs $(BATCH)/collect --model lightgbm --cost-profile $(BATCH)/cost.json \
 		--val-frac 0.3 --batch-size $(BATCH_SIZES) --out $(BATCH)/stoppers/lightgbm --threads 1
 	heuristic=$$($(BIN)/python -c "import json; print(json.load(open(\
 		'$(BATCH)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \

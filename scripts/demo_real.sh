@@ -66,7 +66,7 @@ join_commas() {
 
 : "${REAL_TRAIN_OUTPUTS=$REAL_PAIR --prompts $(join_commas "$REAL_TRAIN_SETS") \
 --limit $REAL_COLLECT --eval-prompts $REAL_EVAL_SET --eval-limit $REAL_DOMAIN_ROWS \
---max-new-tokens $REAL_TOKENS --profile $DEMO_REAL/cost.json \
+--max-new-tokens $REAL_TOKENS --cost-profile $DEMO_REAL/cost.json \
 --traces $DEMO_REAL/traces.json --threads 1 --force}"
 
 # the flag groups and lists as words
@@ -93,16 +93,16 @@ for set in "${categories[@]}"; do
         --out "$DEMO_REAL/domains/$set"
 done
 "$MCSD" profile "${pair[@]}" --out "$DEMO_REAL/cost.json" --max-tokens 16 \
-    --k-config "$REAL_K" --widths --overhead-prompts inst-mix --overhead-limit 4 --threads 1
+    --k-config "$REAL_K" --widths --prompts inst-mix --limit 4 --threads 1
 for model in lightgbm mlp; do
-    "$MCSD" train --data "${collected[@]}" --model "$model" \
+    "$MCSD" train --runs "${collected[@]}" --model "$model" \
         --cost-profile "$DEMO_REAL/cost.json" --val-frac 0.3 \
         --out "$DEMO_REAL/stoppers/$model" --threads 1 --check-prompts "$REAL_CHECK" \
         --domains "${domains[@]}"
 done
-"$MCSD" train-lookup "${train_outputs[@]}" --beside-draft "$REAL_K" --check "$REAL_CHECK" \
-    --out "$DEMO_REAL/copy-draft"
-"$MCSD" train-width "${train_outputs[@]}" --out "$DEMO_REAL/width"
+"$MCSD" train --decision copy "${train_outputs[@]}" --k-config "$REAL_K" \
+    --check-prompts "$REAL_CHECK" --out "$DEMO_REAL/copy-draft"
+"$MCSD" train --decision width "${train_outputs[@]}" --out "$DEMO_REAL/width"
 peer() {
     "$BIN/python" -c "import json, sys; print(json.load(open(sys.argv[1]))['peers'][sys.argv[2]])" \
         "$DEMO_REAL/stoppers/lightgbm/metrics.json" "$1"
@@ -114,7 +114,7 @@ methods=${methods//SWITCH/"$switch"}
 for temp in 0 0.7; do
     "$MCSD" eval "${pair[@]}" --prompts "$REAL_EVAL_SET" --limit "$REAL_EVAL" \
         --k-config "$REAL_K" --max-new-tokens "$REAL_TOKENS" --temperature "$temp" \
-        --ignore-eos --threads 1 --deploy "$REAL_DEPLOY" \
+        --eos ignore --threads 1 --deploy "$REAL_DEPLOY" \
         --methods "$methods" \
         --out "$DEMO_REAL/eval-t$temp"
 done
