@@ -16,6 +16,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.transfer import upload
 
 
 def new_cache() -> DynamicCache:
@@ -80,7 +81,7 @@ class RowCache:
             self.lens[r] += len(slots)
         layers = _layers(self.cache)
         if moves and layers:
-            r_idx, d_idx, s_idx = torch.tensor(moves, device=self.device).unbind(1)
+            r_idx, d_idx, s_idx = upload(moves, self.device).unbind(1)
             for layer in layers:
                 for name in ("keys", "values"):
                     t = getattr(layer, name)
@@ -94,7 +95,7 @@ class RowCache:
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (in this order)."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        idx = upload(rows, self.device, torch.long)
         for layer in _layers(self.cache):
             layer.keys, layer.values = layer.keys[idx], layer.values[idx]
         self.lens = [self.lens[r] for r in rows]
@@ -137,7 +138,7 @@ class RowCache:
         if all(n == longest for n in self.lens):
             self.valid = None
         else:
-            lens = torch.tensor(self.lens, device=self.device)
+            lens = upload(self.lens, self.device)
             self.valid = torch.arange(longest, device=self.device)[None] < lens[:, None]
 
 
@@ -237,7 +238,7 @@ class SlotRowCache:
                       if s != self.lens[r] + i]
             self.lens[r] += len(slots)
         if moves and self.keys:
-            r_idx, d_idx, s_idx = torch.tensor(moves, device=self.device).unbind(1)
+            r_idx, d_idx, s_idx = upload(moves, self.device).unbind(1)
             for t in (*self.keys, *self.values):
                 t[r_idx, :, d_idx] = t[r_idx, :, s_idx]
         self._cut()
@@ -248,7 +249,7 @@ class SlotRowCache:
 
     def select(self, rows: list[int]) -> None:
         if rows != list(range(len(rows))) and self.keys:
-            idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+            idx = upload(rows, self.device, torch.long)
             for t in (*self.keys, *self.values):
                 t[: len(rows)] = t[idx]
         self.lens = [self.lens[r] for r in rows]
@@ -288,7 +289,7 @@ class SlotRowCache:
         if all(n == longest for n in self.lens):
             self.valid = None
         else:
-            lens = torch.tensor(self.lens, device=self.device)
+            lens = upload(self.lens, self.device)
             self.valid = self._arange[None, :longest] < lens[:, None]
 
 

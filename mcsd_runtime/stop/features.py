@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mcsd_runtime.transfer import upload
+
 SCHEMA_VERSION = 4  # 3 was an experiment that never shipped
 TOP_K_MASS = 4  # top-k mass of the proposing distribution uses this k
 
@@ -160,7 +162,7 @@ class Trajectory:
 def with_trajectory(node_feats: torch.Tensor, trajectory: Sequence[float]) -> torch.Tensor:
     """The full [n, len(FEATURE_NAMES)] matrix: node features, then the trajectory features'
     values (`Trajectory.values()`) on every row."""
-    traj = torch.tensor(trajectory, device=node_feats.device, dtype=node_feats.dtype)
+    traj = upload(trajectory, node_feats.device, node_feats.dtype)
     return torch.cat([node_feats, traj.expand(node_feats.shape[0], -1)], dim=-1)
 
 
