@@ -307,8 +307,11 @@ def fake_distill(monkeypatch) -> list:
         return Path("/drafts/distilled")
 
     module.default_draft_dir = default_draft_dir
+    from mcsd_runtime.distill import recipe  # the real recipes' names, imported before the fake
+
     monkeypatch.setitem(sys.modules, "mcsd_runtime.distill", types.ModuleType("distill"))
     monkeypatch.setitem(sys.modules, "mcsd_runtime.distill.cache", module)
+    monkeypatch.setitem(sys.modules, "mcsd_runtime.distill.recipe", recipe)
     return calls
 
 
