@@ -10,7 +10,7 @@ A step, over every row of the batch at once:
    decoding does; both keep their pending draft tokens for later;
    the others' pending draft tokens go in, depth 1 is proposed; then, while the stopper says
    so, the frontier goes through the draft (one forward for all rows, tree attention) and the
-   next depth is proposed;
+   next depth is proposed (`drafting.TreeDrafter`);
 2. one target forward over every row's pending root and tree (a 4D mask, shared or one per
    row where rows lie on different trees; explicit position ids);
 3. verify each row's tree: the accepted path and the token after it (`verify_tree`);
@@ -65,13 +65,13 @@ import torch
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
+from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
 from mcsd_runtime.decode.lookup import chain_layers, find_match, propose
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
     Draft,
-    DraftFrontier,
     DraftLayer,
     GenerationResult,
     Recorder,
@@ -86,7 +86,6 @@ from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
 from mcsd_runtime.stop.copy_length import features
-from mcsd_runtime.stop.features import TOP_K_MASS
 from mcsd_runtime.stop.width import WidthPolicy
 
 CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
@@ -156,28 +155,6 @@ class Timing:
     draft_calls: int = 0
 
 
-@dataclass
-class Drafted:
-    """Every row's tree after the draft phase."""
-
-    layers: list[list[DraftLayer]]  # per row; layers[i][d - 1] holds depth d
-    depths: list[int]  # each row's tree depth: what it verifies
-    pending: list[int]  # each row's pending draft tokens at the start of the step
-    pending_base: int  # draft cache length before the pending tokens went in
-    cache_base: int = 0  # draft cache length where depth-1 nodes start
-    depth: int = 0  # the batch's depth (the deepest row's)
-    forwarded: int = 0  # deepest depth whose nodes went through the draft
-    fed: bool = False  # the pending draft tokens went through the draft this step
-    copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
-    cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
-    refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
-
-    def seen(self, i: int) -> int:
-        """The deepest of row i's depths whose nodes went through the draft and stay in its
-        cache."""
-        return 0 if self.copied[i] or self.refeed else self.forwarded
-
-
 class Engine:
     """One `generate` / `generate_batch` call of `dec` at batch size `batch_size`."""
 
@@ -192,8 +169,6 @@ class Engine:
                             "target-initialized runs one at a time (batch size 1)")
         self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
-        # a batch in max mode asks the stopper for one decision first (`batch_continue`)
-        self.batch_decide = batch_size > 1 and self.cfg.batch_depth == "max"
         self.needs_hidden = dec.needs_hidden
         # a feature draft reads the target's states: the target hands them over at every
         # forward, and the draft takes each accepted token again with the target's state
@@ -202,7 +177,6 @@ class Engine:
         if self.features and self.init is not None:
             raise MCSDError("a feature draft reads the target's states, which target-"
                             "initialized candidates do not give it: decode with init='draft'")
-        self.draft_hidden = self.needs_hidden or self.features
         # the target takes the whole prompt at the prefill when it supplies the first token (AR)
         # or the first roots (target-init)
         self.target_takes_prompt = self.init is not None or not self.tree.depth
@@ -213,10 +187,8 @@ class Engine:
         self.copy_beside_draft = (self.wants_conf and dec.copy_length.draft_costs is not None
                                   and self.tree.depth > 0
                                   and not isinstance(self.stopper, NoDraftStopper))
-        # draws for nodes beyond a row's own depth, which it never verifies: kept off the row's
-        # generator so that its draws stay those of the prompt decoded alone
-        self.spare = torch.Generator(self.dev)
-        self.spare.manual_seed(self.cfg.seed)
+        self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
+                                   self.features)
 
     # ------------------------------------------------------------------ the loop
     def run(self, prompts: list[list[int]], seeds: list[int],
@@ -380,7 +352,7 @@ class Engine:
         timing = Timing()
 
         # 1. draft, depth by depth
-        d = self.draft(rows, tokens, inputs, caps, dc, timing)
+        d = self.drafter.draft(rows, tokens, inputs, caps, dc, timing)
         self.place_copies(d, tokens, inputs[:, at:], [len(c) for c in copied])
         if self.dec.width is not None:
             self.choose_widths(d)
@@ -511,148 +483,6 @@ class Engine:
                                          log_path=layer.log_path[:w], _node_features=None,
                                          _host=None)
                 d.cut[i] = self.dec.widths[w]
-
-    # -- 1. draft
-    def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
-              caps: list[int], dc: RowCache, timing: Timing) -> Drafted:
-        """Draft every row up to the batch's depth, asking the stopper after each depth before
-        forwarding it."""
-        d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
-                    dc.length, copied=[False] * len(rows), refeed=self.features)
-        if max(caps) <= 0:
-            return d
-        if self.init is not None:
-            first = [self.init.roots(rows[0].st)]
-        else:
-            q, hidden = self.feed_pending(rows, dc, inputs, timing)
-            d.fed = True
-            first = self.propose(q[:, None], hidden, 1, None, rows, caps)
-        d.cache_base = dc.length
-        self.add_layers(d.layers, tokens, first)
-        depth = 1
-        open_rows = [c > 0 for c in caps]
-        while depth < max(caps) and self.go_deeper(rows, d.layers, depth, caps, open_rows,
-                                                    d.depths):
-            q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing)
-            d.forwarded = depth
-            parent = torch.stack([rl[-1].log_path for rl in d.layers])
-            own = [caps[i] if open_rows[i] else d.depths[i] for i in range(len(rows))]
-            self.add_layers(d.layers, tokens,
-                            self.propose(q, hidden, depth + 1, parent, rows, own))
-            depth += 1
-        d.depth = depth
-        d.depths = [max(0, min(depth if open_rows[i] else d.depths[i], caps[i]))
-                    for i in range(len(rows))]
-        return d
-
-    def feed_pending(self, rows: list[Row], dc: RowCache, inputs: torch.Tensor,
-                     timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed every row its pending draft tokens (right-padded, from `upload`); returns q
-        [rows, V] (and the hidden state [rows, 1, H]) at each row's last pending token."""
-        counts = [len(r.st.d_pending) for r in rows]
-        m = max(counts)
-        prev = None
-        if self.features:  # each pending token's target state, right-padded like the tokens
-            prev = torch.nn.utils.rnn.pad_sequence([torch.cat(r.st.d_feats) for r in rows],
-                                                   batch_first=True)
-        for r in rows:
-            r.st.d_pending, r.st.d_feats = [], []
-        ragged = len(set(counts)) > 1
-        ids, n = inputs[:, 3 : 3 + m], inputs[:, 2:3] if ragged else m
-        offsets = torch.arange(m, device=self.dev)[None]
-        pos = inputs[:, :1] - n + 1 + offsets.clamp(max=n - 1)
-        out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
-                           offsets < n if ragged else None, timing, keep=m if ragged else 1,
-                           hidden=self.draft_hidden, prev=prev)
-        last = (n - 1)[:, :, None] if ragged else None
-        logits = out.logits[:, -1] if last is None else out.logits.gather(
-            1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
-        hidden = None
-        if self.draft_hidden:
-            h = out.hidden
-            hidden = h[:, -1:] if last is None else h.gather(1, last.expand(-1, 1, h.shape[-1]))
-        return self.dec.probs(logits), hidden
-
-    def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
-                         dc: RowCache, d: Drafted, depth: int, timing: Timing,
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the draft over every row's nodes of `depth`; returns their distributions q
-        [rows, n, V] (and hidden states): the next depth's proposals."""
-        if depth == 1 and self.init is not None:  # the roots go in with the pending tokens
-            d.fed = True
-            return self.init.feed_roots(rows[0], tokens, inputs, dc, d, timing)
-        nodes = self.tree.depth_slice(depth)
-        # a feature draft reads, at each node, the state its parent's proposal came from
-        prev = torch.stack([rl[depth - 1].hidden() for rl in d.layers]) if self.features else None
-        out = self.forward(self.pair.draft, dc, tokens[:, nodes],
-                           inputs[:, :1] + self.tt.depth[nodes][None],
-                           self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
-                           hidden=self.draft_hidden, prev=prev)
-        return self.dec.probs(out.logits), out.hidden if self.draft_hidden else None
-
-    def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
-                  caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
-        """After `depth`, draft one more? Asks about the rows that may still go deeper."""
-        ask = [i for i in range(len(rows)) if open_rows[i] and depth < caps[i]]
-        if not ask:
-            return False
-        peers = [layers[i][depth - 1] for i in ask]  # one host copy for all, if read
-        frontiers = [DraftFrontier(layer, depth, self.tree.depth, self.tt,
-                                   rows[i].st.trajectory, peers)
-                     for i, layer in zip(ask, peers, strict=True)]
-        if self.batch_decide and (go := self.stopper.batch_continue(frontiers)) is not None:
-            return bool(go)
-        votes = [rows[i].st.stopper.should_continue(f) for i, f in zip(ask, frontiers, strict=True)]
-        if self.cfg.batch_depth == "row":
-            for i, vote in zip(ask, votes, strict=True):
-                if not vote:
-                    open_rows[i], depths[i] = False, depth
-        return any(votes)
-
-    def propose(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
-                parent_log_path: torch.Tensor | None, rows: list[Row],
-                own: list[int]) -> list[DraftLayer]:
-        """Depth `d`'s candidates for every row from q [rows, m, V]: the top-k of all rows in one
-        call when greedy; sampled rows draw with their own generator up to their own depth
-        `own[i]` (`propose_row`)."""
-        k, m = self.cfg.k_config[d - 1], self.tree.parents_with_children(d)
-        if m < q.shape[1]:  # a capped depth: only the likeliest parents have children
-            q, hidden = q[:, :m], None if hidden is None else hidden[:, :m]
-            parent_log_path = parent_log_path[:, :m]
-        if self.cfg.temperature != 0:
-            return [self.propose_row(q[i], None if hidden is None else hidden[i], d,
-                                     None if parent_log_path is None else parent_log_path[i],
-                                     r.st.generator if d <= own[i] else self.spare)
-                    for i, r in enumerate(rows)]
-        values, toks = q.topk(max(k, TOP_K_MASS), dim=-1)
-        top, toks = values[..., :TOP_K_MASS], toks[..., :k].reshape(len(rows), -1)
-        prob = q.reshape(-1, q.shape[-1]).gather(1, toks.reshape(-1, k)).reshape(len(rows), -1)
-        log_path = prob.clamp_min(1e-30).log()
-        if parent_log_path is not None:
-            log_path = log_path + parent_log_path.repeat_interleave(k, dim=1)
-        return [DraftLayer(toks[i], q[i], None if hidden is None else hidden[i], prob[i],
-                           log_path[i], top[i]) for i in range(len(rows))]
-
-    def propose_row(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
-                    parent_log_path: torch.Tensor | None, gen: torch.Generator) -> DraftLayer:
-        """One row's sampled depth-`d` candidates from its parents' distributions q [m, V]."""
-        k = self.cfg.k_config[d - 1]
-        if self.cfg.verify == "mcss-replacement":
-            toks = V.sample_with_replacement(q, k, gen)
-        else:
-            toks = V.sample_without_replacement(q, k, gen)
-        prob = q.gather(1, toks).reshape(-1)
-        log_path = prob.clamp_min(1e-30).log()
-        if parent_log_path is not None:
-            log_path = log_path + parent_log_path.repeat_interleave(k)
-        return DraftLayer(toks.reshape(-1), q, hidden, prob, log_path, None)
-
-    def add_layers(self, layers: list[list[DraftLayer]], tokens: torch.Tensor,
-                   new: list[DraftLayer]) -> None:
-        d = len(layers[0]) + 1
-        tokens[:, self.tree.depth_slice(d)] = torch.stack([layer.tokens for layer in new])
-        for row_layers, layer in zip(layers, new, strict=True):
-            row_layers.append(layer)
 
     # -- 3. verify
     def judge(self, st: RowState, draft: Draft, logits: torch.Tensor,
