@@ -164,3 +164,16 @@ clean:
 
 clean-cache:
 	rm -rf $(MCSD_CACHE_DIR)/models
+
+# The GPU check (docs/gpu-check.md): on a lent H100/H200, after `python3 scripts/gpu_check.py
+# join` has installed what two calls carried, the step breakdown of SmolLM2's and Llama-2-7B's
+# shapes eager and captured and the real pair's pipeline (feature draft distilled on the GPU,
+# dense collection, profile, stoppers, copy-or-draft choice, eval by category greedy and at
+# T=0.7) in one call, each stage with a time budget, resumable; the report lands in
+# data/runs/gpu-check/report.md and report.json. GPU_CHECK_ARGS='--deadline 560 --copy-to $OUT'
+# on the device; GPU_CHECK_ARGS=--smoke runs every stage at toy sizes on this CPU (about seven
+# minutes). No venv dependency: the device's image has no .venv.
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) scripts/gpu_check.py run $(GPU_CHECK_ARGS)

@@ -495,8 +495,7 @@ def run(pair, methods: list[str], k_config: tuple[int, ...], prompt_tokens: int,
 
 
 def _cell(rows: list[dict], method: str, graphs: str) -> str:
-    row = next((r for r in rows if r["method"] == method
-                and (r["graphs"] == graphs or method == "hf")), None)
+    row = next((r for r in rows if r["method"] == method and r["graphs"] == graphs), None)
     if row is None:
         return "-"
     return "error" if row["error"] else f"{row['step_ms']:.3f}"

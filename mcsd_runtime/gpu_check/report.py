@@ -1,0 +1,167 @@
+"""The GPU check's report: `report.json` and `report.md` in the run folder (stage, command, wall
+seconds, budget, key figures, failures with their logs' tails, what the toolkit lacks), copied
+with a tarball of the logs and the small outputs to `--copy-to` after every stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+import json
+import platform
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+from mcsd_runtime.gpu_check.figures import read_json
+from mcsd_runtime.gpu_check.plan import MISSING, Sizes
+from mcsd_runtime.gpu_check.staging import CALL_LIMIT_MIB, ROOT
+
+FORMAT = "mcsd-gpu-check"
+# small outputs the tarball takes besides the logs (patterns under the run folder)
+SMALL_OUTPUTS = ("breakdown-*.json", "cost.json", "stoppers/*/metrics.json",
+                 "copy-draft/*.json", "eval-*/*.md", "eval-*/*.json", "eval-*/*/summary.*",
+                 "collect/manifest.json", "stages/*.json")
+TARBALL_LIMIT = 15 << 20  # bytes: a file $OUT returns is at most 16 MiB
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version(), "machine": platform.machine()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True)
+    out["commit"] = commit.stdout.strip() if commit.returncode == 0 else None
+    return out
+
+
+def meta(preset: str, sizes: Sizes, argv: list[str]) -> dict:
+    return {"format": FORMAT, "version": 1, "preset": preset,
+            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "argv": argv, **_versions(), "sizes": dataclasses.asdict(sizes)}
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} {_cell(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(map(_cell, value))
+    return str(value)
+
+
+def markdown(rep: dict) -> str:
+    """The report as Markdown."""
+    head = [f"# GPU check ({rep['preset']})", "",
+            f"{rep.get('gpu') or rep.get('machine')}, torch {rep.get('torch')}, transformers "
+            f"{rep.get('transformers')}, commit {rep.get('commit')}; started {rep['started']}, "
+            f"{rep['total_wall_s']:.0f} s of stages.", "",
+            "| stage | status | wall s | budget s | key figures |", "|---|---|---|---|---|"]
+    for r in rep["stages"]:
+        why = f" ({r['reason']})" if r.get("reason") else ""
+        again = " (earlier run)" if r.get("resumed") else ""
+        wall = f"{r['wall_s']:.1f}" if "wall_s" in r else "-"
+        head.append(f"| {r['stage']} | {r['status']}{why}{again} | {wall} | {r['budget_s']:.0f} "
+                    f"| {_cell(r.get('figures') or {}).replace('|', '/')} |")
+    body = ["", "## Commands", ""]
+    body += [f"- {r['stage']}: `{r['command']}`" for r in rep["stages"] if r.get("command")]
+    failed = [r for r in rep["stages"] if r["status"] in ("failed", "timeout")]
+    if failed:
+        body += ["", "## Failures", ""]
+        for r in failed:
+            body += [f"### {r['stage']}: {r['status']} (exit {r.get('rc')})", "", "```",
+                     *r.get("log_tail", []), "```", ""]
+    body += ["", "## Missing from the toolkit", "", *[f"- {m}" for m in rep["missing"]]]
+    return "\n".join(head + body + _extras(rep)) + "\n"
+
+
+def _extras(rep: dict) -> list[str]:
+    """The breakdowns' tables and the evaluations' tables across categories, when present."""
+    run, out = Path(rep["run"]), []
+    for r in rep["stages"]:
+        if r["status"] != "done":
+            continue
+        if r["stage"].startswith("breakdown-"):
+            from mcsd_runtime.costmodel.step_breakdown import summary
+
+            data = read_json(run / r["output"])
+            if data.get("rows"):
+                out += ["", f"## {r['stage']} ({data.get('target')}, {data.get('draft')}, "
+                        f"{data.get('device')}, {data.get('dtype')}: ms per step, median of "
+                        f"{data.get('repeats')})", "", summary(data)]
+        elif r["stage"].startswith("eval-"):
+            table = run / r["output"] / "domains.md"
+            if table.is_file():
+                lines = table.read_text().splitlines()[1:80]
+                out += ["", f"## {r['stage']}: across categories", *lines]
+    return out
+
+
+def staging_text(manifest: dict, base_mib: float, stage_dir: Path) -> str:
+    """What `stage` staged and the two device calls that carry it."""
+    rel = stage_dir.resolve().relative_to(ROOT) if stage_dir.resolve().is_relative_to(
+        ROOT) else stage_dir
+    lines = [f"staged {manifest['wheel']} ({manifest['size'] / 2**20:.1f} MiB) in two parts and "
+             f"{len(manifest['wheels'])} wheel(s): {', '.join(manifest['wheels'])}",
+             f"the project sends {base_mib:.1f} MiB a call; the limit is {CALL_LIMIT_MIB:.0f} MiB"]
+    for i, mib in enumerate(manifest["call_mib"], 1):
+        over = " OVER THE LIMIT" if mib + base_mib > CALL_LIMIT_MIB else ""
+        lines.append(f"call {i}: carry [\"{rel}/call{i}\"], {mib:.1f} + {base_mib:.1f} MiB{over}")
+    lines += ["call 1 command: python3 scripts/gpu_check.py join && nvidia-smi",
+              "call 2 command: python3 scripts/gpu_check.py join && python3 scripts/gpu_check.py "
+              "run --deadline 560 --copy-to \"$OUT\"   (timeout_s 600)"]
+    return "\n".join(lines)
+
+
+class Writer:
+    """Writes the report after every stage (a callable taking the records so far)."""
+
+    def __init__(self, run: Path, meta_: dict, copy_to: Path | None) -> None:
+        self.run, self.meta, self.copy_to = run, meta_, copy_to
+
+    def __call__(self, records: list[dict]) -> Path:
+        rep = {**self.meta, "run": str(self.run), "stages": records,
+               "total_wall_s": round(sum(r.get("wall_s", 0.0) for r in records
+                                         if not r.get("resumed")), 1),
+               "failures": [r["stage"] for r in records
+                            if r["status"] in ("failed", "timeout")],
+               "missing": list(MISSING)}
+        path = self.run / "report.json"
+        path.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+        path.with_suffix(".md").write_text(markdown(rep))
+        if self.copy_to is not None:
+            self.copy_to.mkdir(parents=True, exist_ok=True)
+            for p in (path, path.with_suffix(".md")):
+                shutil.copy2(p, self.copy_to / p.name)
+            (self.copy_to / "outputs.tar.gz").write_bytes(tarball(self.run))
+        return path
+
+
+def tarball(run: Path, limit: int = TARBALL_LIMIT) -> bytes:
+    """The logs and `SMALL_OUTPUTS` of `run` as a .tar.gz, files added while it stays under
+    `limit` bytes (logs last, largest skipped first)."""
+    files = [p for pat in SMALL_OUTPUTS for p in sorted(run.glob(pat)) if p.is_file()]
+    files += sorted((run / "logs").glob("*.log"))
+    buf, total = io.BytesIO(), 0
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for p in dict.fromkeys(files):
+            size = p.stat().st_size
+            if total + size > limit:
+                continue
+            tar.add(p, arcname=str(p.relative_to(run)))
+            total += size
+    return buf.getvalue()

@@ -1,0 +1,187 @@
+"""Running the GPU check's stages: one process per stage, each with its time budget, each
+writing its output and, when it finishes, a done-marker; a rerun skips the finished stages; a
+stage that fails or runs out of time is recorded and the next one runs. The report (one JSON,
+one Markdown) is rewritten after every stage, so a check cut off still leaves one."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcsd_runtime.gpu_check.figures import read_json
+from mcsd_runtime.gpu_check.plan import Stage
+from mcsd_runtime.gpu_check.staging import ROOT
+
+REPORT_RESERVE_S = 10.0  # seconds kept for the report when a deadline is set
+MIN_STAGE_S = 5.0  # a stage is not started with less time left than this
+TAIL_LINES = 20  # log lines a failure's record keeps
+
+
+@dataclass
+class Options:
+    run: Path  # the run folder
+    deadline_s: float | None = None  # seconds from the start for everything, report included
+    budget_scale: float = 1.0
+    only: set[str] = field(default_factory=set)
+    skip: set[str] = field(default_factory=set)
+    force: set[str] = field(default_factory=set)  # stages rerun even if done ("all": every)
+    env: dict[str, str] = field(default_factory=dict)  # added to the stages' environment
+    quiet: bool = False  # print stage headers and results only, not the stages' output
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [x for x in text.replace("\r", "\n").splitlines() if x.strip()][-lines:]
+
+
+def _pump(stream, log, prefix: str, quiet: bool) -> None:
+    """Copy a child's output to its log and, unless quiet, to stdout line by line."""
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        log.flush()
+        if not quiet:
+            for line in raw.decode(errors="replace").replace("\r", "\n").splitlines():
+                if line.strip():
+                    print(f"{prefix}{line}", flush=True)
+
+
+def execute(argv: list[str], log_path: Path, timeout: float, env: dict[str, str],
+            prefix: str = "  | ", quiet: bool = False) -> tuple[int | None, float]:
+    """Run `argv` from the repository in a process group of its own, its output into
+    `log_path`; stopped (the whole group) after `timeout` seconds. Returns (exit code or None
+    when stopped, seconds)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with log_path.open("wb") as log:
+        log.write(f"$ {shlex.join(argv)}\n".encode())
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                cwd=ROOT, start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log, prefix, quiet),
+                                daemon=True)
+        pump.start()
+        try:
+            code = proc.wait(timeout=max(timeout, 0.1))
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            code = None
+        pump.join(timeout=10)
+    return code, time.monotonic() - t0
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the stage's process group, SIGKILL after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Runner:
+    """Runs `stages` into `opts.run`, calling `report(records)` after each stage."""
+
+    def __init__(self, stages: list[Stage], opts: Options, report) -> None:
+        self.stages, self.opts, self.report = stages, opts, report
+        self.records: list[dict] = []
+        self.t0 = time.monotonic()
+
+    def left(self) -> float:
+        """Seconds left before the deadline, less the report's reserve (inf without one)."""
+        if self.opts.deadline_s is None:
+            return float("inf")
+        return self.opts.deadline_s - REPORT_RESERVE_S - (time.monotonic() - self.t0)
+
+    def run(self) -> list[dict]:
+        (self.opts.run / "stages").mkdir(parents=True, exist_ok=True)
+        for stage in self.stages:
+            record = self._one(stage)
+            self.records.append(record)
+            if record.get("status") in ("done", "failed", "timeout"):
+                marker = self.opts.run / "stages" / f"{stage.name}.json"
+                marker.write_text(_dumps(record))
+            self._say(record)
+            self.report(self.records)
+        return self.records
+
+    def _status(self, stage: Stage, command: str | None) -> dict | None:
+        """The record of a stage that does not run now, or None when it should run: one done
+        earlier with the same command is not run again, unless a stage it needs ran again."""
+        opts = self.opts
+        if (opts.only and stage.name not in opts.only) or stage.name in opts.skip:
+            return {"status": "not selected"}
+        earlier = read_json(opts.run / "stages" / f"{stage.name}.json")
+        rerun = any(r["stage"] in stage.needs and r["status"] == "done" and not r.get("resumed")
+                    for r in self.records)
+        if (earlier.get("status") == "done" and earlier.get("command") == command
+                and not rerun and not opts.force & {stage.name, "all"}):
+            return {**earlier, "resumed": True}
+        states = {r["stage"]: r["status"] for r in self.records}
+        missing = [n for n in stage.needs if states.get(n) != "done"]
+        if missing:
+            return {"status": "skipped", "reason": f"needs {', '.join(missing)}"}
+        if self.left() < MIN_STAGE_S:
+            return {"status": "not run", "reason": "out of time"}
+        return None
+
+    def _one(self, stage: Stage) -> dict:
+        base = {"stage": stage.name, "budget_s": round(stage.budget_s * self.opts.budget_scale,
+                                                         1)}
+        try:
+            argv, problem = stage.argv(self.opts.run), None
+        except Exception as err:  # noqa: BLE001 - a stage that cannot be planned fails alone
+            argv, problem = None, f"planning: {type(err).__name__}: {err}"
+        held = self._status(stage, shlex.join(argv) if argv else None)
+        if held is not None:
+            return {**held, **base}
+        if problem:
+            return {**base, "status": "failed", "reason": problem, "wall_s": 0.0}
+        timeout = min(base["budget_s"], self.left())
+        log = self.opts.run / "logs" / f"{stage.name}.log"
+        print(f"== {stage.name}: budget {base['budget_s']:.0f} s (stopped after "
+              f"{timeout:.0f} s)\n   {shlex.join(argv)}", flush=True)
+        code, wall = execute(argv, log, timeout, self.opts.env, f"  {stage.name} | ",
+                             self.opts.quiet)
+        record = {**base, "command": shlex.join(argv), "wall_s": round(wall, 1), "rc": code,
+                  "log": str(log.relative_to(self.opts.run)), "output": stage.output}
+        if code == 0:
+            record["status"] = "done"
+            try:
+                record["figures"] = stage.figures(self.opts.run)
+            except Exception as err:  # noqa: BLE001 - figures are a report's extra
+                record["figures"] = {"error": f"{type(err).__name__}: {err}"}
+        else:
+            record["status"] = "timeout" if code is None else "failed"
+            record["log_tail"] = _tail(log)
+        return record
+
+    def _say(self, r: dict) -> None:
+        wall = f" in {r['wall_s']:.1f} s" if "wall_s" in r and not r.get("resumed") else ""
+        why = f" ({r['reason']})" if r.get("reason") else ""
+        again = " (done earlier)" if r.get("resumed") else ""
+        figures = f" {_dumps(r['figures'], None)}" if r.get("figures") and not again else ""
+        print(f"== {r['stage']}: {r['status']}{wall}{again}{why}{figures}", flush=True)
+        if r["status"] in ("failed", "timeout") and self.opts.quiet:
+            for line in r.get("log_tail", [])[-8:]:
+                print(f"  {r['stage']} | {line}", file=sys.stderr, flush=True)
+
+
+def _dumps(value, indent: int | None = 1) -> str:
+    import json
+
+    return json.dumps(value, indent=indent, default=str) + ("\n" if indent else "")
