@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mcsd_runtime.costmodel import step_breakdown
+from mcsd_runtime.costmodel import capture_spike, step_breakdown
 from mcsd_runtime.gpu_check import main, plan, report, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner
 
@@ -30,6 +30,8 @@ def _cli_parse(argv: list[str]) -> None:
         build_parser().parse_args(argv[3:])
     elif argv[1:3] == ["-m", "mcsd_runtime.costmodel.step_breakdown"]:
         step_breakdown._parser().parse_args(argv[3:])
+    elif argv[1:3] == ["-m", "mcsd_runtime.costmodel.capture_spike"]:
+        capture_spike._parser().parse_args(argv[3:])
     else:
         assert argv[1] == "-c"
 
@@ -48,8 +50,9 @@ def test_the_gpu_plan_covers_what_the_check_must_run():
     names = [s.name for s in plan.stages(plan.GPU)]
     assert names == ["target", "breakdown-smollm2", "breakdown-llama2-7b", "distill", "collect",
                      "profile", "train-lightgbm", "train-mlp", "train-copy", "eval-t0",
-                     "eval-t0.7"]
-    assert sum(plan.GPU.budgets[n] for n in names) <= 560  # one ten-minute call
+                     "eval-t0.7", "spike-smollm2", "spike-llama2-7b"]
+    pipeline = [n for n in names if not n.startswith("spike-")]  # spikes: if time is left
+    assert sum(plan.GPU.budgets[n] for n in pipeline) <= 560  # one ten-minute call
     collect = " ".join(plan.collect_cmd(plan.GPU, Path("c")))
     assert "--limit 200" in collect and "--max-new-tokens 64" in collect
     assert "--processes-per-device 4" in collect and "--batch-size 8" in collect

@@ -162,3 +162,65 @@ def spike_table(rows: list[dict]) -> str:
         lines.append(f"| {b} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def _parser():
+    import argparse
+    from pathlib import Path
+
+    from mcsd_runtime.costmodel.step_breakdown import SHAPES
+
+    p = argparse.ArgumentParser(prog="python -m mcsd_runtime.costmodel.capture_spike",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                   help="random-weight target of this shape (default %(default)s)")
+    p.add_argument("--device", default="auto", help="auto, cuda, cpu (default %(default)s)")
+    p.add_argument("--rows", default="1,8", help="rows a forward (default %(default)s)")
+    p.add_argument("--tokens", default="1,16", help="new tokens a forward (default %(default)s)")
+    p.add_argument("--context", type=int, default=256, help="cached tokens (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="timed forwards of each; the median is reported (default %(default)s)")
+    p.add_argument("--compiled", choices=("auto", "on", "off"), default="auto",
+                   help="also time torch.compile (auto: on CUDA; default %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mcsd_runtime.costmodel.capture_spike --shape smollm2 --device cuda --out F`."""
+    import json
+    import sys
+
+    from mcsd_runtime.costmodel.step_breakdown import shaped_pair
+    from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.models.device import pick_device
+
+    p = _parser()
+    args = p.parse_args(argv)
+    try:
+        device = pick_device(args.device)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        pair = shaped_pair(args.shape, 1, str(device), dtype)
+        compiled = None if args.compiled == "auto" else args.compiled == "on"
+        rows = run_spike(pair, _ints(args.rows), _ints(args.tokens), args.context, args.rounds,
+                         compiled)
+    except (MCSDError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    table = spike_table(rows)
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"shape": args.shape, "device": str(device),
+                                        "dtype": str(dtype).removeprefix("torch."),
+                                        "rows": rows, "table": table}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

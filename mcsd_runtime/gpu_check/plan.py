@@ -85,7 +85,10 @@ class Sizes:
 # conversations; its generated data are cached, so a rerun continues where it was stopped.
 GPU_BUDGETS = {"target": 30, "breakdown-smollm2": 40, "breakdown-llama2-7b": 70, "distill": 210,
                "collect": 45, "profile": 25, "train-lightgbm": 20, "train-mlp": 20,
-               "train-copy": 30, "eval-t0": 35, "eval-t0.7": 35}
+               "train-copy": 30, "eval-t0": 35, "eval-t0.7": 35,
+               # last: one forward eager, captured and compiled (torch.compile compiles each
+               # shape for tens of seconds); `--only target,spike-smollm2,...` runs them first
+               "spike-smollm2": 90, "spike-llama2-7b": 120}
 
 GPU = Sizes(
     target="smollm2", recipe="features", device="cuda", k_config="4,1/1,1,1,1,1",
@@ -144,6 +147,13 @@ def breakdown_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
             "--k-config", s.breakdown_k_config, "--prompt-tokens", str(s.breakdown_prompt_tokens),
             "--max-new-tokens", str(s.breakdown_tokens), "--prompts", "1",
             "--repeats", str(s.breakdown_repeats), "--copy-mib", str(s.breakdown_copy_mib),
+            "--out", str(out)]
+
+
+def spike_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
+    """One target forward eager, fixed-shape (captured) and compiled, at 1 and 8 rows."""
+    return [*PY, "-m", "mcsd_runtime.costmodel.capture_spike", "--shape", shape,
+            "--device", s.device, "--context", str(s.breakdown_prompt_tokens),
             "--out", str(out)]
 
 
@@ -256,6 +266,13 @@ def stages(s: Sizes) -> list[Stage]:
                          lambda run, temp=temp, name=name: eval_cmd(
                              s, temp, eval_methods(s, run), run / name),
                          lambda run, name=name: fig.evaluation(run / name)))
+    for shape in filter(None, s.shapes.split(",")):
+        name = f"spike-{shape}"
+        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
+                         lambda run, shape=shape, name=name: spike_cmd(
+                             s, shape, run / f"{name}.json"),
+                         lambda run, name=name: {
+                             "table": read_json(run / f"{name}.json").get("table")}))
     return out
 
 
