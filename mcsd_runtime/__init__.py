@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` 
     from mcsd_runtime.decode.decoder import MCSDDecoder as MCSDDecoder
     from mcsd_runtime.decode.decoder import StepTrace as StepTrace
     from mcsd_runtime.errors import MCSDError as MCSDError
-    from mcsd_runtime.models.hf import mcsd_generate as mcsd_generate
+    from mcsd_runtime.integrations.hf import mcsd_generate as mcsd_generate
     from mcsd_runtime.models.pair import Pair as Pair
     from mcsd_runtime.models.pair import load_pair as load_pair
     from mcsd_runtime.stop.builtin import Stopper as Stopper
@@ -37,7 +37,7 @@ _EXPORTS = {
     "SCHEMA_VERSION": "stop.features", "TRAJECTORY_FEATURES": "stop.features",
     "check_pair": "stop.learned", "load_stopper": "stop.learned",
     "Pair": "models.pair", "load_pair": "models.pair", "Stopper": "stop.builtin",
-    "make_stopper": "stop.builtin", "mcsd_generate": "models.hf",
+    "make_stopper": "stop.builtin", "mcsd_generate": "integrations.hf",
 }
 __all__ = sorted(_EXPORTS)
 

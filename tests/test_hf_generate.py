@@ -20,7 +20,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from conftest import make_pair
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.models.hf import generate as mcsd_generate
+from mcsd_runtime.integrations.hf import generate as mcsd_generate
 
 K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,)]
 STOPPERS = ["static", "heuristic", "confidence:0.3"]

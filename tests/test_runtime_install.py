@@ -24,7 +24,7 @@ for name in {blocked!r}:
 import torch
 from conftest import make_pair
 from mcsd_runtime import DecodeConfig, MCSDDecoder
-from mcsd_runtime.models.hf import generate
+from mcsd_runtime.integrations.hf import generate
 
 pair, stopper, prompt = make_pair(), "stopper:{artifact}", [5, 6, 7, 8]
 config = DecodeConfig(k_config=(4, 2, 2, 1), max_new_tokens=16)

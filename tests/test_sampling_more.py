@@ -138,7 +138,7 @@ def test_ar_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):
 
 
 def _generate_counts(pair, n: int) -> torch.Tensor:
-    from mcsd_runtime.models.hf import generate as mcsd_generate
+    from mcsd_runtime.integrations.hf import generate as mcsd_generate
 
     x = torch.tensor([PROMPT])
 

@@ -12,7 +12,7 @@ import pytest
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method
-from mcsd_runtime.models.hf import _stopper
+from mcsd_runtime.integrations.hf import _stopper
 from mcsd_runtime.stop.builtin import (
     HeuristicStopper,
     StaticStopper,

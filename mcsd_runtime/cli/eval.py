@@ -22,7 +22,7 @@ Methods (comma-separated; a k-config's commas are kept with its method):
                          --k-config, verifying as many of its candidates as pay, step by
                          step; also as STOPPER after lookup:K:N+ or lookup-learned:PATH+
   hf-assisted            transformers' generate(assistant_model=draft), its default schedule
-  hf-generate:STOPPER    our decoder inside generate(custom_generate=models.hf.generate)
+  hf-generate:STOPPER    our decoder inside generate(custom_generate=integrations.hf.generate)
                          with --k-config and that stopper (e.g. hf-generate:heuristic), paired
                          with the same stopper run directly when both are listed
 

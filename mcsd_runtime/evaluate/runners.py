@@ -130,9 +130,10 @@ def _quiet_transformers(quiet: bool = True):
 
 
 class HFCustomGenerate:
-    """Our decoder behind transformers' `generate(custom_generate=mcsd_runtime.models.hf.generate)`
-    (`hf-generate:STOPPER`), timed around the call like `hf`: its overhead against the same
-    stopper run through `MCSDDecoder` directly."""
+    """Our decoder behind transformers' `generate()`, as
+    `custom_generate=mcsd_runtime.integrations.hf.generate` (`hf-generate:STOPPER`), timed
+    around the call like `hf`: its overhead against the same stopper run through `MCSDDecoder`
+    directly."""
 
     lossless = True
 
@@ -142,7 +143,7 @@ class HFCustomGenerate:
 
     @torch.inference_mode()
     def generate(self, ids: list[int]) -> Record:
-        from mcsd_runtime.models.hf import generate as mcsd_generate
+        from mcsd_runtime.integrations.hf import generate as mcsd_generate
 
         pair, cfg = self.pair, self.config
         x = torch.tensor([ids], device=pair.device)

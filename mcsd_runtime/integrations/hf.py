@@ -1,6 +1,6 @@
 """MCSD inside Hugging Face `generate()`, as a `custom_generate` decoding loop.
 
-    from mcsd_runtime.models.hf import generate as mcsd_generate
+    from mcsd_runtime.integrations.hf import generate as mcsd_generate
     out = target.generate(**tok(prompt, return_tensors="pt"), custom_generate=mcsd_generate,
                           draft_model=draft, k_config=(4, 2, 2, 1), stopper="heuristic",
                           max_new_tokens=200, do_sample=False)

@@ -1,0 +1,1 @@
+"""The decoder inside other libraries' loops: `hf`, transformers' `custom_generate`."""
