@@ -13,9 +13,10 @@
   Prefills stay eager (one per admission, of any length) and are copied into the slots.
 
 A capture that fails, or memory that runs out, falls back to eager forwards over the same
-caches, with one warning: decoding stays correct. On CUDA the fixed path pins scaled-dot-product
+caches, with one warning: decoding stays correct. On CUDA both paths pin scaled-dot-product
 attention to the memory-efficient kernel (the math one as a fallback): it takes any additive mask
-and captures, where the cuDNN kernel costs host time per call and may not capture.
+and captures, where the cuDNN kernel builds a plan for every new key length (tens of ms) and
+costs host time on every call.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def make_forwards(graphs: str, device: torch.device) -> EagerForwards | FixedFor
     return FixedForwards(device, capture=cuda)
 
 
+def attention(device: torch.device) -> contextlib.AbstractContextManager:
+    """The attention kernels of decode forwards on `device` (see the module docstring)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def row_bucket(rows: int, slots: int) -> int:
     """The rows a fixed-shape forward runs: the next power of two, at most the cache's rows."""
     return min(slots, 1 << (rows - 1).bit_length())
@@ -88,7 +96,8 @@ class EagerForwards:
         return RowCache(0, self.device), RowCache(0, self.device)
 
     def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
-        return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+        with attention(self.device):
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
 
 
 class FixedForwards:
@@ -119,21 +128,16 @@ class FixedForwards:
 
     def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
         if not isinstance(cache, SlotRowCache):  # a prefill: eager, then copied into slots
-            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+            with attention(self.device):
+                return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
         cache.begin(ids.shape[1])
         rows = ids.shape[0]
         ids, pos, mask, prev = pad_rows(row_bucket(rows, cache.row_slots), ids, pos, mask, prev)
-        with self.attention():
+        with attention(self.device):
             out = self._run(model, cache, ids, pos, mask, keep, hidden, prev)
         if ids.shape[0] == rows:
             return out
         return ForwardOut(out.logits[:rows], None if out.hidden is None else out.hidden[:rows])
-
-    def attention(self) -> contextlib.AbstractContextManager:
-        """The attention kernels of fixed-shape forwards (see the module docstring)."""
-        if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _run(self, model, cache, ids, pos, mask, keep, hidden, prev) -> ForwardOut:
         if not self.capture:
