@@ -15,7 +15,8 @@ forward is a shape's first use), and `calibrate` replaces the
 isolated forwards' latencies by the ones timed there and fits the decoder's per-step and
 per-depth overheads to those runs by least squares (`fit_overheads`); the runs' tokens/s are
 kept under the profile's `static`.
-Every forward is timed by one helper, `ForwardTimer` (module hooks on both models).
+Every forward is timed by one helper, `ForwardTimer` (module hooks on both models, and the
+fixed-shape path's graph replays, which run no hook).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class ForwardTimer:
         self._t0, self._prefill = 0.0, False
 
     def __enter__(self) -> list[tuple[str, int, int, float]]:
+        from mcsd_runtime.decode.graphs import REPLAY_OBSERVERS
+
+        REPLAY_OBSERVERS.append(self)  # a captured forward's replay runs no module hook
         for name, model in (("target", self.pair.target), ("draft", self.pair.draft)):
             self._handles.append(model.register_forward_pre_hook(self._start, with_kwargs=True))
             self._handles.append(model.register_forward_hook(
@@ -54,9 +58,19 @@ class ForwardTimer:
         return self.log
 
     def __exit__(self, *exc) -> None:
+        from mcsd_runtime.decode.graphs import REPLAY_OBSERVERS
+
+        REPLAY_OBSERVERS.remove(self)
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    def replay_started(self, model, ids, cache) -> None:
+        self._start(model, (), {"cache": cache.cache})
+
+    def replay_done(self, model, ids) -> None:
+        name = "target" if model is self.pair.target else "draft"
+        self._stop(name, {"input_ids": ids})
 
     def _sync(self) -> None:
         if self.pair.device.type == "cuda":

@@ -31,6 +31,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.models.compat import cache_kwargs
 
+# told about every graph replay, which a model's forward hooks never see (a replay runs no
+# Python): objects with `replay_started(model, ids, cache)` and `replay_done(model, ids)`, e.g.
+# the cost profile's `ForwardTimer`
+REPLAY_OBSERVERS: list = []
 SPAN_BUCKET = 64  # a fixed-shape forward attends over a multiple of this many cached columns
 MAX_GRAPHS = 512  # past this many shapes, new shapes run eagerly (over the same caches)
 
@@ -151,7 +155,12 @@ class FixedForwards:
         graph = self.graphs[key]
         if graph is None:
             return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
-        return graph.replay(inputs)
+        for obs in REPLAY_OBSERVERS:
+            obs.replay_started(model, ids, cache)
+        out = graph.replay(inputs)
+        for obs in REPLAY_OBSERVERS:
+            obs.replay_done(model, ids)
+        return out
 
     def _capture(self, model, cache: SlotRowCache, keep: int, hidden: bool,
                  inputs: dict[str, torch.Tensor]) -> Graph | None:
