@@ -56,11 +56,13 @@ def test_decode_choices_and_default_tree_come_from_the_constants():
 
 
 def test_pair_paths_resolves_toy_specs_once(monkeypatch):
+    """...and, as a command, asks for what is not built yet to be built (build=True)."""
     from mcsd_runtime.toy import build
 
     asked = []
 
-    def fake_resolve(spec):
+    def fake_resolve(spec, build=False):
+        assert build
         asked.append(spec)
         return ("/t", "/d")
 

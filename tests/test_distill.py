@@ -402,24 +402,54 @@ def test_a_second_build_reuses_the_draft(built, chat_target, monkeypatch):
                                   progress=False)
 
 
-def test_default_draft_dir_builds_once_into_the_cache(chat_target, tmp_path, monkeypatch):
+def test_default_draft_dir_builds_once_into_the_cache(chat_target, tmp_path, monkeypatch,
+                                                     capsys):
     monkeypatch.setenv("MCSD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(PRESETS, "default", replace(PRESETS["tiny"], name="default"))
     with pytest.raises(MCSDError, match="no distilled draft \\(default recipe\\) for .* "
-                                        "`mcsd draft distill --target [^ ]*`"):
-        distill_cache.default_draft_dir(chat_target, build=False)
-    got = distill_cache.default_draft_dir(chat_target, progress=False)
+                                        "`mcsd draft distill --target [^ ]* --recipe default` "
+                                        ".*or pass build=True"):
+        distill_cache.default_draft_dir(chat_target)  # builds only when asked
+    got = distill_cache.default_draft_dir(chat_target, build=True, progress=False)
+    assert "note: distilling the draft (default recipe)" in capsys.readouterr().err
     assert got.name == "draft" and (got / "config.json").is_file()
     assert got.is_relative_to(tmp_path / "cache" / "models")
     monkeypatch.setattr(distill_cache, "_build_into", lambda *a, **k: 1 / 0)
-    assert distill_cache.default_draft_dir(chat_target, build=False) == got
     assert distill_cache.default_draft_dir(chat_target) == got
+    assert distill_cache.default_draft_dir(chat_target, build=True) == got
+    assert "note:" not in capsys.readouterr().err  # nothing to build, nothing said
     # another copy of the same target (same config, tokenizer and weights) finds the same draft
     copy = shutil.copytree(chat_target, tmp_path / "elsewhere")
     assert distill_cache.default_draft_dir(copy, build=False) == got
     # another recipe has its own folder, and the command to build it names the recipe
     with pytest.raises(MCSDError, match="no distilled draft \\(tiny recipe\\).* --recipe tiny`"):
         distill_cache.default_draft_dir(chat_target, build=False, recipe="tiny")
+
+
+def test_a_library_call_never_starts_a_distillation(chat_target, tmp_path, monkeypatch, capsys):
+    """`load_pair(target, "distill:R")` of a draft not built yet says how to build it and builds
+    nothing; `build=True` (what the commands pass) builds it, saying so on stderr."""
+    from mcsd_runtime.models.pair import load_pair, pair_names
+
+    monkeypatch.setenv("MCSD_CACHE", str(tmp_path / "cache"))
+    built = []
+
+    def build_draft(folder, recipe, progress=True):
+        built.append(recipe.name)
+        (tmp_path / "built" / "draft").mkdir(parents=True, exist_ok=True)
+        return tmp_path / "built"
+
+    monkeypatch.setattr(distill_cache, "build_draft", build_draft)
+    with pytest.raises(MCSDError, match=r"no distilled draft \(features recipe\).* `mcsd draft "
+                                        r"distill --target \S+ --recipe features`.*build=True"):
+        load_pair(chat_target, "distill:features", device="cpu")
+    with pytest.raises(MCSDError, match="--recipe default`"):
+        pair_names(chat_target, "distill")
+    assert built == [] and "note:" not in capsys.readouterr().err
+    assert pair_names(chat_target, "distill", build=True) == (
+        str(chat_target), str(tmp_path / "built" / "draft"))
+    assert built == ["default"]
+    assert "note: distilling the draft (default recipe)" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the command

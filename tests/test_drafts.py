@@ -147,6 +147,45 @@ def test_draft_names_refused_before_anything_builds(target, draft, message, monk
         pair_names(target, draft)
 
 
+def test_toy_pairs_that_train_for_minutes_build_only_when_asked(tmp_path, monkeypatch,
+                                                                 capsys):
+    """`pair_names("toy")` (the default pair, about 15 minutes) and a draft of it build only
+    with build=True, saying so on stderr; otherwise the error names the command that builds
+    them. The tiny pair, built in seconds, builds on first use either way."""
+    monkeypatch.setenv("MCSD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCSD_DATA", str(tmp_path / "data"))
+    built = []
+
+    def build_pair(preset, seed=0, **_):
+        built.append(preset)
+        return tmp_path / preset
+
+    def build_draft(name, seed=0, **_):
+        built.append(name)
+        return tmp_path / name
+
+    monkeypatch.setattr(toy_build, "build_pair", build_pair)
+    monkeypatch.setattr(drafts, "build_draft", build_draft)
+    with pytest.raises(MCSDError, match="the toy pair toy is not built yet .*"
+                                        "`mcsd toy build --recipe default`.*or pass build=True"):
+        pair_names("toy")
+    with pytest.raises(MCSDError, match="`mcsd toy draft l2 --seed 1`.*or pass build=True"):
+        load_pair("toy:default:1", "toy-draft:l2")
+    assert built == [] and "note:" not in capsys.readouterr().err
+    default = tmp_path / "default"
+    assert pair_names("toy", build=True) == (str(default / "target"), str(default / "draft"))
+    assert pair_names("toy", "toy-draft:l2", build=True) == (str(default / "target"),
+                                                             str(tmp_path / "l2" / "draft"))
+    assert built == ["default", "default", "l2"]
+    err = capsys.readouterr().err
+    assert "note: building the toy pair toy on first use" in err
+    assert "note: building the toy draft toy-draft:l2 on first use" in err
+    assert pair_names("toy:tiny") == (str(tmp_path / "tiny" / "target"),
+                                      str(tmp_path / "tiny" / "draft"))
+    assert pair_names("toy:tiny", "toy-draft:tiny-l1")[1] == str(tmp_path / "tiny-l1" / "draft")
+    assert built[3:] == ["tiny", "tiny", "tiny-l1"] and "note:" not in capsys.readouterr().err
+
+
 def test_drafts_load_by_name_from_the_cache(toy_tiny, tmp_path, monkeypatch, capsys):
     """`toy-draft:tiny-l1` with `--target toy:tiny`: distilled from the cached tiny target on
     first use into the cache, found there afterwards, listed by `mcsd toy draft --list`."""

@@ -310,11 +310,13 @@ def set_threads(threads: int | None) -> None:
 
 def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
     """The target and draft that `--target`/`--draft` name (`models.pair.pair_names`): a
-    toy spec as target brings its own draft (built if needed); any other target needs a
-    `--draft`."""
+    toy spec as target brings its own draft; any other target needs a `--draft`. A command
+    builds on first use what they name and is not built yet (a toy pair, a distilled draft),
+    saying so on stderr: it asks for that with `build=True`, which a library call never
+    implies."""
     from mcsd_runtime.models.pair import pair_names
 
-    return pair_names(args.target, args.draft)
+    return pair_names(args.target, args.draft, build=True)
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     k_config = parse_k_config(args.k_config)
     prompts = load_prompts(args.prompts, limit=args.limit, seed=args.seed)
     pair = load_pair(args.target, args.draft, device=args.device, dtype="float32",
-                     attn_implementation=args.attention)
+                     attn_implementation=args.attention, build=True)  # as every command does
     config = DecodeConfig(k_config=k_config, max_new_tokens=args.max_new_tokens,
                           graphs=args.graphs)
     encoded = [(p.id, p.category or p.source, encode_prompt(p, pair.tokenizer, args.chat))

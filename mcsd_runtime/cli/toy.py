@@ -74,8 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "<cache>/models/toy-draft-<name>-<hash> (the hash covers the draft's recipe and the "
             "target's) with a card: held-out loss, greedy agreement with the target, decode "
             "latencies and their ratio. Every command that takes a pair loads it with "
-            "--draft toy-draft:NAME (Python: load_pair('toy', 'toy-draft:NAME')), and builds it "
-            "on first use. Drafts: " + ", ".join(
+            "--draft toy-draft:NAME, and builds it on first use (Python: load_pair('toy', "
+            "'toy-draft:NAME', build=True)). Drafts: " + ", ".join(
                 f"{n} ({r.shape.layers} layer{'s' if r.shape.layers > 1 else ''}, for the "
                 f"{r.target_preset} target)" for n, r in DRAFT_PRESETS.items()) + "."),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -54,19 +55,22 @@ def draft_dir(folder: Path, recipe: DistillRecipe, fp: dict) -> Path:
     return models_dir() / f"distill-{_tag(folder)}-{recipe.name}-{recipe.hash12(fp)}"
 
 
-def default_draft_dir(target: str | Path, build: bool = True, progress: bool = True,
+def default_draft_dir(target: str | Path, build: bool = False, progress: bool = True,
                       recipe: str = "default") -> Path:
     """The cached draft folder (the one holding `config.json`) for `target` under the preset
-    `recipe`, built first if missing and `build` (MCSDError naming the command otherwise)."""
-    folder = resolve_target(target)
+    `recipe`. One that is missing is built only if `build` (a distillation takes tens of minutes
+    on a CPU; said on stderr first); MCSDError naming the command otherwise."""
+    folder = resolve_target(target, build=build)
     resolved = get_recipe(recipe).resolved()
     root = draft_dir(folder, resolved, fingerprint(folder))
     if not _holds(root):
+        how = f"mcsd draft distill --target {target} --recipe {recipe}"
         if not build:
-            flag = "" if recipe == "default" else f" --recipe {recipe}"
             raise MCSDError(f"no distilled draft ({recipe} recipe) for {target} yet (looked in "
-                            f"{root}); build it with `mcsd draft distill --target {target}{flag}` "
-                            f"(`mcsd draft distill --help` says how long each recipe takes)")
+                            f"{root}); build it with `{how}` (`mcsd draft distill --help` says "
+                            f"how long each recipe takes), or pass build=True")
+        print(f"note: distilling the draft ({recipe} recipe) for {target} on first use (tens of "
+              f"minutes on a CPU; `{how}` builds it ahead)", file=sys.stderr)
         root = build_draft(folder, resolved, progress=progress)
     else:
         verify_draft(root, resolved.hash12(fingerprint(folder)))
@@ -88,7 +92,7 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
 
     recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
     device = pick_device(device)
-    folder = resolve_target(target)
+    folder = resolve_target(target, build=True)  # a build: the toy target too, if missing
     fp = fingerprint(folder)
     hash12 = recipe.hash12(fp)
     dest = draft_dir(folder, recipe, fp) if out is None else Path(out)

@@ -16,10 +16,11 @@ TARGET_HELP = ("pass a local model folder (written by save_pretrained, or holdin
                "file), smollm2, or toy / toy:tiny for the embedded toy target")
 
 
-def resolve_target(target: str | Path) -> Path:
-    """The folder of `target`: a toy spec's target folder (the toy pair is built if needed), a
-    named real model's converted folder (`models.named`), or an existing local folder
-    (MCSDError naming what is accepted otherwise)."""
+def resolve_target(target: str | Path, build: bool = False) -> Path:
+    """The folder of `target`: a toy spec's target folder (a toy pair not built yet is built as
+    `toy.build.resolve_toy` says: if `build`, or if it builds in seconds), a named real model's
+    converted folder (`models.named`), or an existing local folder (MCSDError naming what is
+    accepted otherwise)."""
     from mcsd_runtime.models.named import is_named, resolve_named
     from mcsd_runtime.toy.spec import is_toy_spec
 
@@ -27,7 +28,7 @@ def resolve_target(target: str | Path) -> Path:
     if is_toy_spec(name):
         from mcsd_runtime.toy.build import resolve_toy
 
-        return Path(resolve_toy(name)[0])
+        return Path(resolve_toy(name, build=build)[0])
     if is_named(name):
         resolved = resolve_named(name)
         if not Path(resolved).is_dir():

@@ -53,7 +53,8 @@ def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
     from mcsd_runtime.models.pair import load_pair, pair_names
 
     pick_device(args.device)
-    names = {d: pair_names(args.target, d) for d in drafts}  # every name checked first
+    # every name checked first; built on first use, as every command does (cli.args.pair_paths)
+    names = {d: pair_names(args.target, d, build=True) for d in drafts}
     pairs: dict[str, Pair] = {}
     for d, (target, draft) in names.items():
         pair = load_pair(target, draft, device=args.device,

@@ -123,19 +123,25 @@ def distill_recipe(name: str | None) -> str | None:
     return recipe
 
 
-def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str, str]:
+def pair_names(target: str | Path, draft: str | Path | None = None,
+               build: bool = False) -> tuple[str, str]:
     """The target and draft to load for `load_pair(target, draft)`.
 
     - A toy spec (`toy`, `toy:PRESET`, `toy:PRESET:SEED`) names the embedded pair's folders
-      (built if needed) and brings its own draft; `toy-draft:NAME` as draft is an extra draft
-      distilled from the toy target (built if needed; `mcsd toy draft --list`).
+      and brings its own draft; `toy-draft:NAME` as draft is an extra draft distilled from the
+      toy target (`mcsd toy draft --list`).
     - A named real model (`smollm2`, `models.named`) resolves to its converted GGUF folder or
       its hub name, and brings the draft distilled for it.
     - A `.gguf` file, or a folder holding exactly one, is converted once into the cache
       (`models.gguf`), as target or as draft.
-    - `distill` as draft is the draft distilled from the target (built on first use), and
-      `distill:RECIPE` the one of another recipe (`distill:features`).
+    - `distill` as draft is the draft distilled from the target, and `distill:RECIPE` the one
+      of another recipe (`distill:features`).
     - Any other name is a folder or hub name; such a target needs a draft.
+
+    What takes minutes to build (a distilled draft: tens of minutes on a CPU; the default toy
+    pair and its extra drafts) is built only if `build`, saying so on stderr; otherwise a name
+    of one not built yet raises MCSDError naming the command that builds it. The tiny toy pair
+    and its draft, built in seconds, are built on first use either way.
 
     A local-looking path that does not exist, a missing GGUF file, or a toy draft that is not
     the toy target's, is refused before anything is built, converted or loaded."""
@@ -148,7 +154,7 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
     if draft is not None and is_draft_spec(draft):
         from mcsd_runtime.toy.drafts import resolve_draft
 
-        return resolve_draft(draft, target)
+        return resolve_draft(draft, target, build=build)
     for role, name in (("target", target), ("draft", draft)):
         if name is None or distill_recipe(name) or is_named(name):
             continue
@@ -167,7 +173,7 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
     if is_toy_spec(target):
         from mcsd_runtime.toy.build import resolve_toy
 
-        toy_target, toy_draft_dir = resolve_toy(target)
+        toy_target, toy_draft_dir = resolve_toy(target, build=build)
         if draft is None or toy_draft:
             return toy_target, toy_draft_dir
         target = toy_target
@@ -180,7 +186,7 @@ def pair_names(target: str | Path, draft: str | Path | None = None) -> tuple[str
         target = _real_model(target)
     recipe = distill_recipe(draft)
     if draft is None or recipe:
-        return target, _distilled_draft(target, recipe or "default")
+        return target, _distilled_draft(target, recipe or "default", build)
     return target, _real_model(draft)
 
 
@@ -194,12 +200,12 @@ def _real_model(name: str) -> str:
     return str(gguf_model_dir(name)) if is_gguf_spec(name) else name
 
 
-def _distilled_draft(target: str, recipe: str) -> str:
-    """The draft of `recipe` distilled from `target` (`mcsd_runtime.distill`), built on first
-    use."""
+def _distilled_draft(target: str, recipe: str, build: bool) -> str:
+    """The draft of `recipe` distilled from `target` (`mcsd_runtime.distill`), built first if
+    missing and `build`."""
     from mcsd_runtime.distill.cache import default_draft_dir
 
-    return str(default_draft_dir(target, recipe=recipe))
+    return str(default_draft_dir(target, build=build, recipe=recipe))
 
 
 def _load_tokenizer(name: str):
@@ -239,15 +245,21 @@ def _load_model(name: str, device: torch.device, dtype: torch.dtype | str, attn:
 
 
 def load_pair(target: str | Path, draft: str | Path | None = None, device: str = "auto",
-              dtype: str | torch.dtype = "auto", attn_implementation: str = ATTENTION) -> Pair:
+              dtype: str | torch.dtype = "auto", attn_implementation: str = ATTENTION,
+              build: bool = False) -> Pair:
     """Load a target/draft pair, refusing mismatched vocabularies before any weights are loaded.
 
-    `target` and `draft` are hub names, local folders or `.gguf` files; `load_pair("toy")` (or
-    `"toy:tiny"`) is the embedded toy pair, built on first use into the user cache
-    (`mcsd_runtime.paths`); `load_pair("smollm2")` is SmolLM2-135M-Instruct with its distilled
-    draft (`pair_names` says how every name resolves). `attn_implementation`: a name transformers
-    knows, or `mcsd_sdpa` (the default: `sdpa` with grouped-query heads packed under tree masks,
-    `models.attention`).
+    `target` and `draft` are hub names, local folders or `.gguf` files; `load_pair("toy:tiny")`
+    is the tiny embedded toy pair, built on first use (in seconds) into the user cache
+    (`mcsd_runtime.paths`), and `load_pair("toy")` the default one; `load_pair("smollm2")` is
+    SmolLM2-135M-Instruct with its distilled draft (`pair_names` says how every name resolves).
+    `attn_implementation`: a name transformers knows, or `mcsd_sdpa` (the default: `sdpa` with
+    grouped-query heads packed under tree masks, `models.attention`).
+
+    `build`: build what the names need and is not built yet (a distilled draft, the default
+    toy pair: minutes to tens of minutes, said on stderr). Without it a library call never
+    starts such a build: a pair not built yet raises MCSDError naming the command that builds
+    it (`mcsd draft distill --target T --recipe R`, `mcsd toy build`).
 
     `dtype`: `auto` (the default) keeps the target checkpoint's own dtype, as transformers'
     `dtype="auto"` does (its config's dtype, else its weights'), and loads the draft in that
@@ -255,7 +267,7 @@ def load_pair(target: str | Path, draft: str | Path | None = None, device: str =
     both: bf16 on a CPU with native bf16 matmuls is such a choice (the commands make it for
     their `--dtype auto`: `models.device.command_dtype`)."""
     check_attention(attn_implementation)
-    target, draft = pair_names(target, draft)
+    target, draft = pair_names(target, draft, build)
     t_tok, d_tok = _load_tokenizer(target), _load_tokenizer(draft)
     check_same_vocab(t_tok, d_tok, target, draft)
     dev = pick_device(device)

@@ -3,7 +3,8 @@
     build_pair(preset="tiny", out=None, seed=0, force=False, progress=True) -> Path
         the pair folder (target/, draft/, card.json), built if needed
     toy_pair_dirs(preset="default", seed=0) -> (target_dir, draft_dir), built if needed
-    resolve_toy("toy" | "toy:tiny" | "toy:default[:seed]") -> (target, draft) or None
+    resolve_toy("toy" | "toy:tiny" | "toy:default[:seed]", build=False) -> (target, draft) or None
+        a pair not built yet is built only if `build` or its preset builds in seconds (tiny)
     is_toy_spec(spec) -> whether a model name is such a toy spec (torch-free)
     parse_toy_spec(spec) -> (preset, seed) of a toy spec (torch-free)
     build_draft(name, target_seed=0, ...) -> Path

@@ -33,7 +33,13 @@ from mcsd_runtime.paths import (
     tmp_beside,
 )
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
-from mcsd_runtime.toy.recipe import TOY_CODE_VERSION, Recipe, _cpu_bf16_ok, get_recipe
+from mcsd_runtime.toy.recipe import (
+    QUICK_PRESETS,
+    TOY_CODE_VERSION,
+    Recipe,
+    _cpu_bf16_ok,
+    get_recipe,
+)
 from mcsd_runtime.toy.spec import is_toy_spec, parse_toy_spec
 
 CARD_NAME = "card.json"
@@ -134,12 +140,21 @@ def toy_pair_dirs(preset: str = "default", seed: int = 0) -> tuple[Path, Path]:
     return root / "target", root / "draft"
 
 
-def resolve_toy(spec: str) -> tuple[str, str] | None:
+def resolve_toy(spec: str, build: bool = False) -> tuple[str, str] | None:
     """`toy`, `toy:default`, `toy:tiny` (optionally `toy:<preset>:<seed>`) -> (target dir,
-    draft dir) as strings, building if needed; None for any other string (a real model name)."""
+    draft dir) as strings; None for any other string (a real model name). A pair not built yet
+    is built if `build` (said on stderr) or if its preset builds in seconds (`QUICK_PRESETS`);
+    otherwise MCSDError says how to build it."""
     if not is_toy_spec(spec):
         return None
     preset, seed = parse_toy_spec(spec)
+    if preset not in QUICK_PRESETS and not _holds(pair_dir(preset, seed)):
+        how = f"mcsd toy build --recipe {preset}" + (f" --seed {seed}" if seed else "")
+        if not build:
+            raise MCSDError(f"the toy pair {spec} is not built yet ({where_looked()}): build it "
+                            f"with `{how}` (it trains for minutes), or pass build=True")
+        print(f"note: building the toy pair {spec} on first use (it trains for minutes; "
+              f"`{how}` builds it ahead)", file=sys.stderr)
     target, draft = toy_pair_dirs(preset, seed)
     return str(target), str(draft)
 

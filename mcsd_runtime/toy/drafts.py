@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -23,7 +24,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import CACHE_HELP, file_sha256, legacy_models_dir, models_dir
 from mcsd_runtime.toy import build as pair_build
 from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS, DraftRecipe, get_draft_recipe
-from mcsd_runtime.toy.recipe import get_recipe
+from mcsd_runtime.toy.recipe import QUICK_PRESETS, get_recipe
 from mcsd_runtime.toy.spec import is_toy_spec, parse_draft_spec, parse_toy_spec
 
 __all__ = ["build_draft", "copy_target_layers", "draft_dir", "read_card", "target_layer_indices",
@@ -90,9 +91,11 @@ def build_draft(name: str, target_seed: int = 0, *, recipe: DraftRecipe | None =
     return dest
 
 
-def resolve_draft(draft_spec: str, target_spec: str) -> tuple[str, str]:
-    """(target dir, draft dir) for `--target TARGET_SPEC --draft toy-draft:NAME`, building the
-    draft (and the target) if needed. The target must be the toy pair the draft is made for."""
+def resolve_draft(draft_spec: str, target_spec: str, build: bool = False) -> tuple[str, str]:
+    """(target dir, draft dir) for `--target TARGET_SPEC --draft toy-draft:NAME`. The target
+    must be the toy pair the draft is made for. A draft (or its target) not built yet is built
+    if `build` (said on stderr) or if its target's preset builds in seconds (`QUICK_PRESETS`);
+    otherwise MCSDError says how to build it."""
     name = parse_draft_spec(draft_spec)
     recipe = get_draft_recipe(name)
     wanted = "toy" if recipe.target_preset == "default" else f"toy:{recipe.target_preset}"
@@ -103,6 +106,15 @@ def resolve_draft(draft_spec: str, target_spec: str) -> tuple[str, str]:
     if preset != recipe.target_preset:
         raise MCSDError(f"draft {draft_spec!r} is distilled from the {recipe.target_preset!r} toy "
                         f"target: pass --target {wanted}, not {target_spec!r}")
+    if preset not in QUICK_PRESETS and not (_holds(pair_build.pair_dir(preset, seed))
+                                            and _holds(draft_dir(name, seed))):
+        how = f"mcsd toy draft {name}" + (f" --seed {seed}" if seed else "")
+        if not build:
+            raise MCSDError(f"the toy draft {draft_spec} (or its target {target_spec}) is not "
+                            f"built yet: build it with `{how}` (it trains for minutes, the "
+                            f"target first if missing), or pass build=True")
+        print(f"note: building the toy draft {draft_spec} on first use (it trains for minutes; "
+              f"`{how}` builds it ahead)", file=sys.stderr)
     target_root = pair_build.build_pair(preset, seed=seed)  # verified once, here
     root = build_draft(name, seed, target_root=target_root, target_verified=True)
     return str(target_root / "target"), str(root / "draft")

@@ -131,6 +131,12 @@ PRESETS: dict[str, Recipe] = {
 }
 
 
+# Presets that build in seconds: any call that names them builds them on first use. The others
+# train for minutes (the default pair about 15 on a 2-core CPU), so a library call builds them
+# only when asked (`load_pair(..., build=True)`, `mcsd toy build`).
+QUICK_PRESETS = frozenset({"tiny"})
+
+
 def get_recipe(preset: str, seed: int = 0, **overrides: object) -> Recipe:
     """The preset's recipe with `seed` (and any field overrides, e.g. for experiments)."""
     if preset not in PRESETS:
