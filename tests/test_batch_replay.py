@@ -12,12 +12,12 @@ from test_train_data import dense_rows
 
 from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
+from mcsd_runtime.tree import Tree
 from train import replay as R
 from train.replay.data import NO_NODES, _Frontier
 

@@ -13,9 +13,9 @@ import pytest
 from mcsd_runtime.cli import main
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.lookup import find_match
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
+from mcsd_runtime.lookup import find_match
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 from train.copy_length import (
     Replay,

@@ -160,7 +160,7 @@ def test_calibrate_takes_the_decoders_medians_and_fits_overheads():
 
 
 def test_step_seconds_counts_the_forwards_of_a_step():
-    from mcsd_runtime.decode.tree import Tree
+    from mcsd_runtime.tree import Tree
 
     p = CostProfile(tokens=[1, 8], target_s=[1.0, 1.7], draft_s=[0.1, 0.8], step_overhead_s=0.01,
                     depth_overhead_s=0.001)

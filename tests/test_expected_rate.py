@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import FILE, ArtifactSpec
 from mcsd_runtime.stop.expected_rate import Calibration, marginal_seconds, rate_thresholds
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
+from mcsd_runtime.tree import Tree
 from train.calibrate import ece_by_depth, expected_calibration_error, fit_calibration
 
 OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"

@@ -8,7 +8,6 @@ import pytest
 
 from conftest import make_pair
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.lookup import propose
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import (
     check_method,
@@ -18,6 +17,7 @@ from mcsd_runtime.evaluate.methods import (
     stopper_folder,
 )
 from mcsd_runtime.evaluate.runners import build_method
+from mcsd_runtime.lookup import propose
 
 # a prompt that repeats itself, so that lookup finds matches from the first step on
 REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]

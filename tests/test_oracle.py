@@ -12,7 +12,7 @@ from conftest import make_pair
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_outcome
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.tree import Tree
 from train import replay as R
 from train.replay.oracles import StepCosts, _plan_prompt
 

@@ -9,7 +9,7 @@ from mcsd_runtime.costmodel.step_model import (
     step_forwards,
     step_outcome,
 )
-from mcsd_runtime.decode.tree import Tree
+from mcsd_runtime.tree import Tree
 
 
 def test_a_step_accepts_at_most_its_depth_and_commits_one_more():

@@ -12,11 +12,11 @@ from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, s
 
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.learned import check_pair, load_stopper
+from mcsd_runtime.tree import parse_k_config
 from train import replay as R
 from train.data import collected_k_config, prompt_groups, sequence_ids, split_prompts
 from train.labels import add_labels

@@ -12,8 +12,8 @@ import torch
 from collect.schema import prompt_hash
 from conftest import make_pair
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.stop.features import FEATURE_NAMES
+from mcsd_runtime.tree import Tree
 
 K_CONFIG = (4, 2, 2, 1)
 MAX_NEW = 40

@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from mcsd_runtime.decode.tree import KConfig, Tree, k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.tree import KConfig, Tree, k_text, parse_k_config
 
 
 def test_an_uncapped_k_config_is_its_tuple():

@@ -26,10 +26,10 @@ from mcsd_runtime.cli import main
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.width import WidthPolicy
+from mcsd_runtime.tree import Tree
 from train.copy_length import target_traces
 from train.width import Ranked, WidthReplay, draft_ranks, fit, learned, oracle, static
 

@@ -58,8 +58,8 @@ def end_to_end_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
     `tree` (a policy trained beside a draft), `static:1` and the composed policy on it. With
     `profile` (the one the policy's costs come from), also the decoders' own steps priced by it
     against their measured time (`priced`, `cost_error`)."""
-    from mcsd_runtime.decode.tree import Tree
     from mcsd_runtime.evaluate.runners import build_method, learned_lookup_decoder
+    from mcsd_runtime.tree import Tree
 
     chosen = [(cat, t) for cat, outs in traces.items() for t in outs[:limit]]
     n_tokens = len(chosen[0][1].tokens)

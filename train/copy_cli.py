@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     costs = C.step_costs(profile, args.max_copy)
     draft_costs = tree = None
     if args.k_config is not None:
-        from mcsd_runtime.decode.tree import Tree, parse_k_config
+        from mcsd_runtime.tree import Tree, parse_k_config
 
         tree = Tree(parse_k_config(args.k_config))
         draft_costs = C.draft_step_costs(profile, tree, args.max_copy + 2)

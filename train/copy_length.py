@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.decode.lookup import Match, find_match
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.lookup import Match, find_match
 from mcsd_runtime.progress import progress
 from mcsd_runtime.stop.copy_length import (
     FEATURES,

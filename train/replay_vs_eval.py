@@ -84,7 +84,7 @@ def replayed(collections: list[str], profile, methods: list[str], trees: set[str
              ) -> dict[str, dict[str, float]]:
     """prompt id -> method -> replayed tokens/s on the dense collections (which must have
     been collected on the evaluations' tree, `trees`)."""
-    from mcsd_runtime.decode.tree import k_text
+    from mcsd_runtime.tree import k_text
     from train import replay as R
     from train.data import collected_k_config, load_runs, output_lengths
 

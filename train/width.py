@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.progress import progress
 from mcsd_runtime.stop.width import WidthPolicy
+from mcsd_runtime.tree import Tree
 
 RATE_ROUNDS = 4
 Rule = Callable[["Ranked", int], int]  # an output and a position -> a width in 1..k

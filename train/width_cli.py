@@ -18,8 +18,8 @@ from mcsd_runtime.errors import MCSDError
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli.args import apply_threads, pair_from_args
     from mcsd_runtime.costmodel.profile import CostProfile
-    from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.extras import require_toolkit
+    from mcsd_runtime.tree import parse_k_config
     from train import width as W
     from train.copy_cli import TraceCache, load_prompt_domains
 

@@ -110,7 +110,7 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str | None = DEFA
 
 def add_k_config_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                      default: str | None, help: str) -> None:
-    """`--k-config`, the one name of a draft tree's shape (`decode.tree.parse_k_config`)."""
+    """`--k-config`, the one name of a draft tree's shape (`tree.parse_k_config`)."""
     parser.add_argument("--k-config", default=default, metavar="K_CONFIG", help=help)
 
 

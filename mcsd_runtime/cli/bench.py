@@ -26,9 +26,9 @@ from mcsd_runtime.cli.args import (
     pair_from_args,
 )
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
-from mcsd_runtime.decode.tree import k_text
 from mcsd_runtime.evaluate.cells import fmt_times
 from mcsd_runtime.prompts.chat import add_chat_arg
+from mcsd_runtime.tree import k_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from mcsd_runtime.decode.state import DecodeConfig
-    from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.evaluate.drift import drift_table, measure_drift, summarize
     from mcsd_runtime.evaluate.report import atomic_write_text
     from mcsd_runtime.models.pair import load_pair
     from mcsd_runtime.prompts.chat import encode_prompt
     from mcsd_runtime.prompts.sets import load_prompts
+    from mcsd_runtime.tree import parse_k_config
 
     if args.dtype not in ("float32", "fp32"):
         raise MCSDError(f"mcsd drift decodes in float32 and in --low; --dtype {args.dtype} has "

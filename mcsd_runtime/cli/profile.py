@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
         parse_batch_sizes,
         parse_counts,
     )
-    from mcsd_runtime.decode.tree import parse_k_config
     from mcsd_runtime.extras import require_toolkit
+    from mcsd_runtime.tree import parse_k_config
 
     require_toolkit("mcsd profile", "scipy")  # the overhead fit
     (context, *more) = parse_counts(args.context, "--context")

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.stop.builtin import Frontier, Stopper, StopperBase, make_stopper
 from mcsd_runtime.stop.features import TOP_K_MASS, Trajectory
+from mcsd_runtime.tree import Tree, TreeTensors
 
 
 class _Timed(StopperBase):

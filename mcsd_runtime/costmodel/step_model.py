@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: the rules need no torch
-    from mcsd_runtime.decode.tree import Tree
+    from mcsd_runtime.tree import Tree
 
 FIRST_PENDING = 1  # a sequence starts with the prompt's last token pending (prefill takes the rest)
 # what a step can start with when every step drafts: the first, or after any drafting step (steps

@@ -28,13 +28,13 @@ from mcsd_runtime.decode.state import (
     StepTrace,
     causal_bias,
 )
-from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_messages, is_messages
 from mcsd_runtime.stop.builtin import Stopper, make_stopper
 from mcsd_runtime.stop.copy_length import CopyLength
 from mcsd_runtime.stop.width import WidthPolicy
+from mcsd_runtime.tree import Tree, TreeTensors
 
 # What `generate` decodes: a text, token ids, or chat messages ([{"role": ..., "content": ...}]).
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, str]]

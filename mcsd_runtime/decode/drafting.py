@@ -24,9 +24,9 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.state import DraftFrontier, DraftLayer
-from mcsd_runtime.decode.tree import TreeTensors
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import TOP_K_MASS
+from mcsd_runtime.tree import TreeTensors
 
 if TYPE_CHECKING:
     from mcsd_runtime.decode.engine import Decoding, Row, TargetInit, Timing

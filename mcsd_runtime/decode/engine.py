@@ -67,7 +67,6 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
-from mcsd_runtime.decode.lookup import chain_layers, find_match, propose
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
@@ -80,13 +79,14 @@ from mcsd_runtime.decode.state import (
     StepTrace,
     Verdict,
 )
-from mcsd_runtime.decode.tree import Tree, TreeTensors
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.lookup import chain_layers, find_match, propose
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
 from mcsd_runtime.stop.copy_length import features
 from mcsd_runtime.stop.width import WidthPolicy
+from mcsd_runtime.tree import Tree, TreeTensors
 
 CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
 CommitHook = Callable[[list[int]], "int | None"]

@@ -14,7 +14,6 @@ from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime.constants import DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
-from mcsd_runtime.decode.tree import KConfig, TreeTensors, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
     FEATURE_NAMES,
@@ -27,6 +26,7 @@ from mcsd_runtime.stop.features import (
     node_features,
     with_trajectory,
 )
+from mcsd_runtime.tree import KConfig, TreeTensors, parse_k_config
 
 
 @dataclass(frozen=True)

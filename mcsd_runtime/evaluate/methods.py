@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 
 from mcsd_runtime.decode.state import DecodeConfig
-from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
+from mcsd_runtime.tree import parse_k_config
 
 SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
 LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (none: the target)

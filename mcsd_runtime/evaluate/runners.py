@@ -15,7 +15,6 @@ import torch
 
 from mcsd_runtime import metrics
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
-from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import (
     WIDTH,
@@ -29,6 +28,7 @@ from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.learned import check_pair, training_temperatures
+from mcsd_runtime.tree import parse_k_config
 
 
 class ForwardMeter:

@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from mcsd_runtime.constants import STOPPER_KINDS
-from mcsd_runtime.decode.tree import parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import recorded_format
 from mcsd_runtime.stop.aggregation import check_aggregation, check_row_aggregation
 from mcsd_runtime.stop.expected_rate import Calibration
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate
+from mcsd_runtime.tree import parse_k_config
 
 FORMAT = "mcsd-stopper"
 FILE = "stopper.json"

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.decode.tree import k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
 from mcsd_runtime.stop.learned import stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
+from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
            "make_stopper", "parse_stopper_spec", "stopper_help"]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsd_runtime.decode.lookup import Match
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.lookup import Match
 
 FORMAT = "mcsd-copy-length"
 SPEC_FILE, MODEL_FILE = "copy_length.json", "model.txt"

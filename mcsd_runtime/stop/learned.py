@@ -35,7 +35,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from mcsd_runtime.decode.tree import k_text, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_folder, decision_subset
@@ -45,6 +44,7 @@ from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
 from mcsd_runtime.stop.online import OnlineCalibration
 from mcsd_runtime.stop.skip import SkipGate, SkipsDrafts
+from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
            "check_pair", "drafts_without_deciding", "load_lightgbm", "load_mlp", "load_stopper",

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mcsd_runtime.decode.tree import KConfig, Tree, parse_k_config
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
     FEATURE_NAMES,
@@ -18,6 +17,7 @@ from mcsd_runtime.stop.features import (
     decision_from_nodes,
     with_trajectory,
 )
+from mcsd_runtime.tree import KConfig, Tree, parse_k_config
 from train.config import REPLAY_MODES
 from train.data import SEQUENCE_KEY, sequence_ids
 

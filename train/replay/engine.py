@@ -37,11 +37,11 @@ from dataclasses import asdict, dataclass
 from mcsd_runtime import metrics
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import Trajectory
+from mcsd_runtime.tree import Tree
 from train.replay.data import NO_NODES, Prompt, ReplayData, Step, _Frontier
 from train.replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
 

@@ -23,9 +23,9 @@ from mcsd_runtime.costmodel.step_model import (
     StepOutcome,
     step_outcome,
 )
-from mcsd_runtime.decode.tree import Tree
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.contract import StopperBase
+from mcsd_runtime.tree import Tree
 from train.replay.data import Prompt, ReplayData, _Frontier
 
 
