@@ -2,17 +2,15 @@
 output so far), `max_ngram` tokens down to `min_ngram`, is looked up in the context before it; the
 tokens that followed its latest earlier occurrence are proposed as a chain (as in prompt lookup
 decoding and vLLM's n-gram proposer). Verification treats them as drawn from a one-hot
-distribution, so greedy and sampled decoding stay lossless."""
+distribution, so greedy and sampled decoding stay lossless (`decode.lookup.chain_layers`
+makes the chain the draft layers the engine verifies)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from numpy.lib.stride_tricks import sliding_window_view
-
-from mcsd_runtime.decode.state import DraftLayer
 
 
 @dataclass(frozen=True)
@@ -54,13 +52,3 @@ def propose(context: list[int], k: int, min_ngram: int, max_ngram: int) -> list[
     match = find_match(context, k, min_ngram, max_ngram)
     return match.tokens if match is not None else []
 
-
-def chain_layers(tokens: torch.Tensor, vocab_size: int) -> list[DraftLayer]:
-    """One depth per proposed token (`tokens` [n] on the device), each proposed by a one-hot
-    float32 distribution (q(x) = 1, as the verifiers read it)."""
-    n = tokens.shape[0]
-    one_hot = torch.zeros(n, vocab_size, dtype=torch.float32, device=tokens.device)
-    one_hot.scatter_(1, tokens[:, None], 1.0)
-    ones, zeros = one_hot.new_ones(1), one_hot.new_zeros(1)
-    return [DraftLayer(tokens[i : i + 1], one_hot[i : i + 1], None, ones, zeros, None)
-            for i in range(n)]

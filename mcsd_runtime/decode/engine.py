@@ -67,6 +67,7 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
+from mcsd_runtime.decode.lookup import chain_layers
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
@@ -80,7 +81,7 @@ from mcsd_runtime.decode.state import (
     Verdict,
 )
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.lookup import chain_layers, find_match, propose
+from mcsd_runtime.lookup import find_match, propose
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
