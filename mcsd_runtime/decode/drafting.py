@@ -8,7 +8,7 @@ while the stopper's `batch_continue` or any row's own stopper says so; `batch_de
 each row where its own stopper does. Sampled rows draw with their own generator up to their own
 depth and from a spare generator past it.
 
-Target-initialized candidates (`TargetInit`) supply the first layer instead of the
+Target-initialized candidates (`proposers.TargetInit`) supply the first layer instead of the
 draft and go into the draft with the pending tokens.
 """
 
@@ -29,7 +29,8 @@ from mcsd_runtime.stop.features import TOP_K_MASS
 from mcsd_runtime.tree import TreeTensors
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.engine import Decoding, Row, TargetInit, Timing
+    from mcsd_runtime.decode.engine import Decoding, Row, Timing
+    from mcsd_runtime.decode.proposers import TargetInit
 
 Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
 
@@ -83,7 +84,7 @@ class TreeDrafter:
         if max(caps) <= 0:
             return d
         if self.init is not None:
-            first = [self.init.roots(rows[0].st)]
+            first = [self.init.propose(rows[0].st)]
         else:
             q, hidden = self.feed_pending(rows, dc, inputs, timing)
             d.fed = True

@@ -47,9 +47,11 @@ Host syncs per step, each marked `# sync:`: the verdicts of all rows (one copy),
 stopper reads to decide (`DraftFrontier`). On a GPU with `DecodeConfig(profile=True)` forwards are
 also synchronized to be timed.
 
-Target-initialized candidates (the paper's, NOT lossless: `init="target"`) live behind one seam,
-`TargetInit`: the target supplies the first layer from its own distribution, so it takes the
-whole prompt at the prefill and has no pending root; only batches of one use it.
+Proposers other than the draft's depths (`mcsd_runtime.decode.proposers`): prompt lookup's
+chains (`PromptLookup`), a learned width's cut of the first depth (`WidthCut`) and target-
+initialized candidates (the paper's, NOT lossless: `init="target"`, `TargetInit`): the target
+supplies the first layer from its own distribution, so it takes the whole prompt at the prefill
+and has no pending root; only batches of one use it.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -67,12 +69,11 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
-from mcsd_runtime.decode.lookup import chain_layers
+from mcsd_runtime.decode.proposers import PromptLookup, TargetInit, WidthCut
 from mcsd_runtime.decode.state import (
     DecodeConfig,
     DecodeStats,
     Draft,
-    DraftLayer,
     GenerationResult,
     Recorder,
     RowState,
@@ -81,11 +82,10 @@ from mcsd_runtime.decode.state import (
     Verdict,
 )
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.lookup import find_match, propose
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
-from mcsd_runtime.stop.copy_length import features
+from mcsd_runtime.stop.copy_length import CopyLength
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree, TreeTensors
 
@@ -107,6 +107,7 @@ class Decoding(Protocol):
     needs_hidden: bool  # the stopper or the recorder reads draft hidden states
     eos: set[int]
     sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
+    copy_length: CopyLength | None  # a learned prompt-lookup copy length
     width: WidthPolicy | None  # a learned width of the first depth (`mcsd_runtime.stop.width`)
     widths: dict[int, TreeTensors]  # the first depth cut to w < k candidates, by w
 
@@ -164,7 +165,7 @@ class Engine:
         self.dec, self.batch_size, self.on_commit = dec, batch_size, on_commit
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.dtype = dec.pair.device, dec.pair.dtype
-        self.init = TargetInit(self) if self.cfg.init == "target" else None
+        self.init = TargetInit(dec, self.forward) if self.cfg.init == "target" else None
         if self.init is not None and batch_size > 1:
             raise MCSDError("batched decoding supports init='draft' (lossless) only; decode "
                             "target-initialized runs one at a time (batch size 1)")
@@ -185,9 +186,10 @@ class Engine:
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None
         # ...and, trained beside a draft, weighs copying against the stopper's drafted step
-        self.copy_beside_draft = (self.wants_conf and dec.copy_length.draft_costs is not None
-                                  and self.tree.depth > 0
-                                  and not isinstance(self.stopper, NoDraftStopper))
+        beside_draft = (self.wants_conf and dec.copy_length.draft_costs is not None
+                        and self.tree.depth > 0 and not isinstance(self.stopper, NoDraftStopper))
+        self.lookup = PromptLookup(dec, beside_draft, self.lo)
+        self.width = WidthCut(dec)
         self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
                                    self.features)
 
@@ -281,8 +283,7 @@ class Engine:
         stopper.reset()
         st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
                       t_pending=[], d_pending=[], generator=gen, stopper=stopper,
-                      copy_history=self.dec.copy_length.history() if self.dec.copy_length
-                      else None)
+                      copy_history=self.lookup.history())
         return Row(index, st, admitted=t0)
 
     def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
@@ -339,7 +340,7 @@ class Engine:
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
         # a row whose context repeats itself verifies what followed before (prompt lookup)
-        copied = [self.lookup(r.st, m - 1) for r, m in zip(rows, remaining, strict=True)]
+        copied = [self.lookup.plan(r.st, m - 1) for r, m in zip(rows, remaining, strict=True)]
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
         if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
@@ -354,9 +355,8 @@ class Engine:
 
         # 1. draft, depth by depth
         d = self.drafter.draft(rows, tokens, inputs, caps, dc, timing)
-        self.place_copies(d, tokens, inputs[:, at:], [len(c) for c in copied])
-        if self.dec.width is not None:
-            self.choose_widths(d)
+        self.lookup.propose(d, tokens, inputs[:, at:], [len(c) for c in copied])
+        self.width.propose(d)
         # each row's tree: the draft's, a copied chain's own (`Decoding.chain`) or a cut width's
         chain = self.dec.chain or tt
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
@@ -381,7 +381,7 @@ class Engine:
             n = 2 + (1 + drafts[i].size) * (1 + self.wants_conf)
             v = self.verdict(host[at : at + n], judged[i][1], drafts[i].tt)
             at += n
-            new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i].tt)
+            new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i])
             if self.features:  # the new pending tokens' states: the root's, then the path's
                 r.st.d_feats.append(out.hidden[i, [0, *path]])
             keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
@@ -433,57 +433,6 @@ class Engine:
         slots = [d.pending_base + k for k in range(d.pending[i])] if d.fed else []
         seen = d.seen(i)  # 0 for a copied chain, whose path may run past the draft's tree
         return slots + [d.cache_base + j - 1 for j in path if seen and self.tt.depths[j] <= seen]
-
-    def lookup(self, st: RowState, cap: int) -> list[int]:
-        """The tokens prompt lookup proposes for a row this step (at most `cap`), or []."""
-        cfg, policy = self.cfg, self.dec.copy_length
-        if not cfg.lookup or cap <= 0:
-            return []
-        if policy is not None:
-            match = find_match(st.committed, min(policy.max_copy, cap), policy.min_ngram,
-                               policy.max_ngram)
-            if match is None:
-                return []
-            feats = features(match, len(st.committed), st.n_prompt, st.copy_history)
-            alt = (policy.alternative(st.copy_history, len(st.d_pending))
-                   if self.copy_beside_draft else None)
-            return match.tokens[: policy.choose(match, feats, alt)]
-        return propose(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
-                       cfg.lookup_max_ngram)
-
-    def place_copies(self, d: Drafted, tokens: torch.Tensor, chains: torch.Tensor,
-                     lengths: list[int]) -> None:
-        """Put each row's prompt-lookup chain (`chains` [rows, n] on the device, right-padded)
-        in the tree in place of a draft (whose forwards the row's slots may have ridden along
-        with, unkept)."""
-        for i, n in enumerate(lengths):
-            if n:
-                tokens[i, 1 : 1 + n] = chains[i, :n]
-                d.layers[i] = chain_layers(chains[i, :n], self.pair.vocab_size)
-                d.depths[i], d.copied[i] = n, True
-        if self.dec.chain is None:  # the copies lie in the draft's tree
-            d.depth = max(d.depth, *d.depths)
-
-    def choose_widths(self, d: Drafted) -> None:
-        """Cut each row drafted to depth 1 to the width the decoder's `WidthPolicy` chooses
-        from the draft's k largest probabilities at its root (one host copy for all rows). The
-        choice never reads the candidates, and the first w are the w likeliest (greedy) or the
-        first w drawn (sampled): a cut tree verifies losslessly."""
-        k = self.cfg.k_config[0]
-        rows = [i for i, n in enumerate(d.depths) if n == 1 and not d.copied[i]]
-        if not rows or k == 1:
-            return
-        firsts = [d.layers[i][0] for i in rows]
-        tops = [layer.top[0, :k] if layer.top is not None and layer.top.shape[-1] >= k
-                else layer.proposal[0].topk(k).values for layer in firsts]
-        host = torch.stack(tops).float().tolist()  # sync: the widths' decision
-        for i, layer, top in zip(rows, firsts, host, strict=True):
-            w = self.dec.width.choose(top)
-            if w < k:
-                d.layers[i][0] = replace(layer, tokens=layer.tokens[:w], prob=layer.prob[:w],
-                                         log_path=layer.log_path[:w], _node_features=None,
-                                         _host=None)
-                d.cut[i] = self.dec.widths[w]
 
     # -- 3. verify
     def judge(self, st: RowState, draft: Draft, logits: torch.Tensor,
@@ -559,7 +508,7 @@ class Engine:
 
     # -- 4. commit
     def commit(self, st: RowState, v: Verdict, remaining: int, forwarded: int,
-               tt: TreeTensors) -> tuple[list[int], list[int]]:
+               draft: Draft) -> tuple[list[int], list[int]]:
         """Commit the path (and the bonus token), clipped at max_new_tokens, commit_limit and
         EOS, and set both models' pending tokens (`forwarded`: the deepest depth the draft has
         seen). When clipped, the caches keep the committed part of the path and its last token
@@ -580,9 +529,9 @@ class Engine:
             st.done = True
         st.t_pending = bonus
         if self.tree.depth:
-            st.d_pending += [v.tokens[j] for j in path if tt.depths[j] > forwarded] + bonus
+            st.d_pending += [v.tokens[j] for j in path if draft.tt.depths[j] > forwarded] + bonus
         if self.init is not None:
-            self.init.after_commit(st, v)
+            self.init.update(st, draft, v, new)
         return new, path
 
     def commit_hook(self, r: Row) -> None:
@@ -633,11 +582,7 @@ class Engine:
         own, accepted = (0, 0) if draft.copied else (drafted_depth, v.accepted)
         st.trajectory.update(accepted, len(committed), own)
         st.stopper.update(own, accepted)
-        if st.copy_history is not None:
-            st.copy_history.update(s if draft.copied else 0, v.accepted,
-                                   v.conf[: len(committed)])
-            if own:
-                st.copy_history.drafted(len(committed))
+        self.lookup.update(st, draft, v, committed)
         for counts in stats:
             counts.lookup_steps += draft.copied
             counts.drafted_tokens += c - roots
@@ -705,56 +650,3 @@ class Engine:
         return GenerationResult(new, tok.decode(new) if tok is not None else None, r.steps,
                                 r.stats, self.cfg.lossless)
 
-
-class TargetInit:
-    """The seam of target-initialized candidates (the paper's; NOT lossless): the target's own
-    distribution at the root supplies the first layer, the draft extends each root, and the
-    branch with the longest accepted continuation wins (which can differ from the target's
-    choice). The target takes the whole prompt at the prefill and verifies from node 1."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
-
-    def after_prefill(self, r: Row, logits: torch.Tensor) -> None:
-        r.st.root_probs = self.e.dec.probs(logits[None])
-        r.stats.target_calls += 1
-
-    def roots(self, st: RowState) -> DraftLayer:
-        """The first layer: the target's top (greedy) or sampled candidates at the root."""
-        k, p = self.e.cfg.k_config[0], st.root_probs
-        if self.e.cfg.temperature == 0:
-            toks = p.topk(k, dim=-1).indices
-        else:
-            toks = V.sample_without_replacement(p, k, st.generator)
-        prob = p.gather(1, toks).view(-1)
-        return DraftLayer(toks.view(-1), p, None, prob, prob.clamp_min(1e-30).log(), None)
-
-    def feed_roots(self, r: Row, tokens: torch.Tensor, inputs: torch.Tensor, dc: RowCache,
-                   d: Drafted, timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The pending draft tokens and the roots in one draft forward; returns q [1, k, V] (and
-        hidden states) at the roots, and moves `d.cache_base` to the first root."""
-        e, st = self.e, r.st
-        m, extra = len(st.d_pending), e.tree.sizes[0]
-        ids = torch.cat([inputs[0, 3 : 3 + m], tokens[0, 1 : 1 + extra]])
-        pos = torch.cat([inputs[0, 0] - m + 1 + torch.arange(m, device=e.dev),
-                         e.tt.depth[1 : 1 + extra] + inputs[0, 0]])
-        block = e.dec.causal_block(m + extra).clone()
-        block[m:, m:] = e.tt.bias[1 : 1 + extra, 1 : 1 + extra]
-        out = e.forward(e.pair.draft, dc, ids[None], pos[None], block[None], None, timing,
-                        keep=extra, hidden=e.needs_hidden)
-        st.d_pending = []
-        d.cache_base = dc.length - extra
-        hidden = out.hidden[:, -extra:] if e.needs_hidden else None
-        return e.dec.probs(out.logits[:, -extra:]), hidden
-
-    def with_root(self, st: RowState, probs: torch.Tensor) -> torch.Tensor:
-        """Row 0, the root: the target's distribution from the last step."""
-        return torch.cat([st.root_probs, probs])
-
-    def match_roots(self, match: torch.Tensor, draft: Draft) -> None:
-        """Every root the target can produce is a candidate; the longest branch wins."""
-        match[: self.e.tree.sizes[0]] = draft.layers[0].prob > 0
-
-    def after_commit(self, st: RowState, v: Verdict) -> None:
-        """The next roots come from the target's distribution after the path."""
-        st.root_probs = v.probs[v.best : v.best + 1]
