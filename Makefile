@@ -149,7 +149,7 @@ batches: venv
 	done
 
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 lint: venv
 	$(BIN)/ruff check .

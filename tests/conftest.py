@@ -1,5 +1,10 @@
 """Shared fixtures: tiny random Llama pairs built in memory (float64 so that tree attention and
-incremental decoding agree to the last bit and greedy comparisons are exact)."""
+incremental decoding agree to the last bit and greedy comparisons are exact).
+
+Under pytest-xdist (`make test` runs two workers) every worker is its own process: it builds the
+session fixtures below once for itself, into its own base temporary folder (`tmp_path_factory`
+gives each worker a folder of its own), so two workers never write the same toy pair; the tiny
+pair's build takes seconds. No fixture here writes to the user cache ($MCSD_CACHE)."""
 
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mcsd_runtime.models.pair import Pair
 
-torch.set_num_threads(1)  # tiny models: threads only add contention on a shared 2-core machine
+# tiny models: threads only add contention on a shared 2-core machine, and under xdist each
+# worker process imports this file, so each decodes on one thread
+torch.set_num_threads(1)
 
 
 def tiny_llama(vocab: int, layers: int, hidden: int, seed: int, eos: int | None = None,
