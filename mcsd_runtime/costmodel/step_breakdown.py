@@ -559,7 +559,7 @@ def _graphs(text: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     from mcsd_runtime.cli.args import apply_threads, pair_from_args
-    from mcsd_runtime.decode.tree import parse_k_config
+    from mcsd_runtime.tree import parse_k_config
     from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.models.pair import pick_dtype
 
