@@ -87,6 +87,7 @@ from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
 from mcsd_runtime.stop.copy_length import CopyLength
 from mcsd_runtime.stop.width import WidthPolicy
+from mcsd_runtime.transfer import upload
 from mcsd_runtime.tree import Tree, TreeTensors
 
 CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
@@ -297,20 +298,19 @@ class Engine:
         new = RowCache(len(prompts), self.dev)
         last = hidden = None
         if n:
-            ids = torch.zeros(len(prompts), n, dtype=torch.long, device=self.dev)
-            for r, p in enumerate(prompts):
-                ids[r, : lens[r]] = torch.tensor(p[: lens[r]], device=self.dev)
+            ids = upload([p[: lens[r]] + [0] * (n - lens[r]) for r, p in enumerate(prompts)],
+                         self.dev, torch.long)
             pos = torch.arange(n, device=self.dev).expand(len(prompts), -1)
             ragged = len(set(lens)) > 1
-            valid = pos < torch.tensor(lens, device=self.dev)[:, None] if ragged else None
+            lens_t = upload(lens, self.dev, torch.long)
+            valid = pos < lens_t[:, None] if ragged else None
             out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
                                timing, keep=n if ragged and logits else 1, prefill=True,
                                hidden=states, prev=prev)
             hidden = out.hidden if states else None
             if logits:
                 rows = torch.arange(len(prompts), device=self.dev)
-                last = out.logits[:, -1] if not ragged else out.logits[
-                    rows, torch.tensor(lens, device=self.dev) - 1]
+                last = out.logits[:, -1] if not ragged else out.logits[rows, lens_t - 1]
             new.settle(lens)
         cache.extend(new)
         return last, hidden
@@ -424,8 +424,8 @@ class Engine:
         host = [[len(r.st.committed) - 1, r.st.committed[-1], len(r.st.d_pending),
                  *r.st.d_pending, *[0] * (m - len(r.st.d_pending)), *chain,
                  *[0] * (n - len(chain))] for r, chain in zip(rows, copied, strict=True)]
-        # sync: one upload a step
-        return torch.tensor(host, dtype=torch.long, device=self.dev), 3 + m
+        # one upload a step (pinned, non-blocking on CUDA: no sync)
+        return upload(host, self.dev, torch.long), 3 + m
 
     def draft_keep(self, d: Drafted, i: int, path: list[int]) -> list[int]:
         """Row i's draft cache slots to keep: its pending tokens, if they went in this step, and
