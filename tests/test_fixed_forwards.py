@@ -32,11 +32,13 @@ def both(make, ps=PROMPTS, batch_size: int = 3, **kw) -> tuple[list, list]:
     """Token ids of eager and fixed-shape decoders built by `make(graphs)`, in a batch (the
     fixed run's statistics in `both.stats`)."""
     eager = make("off").generate_batch(ps, batch_size=batch_size, **kw)
+    assert eager.stats.forwards == "eager"
     dec = make("on")
     assert isinstance(dec.forwards, FixedForwards) and not dec.forwards.capture
     dec.forwards.bucket = BUCKET
     got = dec.generate_batch(ps, batch_size=batch_size, **kw)
     both.stats = got.stats
+    assert got.stats.forwards == "fixed" and got[0].stats.forwards == "fixed"
     return [r.token_ids for r in eager], [r.token_ids for r in got]
 
 

@@ -559,9 +559,9 @@ def _graphs(text: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     from mcsd_runtime.cli.args import apply_threads, pair_from_args
-    from mcsd_runtime.tree import parse_k_config
     from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.models.pair import pick_dtype
+    from mcsd_runtime.tree import parse_k_config
 
     args = _parser().parse_args(argv)
     try:

@@ -212,6 +212,7 @@ class Engine:
                 self.step(rows, tc, dc)
                 rows = self.retire(rows, results, tc, dc, on_result)
         self.stats.wall_time = time.perf_counter() - t_start
+        self.stats.forwards = self.dec.forwards.kind
         self.stats.new_tokens = sum(len(r.token_ids) for r in results)
         return BatchResult(results, self.stats, self.batch_size)
 
@@ -646,6 +647,7 @@ class Engine:
         new = r.st.committed[r.st.n_prompt:]
         r.stats.new_tokens = len(new)
         r.stats.wall_time = now - r.admitted
+        r.stats.forwards = self.dec.forwards.kind
         tok = self.pair.tokenizer
         return GenerationResult(new, tok.decode(new) if tok is not None else None, r.steps,
                                 r.stats, self.cfg.lossless)

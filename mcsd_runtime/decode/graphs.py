@@ -91,6 +91,8 @@ def pad_rows(n: int, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
 class EagerForwards:
     """Forwards as transformers runs them, over growing caches."""
 
+    kind = "eager"  # what `DecodeStats.forwards` reports
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
@@ -113,6 +115,11 @@ class FixedForwards:
         self._caches: tuple[SlotRowCache, SlotRowCache] | None = None
         self.graphs: dict[tuple, Graph | None] = {}  # None: this shape runs eagerly
         self.pool = None
+
+    @property
+    def kind(self) -> str:
+        """What `DecodeStats.forwards` reports: captured, or fixed (no capture)."""
+        return "captured" if self.capture else "fixed"
 
     def caches(self, rows: int, capacity: int) -> tuple[SlotRowCache, SlotRowCache]:
         """The decoder's two slot caches, emptied; reallocated (and every graph dropped) when

@@ -129,6 +129,7 @@ class DecodeStats:
     acceptance_sum: float = 0.0  # sum over drafting steps of accepted / drafted depth
     drafting_steps: int = 0
     lookup_steps: int = 0  # steps that verified a prompt-lookup chain (drafting no forward)
+    forwards: str = "eager"  # how the forwards ran: eager, fixed (shapes) or captured (graphs)
 
     @property
     def tau(self) -> float:
