@@ -14,7 +14,7 @@ training outputs' throughput at width k). The draft's forward is spent whichever
 only the verification's cost enters. The decision reads the draft's distribution alone, never
 the drawn candidates: greedy, the first w of the top k; sampled, the first w of k candidates
 drawn in order (without replacement: a draw of w; with replacement: w draws) — either way the
-step stays lossless (`decode.engine.Engine.choose_widths`). The calibration is fitted on greedy
+step stays lossless (`decode.proposers.WidthCut.propose`). The calibration is fitted on greedy
 outputs: at temperature > 0 it still decodes losslessly, but its chances are greedy ones.
 
 A policy is a folder holding `width.json`:
