@@ -13,7 +13,7 @@ A step, over every row of the batch at once:
    next depth is proposed (`drafting.TreeDrafter`);
 2. one target forward over every row's pending root and tree (a 4D mask, shared or one per
    row where rows lie on different trees; explicit position ids);
-3. verify each row's tree: the accepted path and the token after it (`verify_tree`);
+3. verify each row's tree: the accepted path and the token after it (`verifying.Verifier`);
 4. commit each row's tokens, clipped at EOS and the token budget, and cut both caches to the
    accepted paths;
 5. account: recorder, trajectory, stopper, statistics.
@@ -81,6 +81,7 @@ from mcsd_runtime.decode.state import (
     StepTrace,
     Verdict,
 )
+from mcsd_runtime.decode.verifying import Verifier
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
@@ -90,7 +91,6 @@ from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.transfer import upload
 from mcsd_runtime.tree import Tree, TreeTensors
 
-CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers
 CommitHook = Callable[[list[int]], "int | None"]
 
 
@@ -193,6 +193,8 @@ class Engine:
         self.width = WidthCut(dec)
         self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
                                    self.features)
+        self.verifier = Verifier(self.cfg, dec.probs, self.init, dec.recorder is not None,
+                                 self.wants_conf)
 
     # ------------------------------------------------------------------ the loop
     def run(self, prompts: list[list[int]], seeds: list[int],
@@ -371,7 +373,7 @@ class Engine:
         logits = out.logits
 
         # 3. verify every row on the device, then one host copy for all of them
-        judged = [self.judge(r.st, draft, logits[i, : 1 + draft.size - lo])
+        judged = [self.verifier.judge(r.st, draft, logits[i, : 1 + draft.size - lo])
                   for i, (r, draft) in enumerate(zip(rows, drafts, strict=True))]
         values = [j[0] for j in judged]
         host = (torch.cat(values) if len(values) > 1 else values[0]).tolist()  # sync: verdicts
@@ -379,8 +381,8 @@ class Engine:
         # 4. per row: commit, and the cache entries to keep
         keep_t, keep_d, outcomes, at = [], [], [], 0
         for i, r in enumerate(rows):
-            n = 2 + (1 + drafts[i].size) * (1 + self.wants_conf)
-            v = self.verdict(host[at : at + n], judged[i][1], drafts[i].tt)
+            n = self.verifier.width(drafts[i])
+            v = self.verifier.verdict(host[at : at + n], judged[i][1], drafts[i].tt)
             at += n
             new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i])
             if self.features:  # the new pending tokens' states: the root's, then the path's
@@ -434,78 +436,6 @@ class Engine:
         slots = [d.pending_base + k for k in range(d.pending[i])] if d.fed else []
         seen = d.seen(i)  # 0 for a copied chain, whose path may run past the draft's tree
         return slots + [d.cache_base + j - 1 for j in path if seen and self.tt.depths[j] <= seen]
-
-    # -- 3. verify
-    def judge(self, st: RowState, draft: Draft, logits: torch.Tensor,
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Verify one row's tree on the device: every node's accepted child and next token, then
-        the deepest node whose whole path was accepted. Returns [best, its next token, the
-        tree's tokens] (for the step's one host copy) and the target's distributions, when
-        computed."""
-        tt, c = draft.tt, draft.size
-        tokens = draft.tokens[: 1 + c]
-        greedy = self.cfg.temperature == 0
-        probs = None
-        if not greedy or self.dec.recorder is not None or self.init is not None:
-            probs = self.dec.probs(logits)
-        if self.init is not None:
-            probs = self.init.with_root(st, probs)
-        if greedy:
-            nxt = logits.argmax(-1)
-            if self.init is not None:
-                nxt = torch.cat([st.root_probs.argmax(-1), nxt])
-            match = tokens[1:] == nxt[tt.parent[1 : 1 + c]]
-        else:
-            match, nxt = self.verify_sampled(probs, draft, st.generator)
-        if self.init is not None:
-            self.init.match_roots(match, draft)
-        acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)
-        score = torch.where(torch.cat([acc.new_ones(1), acc]), tt.score[: 1 + c], -1)
-        best = score.argmax()
-        values = [best.view(1), nxt[best].view(1), tokens]
-        if self.wants_conf:  # every node's top-1 probability, in millionths (init="draft")
-            top = (logits.float().amax(-1) - logits.float().logsumexp(-1)).exp()
-            values.append((top * CONF_SCALE).round().long())
-        return torch.cat(values), probs
-
-    def verdict(self, host: list[int], probs: torch.Tensor | None, tt: TreeTensors) -> Verdict:
-        """The verdict from `judge`'s values on the host (a row's tree on `tt`)."""
-        path = tt.paths[host[0]]
-        tokens, conf = host[2:], None
-        if self.wants_conf:
-            tokens, nodes = tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]
-            conf = [nodes[j] / CONF_SCALE for j in [0, *path]]  # each committed token's
-        return Verdict(path=path, accepted=len(path) - self.lo, best=host[0], bonus=host[1],
-                       tokens=tokens, probs=probs, conf=conf)
-
-    def verify_sampled(self, probs: torch.Tensor, draft: Draft, gen: torch.Generator,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-node accepted child and next token for the sampling verifiers."""
-        tt = draft.tt
-        tree, c = tt.tree, draft.size
-        rank_rows, next_rows = [], []
-        for d, layer in enumerate(draft.layers, 1):
-            if d == 1 and self.init is not None:  # the roots are the target's own: no test
-                zero = torch.zeros(1, dtype=torch.long, device=probs.device)
-                rank_rows.append(zero)
-                next_rows.append(zero)
-                continue
-            rows = slice(0, 1) if d == 1 else tree.depth_slice(d - 1)
-            m = tree.parents_with_children(d)
-            cands = layer.tokens.view(m, tree.k_config[d - 1])
-            rank, nxt = V.verify_children(probs[rows][:m], layer.proposal, cands,
-                                          self.cfg.verify, gen)
-            if m < rows.stop - rows.start:  # a capped depth: the other parents are leaves
-                leaf = probs[rows][m:]
-                rank = torch.cat([rank, rank.new_full((leaf.shape[0],), -1)])
-                nxt = torch.cat([nxt, V.sample(leaf, gen)])
-            rank_rows.append(rank)
-            next_rows.append(nxt)
-        leaves = tree.depth_slice(draft.depth) if draft.depth else slice(0, 1)
-        next_rows.append(V.sample(probs[leaves], gen))
-        rank = torch.cat(rank_rows) if rank_rows else probs.new_zeros(0, dtype=torch.long)
-        match = tt.sibling_rank[1 : 1 + c] == rank[tt.parent[1 : 1 + c]]
-        return match, torch.cat(next_rows)
 
     # -- 4. commit
     def commit(self, st: RowState, v: Verdict, remaining: int, forwarded: int,
