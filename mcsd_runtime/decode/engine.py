@@ -16,7 +16,7 @@ A step, over every row of the batch at once:
 3. verify each row's tree: the accepted path and the token after it (`verifying.Verifier`);
 4. commit each row's tokens, clipped at EOS and the token budget, and cut both caches to the
    accepted paths;
-5. account: recorder, trajectory, stopper, statistics.
+5. account: recorder, trajectory, stopper, statistics (`accounting.Accounts`).
 
 Cache convention: each model's cache holds the committed tokens except its *pending* ones, which
 it takes in first at its next forward. The target's pending token is the previous step's bonus
@@ -66,6 +66,7 @@ from typing import Protocol
 import torch
 
 from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.accounting import Accounts, CommitHook
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
@@ -78,7 +79,6 @@ from mcsd_runtime.decode.state import (
     Recorder,
     RowState,
     StepRecord,
-    StepTrace,
     Verdict,
 )
 from mcsd_runtime.decode.verifying import Verifier
@@ -90,8 +90,6 @@ from mcsd_runtime.stop.copy_length import CopyLength
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.transfer import upload
 from mcsd_runtime.tree import Tree, TreeTensors
-
-CommitHook = Callable[[list[int]], "int | None"]
 
 
 class Decoding(Protocol):
@@ -163,7 +161,7 @@ class Engine:
 
     def __init__(self, dec: Decoding, batch_size: int,
                  on_commit: CommitHook | None = None) -> None:
-        self.dec, self.batch_size, self.on_commit = dec, batch_size, on_commit
+        self.dec, self.batch_size = dec, batch_size
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.dtype = dec.pair.device, dec.pair.dtype
         self.init = TargetInit(dec, self.forward) if self.cfg.init == "target" else None
@@ -172,7 +170,6 @@ class Engine:
                             "target-initialized runs one at a time (batch size 1)")
         self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
-        self.needs_hidden = dec.needs_hidden
         # a feature draft reads the target's states: the target hands them over at every
         # forward, and the draft takes each accepted token again with the target's state
         self.features = bool(self.tree.depth) and bool(
@@ -193,6 +190,7 @@ class Engine:
         self.width = WidthCut(dec)
         self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
                                    self.features)
+        self.accounts = Accounts(dec, self.stats, self.lookup, self.init, on_commit)
         self.verifier = Verifier(self.cfg, dec.probs, self.init, dec.recorder is not None,
                                  self.wants_conf)
 
@@ -334,7 +332,7 @@ class Engine:
         r.steps.append(StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
                                   target_cache=len(st.committed) - 1, draft_cache=0,
                                   target_pending=1, draft_pending=0))
-        self.commit_hook(r)
+        self.accounts.commit_hook(r)
 
     # ------------------------------------------------------------------ one step
     def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:
@@ -395,7 +393,7 @@ class Engine:
             dc.compact(keep_d)
 
         # 5. account
-        self.account(rows, outcomes, timing, tc, dc)
+        self.accounts.account(rows, outcomes, timing, tc, dc)
 
     def tree_inputs(self, tokens: torch.Tensor, inputs: torch.Tensor, d: Drafted,
                     drafts: list[Draft]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -464,86 +462,6 @@ class Engine:
         if self.init is not None:
             self.init.update(st, draft, v, new)
         return new, path
-
-    def commit_hook(self, r: Row) -> None:
-        """`on_commit(tokens)` of `generate` sees the step's committed tokens; a count keeps
-        only that many and ends the generation."""
-        if self.on_commit is None:
-            return
-        st, step = r.st, r.steps[-1]
-        start = len(st.committed) - step.committed
-        keep = self.on_commit(st.committed[start:])
-        if keep is not None:
-            del st.committed[start + keep:]
-            step.committed, st.done = min(step.committed, keep), True
-
-    # -- 5. account: recorder, trajectory, stopper, statistics
-    def account(self, rows: list[Row], outcomes: list, timing: Timing, tc: RowCache,
-                dc: RowCache) -> None:
-        self.stats.target_calls += 1
-        self.stats.draft_calls += timing.draft_calls
-        self.stats.target_time += timing.target
-        self.stats.draft_time += timing.draft
-        for i, r in enumerate(rows):
-            draft, v, new = outcomes[i]
-            rs = r.stats
-            rs.target_calls += 1
-            rs.draft_calls += timing.draft_calls
-            rs.target_time += timing.target
-            rs.draft_time += timing.draft
-            self.learn(r.st, draft, v, new, rs, self.stats, row=r.index)
-            r.steps.append(StepRecord(
-                drafted=draft.depth, accepted=v.accepted, committed=len(new),
-                tree_size=draft.size, target_cache=tc.lens[i],
-                draft_cache=dc.lens[i] if self.tree.depth else 0,
-                target_pending=len(r.st.t_pending), draft_pending=len(r.st.d_pending),
-                copied=draft.copied))
-            self.commit_hook(r)
-
-    def learn(self, st: RowState, draft: Draft, v: Verdict, committed: list[int],
-              *stats: DecodeStats, row: int = 0) -> None:
-        """Tell the recorder, the trajectory, the stopper and each of `stats` how the step
-        went."""
-        s, c = draft.depth, draft.size
-        roots = self.tree.sizes[0] if self.init is not None and s else 0  # the target's
-        drafted_depth = s - 1 if roots else s
-        if self.dec.recorder is not None:
-            self.dec.recorder.on_step(self.trace(st, draft, v, row))
-        # the stopper did not draft a copied chain: to it, a step without a draft
-        own, accepted = (0, 0) if draft.copied else (drafted_depth, v.accepted)
-        st.trajectory.update(accepted, len(committed), own)
-        st.stopper.update(own, accepted)
-        self.lookup.update(st, draft, v, committed)
-        for counts in stats:
-            counts.lookup_steps += draft.copied
-            counts.drafted_tokens += c - roots
-            counts.accepted_tokens += v.accepted
-            if drafted_depth:
-                counts.drafting_steps += 1
-                counts.acceptance_sum += v.accepted / drafted_depth
-
-    def trace(self, st: RowState, draft: Draft, v: Verdict, row: int = 0) -> StepTrace:
-        tt, s = draft.tt, draft.depth
-        c = draft.size
-        layers = draft.layers
-        empty = v.probs.new_zeros(0)
-        feats = [layer.node_features(tt.static_features[tt.tree.depth_slice(d)])
-                 for d, layer in enumerate(layers, 1)]
-        hidden = None
-        if self.needs_hidden and s:
-            model = self.pair.draft
-            hidden = torch.cat([
-                h if (h := layer.hidden()) is not None else  # target-init roots: zeros
-                torch.zeros(layer.prob.shape[0], model.config.hidden_size, dtype=model.dtype,
-                            device=model.device)
-                for layer in layers])
-        return StepTrace(
-            step=st.trajectory.steps, tokens=draft.tokens[: 1 + c],
-            node_features=torch.cat(feats) if s else empty,
-            trajectory=st.trajectory.values(),
-            target_prob=v.probs[tt.parent[1 : 1 + c], draft.tokens[1 : 1 + c]],
-            draft_prob=torch.cat([layer.prob for layer in layers]) if s else empty,
-            hidden=hidden, path=v.path, accepted=v.accepted, drafted=s, row=row)
 
     # ------------------------------------------------------------------ forwards, results
     def forward(self, model, cache: RowCache | SlotRowCache, ids: torch.Tensor,
