@@ -27,7 +27,8 @@ from mcsd_runtime.decode.state import (
 )
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.engine import Decoding, Row, Timing
+    from mcsd_runtime.decode.admission import Row, Timing
+    from mcsd_runtime.decode.engine import Decoding
 
 CommitHook = Callable[[list[int]], "int | None"]
 

@@ -29,7 +29,8 @@ from mcsd_runtime.stop.features import TOP_K_MASS
 from mcsd_runtime.tree import TreeTensors
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.engine import Decoding, Row, Timing
+    from mcsd_runtime.decode.admission import Row, Timing
+    from mcsd_runtime.decode.engine import Decoding
     from mcsd_runtime.decode.proposers import TargetInit
 
 Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache

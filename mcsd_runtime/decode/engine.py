@@ -23,7 +23,8 @@ it takes in first at its next forward. The target's pending token is the previou
 token (none with target-initialized candidates); the draft may also lag by accepted nodes of the
 last depth, which it never forwarded. Caches are `RowCache`s: a row keeps its committed prefix,
 the rest is masked and compacted away after every step. A finished row (EOS, max_new_tokens)
-leaves, and the next queued prompt is prefilled into the free slot (continuous batching).
+leaves, and the next queued prompt is prefilled into the free slot (continuous batching,
+`admission.Admission`).
 
 A feature draft (`mcsd_runtime.distill.feature`) reads the target's final state one position
 back: the target's forwards return their states, each row keeps those of its pending draft
@@ -56,17 +57,16 @@ and has no pending root; only batches of one use it.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.accounting import Accounts, CommitHook
+from mcsd_runtime.decode.admission import Admission, Row, Timing
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
@@ -78,7 +78,6 @@ from mcsd_runtime.decode.state import (
     GenerationResult,
     Recorder,
     RowState,
-    StepRecord,
     Verdict,
 )
 from mcsd_runtime.decode.verifying import Verifier
@@ -136,26 +135,6 @@ class BatchResult:
         return self.results[i]
 
 
-@dataclass
-class Row:
-    """One sequence in the batch."""
-
-    index: int  # the prompt's position in the call
-    st: RowState
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    steps: list[StepRecord] = field(default_factory=list)
-    admitted: float = 0.0
-
-
-@dataclass
-class Timing:
-    """Forward seconds and draft calls of one step (or one admission)."""
-
-    target: float = 0.0
-    draft: float = 0.0
-    draft_calls: int = 0
-
-
 class Engine:
     """One `generate` / `generate_batch` call of `dec` at batch size `batch_size`."""
 
@@ -177,9 +156,6 @@ class Engine:
         if self.features and self.init is not None:
             raise MCSDError("a feature draft reads the target's states, which target-"
                             "initialized candidates do not give it: decode with init='draft'")
-        # the target takes the whole prompt at the prefill when it supplies the first token (AR)
-        # or the first roots (target-init)
-        self.target_takes_prompt = self.init is not None or not self.tree.depth
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None
@@ -191,6 +167,8 @@ class Engine:
         self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
                                    self.features)
         self.accounts = Accounts(dec, self.stats, self.lookup, self.init, on_commit)
+        self.admission = Admission(dec, self.forward, self.stopper, batch_size, self.init,
+                                   self.features, self.lookup, self.accounts, self.stats)
         self.verifier = Verifier(self.cfg, dec.probs, self.init, dec.recorder is not None,
                                  self.wants_conf)
 
@@ -206,7 +184,7 @@ class Engine:
             if queue and len(rows) < self.batch_size:
                 take = [queue.popleft() for _ in range(min(len(queue),
                                                            self.batch_size - len(rows)))]
-                rows += self.admit(take, prompts, seeds, tc, dc)
+                rows += self.admission.admit(take, prompts, seeds, tc, dc)
                 rows = self.retire(rows, results, tc, dc, on_result)
             if rows:
                 self.step(rows, tc, dc)
@@ -238,101 +216,6 @@ class Engine:
         if self.tree.depth:
             dc.select(keep)
         return [rows[i] for i in keep]
-
-    # ------------------------------------------------------------------ admission
-    def admit(self, take: list[int], prompts: list[list[int]], seeds: list[int],
-              tc: RowCache, dc: RowCache) -> list[Row]:
-        """Prefill the prompts `take` and append their rows to the batch's caches. Both models
-        take each prompt but its last token, which stays pending; the target takes that one too
-        when it must supply the first token (AR) or the first roots (target-init)."""
-        t0 = time.perf_counter()
-        rows = [self.new_row(i, prompts[i], seeds[i], t0) for i in take]
-        ids = [prompts[i] for i in take]
-        timing = Timing()
-        n_t = [len(p) - (0 if self.target_takes_prompt else 1) for p in ids]
-        logits, states = self.prefill(self.pair.target, tc, ids, n_t, timing,
-                                      logits=self.target_takes_prompt, states=self.features)
-        if self.tree.depth:  # (a feature draft reads the target's state one position back)
-            prev = None if states is None else torch.cat(
-                [torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
-            self.prefill(self.pair.draft, dc, ids, [len(p) - 1 for p in ids], timing, prev=prev)
-        for i, (r, n) in enumerate(zip(rows, n_t, strict=True)):
-            r.st.t_pending = r.st.committed[n:]
-            r.st.d_pending = r.st.committed[-1:] if self.tree.depth else []
-            if self.features:  # the pending last prompt token's: the target's state before it
-                r.st.d_feats = [states[i, n - 1 : n] if n else torch.zeros(
-                    1, self.pair.draft.config.hidden_size, dtype=self.dtype, device=self.dev)]
-        dt = time.perf_counter() - t0
-        self.stats.prefill_time += dt
-        self.stats.target_time += timing.target
-        self.stats.draft_time += timing.draft
-        if self.target_takes_prompt:  # the prefill's last logits serve as one target call
-            self.stats.target_calls += 1
-        for i, r in enumerate(rows):
-            r.stats.prefill_time = dt
-            r.stats.target_time, r.stats.draft_time = timing.target, timing.draft
-            if self.init is not None:
-                self.init.after_prefill(r, logits[i])
-            elif not self.tree.depth:
-                self.first_token(r, logits[i])
-        return rows
-
-    def new_row(self, index: int, ids: list[int], seed: int, t0: float) -> Row:
-        gen = torch.Generator(self.dev)
-        gen.manual_seed(seed)
-        # a batch of one asks the decoder's own stopper; rows of a batch, their own copies
-        stopper = self.stopper if self.batch_size == 1 else copy.copy(self.stopper)
-        stopper.reset()
-        st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
-                      t_pending=[], d_pending=[], generator=gen, stopper=stopper,
-                      copy_history=self.lookup.history())
-        return Row(index, st, admitted=t0)
-
-    def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
-                timing: Timing, logits: bool = False, states: bool = False,
-                prev: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded). Returns, when
-        asked, the logits [rows, V] at each row's last one and the final hidden states [rows,
-        n, H]; `prev` is a feature draft's input states [rows, n, H]."""
-        n = max(lens)
-        new = RowCache(len(prompts), self.dev)
-        last = hidden = None
-        if n:
-            ids = upload([p[: lens[r]] + [0] * (n - lens[r]) for r, p in enumerate(prompts)],
-                         self.dev, torch.long)
-            pos = torch.arange(n, device=self.dev).expand(len(prompts), -1)
-            ragged = len(set(lens)) > 1
-            lens_t = upload(lens, self.dev, torch.long)
-            valid = pos < lens_t[:, None] if ragged else None
-            out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
-                               timing, keep=n if ragged and logits else 1, prefill=True,
-                               hidden=states, prev=prev)
-            hidden = out.hidden if states else None
-            if logits:
-                rows = torch.arange(len(prompts), device=self.dev)
-                last = out.logits[:, -1] if not ragged else out.logits[rows, lens_t - 1]
-            new.settle(lens)
-        cache.extend(new)
-        return last, hidden
-
-    def first_token(self, r: Row, logits: torch.Tensor) -> None:
-        """AR: commit the first token from the prefill's last logits, as a step would."""
-        st = r.st
-        if self.cfg.temperature == 0:
-            token = int(logits.argmax())  # sync: the token
-        else:
-            token = int(V.sample(self.dec.probs(logits[None]), st.generator)[0])  # sync
-        st.committed.append(token)
-        st.t_pending = [token]
-        st.done = token in self.dec.eos or self.cfg.max_new_tokens == 1
-        r.stats.target_calls += 1
-        st.trajectory.update(0, 1, 0)
-        st.stopper.update(0, 0)
-        r.steps.append(StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
-                                  target_cache=len(st.committed) - 1, draft_cache=0,
-                                  target_pending=1, draft_pending=0))
-        self.accounts.commit_hook(r)
 
     # ------------------------------------------------------------------ one step
     def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:

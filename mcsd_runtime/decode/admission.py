@@ -1,0 +1,165 @@
+"""Admission (`Admission`): prompts join the batch where rows left it (continuous batching).
+Each new row gets its own generator (seeded like `generate`) and stopper (the decoder's own in a
+batch of one, a copy in a batch), then the new prompts are prefilled together, right-padded,
+into both models' caches. Both take each prompt but its last token, which stays pending; the
+target takes that one too when it supplies the first token (AR: `first_token` commits it as a
+step would) or the first roots (target-init: `proposers.TargetInit.after_prefill`). A feature
+draft reads the target's state one position back, so the target's prefill states go into the
+draft's.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode.accounting import Accounts
+from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.graphs import ForwardOut
+from mcsd_runtime.decode.proposers import PromptLookup, TargetInit
+from mcsd_runtime.decode.state import DecodeStats, RowState, StepRecord
+from mcsd_runtime.stop.contract import Stopper
+from mcsd_runtime.transfer import upload
+
+if TYPE_CHECKING:
+    from mcsd_runtime.decode.engine import Decoding
+
+Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
+
+
+@dataclass
+class Row:
+    """One sequence in the batch."""
+
+    index: int  # the prompt's position in the call
+    st: RowState
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    steps: list[StepRecord] = field(default_factory=list)
+    admitted: float = 0.0
+
+
+@dataclass
+class Timing:
+    """Forward seconds and draft calls of one step (or one admission)."""
+
+    target: float = 0.0
+    draft: float = 0.0
+    draft_calls: int = 0
+
+
+class Admission:
+    """Admits prompts for one engine: `forward` its timed forward, `stopper` the batch's
+    stopper, `init` the target-initialized roots if any, `features` a feature draft; prefill
+    seconds and calls go into `stats` (the batch's) and each row's own."""
+
+    def __init__(self, dec: Decoding, forward: Forward, stopper: Stopper, batch_size: int,
+                 init: TargetInit | None, features: bool, lookup: PromptLookup,
+                 accounts: Accounts, stats: DecodeStats) -> None:
+        self.dec, self.forward, self.stopper, self.batch_size = dec, forward, stopper, batch_size
+        self.init, self.features, self.lookup = init, features, lookup
+        self.accounts, self.stats = accounts, stats
+        self.cfg, self.tree, self.pair = dec.config, dec.tree, dec.pair
+        self.dev, self.dtype = dec.pair.device, dec.pair.dtype
+        # the target takes the whole prompt at the prefill when it supplies the first token (AR)
+        # or the first roots (target-init)
+        self.target_takes_prompt = init is not None or not self.tree.depth
+
+    def admit(self, take: list[int], prompts: list[list[int]], seeds: list[int],
+              tc: RowCache, dc: RowCache) -> list[Row]:
+        """Prefill the prompts `take` and append their rows to the batch's caches. Both models
+        take each prompt but its last token, which stays pending; the target takes that one too
+        when it must supply the first token (AR) or the first roots (target-init)."""
+        t0 = time.perf_counter()
+        rows = [self.new_row(i, prompts[i], seeds[i], t0) for i in take]
+        ids = [prompts[i] for i in take]
+        timing = Timing()
+        n_t = [len(p) - (0 if self.target_takes_prompt else 1) for p in ids]
+        logits, states = self.prefill(self.pair.target, tc, ids, n_t, timing,
+                                      logits=self.target_takes_prompt, states=self.features)
+        if self.tree.depth:  # (a feature draft reads the target's state one position back)
+            prev = None if states is None else torch.cat(
+                [torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
+            self.prefill(self.pair.draft, dc, ids, [len(p) - 1 for p in ids], timing, prev=prev)
+        for i, (r, n) in enumerate(zip(rows, n_t, strict=True)):
+            r.st.t_pending = r.st.committed[n:]
+            r.st.d_pending = r.st.committed[-1:] if self.tree.depth else []
+            if self.features:  # the pending last prompt token's: the target's state before it
+                r.st.d_feats = [states[i, n - 1 : n] if n else torch.zeros(
+                    1, self.pair.draft.config.hidden_size, dtype=self.dtype, device=self.dev)]
+        dt = time.perf_counter() - t0
+        self.stats.prefill_time += dt
+        self.stats.target_time += timing.target
+        self.stats.draft_time += timing.draft
+        if self.target_takes_prompt:  # the prefill's last logits serve as one target call
+            self.stats.target_calls += 1
+        for i, r in enumerate(rows):
+            r.stats.prefill_time = dt
+            r.stats.target_time, r.stats.draft_time = timing.target, timing.draft
+            if self.init is not None:
+                self.init.after_prefill(r, logits[i])
+            elif not self.tree.depth:
+                self.first_token(r, logits[i])
+        return rows
+
+    def new_row(self, index: int, ids: list[int], seed: int, t0: float) -> Row:
+        gen = torch.Generator(self.dev)
+        gen.manual_seed(seed)
+        # a batch of one asks the decoder's own stopper; rows of a batch, their own copies
+        stopper = self.stopper if self.batch_size == 1 else copy.copy(self.stopper)
+        stopper.reset()
+        st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
+                      t_pending=[], d_pending=[], generator=gen, stopper=stopper,
+                      copy_history=self.lookup.history())
+        return Row(index, st, admitted=t0)
+
+    def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
+                timing: Timing, logits: bool = False, states: bool = False,
+                prev: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Each row's first `lens[r]` prompt tokens into `cache` (right-padded). Returns, when
+        asked, the logits [rows, V] at each row's last one and the final hidden states [rows,
+        n, H]; `prev` is a feature draft's input states [rows, n, H]."""
+        n = max(lens)
+        new = RowCache(len(prompts), self.dev)
+        last = hidden = None
+        if n:
+            ids = upload([p[: lens[r]] + [0] * (n - lens[r]) for r, p in enumerate(prompts)],
+                         self.dev, torch.long)
+            pos = torch.arange(n, device=self.dev).expand(len(prompts), -1)
+            ragged = len(set(lens)) > 1
+            lens_t = upload(lens, self.dev, torch.long)
+            valid = pos < lens_t[:, None] if ragged else None
+            out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
+                               timing, keep=n if ragged and logits else 1, prefill=True,
+                               hidden=states, prev=prev)
+            hidden = out.hidden if states else None
+            if logits:
+                rows = torch.arange(len(prompts), device=self.dev)
+                last = out.logits[:, -1] if not ragged else out.logits[rows, lens_t - 1]
+            new.settle(lens)
+        cache.extend(new)
+        return last, hidden
+
+    def first_token(self, r: Row, logits: torch.Tensor) -> None:
+        """AR: commit the first token from the prefill's last logits, as a step would."""
+        st = r.st
+        if self.cfg.temperature == 0:
+            token = int(logits.argmax())  # sync: the token
+        else:
+            token = int(V.sample(self.dec.probs(logits[None]), st.generator)[0])  # sync
+        st.committed.append(token)
+        st.t_pending = [token]
+        st.done = token in self.dec.eos or self.cfg.max_new_tokens == 1
+        r.stats.target_calls += 1
+        st.trajectory.update(0, 1, 0)
+        st.stopper.update(0, 0)
+        r.steps.append(StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
+                                  target_cache=len(st.committed) - 1, draft_cache=0,
+                                  target_pending=1, draft_pending=0))
+        self.accounts.commit_hook(r)
