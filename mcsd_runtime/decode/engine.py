@@ -219,8 +219,35 @@ class Engine:
 
     # ------------------------------------------------------------------ one step
     def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:
-        """Draft all rows' trees, verify them in one target forward, commit each row."""
-        tree, tt, lo = self.tree, self.tt, self.lo
+        """Plan every row's step, propose all rows' trees, verify them in one target forward,
+        commit each row, account."""
+        # 0. plan: each row's token budget, copied chain and draft depth cap; one upload
+        remaining, copied, caps = self.plan(rows)
+        inputs, at = self.upload(rows, copied)
+        timing = Timing()
+
+        # 1. propose: the draft's depths, then the copied chains and the cut widths
+        tokens, d, drafts = self.propose(rows, inputs, at, copied, caps, dc, timing)
+
+        # 2. one target forward over every row's pending root and tree
+        target_base = tc.length
+        out = self.forward(self.pair.target, tc, *self.tree_inputs(tokens, inputs, d, drafts),
+                           None, timing, hidden=self.features)
+
+        # 3. verify every row on the device, then one host copy for all of them
+        verdicts = self.verifier.verify([r.st for r in rows], drafts, out.logits)
+
+        # 4. per row: commit, and cut both caches to the kept entries
+        outcomes = self.commit_rows(rows, verdicts, drafts, d, remaining, out, target_base,
+                                    tc, dc)
+
+        # 5. account
+        self.accounts.account(rows, outcomes, timing, tc, dc)
+
+    def plan(self, rows: list[Row]) -> tuple[list[int], list[list[int]], list[int]]:
+        """Each row's remaining token budget, the chain prompt lookup copies for it (or []) and
+        the depth its tree may reach (0: verify no tree)."""
+        tree, lo = self.tree, self.lo
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
         # a row whose context repeats itself verifies what followed before (prompt lookup)
@@ -231,13 +258,18 @@ class Engine:
             caps = [c if c and not look and r.st.stopper.should_draft(
                 StepStart(tree.depth, r.st.trajectory.values())) else 0
                 for c, r, look in zip(caps, rows, copied, strict=True)]
-        inputs, at = self.upload(rows, copied)
-        width = 1 + max(tree.num_nodes, *map(len, copied))
+        return remaining, copied, caps
+
+    def propose(self, rows: list[Row], inputs: torch.Tensor, at: int, copied: list[list[int]],
+                caps: list[int], dc: RowCache, timing: Timing,
+                ) -> tuple[torch.Tensor, Drafted, list[Draft]]:
+        """Every row's tree: the draft's depths (`TreeDrafter`), then prompt lookup's chains
+        and a learned width's cut. Returns the tree tokens [rows, n] (the root first), the
+        draft phase's record and each row's `Draft`."""
+        tt = self.tt
+        width = 1 + max(self.tree.num_nodes, *map(len, copied))
         tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.dev)
         tokens[:, 0] = inputs[:, 1]
-        timing = Timing()
-
-        # 1. draft, depth by depth
         d = self.drafter.draft(rows, tokens, inputs, caps, dc, timing)
         self.lookup.propose(d, tokens, inputs[:, at:], [len(c) for c in copied])
         self.width.propose(d)
@@ -246,25 +278,17 @@ class Engine:
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
                         d.copied[i], chain if d.copied[i] else d.cut.get(i, tt))
                   for i in range(len(rows))]
+        return tokens, d, drafts
 
-        # 2. one target forward over every row's pending root and tree
-        target_base = tc.length
-        out = self.forward(self.pair.target, tc, *self.tree_inputs(tokens, inputs, d, drafts),
-                           None, timing, hidden=self.features)
-        logits = out.logits
-
-        # 3. verify every row on the device, then one host copy for all of them
-        judged = [self.verifier.judge(r.st, draft, logits[i, : 1 + draft.size - lo])
-                  for i, (r, draft) in enumerate(zip(rows, drafts, strict=True))]
-        values = [j[0] for j in judged]
-        host = (torch.cat(values) if len(values) > 1 else values[0]).tolist()  # sync: verdicts
-
-        # 4. per row: commit, and the cache entries to keep
-        keep_t, keep_d, outcomes, at = [], [], [], 0
+    def commit_rows(self, rows: list[Row], verdicts: list[Verdict], drafts: list[Draft],
+                    d: Drafted, remaining: list[int], out: ForwardOut, target_base: int,
+                    tc: RowCache, dc: RowCache) -> list[tuple[Draft, Verdict, list[int]]]:
+        """Commit each row's verdict and keep, in both caches, the entries of what it
+        committed. Returns each row's (draft, verdict, committed tokens)."""
+        lo = self.lo
+        keep_t, keep_d, outcomes = [], [], []
         for i, r in enumerate(rows):
-            n = self.verifier.width(drafts[i])
-            v = self.verifier.verdict(host[at : at + n], judged[i][1], drafts[i].tt)
-            at += n
+            v = verdicts[i]
             new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i])
             if self.features:  # the new pending tokens' states: the root's, then the path's
                 r.st.d_feats.append(out.hidden[i, [0, *path]])
@@ -272,11 +296,9 @@ class Engine:
             keep_d.append(self.draft_keep(d, i, path))
             outcomes.append((drafts[i], v, new))
         tc.compact(keep_t)
-        if tree.depth:
+        if self.tree.depth:
             dc.compact(keep_d)
-
-        # 5. account
-        self.accounts.account(rows, outcomes, timing, tc, dc)
+        return outcomes
 
     def tree_inputs(self, tokens: torch.Tensor, inputs: torch.Tensor, d: Drafted,
                     drafts: list[Draft]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

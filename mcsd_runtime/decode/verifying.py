@@ -36,9 +36,20 @@ class Verifier:
         self.want_probs, self.wants_conf = want_probs, wants_conf
         self.lo = int(init is not None)  # the target's tree starts at node 1 (no root)
 
-    def width(self, draft: Draft) -> int:
-        """How many of the step's host values are this row's (`judge`'s values)."""
-        return 2 + (1 + draft.size) * (1 + self.wants_conf)
+    def verify(self, states: list[RowState], drafts: list[Draft], logits: torch.Tensor,
+               ) -> list[Verdict]:
+        """Every row's verdict: each row judged on the device (`logits` [rows, n, V], the
+        target's over the rows' roots and trees), then one host copy for all of them."""
+        judged = [self.judge(st, draft, logits[i, : 1 + draft.size - self.lo])
+                  for i, (st, draft) in enumerate(zip(states, drafts, strict=True))]
+        values = [j[0] for j in judged]
+        host = (torch.cat(values) if len(values) > 1 else values[0]).tolist()  # sync: verdicts
+        verdicts, at = [], 0
+        for (_, probs), draft in zip(judged, drafts, strict=True):
+            n = 2 + (1 + draft.size) * (1 + self.wants_conf)  # this row's values
+            verdicts.append(self.verdict(host[at : at + n], probs, draft.tt))
+            at += n
+        return verdicts
 
     def judge(self, st: RowState, draft: Draft, logits: torch.Tensor,
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
