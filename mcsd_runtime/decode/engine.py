@@ -81,7 +81,6 @@ from mcsd_runtime.decode.state import (
     Verdict,
 )
 from mcsd_runtime.decode.verifying import Verifier
-from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart, Stopper
@@ -143,19 +142,14 @@ class Engine:
         self.dec, self.batch_size = dec, batch_size
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.dtype = dec.pair.device, dec.pair.dtype
-        self.init = TargetInit(dec, self.forward) if self.cfg.init == "target" else None
-        if self.init is not None and batch_size > 1:
-            raise MCSDError("batched decoding supports init='draft' (lossless) only; decode "
-                            "target-initialized runs one at a time (batch size 1)")
-        self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
-        self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
         # a feature draft reads the target's states: the target hands them over at every
         # forward, and the draft takes each accepted token again with the target's state
         self.features = bool(self.tree.depth) and bool(
             getattr(self.pair.draft, "is_feature_draft", False))
-        if self.features and self.init is not None:
-            raise MCSDError("a feature draft reads the target's states, which target-"
-                            "initialized candidates do not give it: decode with init='draft'")
+        self.init = (TargetInit(dec, self.forward, batch_size, self.features)
+                     if self.cfg.init == "target" else None)
+        self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
+        self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None

@@ -31,6 +31,7 @@ from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.lookup import chain_layers
 from mcsd_runtime.decode.state import Draft, DraftLayer, RowState, Verdict
+from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.lookup import propose as propose_chain
 from mcsd_runtime.stop.copy_length import CopyHistory, features
@@ -144,9 +145,16 @@ class TargetInit(Proposer):
     at the root supplies the first layer, the draft extends each root, and the branch with the
     longest accepted continuation wins (which can differ from the target's choice). The target
     takes the whole prompt at the prefill and verifies from node 1. `forward`: the engine's
-    timed forward."""
+    timed forward; only a batch of one (`batch_size`) of a draft that is no feature draft
+    (`features`) takes them."""
 
-    def __init__(self, dec: Decoding, forward: Forward) -> None:
+    def __init__(self, dec: Decoding, forward: Forward, batch_size: int, features: bool) -> None:
+        if batch_size > 1:
+            raise MCSDError("batched decoding supports init='draft' (lossless) only; decode "
+                            "target-initialized runs one at a time (batch size 1)")
+        if features:
+            raise MCSDError("a feature draft reads the target's states, which target-"
+                            "initialized candidates do not give it: decode with init='draft'")
         self.dec, self.forward = dec, forward
         self.cfg, self.tree, self.tt, self.dev = dec.config, dec.tree, dec.tt, dec.pair.device
 
