@@ -1,19 +1,21 @@
 """The decode loop: one step engine for one sequence (`generate`) or many (`generate_batch`).
 
-A step, over every row of the batch at once:
+A step, over every row of the batch at once (`Engine.step`, one numbered phase each):
 
-1. draft: a row whose context repeats itself (prompt lookup, `DecodeConfig.lookup`) verifies
+0. plan: a row whose context repeats itself (prompt lookup, `DecodeConfig.lookup`) will verify
    the tokens that followed the repeat as a chain, drafting nothing (on the draft's tree when
    its first depths are a chain, else on a chain tree of its own, `Decoding.chain`, beside the
-   other rows' trees in the same forward); a row whose stopper says
-   not to draft at all this step (`should_draft`) verifies an empty tree, as autoregressive
-   decoding does; both keep their pending draft tokens for later;
-   the others' pending draft tokens go in, depth 1 is proposed; then, while the stopper says
-   so, the frontier goes through the draft (one forward for all rows, tree attention) and the
-   next depth is proposed (`drafting.TreeDrafter`);
+   other rows' trees in the same forward); a row whose stopper says not to draft at all this
+   step (`should_draft`) verifies an empty tree, as autoregressive decoding does; both keep
+   their pending draft tokens for later; then one upload for all rows;
+1. propose: the others' pending draft tokens go in, depth 1 is proposed; then, while the
+   stopper says so, the frontier goes through the draft (one forward for all rows, tree
+   attention) and the next depth is proposed (`drafting.TreeDrafter`); then the copied chains
+   and a learned width's cuts (`proposers`);
 2. one target forward over every row's pending root and tree (a 4D mask, shared or one per
    row where rows lie on different trees; explicit position ids);
-3. verify each row's tree: the accepted path and the token after it (`verifying.Verifier`);
+3. verify each row's tree on the device, the accepted path and the token after it, then one
+   host copy of all rows' verdicts (`verifying.Verifier`);
 4. commit each row's tokens, clipped at EOS and the token budget, and cut both caches to the
    accepted paths;
 5. account: recorder, trajectory, stopper, statistics (`accounting.Accounts`).
@@ -334,7 +336,6 @@ class Engine:
         seen = d.seen(i)  # 0 for a copied chain, whose path may run past the draft's tree
         return slots + [d.cache_base + j - 1 for j in path if seen and self.tt.depths[j] <= seen]
 
-    # -- 4. commit
     def commit(self, st: RowState, v: Verdict, remaining: int, forwarded: int,
                draft: Draft) -> tuple[list[int], list[int]]:
         """Commit the path (and the bonus token), clipped at max_new_tokens, commit_limit and
