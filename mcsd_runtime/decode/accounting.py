@@ -27,8 +27,7 @@ from mcsd_runtime.decode.state import (
 )
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.admission import Row, Timing
-    from mcsd_runtime.decode.engine import Decoding
+    from mcsd_runtime.decode.state import Decoding, Row, Timing
 
 CommitHook = Callable[[list[int]], "int | None"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,34 +22,20 @@ from mcsd_runtime.decode.accounting import Accounts
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.proposers import PromptLookup, TargetInit
-from mcsd_runtime.decode.state import DecodeStats, RowState, StepRecord
+from mcsd_runtime.decode.state import (
+    DecodeStats,
+    Row,
+    RowState,
+    StepRecord,
+    Timing,
+)
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.transfer import upload
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.engine import Decoding
+    from mcsd_runtime.decode.state import Decoding
 
 Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
-
-
-@dataclass
-class Row:
-    """One sequence in the batch."""
-
-    index: int  # the prompt's position in the call
-    st: RowState
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    steps: list[StepRecord] = field(default_factory=list)
-    admitted: float = 0.0
-
-
-@dataclass
-class Timing:
-    """Forward seconds and draft calls of one step (or one admission)."""
-
-    target: float = 0.0
-    draft: float = 0.0
-    draft_calls: int = 0
 
 
 class Admission:

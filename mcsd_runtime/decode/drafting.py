@@ -15,7 +15,6 @@ draft and go into the draft with the pending tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,39 +22,19 @@ import torch
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import ForwardOut
-from mcsd_runtime.decode.state import DraftFrontier, DraftLayer
+from mcsd_runtime.decode.state import (
+    Drafted,
+    DraftFrontier,
+    DraftLayer,
+)
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import TOP_K_MASS
-from mcsd_runtime.tree import TreeTensors
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.admission import Row, Timing
-    from mcsd_runtime.decode.engine import Decoding
     from mcsd_runtime.decode.proposers import TargetInit
+    from mcsd_runtime.decode.state import Decoding, Row, Timing
 
 Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
-
-
-@dataclass
-class Drafted:
-    """Every row's tree after the draft phase."""
-
-    layers: list[list[DraftLayer]]  # per row; layers[i][d - 1] holds depth d
-    depths: list[int]  # each row's tree depth: what it verifies
-    pending: list[int]  # each row's pending draft tokens at the start of the step
-    pending_base: int  # draft cache length before the pending tokens went in
-    cache_base: int = 0  # draft cache length where depth-1 nodes start
-    depth: int = 0  # the batch's depth (the deepest row's)
-    forwarded: int = 0  # deepest depth whose nodes went through the draft
-    fed: bool = False  # the pending draft tokens went through the draft this step
-    copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
-    cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
-    refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
-
-    def seen(self, i: int) -> int:
-        """The deepest of row i's depths whose nodes went through the draft and stay in its
-        cache."""
-        return 0 if self.copied[i] or self.refeed else self.forwarded
 
 
 class TreeDrafter:

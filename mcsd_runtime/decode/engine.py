@@ -63,56 +63,30 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from mcsd_runtime.decode.accounting import Accounts, CommitHook
-from mcsd_runtime.decode.admission import Admission, Row, Timing
+from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
-from mcsd_runtime.decode.drafting import Drafted, TreeDrafter
-from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, ForwardOut
+from mcsd_runtime.decode.drafting import TreeDrafter
+from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.proposers import PromptLookup, TargetInit, WidthCut
 from mcsd_runtime.decode.state import (
-    DecodeConfig,
     DecodeStats,
+    Decoding,
     Draft,
+    Drafted,
     GenerationResult,
-    Recorder,
+    Row,
     RowState,
+    Timing,
     Verdict,
 )
 from mcsd_runtime.decode.verifying import Verifier
-from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.stop.builtin import NoDraftStopper
-from mcsd_runtime.stop.contract import StepStart, Stopper
-from mcsd_runtime.stop.copy_length import CopyLength
-from mcsd_runtime.stop.width import WidthPolicy
+from mcsd_runtime.stop.contract import StepStart
 from mcsd_runtime.transfer import upload
-from mcsd_runtime.tree import Tree, TreeTensors
-
-
-class Decoding(Protocol):
-    """What the engine reads of the decoder that runs it (`MCSDDecoder`)."""
-
-    pair: Pair
-    config: DecodeConfig
-    tree: Tree
-    tt: TreeTensors
-    chain: TreeTensors | None  # copies' own chain tree (a draft tree of several candidates)
-    stopper: Stopper
-    recorder: Recorder | None
-    forwards: EagerForwards | FixedForwards  # eager, or fixed shapes captured as CUDA graphs
-    needs_hidden: bool  # the stopper or the recorder reads draft hidden states
-    eos: set[int]
-    sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
-    copy_length: CopyLength | None  # a learned prompt-lookup copy length
-    width: WidthPolicy | None  # a learned width of the first depth (`mcsd_runtime.stop.width`)
-    widths: dict[int, TreeTensors]  # the first depth cut to w < k candidates, by w
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor: ...
-
-    def causal_block(self, n: int) -> torch.Tensor: ...
 
 
 @dataclass

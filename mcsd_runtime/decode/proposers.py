@@ -37,9 +37,7 @@ from mcsd_runtime.lookup import propose as propose_chain
 from mcsd_runtime.stop.copy_length import CopyHistory, features
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.admission import Row, Timing
-    from mcsd_runtime.decode.drafting import Drafted
-    from mcsd_runtime.decode.engine import Decoding
+    from mcsd_runtime.decode.state import Decoding, Drafted, Row, Timing
 
 Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
 

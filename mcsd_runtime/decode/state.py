@@ -6,7 +6,7 @@ the frontier stoppers see). Shared by the one-sequence loop (`decoder`) and the 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -27,6 +27,14 @@ from mcsd_runtime.stop.features import (
     with_trajectory,
 )
 from mcsd_runtime.tree import KConfig, TreeTensors, parse_k_config
+
+if TYPE_CHECKING:  # what the engine reads of the decoder (`Decoding`)
+    from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards
+    from mcsd_runtime.models.pair import Pair
+    from mcsd_runtime.stop.contract import Stopper
+    from mcsd_runtime.stop.copy_length import CopyLength
+    from mcsd_runtime.stop.width import WidthPolicy
+    from mcsd_runtime.tree import Tree
 
 
 @dataclass(frozen=True)
@@ -353,3 +361,67 @@ def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
         hidden, torch.finfo(dtype).min)
 
 
+# ---------------------------------------------------------------- the engine's own records
+@dataclass
+class Row:
+    """One sequence in the batch."""
+
+    index: int  # the prompt's position in the call
+    st: RowState
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    steps: list[StepRecord] = field(default_factory=list)
+    admitted: float = 0.0
+
+
+@dataclass
+class Timing:
+    """Forward seconds and draft calls of one step (or one admission)."""
+
+    target: float = 0.0
+    draft: float = 0.0
+    draft_calls: int = 0
+
+
+@dataclass
+class Drafted:
+    """Every row's tree after the draft phase."""
+
+    layers: list[list[DraftLayer]]  # per row; layers[i][d - 1] holds depth d
+    depths: list[int]  # each row's tree depth: what it verifies
+    pending: list[int]  # each row's pending draft tokens at the start of the step
+    pending_base: int  # draft cache length before the pending tokens went in
+    cache_base: int = 0  # draft cache length where depth-1 nodes start
+    depth: int = 0  # the batch's depth (the deepest row's)
+    forwarded: int = 0  # deepest depth whose nodes went through the draft
+    fed: bool = False  # the pending draft tokens went through the draft this step
+    copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
+    cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
+    refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
+
+    def seen(self, i: int) -> int:
+        """The deepest of row i's depths whose nodes went through the draft and stay in its
+        cache."""
+        return 0 if self.copied[i] or self.refeed else self.forwarded
+
+
+class Decoding(Protocol):
+    """What the engine reads of the decoder that runs it (`MCSDDecoder`)."""
+
+    pair: Pair
+    config: DecodeConfig
+    tree: Tree
+    tt: TreeTensors
+    chain: TreeTensors | None  # copies' own chain tree (a draft tree of several candidates)
+    stopper: Stopper
+    recorder: Recorder | None
+    forwards: EagerForwards | FixedForwards  # eager, or fixed shapes captured as CUDA graphs
+    needs_hidden: bool  # the stopper or the recorder reads draft hidden states
+    eos: set[int]
+    sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
+    copy_length: CopyLength | None  # a learned prompt-lookup copy length
+    width: WidthPolicy | None  # a learned width of the first depth (`mcsd_runtime.stop.width`)
+    widths: dict[int, TreeTensors]  # the first depth cut to w < k candidates, by w
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def causal_block(self, n: int) -> torch.Tensor: ...
