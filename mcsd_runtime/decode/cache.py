@@ -27,7 +27,73 @@ def new_cache() -> DynamicCache:
     return DynamicCache()
 
 
-class RowCache:
+class RowLengths:
+    """What both caches keep of their rows: each row's valid prefix (`lens`), the longest
+    (`length`: where a forward appends), which slots a row may attend to (`valid`), and the
+    moves that compact the kept entries after each prefix over `_tensors()` (each [rows,
+    heads, slots, dim])."""
+
+    lens: list[int]
+    length: int
+    device: torch.device
+    valid: torch.Tensor | None  # [rows, length] bool; None: every slot valid
+
+    @property
+    def rows(self) -> int:
+        return len(self.lens)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _cut(self) -> None:
+        raise NotImplementedError
+
+    def appended(self, n: int, valid: torch.Tensor | None = None) -> None:
+        """The last forward appended n slots per row; `valid` [rows, n] says which a row may
+        attend to (None: all)."""
+        if valid is not None or self.valid is not None:
+            if valid is None:
+                valid = torch.ones(self.rows, n, dtype=torch.bool, device=self.device)
+            self.valid = torch.cat([self._valid(), valid], 1)
+        self.length += n
+
+    def compact(self, keep: list[list[int]]) -> None:
+        """Row r keeps its prefix and then the slots `keep[r]` (ascending, all past its prefix),
+        moved right after the prefix; every other slot is dropped."""
+        moves = []  # (row, to, from)
+        for r, slots in enumerate(keep):
+            moves += [(r, self.lens[r] + i, s) for i, s in enumerate(slots)
+                      if s != self.lens[r] + i]
+            self.lens[r] += len(slots)
+        tensors = self._tensors()
+        if moves and tensors:
+            r_idx, d_idx, s_idx = upload(moves, self.device).unbind(1)
+            for t in tensors:
+                t[r_idx, :, d_idx] = t[r_idx, :, s_idx]
+        self._cut()
+
+    def settle(self, lens: list[int]) -> None:
+        """Each row's valid entries are now its first `lens[r]` slots (after a prefill)."""
+        self.lens = list(lens)
+        self._cut()
+
+    def _valid(self) -> torch.Tensor:
+        if self.valid is not None:
+            return self.valid
+        return torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
+
+    def _prefixes(self) -> None:
+        """The length is the longest row's; the valid slots are the prefixes again."""
+        longest = max(self.lens, default=0)
+        self.length = longest
+        if all(n == longest for n in self.lens):
+            self.valid = None
+        else:
+            lens = upload(self.lens, self.device)
+            self.valid = torch.arange(longest, device=self.device)[None] < lens[:, None]
+
+
+class RowCache(RowLengths):
     """A batched KV cache with per-row valid prefixes (see the module docstring)."""
 
     def __init__(self, rows: int, device: torch.device) -> None:
@@ -37,10 +103,6 @@ class RowCache:
         self.device = device
         self.valid: torch.Tensor | None = None  # [rows, length] bool; None: every slot valid
         self._zeros = torch.zeros(0, 0, device=device)
-
-    @property
-    def rows(self) -> int:
-        return len(self.lens)
 
     def mask(self, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """[rows, 1, n, length + n] additive mask for n new tokens: cached entries are visible
@@ -61,37 +123,6 @@ class RowCache:
         hidden = torch.zeros(self.rows, ctx, dtype=dtype, device=block.device)
         hidden.masked_fill_(~self.valid[:, :ctx], torch.finfo(dtype).min)
         return torch.cat([hidden[:, None, :].expand(-1, n, -1), block], -1)[:, None]
-
-    def appended(self, n: int, valid: torch.Tensor | None = None) -> None:
-        """The last forward appended n slots per row; `valid` [rows, n] says which a row may
-        attend to (None: all)."""
-        if valid is not None or self.valid is not None:
-            if valid is None:
-                valid = torch.ones(self.rows, n, dtype=torch.bool, device=self.device)
-            self.valid = torch.cat([self._valid(), valid], 1)
-        self.length += n
-
-    def compact(self, keep: list[list[int]]) -> None:
-        """Row r keeps its prefix and then the slots `keep[r]` (ascending, all past its prefix),
-        moved right after the prefix; every other slot is dropped."""
-        moves = []  # (row, to, from)
-        for r, slots in enumerate(keep):
-            moves += [(r, self.lens[r] + i, s) for i, s in enumerate(slots)
-                      if s != self.lens[r] + i]
-            self.lens[r] += len(slots)
-        layers = _layers(self.cache)
-        if moves and layers:
-            r_idx, d_idx, s_idx = upload(moves, self.device).unbind(1)
-            for layer in layers:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    t[r_idx, :, d_idx] = t[r_idx, :, s_idx]
-        self._cut()
-
-    def settle(self, lens: list[int]) -> None:
-        """Each row's valid entries are now its first `lens[r]` slots (after a prefill)."""
-        self.lens = list(lens)
-        self._cut()
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (in this order)."""
@@ -123,10 +154,9 @@ class RowCache:
         self.lens = self.lens + other.lens
         self._cut()
 
-    def _valid(self) -> torch.Tensor:
-        if self.valid is not None:
-            return self.valid
-        return torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
+    def _tensors(self) -> list[torch.Tensor]:
+        return [getattr(layer, name) for layer in _layers(self.cache)
+                for name in ("keys", "values")]
 
     def _cut(self) -> None:
         """Cut every row to the longest prefix; the valid slots are the prefixes again."""
@@ -134,12 +164,7 @@ class RowCache:
         for layer in _layers(self.cache):
             if layer.keys.shape[2] != longest:
                 layer.keys, layer.values = layer.keys[:, :, :longest], layer.values[:, :, :longest]
-        self.length = longest
-        if all(n == longest for n in self.lens):
-            self.valid = None
-        else:
-            lens = upload(self.lens, self.device)
-            self.valid = torch.arange(longest, device=self.device)[None] < lens[:, None]
+        self._prefixes()
 
 
 def _layers(cache: DynamicCache) -> list:
@@ -155,7 +180,7 @@ def _padded(t: torch.Tensor | None, ref: torch.Tensor, rows: int, length: int) -
     return torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))
 
 
-class SlotRowCache:
+class SlotRowCache(RowLengths):
     """`RowCache`'s contract over preallocated buffers: per layer, keys and values of shape
     [row_slots, heads, capacity, head_dim], allocated once and then only written in place, so
     that a forward over it has fixed shapes and can be replayed as a CUDA graph
@@ -180,10 +205,6 @@ class SlotRowCache:
         self.span = 0
         self._arange = torch.arange(capacity, device=device)
         self._write: dict[int, torch.Tensor] = {}
-
-    @property
-    def rows(self) -> int:
-        return len(self.lens)
 
     def reset(self) -> None:
         """Empty (the buffers stay allocated; what they hold is masked until overwritten)."""
@@ -224,29 +245,6 @@ class SlotRowCache:
             m[:, 0, :, :ctx].masked_fill_(~self.valid[:, None, :ctx], torch.finfo(dtype).min)
         return m
 
-    def appended(self, n: int, valid: torch.Tensor | None = None) -> None:
-        if valid is not None or self.valid is not None:
-            if valid is None:
-                valid = torch.ones(self.rows, n, dtype=torch.bool, device=self.device)
-            self.valid = torch.cat([self._valid(), valid], 1)
-        self.length += n
-
-    def compact(self, keep: list[list[int]]) -> None:
-        moves = []  # (row, to, from)
-        for r, slots in enumerate(keep):
-            moves += [(r, self.lens[r] + i, s) for i, s in enumerate(slots)
-                      if s != self.lens[r] + i]
-            self.lens[r] += len(slots)
-        if moves and self.keys:
-            r_idx, d_idx, s_idx = upload(moves, self.device).unbind(1)
-            for t in (*self.keys, *self.values):
-                t[r_idx, :, d_idx] = t[r_idx, :, s_idx]
-        self._cut()
-
-    def settle(self, lens: list[int]) -> None:
-        self.lens = list(lens)
-        self._cut()
-
     def select(self, rows: list[int]) -> None:
         if rows != list(range(len(rows))) and self.keys:
             idx = upload(rows, self.device, torch.long)
@@ -277,20 +275,11 @@ class SlotRowCache:
             self.values.append(torch.zeros(*shape, v.shape[3], dtype=v.dtype,
                                            device=self.device))
 
-    def _valid(self) -> torch.Tensor:
-        if self.valid is not None:
-            return self.valid
-        return torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*self.keys, *self.values]
 
     def _cut(self) -> None:
-        """The length is the longest row's; the valid slots are the prefixes again."""
-        longest = max(self.lens, default=0)
-        self.length = longest
-        if all(n == longest for n in self.lens):
-            self.valid = None
-        else:
-            lens = upload(self.lens, self.device)
-            self.valid = self._arange[None, :longest] < lens[:, None]
+        self._prefixes()
 
 
 class SlotKV(Cache):
