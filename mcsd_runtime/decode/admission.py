@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,7 +19,7 @@ import torch
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.accounting import Accounts
 from mcsd_runtime.decode.cache import RowCache
-from mcsd_runtime.decode.graphs import ForwardOut
+from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.proposers import PromptLookup, TargetInit
 from mcsd_runtime.decode.state import (
     DecodeStats,
@@ -35,7 +34,6 @@ from mcsd_runtime.transfer import upload
 if TYPE_CHECKING:
     from mcsd_runtime.decode.state import Decoding
 
-Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
 
 
 class Admission:

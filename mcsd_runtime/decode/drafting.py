@@ -14,14 +14,13 @@ draft and go into the draft with the pending tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
-from mcsd_runtime.decode.graphs import ForwardOut
+from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.state import (
     Drafted,
     DraftFrontier,
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from mcsd_runtime.decode.proposers import TargetInit
     from mcsd_runtime.decode.state import Decoding, Row, Timing
 
-Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
 
 
 class TreeDrafter:

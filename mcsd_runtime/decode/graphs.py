@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,9 @@ MAX_GRAPHS = 512  # past this many shapes, new shapes run eagerly (over the same
 class ForwardOut:
     logits: torch.Tensor  # [rows, kept, V]
     hidden: torch.Tensor | None  # the last layer's states [rows, n, H], when asked
+
+
+Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
 
 
 def call_model(model, cache: RowCache | SlotRowCache, ids: torch.Tensor, pos: torch.Tensor,

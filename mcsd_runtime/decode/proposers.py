@@ -20,7 +20,6 @@ syncs happen where they always have: `plan` before the upload, the draft's depth
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ import torch
 
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
-from mcsd_runtime.decode.graphs import ForwardOut
+from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.lookup import chain_layers
 from mcsd_runtime.decode.state import Draft, DraftLayer, RowState, Verdict
 from mcsd_runtime.errors import MCSDError
@@ -39,7 +38,6 @@ from mcsd_runtime.stop.copy_length import CopyHistory, features
 if TYPE_CHECKING:
     from mcsd_runtime.decode.state import Decoding, Drafted, Row, Timing
 
-Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over a cache
 
 
 class Proposer:
