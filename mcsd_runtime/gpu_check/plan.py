@@ -134,7 +134,7 @@ def target_cmd(s: Sizes) -> list[str]:
     converted into the cache (a stage of its own, so its minute is not charged elsewhere)."""
     if s.target.startswith("toy"):
         preset = s.target.partition(":")[2] or "default"
-        return [*MCSD, "toy", "build", "--preset", preset]
+        return [*MCSD, "toy", "build", "--recipe", preset]
     code = ("import sys; from mcsd_runtime.models.named import is_named, resolve_named; "
             "print(resolve_named(sys.argv[1]) if is_named(sys.argv[1]) else sys.argv[1])")
     return [*PY, "-c", code, s.target]
