@@ -28,7 +28,7 @@ DEFINITIONS_CEILING = int(DEFINITIONS_BEFORE * 0.8)
 CEILINGS = {
     "attention-bench": 10, "bench": 21, "collect": 27, "draft distill": 20, "draft show": 2,
     "drift": 15, "eval": 28, "profile": 19, "prompts": 5, "toy build": 5, "toy draft": 5,
-    "toy info": 4, "train": 40,
+    "toy info": 4, "train": 40, "step-breakdown": 19,
 }
 # old spelling -> (its new one, the commands it lived in): none of them may show in --help again
 FOLDED = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mcsd_runtime.costmodel import capture_spike, step_breakdown
+from mcsd_runtime.costmodel import capture_spike
 from mcsd_runtime.gpu_check import main, plan, report, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner
 
@@ -28,8 +28,6 @@ def _cli_parse(argv: list[str]) -> None:
     assert argv[0] == sys.executable
     if argv[1:3] == ["-m", "mcsd_runtime"]:
         build_parser().parse_args(argv[3:])
-    elif argv[1:3] == ["-m", "mcsd_runtime.costmodel.step_breakdown"]:
-        step_breakdown._parser().parse_args(argv[3:])
     elif argv[1:3] == ["-m", "mcsd_runtime.costmodel.capture_spike"]:
         capture_spike._parser().parse_args(argv[3:])
     else:

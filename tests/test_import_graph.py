@@ -39,9 +39,6 @@ LAYER = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 MODELS_PLUMBING = ("models' plumbing that the builders (toy, distill) share; it moves below them "
                    "when models/ splits into that plumbing and the pair loading above them")
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("mcsd_runtime.costmodel.step_breakdown", "mcsd_runtime.cli.args"):
-        "its `python -m` command line borrows the CLI's option helpers; this ends when the "
-        "script becomes an `mcsd` subcommand",
     ("mcsd_runtime.toy.build", "mcsd_runtime.models.compat"):
         "cache_kwargs (the cache keyword of transformers 5.x) for the card's latencies: "
         + MODELS_PLUMBING,

@@ -1,6 +1,6 @@
-"""`costmodel.step_breakdown`: a step's forwards against the decoder's own work, eager against
-captured, the host syncs per step, the bandwidth bound and the forward probe, on a
-random-weight pair of a known shape."""
+"""`mcsd step-breakdown` (`costmodel.step_breakdown`): a step's forwards against the decoder's
+own work, eager against captured, the host syncs per step, the bandwidth bound and the forward
+probe, on a random-weight pair of a known shape."""
 
 from __future__ import annotations
 
@@ -9,17 +9,23 @@ import json
 import pytest
 import torch
 
+from mcsd_runtime.cli import main as mcsd
 from mcsd_runtime.costmodel import step_breakdown as sb
 from mcsd_runtime.stop.builtin import StaticStopper
 
 ARGS = ["--shape", "tiny", "--draft-layers", "1", "--device", "cpu", "--dtype", "fp32",
-        "--k-config", "1,1", "--max-new-tokens", "8", "--prompts", "1", "--prompt-tokens", "16",
-        "--repeats", "1", "--copy-mib", "1", "--graphs", "off"]
+        "--k-config", "1,1", "--max-new-tokens", "8", "--prompt-count", "1",
+        "--prompt-tokens", "16", "--rounds", "1", "--copy-mib", "1", "--graphs", "off"]
+
+
+def step_breakdown(argv: list[str]) -> int:
+    """`mcsd step-breakdown ARGV`'s exit status."""
+    return mcsd(["step-breakdown", *argv])
 
 
 def test_each_method_splits_its_steps_into_forwards_and_the_rest(tmp_path, capsys):
     out = tmp_path / "steps.json"
-    assert sb.main([*ARGS, "--methods", "ar,static:2", "--graphs", "off,on", "--repeats", "3",
+    assert step_breakdown([*ARGS, "--methods", "ar,static:2", "--graphs", "off,on", "--rounds", "3",
                     "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["device"] == "cpu" and got["timer"] == "perf_counter" and got["repeats"] == 3
@@ -41,7 +47,7 @@ def test_each_method_splits_its_steps_into_forwards_and_the_rest(tmp_path, capsy
 
 def test_the_bound_and_the_probe_are_reported(tmp_path):
     out = tmp_path / "steps.json"
-    assert sb.main([*ARGS, "--methods", "hf,ar", "--out", str(out)]) == 0
+    assert step_breakdown([*ARGS, "--methods", "hf,ar", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     rows = {r["method"]: r for r in got["rows"]}
     assert rows["hf"]["step_ms"] > 0 and rows["hf"]["steps"] == 8  # generate(): 8 new tokens
@@ -88,19 +94,19 @@ def test_a_method_that_fails_at_run_time_is_a_row_with_its_error(monkeypatch, tm
 
     monkeypatch.setattr(sb, "breakdown", broken)
     out = tmp_path / "steps.json"
-    assert sb.main([*ARGS, "--methods", "ar", "--no-probe", "--out", str(out)]) == 0
+    assert step_breakdown([*ARGS, "--methods", "ar", "--no-probe", "--out", str(out)]) == 0
     row = json.loads(out.read_text())["rows"][0]
     assert row["error"] == "RuntimeError: capture failed" and row["step_ms"] is None
 
 
 def test_decisions_are_timed_per_stopper_on_request(tmp_path):
     out = tmp_path / "steps.json"
-    assert sb.main([*ARGS, "--methods", "ar,static:2,confidence:0.5", "--decisions",
+    assert step_breakdown([*ARGS, "--methods", "ar,static:2,confidence:0.5", "--decisions",
                     "--no-probe", "--out", str(out)]) == 0
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["ar"]["decision_us"] is None
     assert rows["static:2"]["decision_us"] > 0 and rows["confidence:0.5"]["decision_us"] > 0
-    assert sb.main([*ARGS, "--methods", "static:2", "--no-probe", "--out", str(out)]) == 0
+    assert step_breakdown([*ARGS, "--methods", "static:2", "--no-probe", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"][0]["decision_us"] is None
 
 
@@ -119,12 +125,12 @@ def test_launch_counts_see_a_stopper_that_syncs_on_every_decision(monkeypatch):
 
 
 def test_bad_input_is_an_error_not_a_traceback(capsys):
-    assert sb.main([*ARGS, "--methods", "ar,static:5"]) == 2
+    assert step_breakdown([*ARGS, "--methods", "ar,static:5"]) == 2
     err = capsys.readouterr().err
     assert "static:5 needs a tree of at least 5 depths" in err and "Traceback" not in err
-    assert sb.main([*ARGS, "--prompts", "0"]) == 2
+    assert step_breakdown([*ARGS, "--prompt-count", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
-    assert sb.main([*ARGS, "--graphs", "off,maybe"]) == 2
+    assert step_breakdown([*ARGS, "--graphs", "off,maybe"]) == 2
     assert "--graphs takes auto, on, off" in capsys.readouterr().err
 
 

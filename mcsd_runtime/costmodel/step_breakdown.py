@@ -1,7 +1,7 @@
 """Where a decode step's time goes: forwards against everything else, eager against captured,
 and how far a step is from what reading the weights costs.
 
-`python -m mcsd_runtime.costmodel.step_breakdown --device cuda --shape llama2-7b` decodes AR
+`mcsd step-breakdown --device cuda --shape llama2-7b` decodes AR
 and static depths with a pair and reports, per step, the wall time, the target's and draft's
 forward times (each forward synchronized and timed, `DecodeConfig(profile=True)`) and the rest:
 the decoder's own host work. Every method runs under each `--graphs` setting (default `off,on`:
@@ -68,14 +68,12 @@ cost per call until its attention backend is pinned or its shapes are fixed (cap
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -511,87 +509,7 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from mcsd_runtime.cli.args import add_pair_args, add_threads_arg
-
-    p = argparse.ArgumentParser(prog="python -m mcsd_runtime.costmodel.step_breakdown",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_pair_args(p)
-    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                   help="time a random-weight pair of this shape instead of --target/--draft")
-    p.add_argument("--draft-layers", type=int, default=4,
-                   help="layers of the --shape draft, for shapes without a draft shape of "
-                        "their own (default %(default)s)")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="ar, hf (the target's generate()) and stopper specs, e.g. static:D, "
-                        "heuristic:4, stopper:DIR (default %(default)s)")
-    p.add_argument("--graphs", default=",".join(DEFAULT_GRAPHS),
-                   help="DecodeConfig.graphs settings each method runs under, comma-separated "
-                        "(auto, on, off; default %(default)s)")
-    p.add_argument("--k-config", default="1,1,1,1,1,1",
-                   help="tree of the static methods (default %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="default %(default)s")
-    p.add_argument("--prompt-tokens", type=int, default=200, help="default %(default)s")
-    p.add_argument("--prompts", type=int, default=2, help="default %(default)s")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed runs over the prompts; the median is reported (default "
-                        "%(default)s)")
-    p.add_argument("--copy-mib", type=int, default=1024,
-                   help="size of the copy that measures the bandwidth (default %(default)s)")
-    p.add_argument("--no-probe", action="store_true", help="skip the target forward probe")
-    p.add_argument("--decisions", action="store_true",
-                   help="also time each stopper's decisions inside the decoder (median µs)")
-    p.add_argument("--out", type=Path, default=None, help="JSON file to write")
-    add_threads_arg(p)
-    return p
-
-
-def _graphs(text: str) -> tuple[str, ...]:
-    from mcsd_runtime.constants import GRAPHS
-
-    out = tuple(dict.fromkeys(g.strip() for g in text.split(",") if g.strip()))
-    bad = [g for g in out if g not in GRAPHS]
-    if bad or not out:
-        raise MCSDError(f"--graphs takes {', '.join(GRAPHS)} (comma-separated), got {text!r}")
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    from mcsd_runtime.cli.args import apply_threads, pair_from_args
-    from mcsd_runtime.models.device import pick_device
-    from mcsd_runtime.models.pair import pick_dtype
-    from mcsd_runtime.tree import parse_k_config
-
-    args = _parser().parse_args(argv)
-    try:
-        apply_threads(args)
-        if min(args.max_new_tokens, args.prompt_tokens, args.prompts, args.draft_layers,
-               args.repeats, args.copy_mib) < 1:
-            raise MCSDError("--max-new-tokens, --prompt-tokens, --prompts, --draft-layers, "
-                            "--repeats and --copy-mib must be positive")
-        graphs = _graphs(args.graphs)
-        k_config = parse_k_config(args.k_config)
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        if args.shape:
-            device = pick_device(args.device)
-            pair = shaped_pair(args.shape, args.draft_layers, str(device),
-                               pick_dtype(args.dtype, device))
-        else:
-            pair = pair_from_args(args)
-        result = run(pair, methods, k_config, args.prompt_tokens, args.prompts,
-                     args.max_new_tokens, decisions=args.decisions, graphs=graphs,
-                     repeats=args.repeats, copy_mib=args.copy_mib, probe=not args.no_probe)
-    except MCSDError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    result["shape"] = args.shape
-    print(summary(result))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    print("python -m mcsd_runtime.costmodel.step_breakdown is now `mcsd step-breakdown` "
+          "(--repeats is --rounds, --prompts N is --prompt-count N)", file=sys.stderr)
+    sys.exit(2)

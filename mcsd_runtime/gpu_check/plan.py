@@ -141,12 +141,12 @@ def target_cmd(s: Sizes) -> list[str]:
 
 
 def breakdown_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
-    return [*PY, "-m", "mcsd_runtime.costmodel.step_breakdown", "--shape", shape,
+    return [*MCSD, "step-breakdown", "--shape", shape,
             "--draft-layers", str(s.breakdown_draft_layers), "--device", s.device,
             "--graphs", "off,on", "--methods", s.breakdown_methods,
             "--k-config", s.breakdown_k_config, "--prompt-tokens", str(s.breakdown_prompt_tokens),
-            "--max-new-tokens", str(s.breakdown_tokens), "--prompts", "1",
-            "--repeats", str(s.breakdown_repeats), "--copy-mib", str(s.breakdown_copy_mib),
+            "--max-new-tokens", str(s.breakdown_tokens), "--prompt-count", "1",
+            "--rounds", str(s.breakdown_repeats), "--copy-mib", str(s.breakdown_copy_mib),
             "--out", str(out)]
 
 
