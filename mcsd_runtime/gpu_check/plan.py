@@ -271,9 +271,14 @@ def stages(s: Sizes) -> list[Stage]:
         out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
                          lambda run, shape=shape, name=name: spike_cmd(
                              s, shape, run / f"{name}.json"),
-                         lambda run, name=name: {
-                             "table": read_json(run / f"{name}.json").get("table")}))
+                         lambda run, name=name: spike_figures(run / f"{name}.json")))
     return out
+
+
+def spike_figures(path: Path) -> dict:
+    """Milliseconds per forward by way, `rows x new tokens`."""
+    return {f"{r['way']} {r['rows']}x{r['new_tokens']}": round(r["ms"], 3)
+            for r in read_json(path).get("rows", []) if "ms" in r}
 
 
 def eval_methods(s: Sizes, run: Path) -> list[str]:
