@@ -11,6 +11,7 @@ to decide where the draft's distributions already are.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,10 +34,17 @@ DEVICE_AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tens
     "mean": lambda p, f: p.mean(), "path": _path}
 
 
+@functools.cache
+def _knots(x: tuple[float, ...], y: tuple[float, ...],
+           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A calibration's knots on `device`, uploaded once (not at every decision)."""
+    return (torch.tensor(x, dtype=torch.float64, device=device),
+            torch.tensor(y, dtype=torch.float64, device=device))
+
+
 def interpolate(p: torch.Tensor, x: tuple[float, ...], y: tuple[float, ...]) -> torch.Tensor:
     """`np.interp(p, x, y)` on the device: linear between the knots, flat beyond them."""
-    xs = torch.tensor(x, dtype=torch.float64, device=p.device)
-    ys = torch.tensor(y, dtype=torch.float64, device=p.device)
+    xs, ys = _knots(x, y, p.device)
     if len(x) == 1:
         return ys.expand_as(p).clone()
     i = torch.searchsorted(xs, p, right=True).clamp(1, len(x) - 1)
