@@ -43,13 +43,12 @@ def _knots(x: tuple[float, ...], y: tuple[float, ...],
 
 
 def interpolate(p: torch.Tensor, x: tuple[float, ...], y: tuple[float, ...]) -> torch.Tensor:
-    """`np.interp(p, x, y)` on the device: linear between the knots, flat beyond them."""
+    """`np.interp(p, x, y)` on the device: linear between the knots (at least two, increasing:
+    `Calibration` checks), flat beyond them."""
     xs, ys = _knots(x, y, p.device)
-    if len(x) == 1:
-        return ys.expand_as(p).clone()
     i = torch.searchsorted(xs, p, right=True).clamp(1, len(x) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    t = ((p - x0) / (x1 - x0).clamp_min(1e-300)).clamp(0.0, 1.0)
+    t = ((p - x0) / (x1 - x0)).clamp(0.0, 1.0)
     return y0 + t * (y1 - y0)
 
 
