@@ -68,7 +68,7 @@ def test_decision_cost_is_measured_on_the_collections_own_small_pair(toy_tiny, t
     """Replay charges a decision what it costs between the pair's own forwards (their caches
     evicted), as a median; a pair that is not a local folder falls back to a random one."""
     from mcsd_runtime.stop.builtin import make_stopper
-    from train.pipeline import _latency, _small_local_pair
+    from train.stop.pipeline import _latency, _small_local_pair
 
     fp = {"target": str(toy_tiny / "target"), "draft": str(toy_tiny / "draft")}
     assert _small_local_pair(fp) is not None

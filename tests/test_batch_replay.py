@@ -18,8 +18,8 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from mcsd_runtime.tree import Tree
-from train import replay as R
-from train.replay.data import NO_NODES, _Frontier
+import replay as R
+from replay.data import NO_NODES, _Frontier
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
@@ -297,7 +297,7 @@ def test_batched_replay_matches_generate_batch(data, spec, batch_size):
 
 
 def test_the_end_to_end_check_at_a_batch_size(data, monkeypatch):
-    """train.check decodes the prompts together with generate_batch and replays them at that
+    """replay.check decodes the prompts together with generate_batch and replays them at that
     batch size: the same tokens, one row per stopper, measured speeds positive."""
     from test_train_data import MAX_NEW, prompts, small_pair
 
@@ -308,7 +308,7 @@ def test_the_end_to_end_check_at_a_batch_size(data, monkeypatch):
         (k, ids[k]) for k in sorted(d.prompts)[:limit]])
     wide = CostProfile(tokens=[1, 64], target_s=[1e-3, 2e-3], draft_s=[1e-4, 2e-4],
                        batches={4: BatchCosts(target_s=[2e-3, 5e-3], draft_s=[2e-4, 4e-4])})
-    out = check.end_to_end_check(data, [{"max_new_tokens": MAX_NEW}], wide,
+    out = check.stopper_check(data, [{"max_new_tokens": MAX_NEW}], wide,
                                  {"static:1": "static:1", "static:3": "static:3"}, limit=6,
                                  pair=small_pair(), batch_size=4, repeats=2)
     assert out["batch_size"] == 4 and out["prompts"] == 6

@@ -13,9 +13,9 @@ from test_train_data import dense_rows, small_pair
 from mcsd_runtime.cli import build_parser, run_parser
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.learned import load_stopper
-from train import replay as R
+import replay as R
 from train.cli import register
-from train.pipeline import train_stopper
+from train.stop.trainer import train_stopper
 
 MANIFESTS = [{"pair": small_pair().fingerprint, "k_config": [4, 2, 2, 1]}]
 

@@ -185,8 +185,8 @@ def test_python_m_scripts_take_the_new_names_too(capsys):
 
 
 @pytest.mark.parametrize(("old", "decision", "module"), [
-    ("train-lookup", "copy", "train.copy_cli"),
-    ("train-width", "width", "train.width_cli"),
+    ("train-lookup", "copy", "train.copy"),
+    ("train-width", "width", "train.width"),
 ])
 def test_renamed_train_commands_forward_with_a_note(old, decision, module, monkeypatch, capsys):
     import importlib

@@ -180,7 +180,7 @@ def test_a_capped_tree_is_collected_and_named(setup):
     """`--k-config 3,1/1,1`: the manifest records the capped tree, each step's rows are its
     3 + 1 + 1 nodes at most, and training reads the tree back from the manifest."""
     from mcsd_runtime.tree import parse_k_config
-    from train.data import collected_k_config
+    from replay.runs import collected_k_config
 
     root, args, _, _ = setup
     i = args.index("--k-config")

@@ -17,17 +17,9 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
-from train.copy_length import (
-    Replay,
-    Trace,
-    copy_all,
-    draft_hits,
-    drafted_traces,
-    fit,
-    never,
-    step_costs,
-    target_traces,
-)
+from collect.outputs import Trace, draft_hits, drafted_traces, target_traces
+from replay.copy import Replay, copy_all, never, step_costs
+from train.copy.fit import fit
 
 REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
 PROMPTS = [REPEATING, [1, 2, 3, 4, 1, 2, 3], [3, 3, 3, 3, 3], [9, 8, 7, 9, 8], [4, 5, 4, 5, 4]]
@@ -189,7 +181,7 @@ def test_a_policy_trained_beside_a_draft_is_lossless_alone_and_in_batches(pair, 
 
 
 def test_out_of_fold_decides_each_output_by_a_policy_not_fitted_on_it(pair, monkeypatch):
-    import train.copy_length as C
+    import train.copy.fit as C
 
     traces = draft_hits(pair, target_traces(pair, PROMPTS * 2, 30), width=3)
     fitted, real_fit = [], C.fit
@@ -493,7 +485,8 @@ def test_a_sampled_decode_replays_its_own_output_step_for_step(pair):
 
 
 def test_the_end_to_end_check_takes_the_replays_steps(pair):
-    from train.copy_check import capped, end_to_end_check, format_check
+    from replay.check import capped, format_check
+    from replay.check import copy_check as end_to_end_check
 
     traces = {"a": target_traces(pair, PROMPTS[:2], 24), "b": target_traces(pair, PROMPTS[2:], 24)}
     policy = CopyLength(ByConfidence(), COSTS, rate=0.6)

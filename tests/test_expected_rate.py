@@ -18,7 +18,7 @@ from mcsd_runtime.stop.expected_rate import Calibration, marginal_seconds, rate_
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from mcsd_runtime.tree import Tree
-from train.calibrate import ece_by_depth, expected_calibration_error, fit_calibration
+from train.stop.calibrate import ece_by_depth, expected_calibration_error, fit_calibration
 
 OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 

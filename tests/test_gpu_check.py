@@ -62,8 +62,8 @@ def test_the_gpu_plan_covers_what_the_check_must_run():
 
 def test_eval_takes_the_learned_decisions_that_finished(tmp_path):
     sizes = plan.SMOKE
-    assert plan.eval_methods(sizes, tmp_path) == ["ar", "hf", "static:1", "static:3",
-                                                  "heuristic", sizes.deploy]
+    assert plan.eval_methods(sizes, tmp_path) == ["ar", "hf", "hf-static", "static:1",
+                                                  "static:3", "heuristic", sizes.deploy]
     metrics = tmp_path / "stoppers" / "lightgbm" / "metrics.json"
     metrics.parent.mkdir(parents=True)
     metrics.write_text(json.dumps({"peers": {"heuristic": "heuristic:3",
@@ -73,7 +73,7 @@ def test_eval_takes_the_learned_decisions_that_finished(tmp_path):
         (tmp_path / "stages" / f"{name}.json").write_text('{"status": "done"}')
     (tmp_path / "stages" / "train-mlp.json").write_text('{"status": "failed"}')
     got = plan.eval_methods(sizes, tmp_path)
-    assert got[4:] == ["heuristic:3", "switch:2:0.4", f"stopper:{tmp_path}/stoppers/lightgbm",
+    assert got[5:] == ["heuristic:3", "switch:2:0.4", f"stopper:{tmp_path}/stoppers/lightgbm",
                        sizes.deploy, f"lookup-learned:{tmp_path}/copy-draft+static:1"]
 
 
@@ -159,7 +159,7 @@ def test_the_report_says_what_ran_and_what_failed(tmp_path):
     md = (tmp_path / "run" / "report.md").read_text()
     assert "| a | done |" in md and "| c | skipped (needs b) |" in md
     assert "### b: failed (exit 3)" in md and "b ran" in md
-    assert "generate() with a static cache and torch.compile" in md
+    assert "hf-assisted) cannot run a feature draft" in md
     out = tmp_path / "out"
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "outputs.tar.gz"}
     with tarfile.open(out / "outputs.tar.gz") as tar:

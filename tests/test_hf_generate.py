@@ -87,7 +87,7 @@ def lightgbm_stopper(tmp_path_factory):
     """A LightGBM stopper trained on a dense collection of `small_pair` (seconds)."""
     from test_train_data import dense_rows, small_pair
 
-    from train.pipeline import train_stopper
+    from train.stop.trainer import train_stopper
 
     folder = tmp_path_factory.mktemp("lightgbm")
     profile = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],

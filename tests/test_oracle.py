@@ -13,8 +13,8 @@ from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_outcome
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.tree import Tree
-from train import replay as R
-from train.replay.oracles import StepCosts, _plan_prompt
+import replay as R
+from replay.oracles import StepCosts, _plan_prompt
 
 K, MAX_NEW = (2, 1, 1), 7
 PROMPTS = [[3, 9, 4], [17, 2], [40, 41, 42, 43]]

@@ -16,10 +16,10 @@ from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.prompts.sets import Prompt
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from train import replay as R
-from train.config import TrainConfig
-from train.data import load_runs
-from train.pipeline import choose, fit, prepare
+import replay as R
+from train.stop.config import TrainConfig
+from replay.runs import load_runs
+from train.stop.pipeline import choose, fit, prepare
 
 EOS, K, MAX_NEW = 36, (2, 2, 1), 12  # this pair ends prompt 8's output in EOS at token 11 of 12
 CONFIG = TrainConfig(aggregations=("max",), decision_us=0.0, progress=False)
@@ -104,7 +104,7 @@ def test_replay_matches_the_decoder_per_prompt_when_outputs_end_in_eos(eos_pair,
 def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root):
     """`mcsd train --domains` replays another collection through the same lengths."""
     from mcsd_runtime.stop.learned import stopper_from
-    from train.domain_check import check_domain
+    from train.stop.domains import check_domain
 
     result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",
                           "heuristic", PROFILE, 0.0, peer="cumprod:0.7")

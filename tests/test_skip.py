@@ -93,7 +93,7 @@ def test_eval_names_a_switch_with_its_parameters():
 def test_skip_rates_stay_rates_when_break_even_is_high():
     """A break-even rate above 1/1.2 puts 1.2x of it above 1: the grid clips it to 1, which
     SkipGate accepts (a profile measured on a busy machine once made training fail)."""
-    from train import replay as R
+    import replay as R
 
     class Data:
         tree = Tree((1,))

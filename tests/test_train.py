@@ -17,9 +17,9 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.learned import check_pair, load_stopper
 from mcsd_runtime.tree import parse_k_config
-from train import replay as R
-from train.data import collected_k_config, prompt_groups, sequence_ids, split_prompts
-from train.labels import add_labels
+import replay as R
+from replay.runs import collected_k_config, prompt_groups, sequence_ids, split_prompts
+from train.stop.labels import add_labels
 
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
                       step_overhead_s=0.05)
@@ -54,7 +54,7 @@ def planted(rows: pd.DataFrame, shuffle: bool = False) -> pd.DataFrame:
 def artifacts(rows, tmp_path_factory):
     """One trained artifact per model kind (each fit takes seconds); mlp-hidden on `planted`
     hidden states."""
-    from train.pipeline import train_stopper
+    from train.stop.trainer import train_stopper
 
     out = {}
     with warnings.catch_warnings():
@@ -162,7 +162,7 @@ def test_a_stopper_trained_on_node_features_never_reads_the_runs_history(data, r
     """`features="node"`: the model and stopper.json hold the node features only, its scores do
     not move with the trajectory columns (those of the all-features model do), and replay still
     decodes as the decoder does."""
-    from train.pipeline import train_stopper
+    from train.stop.trainer import train_stopper
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -296,9 +296,9 @@ def test_artifact_round_trip_same_predictions(artifacts, rows):
     check_pair(stopper, small_pair())
     # the MLP: the reloaded artifact scores the held-out rows as the trained model did (its
     # test metrics, computed in training from the in-memory model, come out the same)
-    from train import report
-    from train.config import TrainConfig
-    from train.pipeline import prepare
+    from train.stop import report
+    from train.stop.config import TrainConfig
+    from train.stop.pipeline import prepare
 
     folder, summary = artifacts["mlp"]
     prep = prepare(rows, [{"pair": small_pair().fingerprint}],
@@ -383,7 +383,7 @@ def test_bench_refuses_a_stopper_trained_on_another_pair(artifacts, toy_tiny, ca
 def test_walk_trajectory_matches_a_full_depth_replay(rows, data):
     """Dense rows' trajectory features, recomputed for training, are those the decoder would see
     at the positions a full-depth walk visits (the stored ones follow the one-token dense walk)."""
-    from train.labels import walk_trajectory
+    from train.stop.labels import walk_trajectory
 
     seen = {}
 
@@ -430,7 +430,7 @@ def test_decision_cost_inside_the_decoder(artifacts):
             return go
 
     stopper = ThreeMicroseconds()
-    assert stopper.inner.decision  # trained on DECISION_FEATURES
+    assert stopper.inner.reads_decision_features  # trained on DECISION_FEATURES
     with pytest.MonkeyPatch.context() as m:
         m.setattr(dc, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
         cost = dc.decision_cost(stopper, 512, K_CONFIG, prompts=2, max_new_tokens=12)
@@ -495,7 +495,7 @@ def _hashes_by_split(df: pd.DataFrame, masks: dict) -> dict[str, set]:
 
 def test_two_runs_of_the_same_prompts_share_no_prompt_across_splits(rows, tmp_path):
     """Two collections of the same prompts: every prompt (by its hash) lies in one split."""
-    from train.pipeline import train_stopper
+    from train.stop.trainer import train_stopper
 
     two = pd.concat([rows, rows.assign(run_id="run1")], ignore_index=True)
     assert two["prompt_hash"].nunique() == N_PROMPTS
@@ -528,7 +528,7 @@ def test_rows_without_prompt_hash_split_by_run_and_prompt(rows):
 
 
 def test_sequence_ids_split_back_into_run_and_prompt():
-    from train.data import sequence_parts
+    from replay.runs import sequence_parts
 
     df = pd.DataFrame({"run_id": ["r1", "r2"], "prompt_id": ["json/decoder.py:12", "p0"]})
     keys = sequence_ids(df)

@@ -1,4 +1,4 @@
-"""TrainConfig's checks, each stage of `train.pipeline` on its own, and the MLP's Lightning
+"""TrainConfig's checks, each stage of `train.stop.pipeline` on its own, and the MLP's Lightning
 checkpoint round trip, on the small dense collection of test_train_data."""
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from mcsd_runtime.stop.learned import load_mlp, load_stopper
-from train.config import TrainConfig, default_label
-from train.pipeline import (
+from train.stop.config import TrainConfig, default_label
+from train.stop.pipeline import (
     PEER_GRID,
     choose,
     deploy_static,
     fit,
     prepare,
-    train_stopper,
     write,
 )
+from train.stop.trainer import train_stopper
 
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
                       step_overhead_s=0.05)
@@ -108,7 +108,8 @@ def test_train_stopper_checks_options_before_any_work(tmp_path):
 
 def test_cli_builds_the_config_and_reports_bad_options(tmp_path, capsys):
     from mcsd_runtime.cli import build_parser, run_parser
-    from train.cli import config_from_args, register
+    from train.cli import register
+    from train.stop.trainer import config_from_args
 
     parser = build_parser([register])
     args = parser.parse_args(["train", "--data", "x", "--out", "y"])
@@ -265,8 +266,8 @@ def test_mlp_checkpoint_round_trip(prep, tmp_path):
     """The best checkpoint reloads through DecisionModule.load_from_checkpoint: its
     hyperparameters rebuild the net, the state dict (normalization included) fills it, and it is
     the net fit_mlp returns and saves in the artifact format load_mlp reads."""
-    from train.lightning_module import DecisionModule
-    from train.models import MLP_LR, fit_mlp
+    from train.stop.lightning_module import DecisionModule
+    from train.stop.models import MLP_LR, fit_mlp
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -294,7 +295,7 @@ def test_mlp_checkpoint_round_trip(prep, tmp_path):
 
 def test_training_says_when_a_tuned_peer_beats_the_learned_stopper():
     """The note names the peer faster on validation, and stays silent when the learned wins."""
-    from train.pipeline import _warn_if_a_peer_wins, best_peer
+    from train.stop.pipeline import _warn_if_a_peer_wins, best_peer
 
     def results(learned: float) -> dict:
         return {"learned": {"throughput": learned}, "static:1": {"throughput": 9.0},
@@ -311,7 +312,7 @@ def test_training_says_when_a_tuned_peer_beats_the_learned_stopper():
 
 
 def test_the_end_to_end_check_decodes_where_the_profile_was_timed(monkeypatch):
-    from train.check import _profile_device
+    from replay.check import _profile_device
 
     profile = CostProfile(tokens=[1, 8], target_s=[1.0, 2.0], draft_s=[0.1, 0.2])
     assert _profile_device(profile) == "cpu"

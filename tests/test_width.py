@@ -30,8 +30,9 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
-from train.copy_length import target_traces
-from train.width import Ranked, WidthReplay, draft_ranks, fit, learned, oracle, static
+from collect.outputs import Ranked, draft_ranks, target_traces
+from replay.width import WidthReplay, learned, oracle, static
+from train.width.fit import fit
 
 IDENTITY = ([0.0, 1.0], [0.0, 1.0])  # calibration: the draft's probability is the hit chance
 

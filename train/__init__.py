@@ -1,8 +1,8 @@
 """train: decision models for early stopping, offline replay, stopper artifacts.
 
-    from train.data import load_runs, output_lengths
-    from train.pipeline import train_stopper
-    from train.replay import ReplayData, replay
+    from replay.runs import load_runs, output_lengths
+    from train.stop.pipeline import train_stopper
+    from replay import ReplayData, replay
 
     df, manifests = load_runs(["runs/toy-dense"])
     summary = train_stopper(df, manifests, "stoppers/lgbm", model="lightgbm", label="hard")

@@ -12,10 +12,13 @@ write its artifact folder. `--decision` picks which of the decoder's choices is 
          verifies, learned on the target's greedy outputs of --prompts; decode it as width:PATH
          on a --k-config whose first depth is the one it was trained for.
 
-Every decision needs a cost profile of the pair on this machine (`mcsd profile`) to price steps
-(the stopper without one replays relative costs); each option below says which decisions take
-it, and one that the decision does not take is refused. `mcsd train --decision D --help` shows
-D's own documentation.
+Every decision is trained by the same stages (`train.decision`): prepare the data, fit the
+model, choose its settings by replayed throughput, write the artifact folder (`decision.json`
+last, into a staging folder that replaces --out once complete), and with --check-prompts decode
+held-out prompts end to end beside the replay (check.json). Every decision needs a cost profile
+of the pair on this machine (`mcsd profile`) to price steps (the stopper without one replays
+relative costs); each option below says which decisions take it, and one that the decision
+does not take is refused. `mcsd train --decision D --help` shows D's own documentation.
 
     mcsd collect --target toy --prompts toy-code-collect --dense --k-config 1,1,1,1,1,1,1,1 \\
         --max-new-tokens 64 --out data/runs/dense
@@ -33,7 +36,6 @@ D's own documentation.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from mcsd_runtime.cli.args import (
@@ -52,13 +54,12 @@ from mcsd_runtime.cli.args import (
     add_seed_arg,
     add_temperature_arg,
     add_threads_arg,
-    apply_threads,
 )
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.extras import require_toolkit
 from mcsd_runtime.prompts.chat import add_chat_arg
-from train.config import LABEL_DOC, REPLAY_MODES, TRAJECTORIES, TrainConfig, default_label
+from replay.data import REPLAY_MODES
+from train.stop.config import LABEL_DOC, TRAJECTORIES, TrainConfig, default_label
 
 D = TrainConfig  # the defaults, read off its fields
 DECISIONS = ("stop", "copy", "width")
@@ -80,13 +81,14 @@ TAKES = {
     **dict.fromkeys(("runs", "model", "label", "val_frac", "test_frac", "aggregations", "replay",
                      "trajectory", "features", "decision_us", "batch_size", "online",
                      "max_epochs", "domains", "bench_latency"), ("stop",)),
-    "check_prompts": ("stop", "copy"),
     **dict.fromkeys(("target", "draft", "device", "dtype", "attention", "prompts",
                      "eval_prompts", "limit", "eval_limit", "max_new_tokens", "eos", "traces",
-                     "force", "chat", "k_config"), OUTPUTS),
+                     "chat", "k_config"), OUTPUTS),
     **dict.fromkeys(("max_copy", "min_ngram", "temperature", "folds"), ("copy",)),
 }
-PER_DECISION = {"check_prompts": {"stop": 8, "copy": 0}, "k_config": {"copy": None, "width": "4"}}
+PER_DECISION = {"k_config": {"copy": None, "width": "4"}}
+CHECK_PROMPTS = {"stop": 8}  # --check-prompts by default (the others: 0)
+RENAMED = {"train-lookup": "copy", "train-width": "width"}  # removed commands (docs/cli.md)
 _DEFAULTS: dict[str, object] = {}  # dest -> the option's own default (`add_args` records it)
 _OPTIONS: dict[str, str] = {}  # dest -> its option string
 
@@ -98,12 +100,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        add_help=False)
     add_args(p)
     p.set_defaults(func=run)
-    for old, decision in (("train-lookup", "copy"), ("train-width", "width")):
-        # renamed: hidden from the command list, forwarded with a note (docs/cli.md)
-        alias = sub.add_parser(old, description=__doc__, add_help=False,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-        add_args(alias)
-        alias.set_defaults(func=run, decision=decision, renamed=old)
+    for old, decision in RENAMED.items():  # hidden: they only say what replaced them
+        gone = sub.add_parser(old, add_help=False)
+        gone.add_argument("rest", nargs=argparse.REMAINDER)
+        gone.set_defaults(func=_removed, decision=decision, removed=old)
+
+
+def _removed(args: argparse.Namespace) -> int:
+    raise MCSDError(f"`mcsd {args.removed}` was removed: use `mcsd train --decision "
+                    f"{args.decision}` with the same options (docs/cli.md)")
 
 
 class _DecisionHelp(argparse.Action):
@@ -125,13 +130,16 @@ def decision_doc(decision: str) -> str:
     if decision == "stop":
         return STOP_DOC
     if decision == "copy":
-        from train import copy_cli, copy_length
+        from replay import copy as replay_copy
+        from train import copy
+        from train.copy import fit
 
-        return f"{copy_cli.__doc__}\n{copy_length.__doc__}"
+        return f"{copy.__doc__}\n{fit.__doc__}\n{replay_copy.__doc__}"
     from mcsd_runtime.stop import width as runtime_width
-    from train import width, width_cli
+    from replay import width as replay_width
+    from train import width
 
-    return f"{width_cli.__doc__}\n{runtime_width.__doc__}\n{width.__doc__}"
+    return f"{width.__doc__}\n{runtime_width.__doc__}\n{replay_width.__doc__}"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -143,6 +151,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decision", choices=DECISIONS, default=None,
                    help="the learned decision: stop (default), copy or width")
     add_out_arg(g, "artifact folder to write", required=True)
+    add_force_arg(g, "replace an existing --out folder")
     add_cost_profile_arg(g, "forward-latency profile JSON of this pair on this machine (`mcsd "
                             "profile`) that prices replayed steps; copy and width require one, "
                             "timing forwards of up to --max-copy + 1 (copy) or k + 1 (width) "
@@ -150,12 +159,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_seed_arg(g, "split and model seed; for copy also of sampled outputs and of the check's "
                     "decoding (default %(default)s)", default=D.seed)
     g.add_argument("--check-prompts", type=int, default=None, metavar="N",
-                   help="stop and copy: then decode held-out prompts end to end and report the "
-                        "replay's error against reality; stop: N test prompts with every static "
+                   help="then decode held-out prompts end to end and report the replay's error "
+                        "against reality (check.json); stop: N test prompts with every static "
                         "depth and the stopper (needs a measured --cost-profile and the "
-                        "collection's pair; default 8); copy: N held-out prompts per category "
-                        "of --eval-prompts with ar, static copy lengths and the policy (written "
-                        "to check.json; default 0); 0 skips")
+                        "collection's pair; default 8); copy and width: N held-out prompts per "
+                        "category of --eval-prompts with ar, the statics and the learned "
+                        "decision (default 0); 0 skips")
     add_renamed(g, "--check", "--check-prompts", "check_prompts", type=int)
     add_threads_arg(g)
 
@@ -203,7 +212,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "prompts (stopper.json `online_strength`; off by default: at parity end "
                         "to end on the real pair)")
     g.add_argument("--max-epochs", type=int, default=D.max_epochs,
-                   help="MLP epochs cap (default: train.config.MLP_EPOCHS)")
+                   help="MLP epochs cap (default: train.stop.config.MLP_EPOCHS)")
     g.add_argument("--domains", nargs="+", type=Path, default=[], metavar="RUN_DIR",
                    help="dense collections of other domains (never trained on): report the "
                         "stopper's calibration (ECE) and replayed speed on each against the "
@@ -234,7 +243,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="JSON cache of the target's outputs, shared by copy and width: reused "
                         "where it holds a prompt, extended where not (outputs of another "
                         "target, length, temperature or seed are refused)")
-    add_force_arg(g, "replace an existing --out folder")
     add_chat_arg(g)
 
     g = p.add_argument_group("--decision copy")
@@ -280,6 +288,8 @@ def resolve(args: argparse.Namespace) -> str:
                                 f"{' and '.join(takes)}, not of --decision {decision}")
         elif value is None:
             setattr(args, dest, PER_DECISION.get(dest, {}).get(decision, _DEFAULTS[dest]))
+    if args.check_prompts is None:
+        args.check_prompts = CHECK_PROMPTS.get(decision, 0)
     if decision != "stop":
         for option, value in (("--cost-profile", args.cost_profile), ("--prompts", args.prompts)):
             if value is None:
@@ -288,105 +298,22 @@ def resolve(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
+    from train.decision import train
 
-    if getattr(args, "renamed", None):
-        print(f"mcsd {args.renamed}: renamed: use mcsd train --decision {args.decision} (the old "
-              f"command goes in a later release)", file=sys.stderr)
     decision = resolve(args)
     if decision == "copy":
-        from train.copy_cli import run as run_copy
+        from train.copy import CopyTrainer
 
-        return run_copy(args)
+        return train(CopyTrainer(args), args.force)
     if decision == "width":
-        from train.width_cli import run as run_width
+        from train.width import WidthTrainer
 
-        return run_width(args)
-    return run_stop(args)
+        return train(WidthTrainer(args), args.force)
+    from train.stop.trainer import bench, from_args, quiet_training
 
-
-def run_stop(args: argparse.Namespace) -> int:
-    import warnings
-
-    require_toolkit("mcsd train")
-    apply_threads(args)
-    if not args.runs:
-        if not args.bench_latency:
-            raise MCSDError("--runs RUN_DIR is required (or --bench-latency with an "
-                            "existing --out)")
-        return _bench(args.out)
-    from mcsd_runtime.costmodel.profile import CostProfile
-    from train.data import load_runs
-    from train.pipeline import train_stopper
-
-    config = config_from_args(args)
-    profile = CostProfile.load(args.cost_profile) if args.cost_profile else None
-    df, manifests = load_runs(args.runs, hidden=config.hidden)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _quiet_lightning()
-        summary = train_stopper(df, manifests, args.out, config, profile=profile)
-    if args.domains:
-        _check_domains(args.domains, args.out, summary, profile)
-    print(f"stopper written to {args.out} (decision latency "
-          f"{summary['latency']['median_us']:.0f} µs at frontier 16)")
-    if args.bench_latency:
-        _bench(args.out)
-    return 0
-
-
-def _check_domains(run_dirs: list[Path], out: Path, summary: dict, profile) -> None:
-    """Add the stopper's figures on other domains to metrics.json, with their reliability plot."""
-    import json
-
-    from mcsd_runtime.costmodel.profile import CostProfile
-    from mcsd_runtime.stop.learned import load_stopper
-    from train import report
-    from train.domain_check import check_domains, format_domains
-
-    domains = check_domains(run_dirs, load_stopper(out), summary,
-                            profile or CostProfile.relative())
-    print(format_domains(domains))
-    summary["domains"] = domains
-    (out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-    curves = {"training (test prompts)": summary["calibration"]}
-    curves |= {f"{name} (ECE {d['ece']:.3f})": d["calibration"] for name, d in domains.items()}
-    report.plot_calibration(curves, "reliability of node scores by domain",
-                            out / "calibration_domains.png")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig of parsed `mcsd train` arguments of --decision stop (MCSDError when one
-    is invalid)."""
-    resolve(args)
-    from mcsd_runtime.cli.args import parse_batch_sizes
-
-    aggs = (None if args.aggregations is None
-            else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))
-    return TrainConfig(model=args.model, label=args.label or default_label(args.model),
-                       seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac,
-                       aggregations=aggs, replay_mode=args.replay, max_epochs=args.max_epochs,
-                       trajectory=args.trajectory, decision_us=args.decision_us,
-                       check_prompts=args.check_prompts, online=args.online,
-                       features=args.features,
-                       batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
-
-
-def _quiet_lightning() -> None:
-    import logging
-
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning",
-                 "lightning.pytorch.utilities.rank_zero"):  # hardware lines and tips
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _bench(out: Path) -> int:
-    from mcsd_runtime.costmodel.decision_cost import bench_latency
-    from mcsd_runtime.stop.learned import load_stopper
-
-    stopper = load_stopper(out)
-    size = stopper.spec.hidden_size if stopper.needs_hidden else None
-    rows = [bench_latency(stopper, n, hidden_size=size) for n in (4, 16, 64)]
-    print(json.dumps({"artifact": str(out), "kind": stopper.kind,
-                      "aggregation": stopper.aggregation, "latency": rows}, indent=1))
-    return 0
+    if not args.runs and args.bench_latency:
+        return bench(args.out)
+    trainer = from_args(args)
+    with quiet_training():
+        train(trainer, args.force)
+    return bench(args.out) if args.bench_latency else 0

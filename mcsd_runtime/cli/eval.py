@@ -5,6 +5,9 @@ a summary (CSV, JSON, Markdown), plots and a report.
 Methods (comma-separated; a k-config's commas are kept with its method):
   ar                     the target alone, autoregressive, through our decoder's loop
   hf                     the target's own generate(): an AR reference sharing no code with ours
+  hf-static[:MODE]       generate() on a static cache, its decode step compiled (MODE compile)
+                         or not (eager); by default compiled on CUDA only. Compiled, each new
+                         cache size gets one untimed generate() before the timed ones
   mcsd[:K]               static MCSD with k-config K (default --k-config)
   mcsd-target-init[:K]   the paper's target-initialized candidates (NOT lossless)
   static:S confidence:T entropy[:L[:G]] cumprod:T heuristic

@@ -1,5 +1,5 @@
-"""The rules of one decoder step (draft-initialized tree), as offline replay, the oracle's dynamic
-program, `train.labels.walk_trajectory` and the cost model count it. `MCSDDecoder` runs these
+"""The rules of one decoder step, as offline replay (`replay`: depth, copy length and width),
+the oracle's dynamic program, `train.stop.labels.walk_trajectory` and the cost model count it. `MCSDDecoder` runs these
 rules on real caches; the exact-replay tests check that both agree token for token.
 
 A step stopped at depth `s` of the tree (`s = 0`: it drafts nothing, as for the last token of an
@@ -64,3 +64,15 @@ def step_outcome(full_accepted: int, depth: int, pending: int = FIRST_PENDING,
     fed = bool(depth) if fed is None else fed
     after = (0 if fed else pending) + 1 + (1 if depth and accepted >= depth else 0)
     return StepOutcome(depth, accepted, committed, after)
+
+
+def copy_outcome(full_accepted: int, copied: int, pending: int,
+                 room: int | None = None) -> StepOutcome:
+    """A step that drafts nothing and verifies `copied` tokens of a prompt-lookup chain whose
+    first `full_accepted` tokens the target would accept (`copied` 0: the target decodes one
+    token alone): it accepts `min(full_accepted, copied)`, commits those and the target's bonus
+    token (clipped at `room`), and the draft, fed nothing, has every committed token pending
+    besides the ones it had."""
+    accepted = min(full_accepted, copied)
+    committed = accepted + 1 if room is None else min(accepted + 1, room)
+    return StepOutcome(0, accepted, committed, pending + committed)

@@ -1,5 +1,5 @@
-"""Evaluation methods by name (`ar`, `hf`, `mcsd:4,2,2,1`, `heuristic`, `stopper:PATH`,
-`lookup:8:3`, ...):
+"""Evaluation methods by name (`ar`, `hf`, `hf-static`, `mcsd:4,2,2,1`, `heuristic`,
+`stopper:PATH`, `lookup:8:3`, ...):
 splitting `--methods`, refusing a name that cannot run, the label each runs under, the tree
 the trained stoppers among them were trained on and the prompt format they were trained on, and
 what kind of method a name is."""
@@ -15,7 +15,15 @@ from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
 from mcsd_runtime.tree import parse_k_config
 
-SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-generate", "mcsd-target-init")  # no batches
+# no batches
+SINGLE_SEQUENCE = ("hf", "hf-assisted", "hf-static", "hf-generate", "mcsd-target-init")
+# `hf-static[:MODE]`: the target's generate() on a static cache, its decode step compiled
+# (MODE compile) or not (eager); without MODE, compiled on CUDA only (compiling on a CPU takes
+# minutes and is not what a CPU run measures)
+HF_STATIC = "hf-static"
+HF_STATIC_MODES = ("compile", "eager")
+# the target's own generate() without our decoder: references, not schedules
+HF_REFERENCES = ("hf", "hf-assisted", HF_STATIC)
 LOOKUP = "lookup"  # `lookup[:K[:N]][+STOPPER]`: prompt lookup, then STOPPER (none: the target)
 LOOKUP_DEFAULTS = (8, 3)  # K tokens at most, from matches of N..4 tokens
 # `lookup-learned:PATH[+STOPPER]`: a copy length from `mcsd train --decision copy`, then STOPPER
@@ -23,6 +31,25 @@ LEARNED_LOOKUP = "lookup-learned"
 # `width:PATH`, also after '+': the first depth, cut to the width `mcsd train --decision width`
 # chooses
 WIDTH = "width"
+
+
+def parse_hf_static(method: str) -> str | None:
+    """`hf-static[:MODE]` -> MODE (`auto` without one: compiled on CUDA, eager elsewhere); None
+    for another method; MCSDError for a MODE other than compile or eager."""
+    kind, colon, arg = method.partition(":")
+    if kind != HF_STATIC:
+        return None
+    if not colon:
+        return "auto"
+    if arg not in HF_STATIC_MODES:
+        raise MCSDError(f"method {method!r}: use hf-static (compiled on CUDA, eager elsewhere), "
+                        f"hf-static:compile or hf-static:eager")
+    return arg
+
+
+def is_hf_reference(method: str) -> bool:
+    """The target's own generate() (`hf`, `hf-assisted`, `hf-static[:MODE]`)."""
+    return method.partition(":")[0] in HF_REFERENCES
 
 
 def parse_learned_lookup(method: str) -> tuple[Path, str | None] | None:
@@ -92,7 +119,7 @@ def check_method(name: str) -> None:
     k-config, or a stopper spec that loading would refuse (`StopperSpec.check`: a built-in with
     bad parameters, a trained stopper folder whose `stopper.json` is bad)."""
     kind, _, arg = name.partition(":")
-    if name in ("ar", "hf", "hf-assisted"):
+    if name in ("ar", "hf", "hf-assisted") or parse_hf_static(name) is not None:
         return
     if (look := parse_lookup(name)) is not None:
         if look[2] is not None:
@@ -123,9 +150,9 @@ def check_method(name: str) -> None:
         parse_stopper_spec(arg if kind == "hf-generate" else name).check()
     except UnknownStopperError:
         raise MCSDError(
-            f"unknown method {name!r}: use ar, hf, mcsd[:K], mcsd-target-init[:K], hf-assisted, "
-            f"lookup[:K[:N]], lookup-learned:PATH, width:PATH, hf-generate:STOPPER, a stopper spec "
-            f"({', '.join(BUILTIN)}) or stopper:PATH"
+            f"unknown method {name!r}: use ar, hf, hf-static[:compile|eager], mcsd[:K], "
+            f"mcsd-target-init[:K], hf-assisted, lookup[:K[:N]], lookup-learned:PATH, width:PATH, "
+            f"hf-generate:STOPPER, a stopper spec ({', '.join(BUILTIN)}) or stopper:PATH"
         ) from None
     except MCSDError as err:
         raise MCSDError(f"method {name!r}: {err}") from None

@@ -1,12 +1,12 @@
 """`mcsd eval --drafts D1,D2,...`: the same methods with several drafts of one target, in one
 interleaved run per prompt set, so every method with every draft is paired with the same `ar`.
 
-Methods that use no draft (`ar`, `hf`) run once; every other runs once per draft, labelled
-`METHOD@DRAFT` (`mcsd:4,2,2,1@toy-draft:l2`). Beside each prompt set's usual report this writes
-`drafts.md` / `drafts.json`: per domain, draft and method, τ, the paired speedup over `ar` and,
-for `mcsd-target-init`, over lossless `mcsd` with the same draft, and the quality columns
-(target NLL per token against `ar`'s, agreement with `ar`, repeated 4-grams), with each draft's
-card (held-out loss, agreement with the target, cost ratio) where it has one. This is the
+Methods that use no draft (`ar`, `hf`, `hf-static`) run once; every other runs once per draft,
+labelled `METHOD@DRAFT` (`mcsd:4,2,2,1@toy-draft:l2`). Beside each prompt set's usual report
+this writes `drafts.md` / `drafts.json`: per domain, draft and method, τ, the paired speedup over
+`ar` and, for `mcsd-target-init`, over lossless `mcsd` with the same draft, and the quality
+columns (target NLL per token against `ar`'s, agreement with `ar`, repeated 4-grams), with each
+draft's card (held-out loss, agreement with the target, cost ratio) where it has one. This is the
 paper's comparison of target-initialized and lossless MCSD across draft models.
 """
 
@@ -22,7 +22,11 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate import quality
 from mcsd_runtime.models.pair import Pair
 
-DRAFT_FREE = ("ar", "hf")
+DRAFT_FREE = ("ar", "hf", "hf-static")  # by kind: `hf-static:eager` too
+
+
+def draft_free(method: str) -> bool:
+    return method.partition(":")[0] in DRAFT_FREE
 
 
 def split_drafts(spec: str) -> list[str]:
@@ -40,7 +44,7 @@ def labelled(methods: list[str], drafts: list[str]) -> list[tuple[str, str, str]
     pair, whose target they use), every other once per draft."""
     out = []
     for m in methods:
-        if m in DRAFT_FREE:
+        if draft_free(m):
             out.append((m, m, drafts[0]))
         else:
             out += [(f"{m}@{d}", m, d) for d in drafts]
@@ -133,7 +137,7 @@ def draft_rows(by_domain: dict[str, list], runs: list[tuple[str, str, str]],
             calls = sum(r.target_calls for r in recs)
             rows.append({
                 "domain": domain, "label": label, "method": method,
-                "draft": None if method in DRAFT_FREE else draft, "prompts": len(recs),
+                "draft": None if draft_free(method) else draft, "prompts": len(recs),
                 "tau": tau(sum(r.new_tokens for r in recs), calls) if calls else None,
                 "vs_ar": vs_ar["geomean"], "ci_vs_ar": [vs_ar["ci_low"], vs_ar["ci_high"]],
                 "lossless_twin": twin if twin in by else None,
@@ -245,4 +249,4 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
 
 def _reference_label(reference: str, drafts: list[str]) -> str:
     """`--reference` with --drafts: a draft-free method as is, another with the first draft."""
-    return reference if reference in DRAFT_FREE else f"{reference}@{drafts[0]}"
+    return reference if draft_free(reference) else f"{reference}@{drafts[0]}"

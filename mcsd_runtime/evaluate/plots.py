@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from mcsd_runtime import metrics
-from mcsd_runtime.evaluate.methods import short_name
+from mcsd_runtime.evaluate.methods import is_hf_reference, short_name
 from mcsd_runtime.evaluate.record import Record
 
 
@@ -40,7 +40,8 @@ def plot(records: list[Record], rows: list[dict], out: Path, title: str) -> list
     ax.set_xlabel("speedup vs AR: geometric mean of per-prompt ratios, 95% CI")
     save(fig, ax, "speedup.png")
 
-    methods = [r["method"] for r in rows if r["method"] not in ("ar", "hf", "hf-assisted")]
+    methods = [r["method"] for r in rows
+               if r["method"] != "ar" and not is_hf_reference(r["method"])]
     fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(methods)))
     data = [[metrics.tau(r.new_tokens, r.target_calls) for r in records if r.method == m]
             for m in methods]

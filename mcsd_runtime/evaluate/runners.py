@@ -1,6 +1,7 @@
 """Method runners: each turns a prompt's token ids into a `Record` (`.generate(ids)`, and for
 our decoders `.generate_batch(batch)`): our decoders (`ar`, `mcsd[:K]`, a stopper), the
-target's own `generate()` (`hf`, `hf-assisted`) and our decoder inside it (`hf-generate:S`).
+target's own `generate()` (`hf`, `hf-assisted`, `hf-static`) and our decoder inside it
+(`hf-generate:S`).
 `build_method` makes the runner of a method name."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mcsd_runtime.evaluate.methods import (
     WIDTH,
     check_method,
     lookup_tree,
+    parse_hf_static,
     parse_learned_lookup,
     parse_lookup,
 )
@@ -81,37 +83,82 @@ def clip_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
     return tokens
 
 
+def static_cache_kwargs(compiled: bool, device) -> dict:
+    """generate() arguments for a static cache, its one-token decode step compiled or not:
+    transformers compiles it on its own on CUDA (`compile_config` or its default, "reduce-overhead"
+    over the cache), and elsewhere only when told to."""
+    kwargs = {"cache_implementation": "static"}
+    if not compiled:
+        return kwargs | {"disable_compile": True}
+    if torch.device(device).type != "cuda":
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        config._compile_all_devices = True  # transformers' switch for compiling off CUDA
+        kwargs["compile_config"] = config
+    return kwargs
+
+
 class HFGenerate:
     """The target's own `generate()`, timed around the call, its forwards counted and timed with
-    hooks: alone (`hf`, an AR reference sharing no mask or cache code with our decoder) or with
-    the draft as its assistant (`hf-assisted`, whose drafted token count is unknown)."""
+    hooks: alone (`hf`, an AR reference sharing no mask or cache code with our decoder), with
+    the draft as its assistant (`hf-assisted`, whose drafted token count is unknown), or alone
+    on a static cache (`hf-static`; `compiled`: its decode step through torch.compile).
+
+    generate() sizes a static cache to the prompt plus `max_new_tokens`, or to the largest it
+    made for the model before if that is larger (transformers keeps it, to spare recompiles).
+    Compiled, the first call at a cache size compiles or records the step, so each new size gets
+    one untimed generate() first; and no hooks are put on the model (they would be traced into
+    the graph and re-traced each call): target calls are then generate()'s one forward per new
+    token, and forward time is not measured (0)."""
 
     lossless = True
 
-    def __init__(self, pair: Pair, config: DecodeConfig, assisted: bool = False) -> None:
+    def __init__(self, pair: Pair, config: DecodeConfig, assisted: bool = False,
+                 static: bool = False, compiled: bool = False) -> None:
         self.pair, self.config, self.assisted = pair, config, assisted
+        self.compiled = static and compiled
         self.models = {"target": pair.target} | ({"draft": pair.draft} if assisted else {})
+        self.cache_kwargs = static_cache_kwargs(compiled, pair.device) if static else {}
+        self.warmed: set[int] = set()  # static cache sizes compiled for
+
+    def _call(self, x: torch.Tensor) -> torch.Tensor:
+        pair, cfg = self.pair, self.config
+        kwargs = (hf_sampling_kwargs(cfg) | _eos_kwargs(cfg) | self.cache_kwargs
+                  | ({"assistant_model": pair.draft} if self.assisted else {}))
+        return pair.target.generate(x, attention_mask=torch.ones_like(x),
+                                    max_new_tokens=cfg.max_new_tokens,
+                                    pad_token_id=(pair.eos_token_ids or [0])[0], **kwargs)
+
+    def _warm_up(self, x: torch.Tensor) -> None:
+        """One untimed generate() at a static cache size not compiled for yet (the size
+        transformers will give it: the prompt and the new tokens less the last one, or the
+        largest it made before)."""
+        size = max(x.shape[1] + self.config.max_new_tokens - 1,
+                   getattr(self.pair.target, "_previous_max_cache_length", -1))
+        if size not in self.warmed:
+            self._call(x)
+            self.warmed.add(size)
 
     @torch.inference_mode()
     def generate(self, ids: list[int]) -> Record:
         pair, cfg = self.pair, self.config
         x = torch.tensor([ids], device=pair.device)
-        kwargs = hf_sampling_kwargs(cfg) | ({"assistant_model": pair.draft} if self.assisted
-                                            else {})
         eos = list(pair.eos_token_ids if cfg.eos_token_ids is None else cfg.eos_token_ids)
+        if self.compiled:
+            self._warm_up(x)
         torch.manual_seed(cfg.seed)
-        with ForwardMeter(self.models) as meter, _quiet_transformers(self.assisted):
+        with (ForwardMeter({} if self.compiled else self.models) as meter,
+              _quiet_transformers(self.assisted)):
             t0 = time.perf_counter()
-            out = pair.target.generate(x, attention_mask=torch.ones_like(x),
-                                       max_new_tokens=cfg.max_new_tokens,
-                                       pad_token_id=(pair.eos_token_ids or [0])[0],
-                                       **kwargs | _eos_kwargs(cfg))
+            out = self._call(x)
             wall = time.perf_counter() - t0
-        new = clip_at_eos(out[0, len(ids):].tolist(), eos)
+        generated = out[0, len(ids):].tolist()
+        new = clip_at_eos(generated, eos)
+        target_calls = len(generated) if self.compiled else meter.calls["target"]
         unknown = None if self.assisted else 0
-        return Record("", "", new, len(new), wall, meter.calls["target"],
-                      meter.calls.get("draft", 0), unknown, unknown, None, True, [],
-                      forward_time=meter.seconds)
+        return Record("", "", new, len(new), wall, target_calls, meter.calls.get("draft", 0),
+                      unknown, unknown, None, True, [], forward_time=meter.seconds)
 
 
 @contextlib.contextmanager
@@ -214,6 +261,14 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
                             "does not hand it the target's states: a feature draft cannot be its "
                             "assistant; drop hf-assisted or use a draft built without --features")
         return HFGenerate(pair, base, assisted=name == "hf-assisted")
+    if (mode := parse_hf_static(name)) is not None:
+        compiled = mode == "compile" or (mode == "auto" and
+                                         torch.device(pair.device).type == "cuda")
+        if compiled:
+            print(f"{name}: the target's decode step is compiled (torch.compile) over a static "
+                  f"cache; one untimed generate() at each new cache size comes before the timed "
+                  f"ones", flush=True)
+        return HFGenerate(pair, base, static=True, compiled=compiled)
     if kind == "hf-generate":
         return HFCustomGenerate(pair, replace(base, init="draft"), arg)
     stopper = make_stopper(name)

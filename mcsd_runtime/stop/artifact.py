@@ -11,7 +11,7 @@ reader owns the format. Fields, in file order:
     hidden_size       width of the hidden state (inputs "hidden"), else null
     aggregation       how node scores become one frontier score (mcsd_runtime.stop.aggregation)
     threshold         continue while the frontier score is >= it
-    label, label_definition   what the model was fitted to (train.config.LABEL_DOC)
+    label, label_definition   what the model was fitted to (train.stop.config.LABEL_DOC)
     pair_fingerprint  the model pair of the training collection (mcsd_runtime.models.pair)
     k_config          the tree it was trained on (null in artifacts older than the field)
     prompt_format     how its training prompts reached the model (mcsd_runtime.prompts.chat):

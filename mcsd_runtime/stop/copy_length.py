@@ -22,6 +22,7 @@ import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -90,6 +91,8 @@ def survival(booster, feats: list[float], n: int) -> np.ndarray:
 @dataclass
 class CopyLength:
     """The policy: a model of P(accepted >= i), the profiled step costs and the rate."""
+
+    decision: ClassVar[str] = "copy"  # a `mcsd_runtime.stop.decision.Decision`
 
     booster: object  # `.predict(x [rows, len(FEATURES)]) -> probabilities`
     costs: list[float]  # seconds of a step verifying k copied tokens, k = 0..max_copy

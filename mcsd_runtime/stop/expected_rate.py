@@ -2,7 +2,7 @@
 for the seconds it costs at a target rate.
 
 After drafting depth d, one more depth adds P(L > d) accepted tokens in expectation (the sum of
-the frontier's node probabilities of the hard label, `train.labels`) and costs `marginal
+the frontier's node probabilities of the hard label, `train.stop.labels`) and costs `marginal
 seconds` Δc_d: the draft forward of depth d's nodes plus verifying depth d+1's nodes, read from
 a cost profile. A stopper that drafts on while
 

@@ -135,6 +135,8 @@ def load_mlp(folder: Path) -> DecisionMLP:
 class LearnedStopper(SkipsDrafts, StopperBase):
     """Continue while the aggregated node score of the frontier is >= `threshold`."""
 
+    decision = "stop"  # a `mcsd_runtime.stop.decision.Decision`
+
     def __init__(self, spec: ArtifactSpec, model: Any, model_file: Path | None = None) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
         # the same model's scores on the decoder's device (`device_continue`)
@@ -156,9 +158,20 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         self.needs_hidden = spec.kind == "mlp-hidden"
         # trained on DECISION_FEATURES or some of them: read the frontier's cheap host features
         # (rows of every DECISION_FEATURES column) and give the model its `columns`
-        self.decision = not self.needs_hidden and decision_subset(spec.feature_names)
-        self.columns = (None if not self.decision or spec.feature_names == DECISION_FEATURES
+        cheap = self.reads_decision_features = (not self.needs_hidden
+                                                and decision_subset(spec.feature_names))
+        self.columns = (None if not cheap or spec.feature_names == DECISION_FEATURES
                         else np.array([DECISION_FEATURES.index(n) for n in spec.feature_names]))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> LearnedStopper:
+        """The stopper `mcsd train --decision stop` wrote to `folder` (`load_stopper`)."""
+        return load_stopper(folder)
+
+    @property
+    def temperature(self) -> float:
+        """The hottest temperature of the collections it was trained on (0: greedy)."""
+        return max(training_temperatures(self.spec), default=0.0)
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         """Refuse a decoder tree other than the one this stopper was trained on. An artifact
@@ -199,7 +212,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
     def _inputs(self, frontier: Frontier) -> tuple[Any, np.ndarray]:
         """The model's input rows for `frontier`'s nodes and the features the aggregation reads
         (the same array unless the model reads hidden states)."""
-        if self.decision:
+        if self.reads_decision_features:
             feats = frontier.decision_features()
         else:
             feats = frontier.features()
@@ -219,7 +232,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
             x = torch.cat([torch.as_tensor(x) for x, _ in inputs])
         else:
             x = np.concatenate([x for x, _ in inputs])
-        if self.decision and self.kind == "lightgbm":
+        if self.reads_decision_features and self.kind == "lightgbm":
             scores = self.model.predict(self._model_columns(x))
         else:
             scores = self.node_scores(x)

@@ -31,6 +31,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -43,6 +44,8 @@ METHOD = "width"  # `width:PATH`: depth 1 of --k-config, verifying the width PAT
 @dataclass
 class WidthPolicy:
     """Chooses a drafted step's width from the draft's top-k probabilities (module docstring)."""
+
+    decision: ClassVar[str] = "width"  # a `mcsd_runtime.stop.decision.Decision`
 
     k: int
     calibration: list[tuple[list[float], list[float]]]  # per rank: (q knots, P(hit) there)

@@ -1,7 +1,7 @@
 """Replay against a finished `mcsd eval`, prompt by prompt: does the cost model rank methods as
 the decoder does?
 
-`python -m train.replay_vs_eval --runs DIR... --eval EVAL... --cost-profile cost.json`
+`python -m replay.vs_eval --runs DIR... --eval EVAL... --cost-profile cost.json`
 replays every method of the evaluation (AR, static depths, built-in and trained stoppers) on
 dense collections of the same prompts (`mcsd collect --dense` on the sets and seeds the
 evaluation drew) and compares, per prompt, each method's speed relative to a base method
@@ -55,7 +55,7 @@ def eval_records(folder: Path) -> dict[str, dict[str, dict[str, float]]]:
 
 def replay_method(spec: str):
     """The stopper replay runs for an eval method name, with its charged decision seconds."""
-    from train.replay import NeverDraft
+    from replay import NeverDraft
 
     if spec == "ar":
         return NeverDraft(), 0.0
@@ -84,9 +84,9 @@ def replayed(collections: list[str], profile, methods: list[str], trees: set[str
              ) -> dict[str, dict[str, float]]:
     """prompt id -> method -> replayed tokens/s on the dense collections (which must have
     been collected on the evaluations' tree, `trees`)."""
+    import replay as R
     from mcsd_runtime.tree import k_text
-    from train import replay as R
-    from train.data import collected_k_config, load_runs, output_lengths
+    from replay.runs import collected_k_config, load_runs, output_lengths
 
     df, manifests = load_runs(collections)
     k_config = collected_k_config(manifests)
@@ -155,7 +155,7 @@ def table(result: dict[str, dict], base: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from mcsd_runtime.cli.args import add_cost_profile_arg, add_out_arg, add_runs_arg
 
-    p = argparse.ArgumentParser(prog="python -m train.replay_vs_eval", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m replay.vs_eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_runs_arg(p, "dense collection folders of the evaluation's prompts (mcsd collect "
                     "--dense, same sets, --limit and --seed as the evaluation); required",

@@ -1,5 +1,5 @@
 """`DecisionModule`: the LightningModule that trains mcsd_runtime's DecisionMLP
-(`train.models.fit_mlp`). A module of its own: lightning takes seconds to import, and LightGBM
+(`train.stop.models.fit_mlp`). A module of its own: lightning takes seconds to import, and LightGBM
 runs do not need it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mcsd_runtime.stop.learned import DecisionMLP
-from train.config import MLP_HIDDEN, MLP_LR, MLP_WEIGHT_DECAY
+from train.stop.config import MLP_HIDDEN, MLP_LR, MLP_WEIGHT_DECAY
 
 
 class DecisionModule(L.LightningModule):

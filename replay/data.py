@@ -18,11 +18,12 @@ from mcsd_runtime.stop.features import (
     with_trajectory,
 )
 from mcsd_runtime.tree import KConfig, Tree, parse_k_config
-from train.config import REPLAY_MODES
-from train.data import SEQUENCE_KEY, sequence_ids
+from replay.runs import SEQUENCE_KEY, sequence_ids
 
 NODE_COLS = list(NODE_FEATURES)
 NO_NODES = np.zeros((0, len(NODE_FEATURES)), dtype=np.float32)  # a step before it drafts
+
+REPLAY_MODES = ("auto", "exact", "estimate")  # auto: exact on dense greedy runs, else estimate
 
 
 @dataclass
@@ -81,7 +82,7 @@ class _Frontier:
 class ReplayData:
     """Full-depth rows arranged by prompt and step, ready to replay.
 
-    `new_tokens`: sequence id -> the decoder's output length (`train.data.output_lengths`).
+    `new_tokens`: sequence id -> the decoder's output length (`replay.runs.output_lengths`).
     A sequence missing from it gets a guess from its last step, which cannot tell an output
     ending in EOS one token before the budget from one the budget ended."""
 

@@ -42,8 +42,8 @@ from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import Trajectory
 from mcsd_runtime.tree import Tree
-from train.replay.data import NO_NODES, Prompt, ReplayData, Step, _Frontier
-from train.replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
+from replay.data import NO_NODES, Prompt, ReplayData, Step, _Frontier
+from replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
 
 
 @dataclass

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import replay as R
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.stop.features import DECISION_FEATURES
-from train import labels as L
-from train import replay as R
-from train import report
-from train.calibrate import expected_calibration_error
-from train.data import load_runs, output_lengths
+from replay.runs import load_runs, output_lengths
+from train.stop import labels as L
+from train.stop import report
+from train.stop.calibrate import expected_calibration_error
 
 METRIC = "throughput"
 

@@ -1,5 +1,5 @@
-"""The decision models: LightGBM (native API) and MLPs (`train.lightning_module.DecisionModule`
-and a Trainer); their hyper-parameters live in `train.config`.
+"""The decision models: LightGBM (native API) and MLPs (`train.stop.lightning_module.DecisionModule`
+and a Trainer); their hyper-parameters live in `train.stop.config`.
 
 Each `fit_*` returns an object whose `save(folder)` writes the artifact's model files in the form
 `mcsd_runtime.stop.learned` reads back.
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mcsd_runtime.stop.features import DECISION_FEATURES
-from train.config import (
+from train.stop.config import (
     LGBM_PARAMS,
     LGBM_PATIENCE,
     LGBM_ROUNDS,
@@ -98,7 +98,7 @@ def fit_mlp(x_train, y_train, x_val, y_val, out: Path, hidden: tuple[int, ...] =
     from torch.utils.data import DataLoader, TensorDataset
 
     from mcsd_runtime.progress import lightning_progress
-    from train.lightning_module import DecisionModule
+    from train.stop.lightning_module import DecisionModule
 
     L.seed_everything(seed, verbose=False)
     x_train = torch.from_numpy(np.asarray(x_train, np.float32))

@@ -14,8 +14,8 @@ from mcsd_runtime.stop.contract import StopperBase
 from mcsd_runtime.stop.expected_rate import Calibration, rate_thresholds
 from mcsd_runtime.stop.learned import LearnedStopper
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, break_even_rate
-from train.replay.data import ReplayData, _Frontier
-from train.replay.engine import ReplayResult, replay
+from replay.data import ReplayData, _Frontier
+from replay.depth import ReplayResult, replay
 
 
 class MemoStopper(LearnedStopper):

@@ -23,7 +23,7 @@ import pandas as pd
 
 from mcsd_runtime.costmodel.step_model import step_outcome
 from mcsd_runtime.stop.features import TRAJECTORY_FEATURES, Trajectory
-from train.data import SEQUENCE_KEY, sequence_ids
+from replay.runs import SEQUENCE_KEY, sequence_ids
 
 DEPTH = "depth"  # the node-feature column
 _KEY = [*SEQUENCE_KEY, "step"]

@@ -1,12 +1,12 @@
-"""`train_stopper`: rows -> labels -> grouped split -> model -> metrics -> replay-chosen threshold
-and aggregation -> artifact folder. The CLI (`mcsd train`) is a thin layer over this.
-
-It runs four stages, each callable alone:
+"""The depth stopper's stages: rows -> labels -> grouped split -> model -> metrics ->
+replay-chosen threshold and aggregation -> artifact folder -> end-to-end check.
+`train.stop.trainer.StopTrainer` runs them as `train.decision` runs every decision's:
 
     prep = prepare(df, manifests, config)             # labels, trajectory, split, arrays
     fitted = fit(prep, config, out)                   # model files in `out`, node-level metrics
     choice = choose(prep, manifests, out, config)     # latency, replay sweep, peers, headline
     summary = write(prep, fitted, choice, manifests, out, config)  # plots, metrics, stopper.json
+    checks = replay_checks(choice, final, manifests, config, summary)  # decoded end to end
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+import replay as R
 from mcsd_runtime.costmodel.decision_cost import bench_latency
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
@@ -31,12 +32,7 @@ from mcsd_runtime.stop.expected_rate import Calibration
 from mcsd_runtime.stop.features import SCHEMA_VERSION
 from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE
-from train import labels as L
-from train import replay as R
-from train import report
-from train.calibrate import ece_by_depth, fit_calibration
-from train.config import LABEL_DOC, TrainConfig
-from train.data import (
+from replay.runs import (
     check_rows,
     collected_k_config,
     collected_prompt_format,
@@ -46,9 +42,13 @@ from train.data import (
     sequence_ids,
     split_prompts,
 )
+from train.stop import labels as L
+from train.stop import report
+from train.stop.calibrate import ece_by_depth, fit_calibration
+from train.stop.config import LABEL_DOC, TrainConfig
 
 if TYPE_CHECKING:
-    from train.models import LightGBMModel, MLPModel
+    from train.stop.models import LightGBMModel, MLPModel
 
 PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "cumprod": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
@@ -153,14 +153,14 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
     if config.model == "lightgbm":
         import torch
 
-        from train.models import fit_lightgbm
+        from train.stop.models import fit_lightgbm
 
         model = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=config.label == "soft",
                              seed=config.seed, threads=torch.get_num_threads(),
                              progress=config.progress, names=config.feature_names)
     else:
-        from train.config import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN
-        from train.models import fit_mlp
+        from train.stop.config import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN
+        from train.stop.models import fit_mlp
 
         model = fit_mlp(x_tr, y_tr, x_va, y_va, out,
                         hidden=HIDDEN_MLP_HIDDEN if config.hidden else MLP_HIDDEN,
@@ -475,7 +475,7 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     return choice
 
 
-def _check_batch_sizes(config: TrainConfig, profile: CostProfile | None) -> None:
+def check_batch_sizes(config: TrainConfig, profile: CostProfile | None) -> None:
     """Refuse batch sizes above 1 without a profile measured at them, before any work."""
     if config.batch_sizes[-1] == 1:
         return
@@ -612,18 +612,16 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
                        "prompts": {k: sorted(v) for k, v in choice.sequences.items()}},
         created=datetime.now(UTC).isoformat(timespec="seconds"))
     spec.write(out)
-    final = load_stopper(out)  # the final artifact must load
-    if config.check_prompts and choice.measured and not config.hidden:
-        _replay_checks(choice, final, manifests, config, summary, log)
-        _write_json(out / "metrics.json", summary)
+    load_stopper(out)  # the final artifact must load
     return summary
 
 
-def _replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
-                   config: TrainConfig, summary: dict, log: Log) -> None:
+def replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
+                  config: TrainConfig, summary: dict, log: Log = print) -> None:
     """The end-to-end check of replay against decoding (config.check_prompts test prompts) at
     batch size 1 and each larger one, into `summary`."""
-    from train.check import end_to_end_check, format_check
+    from replay.check import format_check
+    from replay.check import stopper_check as end_to_end_check
 
     data, profile = choice.data, choice.profile
     stoppers: dict[str, Any] = {f"static:{d}": f"static:{d}" for d in range(1, data.depth + 1)}
@@ -641,20 +639,3 @@ def _replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
                                  decision_row_s={"learned": row_s}, progress=config.progress)
         log(format_check(check))
         summary["batches"][str(b)]["replay_check"] = check
-
-
-# ------------------------------------------------------------------ all four
-def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
-                  config: TrainConfig | None = None, *, profile: CostProfile | None = None,
-                  log: Log = print, **options: Any) -> dict:
-    """Train one stopper and write its artifact folder; returns the summary (also metrics.json).
-
-    `config`, or TrainConfig's fields as keywords (`model="mlp", label="soft"`: they override
-    `config`'s). `profile`: a measured cost profile (seconds); None replays relative costs."""
-    config = replace(config, **options) if config else TrainConfig(**options)
-    _check_batch_sizes(config, profile)
-    started = time.perf_counter()
-    prep = prepare(df, manifests, config, log)
-    fitted = fit(prep, config, out, log)
-    choice = choose(prep, manifests, out, config, profile, log)
-    return write(prep, fitted, choice, manifests, out, config, log, started)

@@ -10,21 +10,21 @@ from dataclasses import dataclass
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import parse_feature_set
+from replay.data import REPLAY_MODES
 
 LABEL_DOC = {
     "hard": "on_accepted_path and accepted_length > depth (the node is accepted and so is one of "
             "its children)",
     "soft": "product of min(1, p/q) along the path to the node times the best child's min(1, p/q)",
 }
-# the models' hyper-parameters (train.models, train.lightning_module)
+# the models' hyper-parameters (train.stop.models, train.stop.lightning_module)
 LGBM_PARAMS = dict(learning_rate=0.1, num_leaves=31, max_depth=6, min_data_in_leaf=40,
                    feature_fraction=0.9, bagging_fraction=0.9, bagging_freq=1, lambda_l2=1.0,
                    verbose=-1, num_threads=2)
 LGBM_ROUNDS, LGBM_PATIENCE = 300, 30
 MLP_HIDDEN, HIDDEN_MLP_HIDDEN = (64, 64), (512, 256)  # the latter: the paper's decision model
 MLP_EPOCHS, MLP_PATIENCE, MLP_BATCH, MLP_LR, MLP_WEIGHT_DECAY = 40, 4, 512, 1e-3, 1e-4
-REPLAY_MODES = ("auto", "exact", "estimate")  # auto: exact on dense greedy runs, else estimate
-TRAJECTORIES = ("walk", "stored")  # see train.labels.walk_trajectory
+TRAJECTORIES = ("walk", "stored")  # see train.stop.labels.walk_trajectory
 
 
 def default_label(model: str) -> str:
@@ -34,7 +34,7 @@ def default_label(model: str) -> str:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Options of `train.pipeline.train_stopper`; checked on construction (MCSDError)."""
+    """Options of `train.stop.pipeline.train_stopper`; checked on construction (MCSDError)."""
 
     model: str = "lightgbm"  # one of STOPPER_KINDS
     label: str = "hard"  # a key of LABEL_DOC
@@ -46,7 +46,7 @@ class TrainConfig:
     max_epochs: int | None = None  # MLP epochs cap; None: MLP_EPOCHS
     trajectory: str = "walk"  # one of TRAJECTORIES
     decision_us: float | None = None  # µs charged per decision; None: benchmarked
-    check_prompts: int = 0  # test prompts decoded end to end (train.check); 0 skips
+    check_prompts: int = 0  # test prompts decoded end to end (replay.check); 0 skips
     # batch sizes to choose settings for (stopper.json's `batch` table): 1 is the top level,
     # each size above 1 an entry chosen by batched replay (needs a profile measured there)
     batch_sizes: tuple[int, ...] = (1,)

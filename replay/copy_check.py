@@ -24,7 +24,7 @@ from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.state import DecodeConfig
 from mcsd_runtime.progress import progress as progress_bar
 from mcsd_runtime.stop.copy_length import CopyLength
-from train.copy_length import BESIDE, Replay, Trace, copy_all, never
+from train.copy.fit import BESIDE, Replay, Trace, copy_all, never
 
 LEARNED = "learned"
 

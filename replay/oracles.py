@@ -7,7 +7,7 @@
   (the spec `oracle-accepted`);
 - `StepLookahead`: above batch size 1, each batch step's depth (1 or more) chosen in hindsight
   for that step alone, a schedule and so a lower bound on the optimum (its rate is fitted by
-  `train.replay.engine.lookahead_schedule`, the spec `oracle` there);
+  `replay.depth.lookahead_schedule`, the spec `oracle` there);
 - `oracle_bound`: an upper bound on every schedule at a batch size.
 """
 
@@ -26,7 +26,7 @@ from mcsd_runtime.costmodel.step_model import (
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.contract import StopperBase
 from mcsd_runtime.tree import Tree
-from train.replay.data import Prompt, ReplayData, _Frontier
+from replay.data import Prompt, ReplayData, _Frontier
 
 
 class AcceptedOracle(StopperBase):

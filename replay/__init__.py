@@ -1,31 +1,31 @@
 """Offline replay: what any stopper would have done, from full-depth collected rows.
 
-- `train.replay.data`: the rows arranged by prompt and step (`ReplayData`, `Prompt`, `Step`) and
+- `replay.data`: the rows arranged by prompt and step (`ReplayData`, `Prompt`, `Step`) and
   the frontier a stopper sees there;
-- `train.replay.engine`: `replay`, a stopper over every prompt, one sequence or a batch at a
+- `replay.depth`: `replay`, a stopper over every prompt, one sequence or a batch at a
   time, into a `ReplayResult`;
-- `train.replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
+- `replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
   `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
-- `train.replay.sweeps`: the learned stopper over a grid of settings, scores cached
+- `replay.sweeps`: the learned stopper over a grid of settings, scores cached
   (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `sweep_online`, `replay_setting`), the
   expected-throughput rule (`sweep_rates`), the tuned
   `switch` peer (`tune_switch`), and `baselines`.
 
-    from train import replay as R
+    import replay as R
     data = R.ReplayData(df, new_tokens=output_lengths(manifests))
     R.replay(data, "static:3").throughput, R.replay(data, "oracle").throughput
 """
 
-from train.replay.data import Prompt, ReplayData, Step
-from train.replay.engine import ReplayResult, lookahead_schedule, replay
-from train.replay.oracles import (
+from replay.data import Prompt, ReplayData, Step
+from replay.depth import ReplayResult, lookahead_schedule, replay
+from replay.oracles import (
     AcceptedOracle,
     PlanStopper,
     StepLookahead,
     optimal_plan,
     oracle_bound,
 )
-from train.replay.sweeps import (
+from replay.sweeps import (
     GATES,
     MIN_DEPTHS,
     ONLINE_STRENGTHS,

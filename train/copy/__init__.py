@@ -1,0 +1,256 @@
+"""`mcsd train --decision copy`: a learned prompt-lookup copy length (`lookup-learned:PATH`),
+trained on the target's outputs of training prompts (greedy, or sampled at --temperature), its
+replayed speed reported by category, on the training prompts and on held-out ones, against
+static copy lengths and the hindsight oracle; with --check-prompts, the replay checked against
+end-to-end decoding of held-out prompts. With --k-config, it learns to copy or draft
+(`lookup-learned:PATH+static:1`) against `lookup:K:N+static:1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcsd_runtime.errors import MCSDError
+from replay.copy import BESIDE, Replay, copy_all, draft_step_costs, never, step_costs
+from train.copy.fit import fit, out_of_fold
+from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
+
+STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
+DEPLOY = (8, 3)  # the default `lookup` method
+VERIFY = "mcss"  # the decoder's default sampling verifier, which sampled drafted steps replay
+CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check-prompts
+
+
+@dataclass
+class Fitted:
+    policy: object  # CopyLength
+    text: str  # the LightGBM model file
+    facts: dict
+
+
+class CopyTrainer:
+    """`train.decision.Trainer` of the copy length."""
+
+    decision = "copy"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from mcsd_runtime.extras import require_toolkit
+
+        require_toolkit("mcsd train --decision copy", "lightgbm")
+        if args.min_ngram is None:
+            args.min_ngram = 1 if args.k_config is None else 2
+        check_counts(args, "max_copy", "min_ngram")
+        if args.temperature < 0 or args.check_prompts < 0 or args.folds < 0 or args.folds == 1:
+            raise MCSDError("--temperature, --check-prompts and --folds must be >= 0 (0: greedy; "
+                            "no check; no out-of-fold replay) and --folds not 1")
+        if args.check_prompts and not args.eval_prompts:
+            raise MCSDError("--check-prompts decodes held-out prompts: name them with "
+                            "--eval-prompts")
+        if args.min_ngram > 4:
+            raise MCSDError("--min-ngram: matches are of 1..4 tokens; use 4 at most")
+        self.args, self.out = args, args.out
+        self.tree = None
+        if args.k_config is not None:
+            from mcsd_runtime.tree import Tree, parse_k_config
+
+            self.tree = Tree(parse_k_config(args.k_config))
+
+    def prepare(self) -> Outputs:
+        from collect.outputs import draft_hits
+
+        a, tree = self.args, self.tree
+        profile = load_profile(a, a.max_copy + 1, f"copying {a.max_copy} verifies "
+                               f"{a.max_copy + 1} (or lower --max-copy)", a.temperature)
+        self.costs = step_costs(profile, a.max_copy)
+        self.draft_costs = (None if tree is None
+                            else draft_step_costs(profile, tree, a.max_copy + 2))
+
+        def drafted(pair) -> dict | None:  # sampled beside a draft: through its first depth
+            if tree is None or a.temperature <= 0:
+                return None
+            return {"draft": str(pair.draft_name), "width": tree.sizes[0], "verify": VERIFY}
+
+        data = prepare_outputs(a, profile, a.temperature, drafted)
+        if tree is not None and drafted(data.pair) is None:
+            data.traces = {name: draft_hits(data.pair, outs, tree.sizes[0],
+                                            desc=f"draft candidates: {name}")
+                           for name, outs in data.traces.items()}
+        train = data.training()
+        print(f"training on {len(train)} outputs ({sum(len(t.tokens) for t in train)} tokens)",
+              flush=True)
+        return data
+
+    def fit(self, data: Outputs, folder: Path) -> Fitted:
+        policy, text, facts = fit(data.training(), self.costs, self.args.min_ngram,
+                                  seed=self.args.seed, draft_costs=self.draft_costs)
+        policy.temperature, policy.draft_tree = self.args.temperature, self.args.k_config
+        return Fitted(policy, text, facts)
+
+    def choose(self, data: Outputs, fitted: Fitted) -> dict:
+        """The policy chooses by its tuned rate; this replays it (the report)."""
+        policy, a = fitted.policy, self.args
+        speeds = {name: replay_speeds(policy, self.costs, outs)
+                  for name, outs in data.traces.items()}
+        report = replay_report(policy, speeds, set(data.train_domains))
+        train = data.training()
+        mix = mix_report(policy, self.costs, train, [speeds[n] for n in data.train_domains],
+                         min(a.folds, len(train)), a.seed)
+        print_report(report, policy.rate, mix)
+        return {"report": report, "training_mix": mix}
+
+    def write(self, data: Outputs, fitted: Fitted, chosen: dict, folder: Path) -> str:
+        a = self.args
+        fitted.policy.save(folder, fitted.text, {
+            "training": fitted.facts, "prompts": a.prompts, "target": a.target,
+            "profile": str(a.cost_profile), "max_new_tokens": a.max_new_tokens, **chosen})
+        if self.tree is None:
+            return f"mcsd eval --methods lookup-learned:{self.out}"
+        return f"mcsd eval --methods lookup-learned:{self.out}+{BESIDE} --k-config {a.k_config}"
+
+    def check(self, data: Outputs, chosen: dict) -> dict | None:
+        if not self.args.check_prompts:
+            return None
+        from mcsd_runtime.stop.copy_length import CopyLength
+        from replay.check import capped, copy_check, format_check
+
+        policy = CopyLength.load(self.out)
+        statics = capped([f"lookup:{DEPLOY[0]}:{DEPLOY[1]}", *CHECK_STATICS], policy.max_copy,
+                         BESIDE if self.tree is not None else None)
+        check = copy_check(data.pair, policy, {n: data.traces[n] for n in data.eval_domains},
+                           statics, self.args.check_prompts, self.args.seed, progress=True,
+                           tree=None if self.tree is None else self.tree.k_config,
+                           profile=data.profile)
+        print(format_check(check))
+        return check
+
+
+def replay_speeds(policy, costs: list[float], outs: list) -> dict[str, list[float]]:
+    """Per output, the replayed speed over AR of the policy (`learned`), of each static
+    `lookup:K:N` (composed with `static:1` when the policy was trained beside a draft) and of
+    the hindsight oracle; beside a draft also of the draft alone (`draft`) and of the oracle
+    over the policy's own choices (`oracle_choices`: copy or draft, never the target alone)."""
+    top, beside = policy.max_copy, policy.draft_costs
+    walk = {"draft_costs": beside, "prior": policy.draft_prior}
+    learned = [Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in outs]
+    speeds = {"learned": [r.speedup(policy.choose, costs, **walk) for r in learned],
+              "oracle": [r.oracle_speedup(costs, beside) for r in learned]}
+    for k, n in sorted({(min(k, top), n) for k, n in STATIC_GRID}):  # none copies more than it
+        speeds[_static(k, n, beside)] = [Replay(t, k, n, 4).speedup(
+            copy_all(k), costs[: k + 1], **walk) for t in outs]
+    if beside is not None:
+        speeds["draft"] = [r.speedup(never, costs, **walk) for r in learned]
+        speeds["oracle_choices"] = [r.oracle_speedup(costs, beside, alone=False)
+                                    for r in learned]
+    return speeds
+
+
+def _static(k: int, n: int, beside) -> str:
+    return f"lookup:{k}:{n}" + (f"+{BESIDE}" if beside is not None else "")
+
+
+def replay_report(policy, speeds: dict[str, dict[str, list[float]]],
+                  trained: set[str]) -> list[dict]:
+    """Per domain, from its `replay_speeds`: geometric means over AR; the policy's paired
+    speedup over the deploy static and the domain's best static; the share of the oracle's
+    gain over the deploy static it takes."""
+    from mcsd_runtime.metrics import paired_speedup
+
+    deploy = _static(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
+    rows = []
+    for name, sp in speeds.items():
+        gms = {m: _geomean(v) for m, v in sp.items() if m.startswith("lookup:")}
+        best = max(gms, key=gms.get)
+        ours, oracle = _geomean(sp["learned"]), _geomean(sp["oracle"])
+        row = {"domain": name, "trained": name in trained, "prompts": len(sp["learned"]),
+               "learned_vs_ar": ours, "best_static": best, "best_static_vs_ar": gms[best],
+               "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
+               "oracle_share": _share(ours, gms[deploy], oracle),
+               "vs_deploy": paired_speedup(sp["learned"], sp[deploy]),
+               "vs_best_static": paired_speedup(sp["learned"], sp[best])}
+        if "draft" in sp:
+            row["draft_vs_ar"] = _geomean(sp["draft"])
+            row["oracle_choices_vs_ar"] = _geomean(sp["oracle_choices"])
+            row["oracle_choices_share"] = _share(ours, gms[deploy], row["oracle_choices_vs_ar"])
+        rows.append(row)
+    return rows
+
+
+def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, list[float]]],
+               folds: int, seed: int) -> dict:
+    """The training mix pooled (geometric means over its outputs, from the training domains'
+    `replay_speeds`): the policy, the deploy static and the oracle over AR, the policy's share
+    of the oracle's gain, and with `folds` the same for the policy out of fold
+    (`copy_length.out_of_fold`; None where a fold holds too few repeats to fit)."""
+    deploy = _static(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
+    pooled = {m: [v for sp in speeds for v in sp[m]] for m in speeds[0]}
+    learned, static = _geomean(pooled["learned"]), _geomean(pooled[deploy])
+    oracle = _geomean(pooled["oracle"])
+    mix = {"outputs": len(train), "learned_vs_ar": learned, "deploy_vs_ar": static,
+           "oracle_vs_ar": oracle, "oracle_share": _share(learned, static, oracle),
+           "folds": folds, "out_of_fold_vs_ar": None, "out_of_fold_share": None}
+    if "oracle_choices" in pooled:
+        mix["oracle_choices_vs_ar"] = _geomean(pooled["oracle_choices"])
+        mix["oracle_choices_share"] = _share(learned, static, mix["oracle_choices_vs_ar"])
+    if folds:
+        try:
+            speed = out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
+                                  max_ngram=policy.max_ngram, draft_costs=policy.draft_costs)
+        except MCSDError:
+            return mix
+        mix["out_of_fold_vs_ar"] = _geomean(speed)
+        mix["out_of_fold_share"] = _share(mix["out_of_fold_vs_ar"], static, oracle)
+    return mix
+
+
+def _geomean(values: list[float]) -> float:
+    import numpy as np
+
+    return float(np.exp(np.log(values).mean()))
+
+
+def _share(ours: float, deploy: float, oracle: float) -> float | None:
+    """The share of the oracle's gain over the deploy static that `ours` takes."""
+    return (ours - deploy) / (oracle - deploy) if oracle > deploy else None
+
+
+def print_report(report: list[dict], rate: float, mix: dict | None = None) -> None:
+    choices = "oracle_choices_vs_ar" in report[0]
+    print(f"replayed speed (tuned rate {rate:.1f} tokens/s); learned vs {report[0]['deploy']} "
+          f"and vs the domain's best static copy length, 95% CI:")
+    wide = max(len(r["best_static"]) for r in report)
+    print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  "
+          f"{'vs best static':>{24 + wide}}  {'oracle':>6} {'share':>6}"
+          + (f" {'oracle*':>7} {'share*':>6}" if choices else ""))
+    for r in sorted(report, key=lambda r: r["vs_best_static"]["geomean"]):
+        d, b = r["vs_deploy"], r["vs_best_static"]
+        label = r["domain"] + (" (trained)" if r["trained"] else "")
+        line = (f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
+                f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
+                f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>{wide}}  "
+                f"{r['oracle_vs_ar']:6.3f} {_pct(r['oracle_share']):>6}")
+        if choices:
+            line += f" {r['oracle_choices_vs_ar']:7.3f} {_pct(r['oracle_choices_share']):>6}"
+        print(line)
+    print("(vs AR: replayed speed over the target alone; oracle: the hindsight-best choice at "
+          "every step, over AR; share: of the oracle's gain over the deploy static, the "
+          "policy's" + ("; oracle*, share*: the same for an oracle that, as the policy, copies "
+                        "or drafts and never lets the target decode alone)" if choices else ")"))
+    if mix:
+        line = (f"training mix, {mix['outputs']} outputs pooled: learned {mix['learned_vs_ar']:.3f}"
+                f" AR, deploy {mix['deploy_vs_ar']:.3f}, oracle {mix['oracle_vs_ar']:.3f}; "
+                f"share {_pct(mix['oracle_share'])}")
+        if "oracle_choices_vs_ar" in mix:
+            line += (f"; oracle* {mix['oracle_choices_vs_ar']:.3f}, share* "
+                     f"{_pct(mix['oracle_choices_share'])}")
+        if mix["folds"]:
+            line += (f"; out of fold ({mix['folds']} folds) learned "
+                     f"{mix['out_of_fold_vs_ar']:.3f}, share {_pct(mix['out_of_fold_share'])}"
+                     if mix["out_of_fold_vs_ar"] is not None else
+                     "; out of fold: a fold holds too few repeats to fit")
+        print(line)
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
