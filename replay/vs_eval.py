@@ -30,6 +30,8 @@ import numpy as np
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.metrics import paired_speedup
 
+UNREPLAYED = ("hf", "hf-assisted", "hf-static")
+
 
 def eval_records(folder: Path) -> dict[str, dict[str, dict[str, float]]]:
     """category -> prompt id -> method -> decode-phase tokens/s, from one `mcsd eval` folder
@@ -176,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise MCSDError(f"no folder at {path}")
         measured = [eval_records(Path(e)) for e in args.evals]
         methods = sorted({m for run in measured for ps in run.values() for s in ps.values()
-                          for m in s} - {"hf", "hf-assisted"})
-        methods = [m for m in methods if not m.startswith("mcsd")]
+                          for m in s})
+        # transformers' own generate() (hf, hf-assisted, hf-static) and mcsd* replay nothing
+        methods = [m for m in methods if m.split(":")[0] not in UNREPLAYED
+                   and not m.startswith("mcsd")]
         if args.base not in methods:
             raise MCSDError(f"--base {args.base} is not a method of the evaluations "
                             f"({', '.join(methods)})")

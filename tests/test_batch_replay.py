@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_train_data import dense_rows
 
+import replay as R
 from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
 from mcsd_runtime.errors import MCSDError
@@ -18,7 +19,6 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
 from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from mcsd_runtime.tree import Tree
-import replay as R
 from replay.data import NO_NODES, _Frontier
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
@@ -301,7 +301,7 @@ def test_the_end_to_end_check_at_a_batch_size(data, monkeypatch):
     batch size: the same tokens, one row per stopper, measured speeds positive."""
     from test_train_data import MAX_NEW, prompts, small_pair
 
-    from train import check
+    from replay import check
 
     ids = {f"run0/p{i}": p for i, p in enumerate(prompts())}
     monkeypatch.setattr(check, "_prompt_ids", lambda d, m, limit: [

@@ -10,10 +10,10 @@ import pytest
 from test_batch_replay import PROFILE
 from test_train_data import dense_rows, small_pair
 
+import replay as R
 from mcsd_runtime.cli import build_parser, run_parser
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.learned import load_stopper
-import replay as R
 from train.cli import register
 from train.stop.trainer import train_stopper
 

@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("mcsd_runtime", "collect", "train")
+PACKAGES = ("mcsd_runtime", "collect", "replay", "train")
 
 # Bottom to top. Each name is a package (with everything in it) or a module; the package face
 # `mcsd_runtime/__init__.py` is `mcsd_runtime.__init__`. A module at mcsd_runtime's root that is
@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("mcsd_runtime.cli", "mcsd_runtime.gpu_check", "mcsd_runtime.__main__",
                   "mcsd_runtime.__init__")),
     ("collect", ("collect",)),
+    ("replay", ("replay",)),
     ("train", ("train",)),
 )
 LAYER = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from test_train_data import Recorder
 
+import replay as R
 from conftest import make_pair
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_outcome
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.tree import Tree
-import replay as R
 from replay.oracles import StepCosts, _plan_prompt
 
 K, MAX_NEW = (2, 1, 1), 7

@@ -10,15 +10,15 @@ import warnings
 import pytest
 from test_train_data import prompts
 
+import replay as R
 from collect.run import CollectJob, collect_prompts
 from conftest import make_pair
 from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.prompts.sets import Prompt
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-import replay as R
-from train.stop.config import TrainConfig
 from replay.runs import load_runs
+from train.stop.config import TrainConfig
 from train.stop.pipeline import choose, fit, prepare
 
 EOS, K, MAX_NEW = 36, (2, 2, 1), 12  # this pair ends prompt 8's output in EOS at token 11 of 12

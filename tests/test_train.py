@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, small_pair
 
+import replay as R
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
@@ -17,7 +18,6 @@ from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.learned import check_pair, load_stopper
 from mcsd_runtime.tree import parse_k_config
-import replay as R
 from replay.runs import collected_k_config, prompt_groups, sequence_ids, split_prompts
 from train.stop.labels import add_labels
 

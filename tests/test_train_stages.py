@@ -108,16 +108,21 @@ def test_train_stopper_checks_options_before_any_work(tmp_path):
 
 def test_cli_builds_the_config_and_reports_bad_options(tmp_path, capsys):
     from mcsd_runtime.cli import build_parser, run_parser
-    from train.cli import register
+    from train.cli import register, resolve
     from train.stop.trainer import config_from_args
 
     parser = build_parser([register])
+
+    def config_of(args):
+        resolve(args)
+        return config_from_args(args)
+
     args = parser.parse_args(["train", "--data", "x", "--out", "y"])
-    assert config_from_args(args) == replace(TrainConfig(), check_prompts=8)
+    assert config_of(args) == replace(TrainConfig(), check_prompts=8)
     args = parser.parse_args(["train", "--data", "x", "--out", "y", "--model", "mlp-hidden",
                               "--aggregations", "max, sum", "--val-frac", "0.3"])
-    assert config_from_args(args) == TrainConfig(model="mlp-hidden", label="soft", val_frac=0.3,
-                                                 aggregations=("max", "sum"), check_prompts=8)
+    assert config_of(args) == TrainConfig(model="mlp-hidden", label="soft", val_frac=0.3,
+                                          aggregations=("max", "sum"), check_prompts=8)
     # checked before the data is read: the missing run folder is not what is reported
     for extra, message in ((["--val-frac", "0.9"], "val_frac 0.9"),
                            (["--aggregations", "max,median"], "unknown aggregation(s)")):

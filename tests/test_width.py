@@ -21,6 +21,7 @@ from test_decoder_sampling import (
     sampled_counts,
 )
 
+from collect.outputs import Ranked, draft_ranks, target_traces
 from conftest import make_pair
 from mcsd_runtime.cli import main
 from mcsd_runtime.costmodel.profile import CostProfile
@@ -30,7 +31,6 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
-from collect.outputs import Ranked, draft_ranks, target_traces
 from replay.width import WidthReplay, learned, oracle, static
 from train.width.fit import fit
 

@@ -101,8 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_args(p)
     p.set_defaults(func=run)
     for old, decision in RENAMED.items():  # hidden: they only say what replaced them
-        gone = sub.add_parser(old, add_help=False)
-        gone.add_argument("rest", nargs=argparse.REMAINDER)
+        gone = sub.add_parser(old, add_help=False, prefix_chars="\0")  # every word a value
+        gone.add_argument("rest", nargs="*")
         gone.set_defaults(func=_removed, decision=decision, removed=old)
 
 

@@ -1,6 +1,7 @@
 """The rules of one decoder step, as offline replay (`replay`: depth, copy length and width),
-the oracle's dynamic program, `train.stop.labels.walk_trajectory` and the cost model count it. `MCSDDecoder` runs these
-rules on real caches; the exact-replay tests check that both agree token for token.
+the oracle's dynamic program, `train.stop.labels.walk_trajectory` and the cost model count it.
+`MCSDDecoder` runs these rules on real caches; the exact-replay tests check that both agree
+token for token.
 
 A step stopped at depth `s` of the tree (`s = 0`: it drafts nothing, as for the last token of an
 output capped by `max_new_tokens`, or where the stopper's `should_draft` says so):

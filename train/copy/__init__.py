@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
 from replay.copy import BESIDE, Replay, copy_all, draft_step_costs, never, step_costs
-from train.copy.fit import fit, out_of_fold
+from train.copy import fit as fitting
 from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
 
 STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
@@ -83,7 +83,7 @@ class CopyTrainer:
         return data
 
     def fit(self, data: Outputs, folder: Path) -> Fitted:
-        policy, text, facts = fit(data.training(), self.costs, self.args.min_ngram,
+        policy, text, facts = fitting.fit(data.training(), self.costs, self.args.min_ngram,
                                   seed=self.args.seed, draft_costs=self.draft_costs)
         policy.temperature, policy.draft_tree = self.args.temperature, self.args.k_config
         return Fitted(policy, text, facts)
@@ -195,7 +195,7 @@ def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, l
         mix["oracle_choices_share"] = _share(learned, static, mix["oracle_choices_vs_ar"])
     if folds:
         try:
-            speed = out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
+            speed = fitting.out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
                                   max_ngram=policy.max_ngram, draft_costs=policy.draft_costs)
         except MCSDError:
             return mix

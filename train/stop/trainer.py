@@ -124,12 +124,10 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
 
 
 def config_from_args(args) -> TrainConfig:
-    """The TrainConfig of parsed `mcsd train --decision stop` arguments (MCSDError when one is
-    invalid)."""
+    """The TrainConfig of parsed `mcsd train --decision stop` arguments, resolved
+    (`train.cli.resolve`); MCSDError when one is invalid."""
     from mcsd_runtime.cli.args import parse_batch_sizes
-    from train.cli import resolve
 
-    resolve(args)
     aggs = (None if args.aggregations is None
             else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))
     return TrainConfig(model=args.model, label=args.label or default_label(args.model),
