@@ -122,13 +122,13 @@ def job_from_args(args: argparse.Namespace):
     from pathlib import Path
 
     from collect.run import CollectJob
+    from mcsd_runtime.backend.device import pick_device
     from mcsd_runtime.cli.args import (
         check_batch_size,
         check_threads,
         decode_config_from_args,
         pair_paths,
     )
-    from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_prompts
 

@@ -53,7 +53,7 @@ def target_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int,
     tokens, so "the copy was accepted" is "the copy equals the output's token"."""
     from transformers import DynamicCache
 
-    from mcsd_runtime.models.compat import cache_kwargs
+    from mcsd_runtime.backend.compat import cache_kwargs
 
     model, out = pair.target, []
     for ids in progress(prompts, desc=desc, unit="prompt"):
@@ -106,9 +106,9 @@ def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temp
     there. Seeded per prompt from `seed` and its tokens, as `target_traces`."""
     from transformers import DynamicCache
 
+    from mcsd_runtime.backend.compat import cache_kwargs
     from mcsd_runtime.decode import verify as V
     from mcsd_runtime.distill.feature import is_feature_draft
-    from mcsd_runtime.models.compat import cache_kwargs
 
     if temperature <= 0:
         raise ValueError("drafted_traces samples: greedy hits come from `draft_hits`")

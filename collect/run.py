@@ -406,7 +406,7 @@ def _load_pair(job: CollectJob, device: str) -> Pair:
     set_threads(job.threads)
     if job.pair_loader is not None:
         return job.pair_loader(device)
-    from mcsd_runtime.models.device import command_dtype
+    from mcsd_runtime.backend.device import command_dtype
     from mcsd_runtime.models.pair import load_pair
 
     dtype = command_dtype(job.pair_args.get("dtype", "auto"), device)
@@ -454,7 +454,7 @@ def run_job(job: CollectJob, devices: int = 1, num_nodes: int = 1,
     or, with one device and one node, in this process. `per_device` > 1 runs that many
     processes on the one device the job's pair names instead (a GPU that a small model's
     forwards leave mostly idle). Returns rank 0's manifest."""
-    from mcsd_runtime.models.device import pick_device
+    from mcsd_runtime.backend.device import pick_device
 
     device = job.pair_args.get("device", "auto")
     if devices < 1 or num_nodes < 1 or per_device < 1:

@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
@@ -81,3 +83,33 @@ def tmp_beside(dest: Path, what: str, remedy: str) -> Path:
                else err.strerror or str(err))
         raise MCSDError(f"cannot write {what} to {dest}: {why}; {remedy}") from None
     return tmp
+
+
+def read_card_file(root: str | Path, name: str, fmt: str, kind: str,
+                   broken: Callable[[str | Path, str], str]) -> dict:
+    """The JSON card `name` of a built folder, whose `format` must be `fmt` (MCSDError naming
+    the fix, `broken(root, what)`, if missing, unreadable or another kind of card)."""
+    path = Path(root) / name
+    try:
+        card = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MCSDError(broken(root, f"{name} is missing")) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise MCSDError(broken(root, f"{name} is unreadable ({err})")) from None
+    if not isinstance(card, dict) or card.get("format") != fmt:
+        raise MCSDError(broken(root, f"{name} is not a {kind} card"))
+    return card
+
+
+def check_files(root: Path, card: dict, broken: Callable[[str | Path, str], str]) -> None:
+    """Every file the card lists is in `root` with its SHA-256 (MCSDError, `broken(root, what)`,
+    otherwise)."""
+    files = card.get("files")
+    if not isinstance(files, dict) or not files:
+        raise MCSDError(broken(root, "the card lists no files"))
+    for rel, digest in sorted(files.items()):
+        path = root / rel
+        if not path.is_file():
+            raise MCSDError(broken(root, f"{rel} is missing"))
+        if file_sha256(path) != digest:
+            raise MCSDError(broken(root, f"{rel} does not match its checksum"))

@@ -138,7 +138,7 @@ def _profile_device(profile: CostProfile) -> str:
 
 def _collection_pair(manifest: dict, profile: CostProfile):
     """The collection's pair, loaded on the device the profile was timed on."""
-    from mcsd_runtime.models.device import command_dtype
+    from mcsd_runtime.backend.device import command_dtype
     from mcsd_runtime.models.pair import load_pair
 
     fp = manifest.get("pair") or {}

@@ -51,9 +51,9 @@ def make_pair(vocab: int = 64, eos: int | None = None, seed: int = 0, noise: flo
 
 
 def fake_cpu_flags(monkeypatch: pytest.MonkeyPatch, folder: Path, flags: str | None) -> None:
-    """Make `mcsd_runtime.models.cpu` read a two-CPU /proc/cpuinfo with these flags (None: no
+    """Make `mcsd_runtime.backend.cpu` read a two-CPU /proc/cpuinfo with these flags (None: no
     such file), e.g. to run the native-bf16 paths on a CPU without them."""
-    from mcsd_runtime.models import cpu
+    from mcsd_runtime.backend import cpu
 
     info = folder / "cpuinfo"
     if flags is not None:

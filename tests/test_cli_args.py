@@ -163,7 +163,7 @@ def test_bad_device_is_a_clear_error(command, device, message, tmp_path, capsys,
 
 
 def test_pick_device_counts_cuda_devices(monkeypatch):
-    from mcsd_runtime.models.device import pick_device
+    from mcsd_runtime.backend.device import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -101,8 +101,8 @@ def feature_pair():
     import torch
 
     from conftest import make_pair
+    from mcsd_runtime.backend.layers import cut_draft
     from mcsd_runtime.distill.feature import with_feature_input
-    from mcsd_runtime.distill.layers import cut_draft
     from mcsd_runtime.models.pair import Pair
 
     base = make_pair(vocab=64, seed=3)

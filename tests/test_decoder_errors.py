@@ -95,7 +95,7 @@ def test_an_object_without_the_stopper_contract_is_refused(pair):
 def test_config_fingerprint_ignores_how_a_model_was_saved_not_what_it_computes():
     """A pair keeps its fingerprint across transformers versions, folders and dtypes (a stopper
     collected under one version loads under another); an architecture change alters it."""
-    from mcsd_runtime.models.fingerprint import config_hash
+    from mcsd_runtime.backend.fingerprint import config_hash
 
     model = tiny_llama(64, 2, 32, seed=0)
     before = config_hash(model)

@@ -13,6 +13,7 @@ import torch
 
 from conftest import fake_cpu_flags, make_pair
 from mcsd_runtime import cli
+from mcsd_runtime.backend.layers import cut_draft
 from mcsd_runtime.cli.draft import register as draft_register
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.distill import cache as distill_cache
@@ -26,7 +27,6 @@ from mcsd_runtime.distill.head import (
     reduced_head_from,
     save_reduced_head,
 )
-from mcsd_runtime.distill.layers import cut_draft
 from mcsd_runtime.distill.metrics import agreement
 from mcsd_runtime.distill.recipe import DATA_FIELDS, PRESETS, get_recipe
 from mcsd_runtime.distill.target import fingerprint, load_target
@@ -490,7 +490,7 @@ def test_cli_errors_on_bad_layers_and_folders(chat_target, tmp_path, capsys):
 
 
 def test_negative_layer_ids_count_from_the_end():
-    from mcsd_runtime.distill.layers import check_layer_ids
+    from mcsd_runtime.backend.layers import check_layer_ids
 
     assert check_layer_ids([-1], 30) == [29] and check_layer_ids([0, -1], 30) == [0, 29]
     for bad in ([-31], [29, -1], [30]):

@@ -220,8 +220,8 @@ def test_on_a_cpu_with_native_bf16_auto_decodes_and_scores_in_bf16(toy_tiny, tmp
     in fp32 gives other NLLs)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mcsd_runtime.backend import cpu, device
     from mcsd_runtime.evaluate.quality import target_scores
-    from mcsd_runtime.models import cpu, device
 
     fake_cpu_flags(monkeypatch, tmp_path, "fpu avx2 amx_bf16")
     monkeypatch.setattr(device, "_SAID_CPU_BF16", False)

@@ -14,6 +14,7 @@ import torch
 from test_decoder_greedy import prompts, reference
 
 from conftest import make_pair
+from mcsd_runtime.backend.layers import cut_draft
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.distill.feature import (
     FeatureDraft,
@@ -23,7 +24,6 @@ from mcsd_runtime.distill.feature import (
     with_feature_input,
 )
 from mcsd_runtime.distill.feature_train import shifted
-from mcsd_runtime.distill.layers import cut_draft
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 

@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from conftest import fake_cpu_flags
+from mcsd_runtime.backend import cpu, gguf, named
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.models import cpu, gguf, named
 from mcsd_runtime.models.pair import load_pair, pair_names, pick_dtype
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1 (bos), 2 (eos, pad)

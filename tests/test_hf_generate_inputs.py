@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.integrations.hf import generate as mcsd_generate
-from mcsd_runtime.models.compat import cache_kwargs
 from mcsd_runtime.stop.artifact import FORMAT
 from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
 

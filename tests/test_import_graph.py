@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("mcsd_runtime.errors", "mcsd_runtime.constants", "mcsd_runtime.paths",
                 "mcsd_runtime.progress", "mcsd_runtime.metrics", "mcsd_runtime.transfer",
                 "mcsd_runtime.extras", "mcsd_runtime.tree", "mcsd_runtime.lookup")),
+    ("backend", ("mcsd_runtime.backend",)),
     ("toy", ("mcsd_runtime.toy",)),
     ("prompts", ("mcsd_runtime.prompts",)),
     ("stop", ("mcsd_runtime.stop",)),
@@ -37,29 +38,7 @@ LAYER = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 
 # The upward imports that stand today, each with why and what ends it. An import that no longer
 # runs upward must leave this list (`test_every_exception_still_stands`).
-MODELS_PLUMBING = ("models' plumbing that the builders (toy, distill) share; it moves below them "
-                   "when models/ splits into that plumbing and the pair loading above them")
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("mcsd_runtime.toy.build", "mcsd_runtime.models.compat"):
-        "cache_kwargs (the cache keyword of transformers 5.x) for the card's latencies: "
-        + MODELS_PLUMBING,
-    ("mcsd_runtime.toy.recipe", "mcsd_runtime.models.cpu"):
-        "whether bf16 pays on this CPU fixes a recipe's precision: " + MODELS_PLUMBING,
-    ("mcsd_runtime.distill.cache", "mcsd_runtime.models.device"):
-        "pick_device for a build's --device: " + MODELS_PLUMBING,
-    ("mcsd_runtime.distill.feature", "mcsd_runtime.models.compat"):
-        "cache_kwargs for the feature draft's forward: " + MODELS_PLUMBING,
-    ("mcsd_runtime.distill.feature_train", "mcsd_runtime.models.device"):
-        "pick_dtype for the training precision: " + MODELS_PLUMBING,
-    ("mcsd_runtime.distill.target", "mcsd_runtime.models.fingerprint"):
-        "the target's fingerprint keys the draft cache: " + MODELS_PLUMBING,
-    ("mcsd_runtime.distill.target", "mcsd_runtime.models.named"):
-        "a named target (smollm2) resolves to its converted GGUF folder as load_pair's names "
-        "do; one resolver of names, above the builders, ends it",
-    ("mcsd_runtime.toy.drafts", "mcsd_runtime.distill.layers"):
-        "the toy's extra drafts start from the toy target's layers as distilled drafts do "
-        "(copy_target_layers); it ends when they are built by distill/",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

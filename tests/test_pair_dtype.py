@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import fake_cpu_flags
-from mcsd_runtime.models import device as device_mod
-from mcsd_runtime.models.device import command_dtype
+from mcsd_runtime.backend import device as device_mod
+from mcsd_runtime.backend.device import command_dtype
 from mcsd_runtime.models.pair import load_pair
 
 NATIVE = "fpu avx2 amx_bf16"

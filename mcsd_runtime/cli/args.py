@@ -287,7 +287,7 @@ def apply_threads(args: argparse.Namespace) -> None:
     command calls this first, so bad values fail before any work (MCSDError)."""
     set_threads(getattr(args, "threads", None))
     if getattr(args, "device", None) not in (None, "auto"):
-        from mcsd_runtime.models.device import pick_device
+        from mcsd_runtime.backend.device import pick_device
 
         pick_device(args.device)
 
@@ -320,7 +320,7 @@ def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
-    from mcsd_runtime.models.device import command_dtype, pick_device
+    from mcsd_runtime.backend.device import command_dtype, pick_device
     from mcsd_runtime.models.pair import load_pair
 
     pick_device(args.device)  # a bad --device fails before a toy pair is built

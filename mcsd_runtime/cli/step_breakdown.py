@@ -70,8 +70,8 @@ def graphs_list(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.backend.device import pick_device
     from mcsd_runtime.costmodel import step_breakdown as sb
-    from mcsd_runtime.models.device import pick_device
     from mcsd_runtime.models.pair import pick_dtype
     from mcsd_runtime.tree import parse_k_config
 

@@ -37,7 +37,7 @@ def compare(model, implementations: tuple[str, str], context: int, n: int, reps:
     """Paired timings of `model`'s forward over `n` new tokens after `context` cached ones."""
     from transformers import DynamicCache
 
-    from mcsd_runtime.models.compat import cache_kwargs
+    from mcsd_runtime.backend.compat import cache_kwargs
 
     gen = torch.Generator().manual_seed(seed)
     vocab, dev = model.config.vocab_size, model.device

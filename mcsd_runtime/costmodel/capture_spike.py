@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
+    from mcsd_runtime.backend.device import pick_device
     from mcsd_runtime.costmodel.step_breakdown import shaped_pair
     from mcsd_runtime.errors import MCSDError
-    from mcsd_runtime.models.device import pick_device
 
     p = _parser()
     args = p.parse_args(argv)

@@ -126,7 +126,7 @@ def _context_caches(pair, sizes: list[int], context: int, gen) -> dict:
     import torch
     from transformers import DynamicCache
 
-    from mcsd_runtime.models.compat import cache_kwargs
+    from mcsd_runtime.backend.compat import cache_kwargs
 
     caches = {}
     for b in sizes:
@@ -145,8 +145,8 @@ def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, r
     every round."""
     import torch
 
+    from mcsd_runtime.backend.compat import cache_kwargs
     from mcsd_runtime.decode.decoder import causal_bias
-    from mcsd_runtime.models.compat import cache_kwargs
     from mcsd_runtime.progress import progress as progress_bar
 
     dev = pair.device

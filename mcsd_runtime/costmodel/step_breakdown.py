@@ -360,7 +360,7 @@ def _probe_forwards(model, cache, start: int, count: int, crop: bool, clock: Clo
     """ms of `count` one-token forwards on `cache` (holding `start` tokens), with the decoder's
     4D mask and position ids; `crop`: the token is cut again after each (one shape), else the
     cache grows by one each time (a new shape each time)."""
-    from mcsd_runtime.models.compat import cache_kwargs
+    from mcsd_runtime.backend.compat import cache_kwargs
 
     out, dev, length = [], model.device, start
     dtype = next(model.parameters()).dtype
@@ -386,7 +386,7 @@ def forward_probe(pair, context: int, count: int = 8, seed: int = 0) -> dict:
     (`fresh_no_cudnn`); medians of `count`."""
     from transformers import DynamicCache
 
-    from mcsd_runtime.models.compat import cache_kwargs
+    from mcsd_runtime.backend.compat import cache_kwargs
 
     model, clock = pair.target, Clock(pair.device)
     count = max(1, min(count, (pair.max_positions - context - 2) // 2))

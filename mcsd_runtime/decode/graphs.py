@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
-from mcsd_runtime.models.compat import cache_kwargs
 
 # told about every graph replay, which a model's forward hooks never see (a replay runs no
 # Python): objects with `replay_started(model, ids, cache)` and `replay_done(model, ids)`, e.g.

@@ -26,7 +26,7 @@ import torch
 from mcsd_runtime.distill.recipe import DistillRecipe, get_recipe
 from mcsd_runtime.distill.target import fingerprint, load_target, resolve_target
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, cache_root, models_dir
+from mcsd_runtime.paths import CACHE_HELP, cache_root, check_files, models_dir, read_card_file
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-distilled-draft"
@@ -87,7 +87,7 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
     of one thread each generate the data. On another `device` (cuda, mps) the target
     generates the data there in this process and the draft trains there; the recipe, and so
     the draft's hash, is the same wherever it is built (the card records the device)."""
-    from mcsd_runtime.models.device import pick_device
+    from mcsd_runtime.backend.device import pick_device
     from mcsd_runtime.toy.build import _make_tmp, build_then_install
 
     recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
@@ -123,7 +123,6 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
 
 def read_card(root: str | Path) -> dict:
     """A distilled draft's card (MCSDError if missing or not such a card)."""
-    from mcsd_runtime.toy.build import read_card_file
 
     return read_card_file(root, CARD_NAME, CARD_FORMAT, "distilled-draft", _broken)
 
@@ -131,7 +130,6 @@ def read_card(root: str | Path) -> dict:
 def verify_draft(root: str | Path, recipe_hash: str | None = None) -> dict:
     """Check a draft folder: its card (of `recipe_hash` if given) and every listed file with
     its SHA-256. Returns the card."""
-    from mcsd_runtime.toy.build import check_files
 
     root = Path(root)
     card = read_card(root)
@@ -183,6 +181,7 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
                 data_folder: Path, progress: bool, device: torch.device) -> dict:
     from transformers import AutoModelForCausalLM
 
+    from mcsd_runtime.backend.layers import check_layer_ids, cut_draft, target_layer_indices
     from mcsd_runtime.distill.data import end_ids, generate_data
     from mcsd_runtime.distill.feature import (
         attach_feature_input,
@@ -197,7 +196,6 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         reduced_head_from,
         save_reduced_head,
     )
-    from mcsd_runtime.distill.layers import check_layer_ids, cut_draft, target_layer_indices
     from mcsd_runtime.distill.metrics import agreement, coverage
     from mcsd_runtime.distill.train import distill
     from mcsd_runtime.paths import file_sha256

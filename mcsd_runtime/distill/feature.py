@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.models.compat import cache_kwargs
 
 FC_FILE = "feature_fc.safetensors"
 

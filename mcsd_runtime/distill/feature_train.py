@@ -154,8 +154,8 @@ def distill_features(draft: FeatureDraft, head, target: nn.Module, seqs, recipe,
     import copy
     import warnings
 
+    from mcsd_runtime.backend.device import pick_dtype
     from mcsd_runtime.distill.train import PackedRows
-    from mcsd_runtime.models.device import pick_dtype
     from mcsd_runtime.progress import progress as bar_of
     from mcsd_runtime.toy.training import _fit, _quiet_lightning
 

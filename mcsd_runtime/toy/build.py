@@ -27,9 +27,11 @@ import torch
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
+    check_files,
     file_sha256,
     legacy_models_dir,
     models_dir,
+    read_card_file,
     tmp_beside,
 )
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
@@ -162,22 +164,6 @@ def resolve_toy(spec: str, build: bool = False) -> tuple[str, str] | None:
 def read_card(root: str | Path) -> dict:
     """The pair's card (MCSDError if missing or unreadable)."""
     return read_card_file(root, CARD_NAME, CARD_FORMAT, "toy-pair", _broken)
-
-
-def read_card_file(root: str | Path, name: str, fmt: str, kind: str,
-                   broken: Callable[[str | Path, str], str]) -> dict:
-    """The JSON card `name` of a built folder, whose `format` must be `fmt` (MCSDError naming
-    the fix, `broken(root, what)`, if missing, unreadable or another kind of card)."""
-    path = Path(root) / name
-    try:
-        card = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MCSDError(broken(root, f"{name} is missing")) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise MCSDError(broken(root, f"{name} is unreadable ({err})")) from None
-    if not isinstance(card, dict) or card.get("format") != fmt:
-        raise MCSDError(broken(root, f"{name} is not a {kind} card"))
-    return card
 
 
 def verify_pair(root: str | Path, recipe: Recipe | None = None) -> dict:
@@ -345,7 +331,7 @@ def decode_latency_ms(target: torch.nn.Module, draft: torch.nn.Module, context: 
     early after `max_seconds`."""
     from transformers import DynamicCache
 
-    from mcsd_runtime.models.compat import cache_kwargs
+    from mcsd_runtime.backend.compat import cache_kwargs
 
     times: list[list[float]] = [[], []]
     models = (target, draft)
@@ -391,20 +377,6 @@ def _limit_chars(texts: list[str], limit: int) -> list[str]:
 
 def _params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def check_files(root: Path, card: dict, broken: Callable[[str | Path, str], str]) -> None:
-    """Every file the card lists is in `root` with its SHA-256 (MCSDError, `broken(root, what)`,
-    otherwise)."""
-    files = card.get("files")
-    if not isinstance(files, dict) or not files:
-        raise MCSDError(broken(root, "the card lists no files"))
-    for rel, digest in sorted(files.items()):
-        path = root / rel
-        if not path.is_file():
-            raise MCSDError(broken(root, f"{rel} is missing"))
-        if file_sha256(path) != digest:
-            raise MCSDError(broken(root, f"{rel} does not match its checksum"))
 
 
 def _broken(root: str | Path, what: str) -> str:

@@ -19,9 +19,16 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.distill.layers import copy_target_layers, target_layer_indices
+from mcsd_runtime.backend.layers import copy_target_layers, target_layer_indices
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, file_sha256, legacy_models_dir, models_dir
+from mcsd_runtime.paths import (
+    CACHE_HELP,
+    check_files,
+    file_sha256,
+    legacy_models_dir,
+    models_dir,
+    read_card_file,
+)
 from mcsd_runtime.toy import build as pair_build
 from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS, DraftRecipe, get_draft_recipe
 from mcsd_runtime.toy.recipe import QUICK_PRESETS, get_recipe
@@ -122,7 +129,7 @@ def resolve_draft(draft_spec: str, target_spec: str, build: bool = False) -> tup
 
 def read_card(root: str | Path) -> dict:
     """A built draft's card (MCSDError if missing or not a draft card)."""
-    return pair_build.read_card_file(root, CARD_NAME, CARD_FORMAT, "toy-draft", _broken)
+    return read_card_file(root, CARD_NAME, CARD_FORMAT, "toy-draft", _broken)
 
 
 def verify_draft(root: str | Path, target_root: str | Path | None = None,
@@ -136,7 +143,7 @@ def verify_draft(root: str | Path, target_root: str | Path | None = None,
         raise MCSDError(f"{root} holds a toy draft of another recipe (hash "
                         f"{card.get('recipe_hash')}, wanted {recipe_hash}); pass --force to "
                         f"rebuild it there or choose another --out")
-    pair_build.check_files(root, card, _broken)
+    check_files(root, card, _broken)
     if target_root is not None:
         digest = pair_build.read_card(target_root).get("files", {}).get(TARGET_WEIGHTS)
         if card.get("target", {}).get("weights_sha256") != digest:

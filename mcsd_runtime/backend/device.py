@@ -12,8 +12,8 @@ import sys
 
 import torch
 
+from mcsd_runtime.backend.cpu import cpu_has_native_bf16
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.models.cpu import cpu_has_native_bf16
 
 DEVICE_HELP = "use auto, cpu, cuda, cuda:N or mps"
 
