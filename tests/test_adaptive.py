@@ -67,14 +67,14 @@ def test_the_gate_hands_shallow_depths_back_to_the_model(depth, recent, gate, sk
 def test_decision_cost_is_measured_on_the_collections_own_small_pair(toy_tiny, tmp_path):
     """Replay charges a decision what it costs between the pair's own forwards (their caches
     evicted), as a median; a pair that is not a local folder falls back to a random one."""
+    from mcsd_runtime.costmodel.decision_cost import small_local_pair, stopper_latency
     from mcsd_runtime.stop.builtin import make_stopper
-    from train.stop.pipeline import _latency, _small_local_pair
 
     fp = {"target": str(toy_tiny / "target"), "draft": str(toy_tiny / "draft")}
-    assert _small_local_pair(fp) is not None
-    assert _small_local_pair({"target": str(tmp_path / "no"), "draft": str(tmp_path)}) is None
-    assert _small_local_pair(None) is None
-    latency = _latency(make_stopper("confidence:0.4"), None, fp, (1, 1, 1))
+    assert small_local_pair(fp) is not None
+    assert small_local_pair({"target": str(tmp_path / "no"), "draft": str(tmp_path)}) is None
+    assert small_local_pair(None) is None
+    latency = stopper_latency(make_stopper("confidence:0.4"), None, fp, (1, 1, 1))
     assert latency["in_decoder_pair"] == "collection"
     assert latency["in_decoder_us"] == latency["in_decoder"]["median_us"]
     assert latency["in_decoder"]["decisions"] > 0

@@ -13,8 +13,10 @@ draft (`bench_frontier`).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -127,3 +129,76 @@ def bench_latency(stopper: Stopper, n: int = 16, repeats: int = 3000,
         chunks.append((time.perf_counter() - t0) / per * 1e6)
     return {"frontier_size": n, "median_us": statistics.median(chunks), "min_us": min(chunks),
             "threads": torch.get_num_threads()}
+
+
+def vocab_size(fp: dict | None) -> int | None:
+    """The target's vocabulary size from its config.json, when the pair is a local folder."""
+    try:
+        cfg = json.loads((Path(fp["target"]) / "config.json").read_text())
+        return int(cfg["vocab_size"])
+    except (TypeError, KeyError, OSError, ValueError):
+        return None
+
+
+def stopper_latency(stopper: Stopper, hidden_size: int | None, fp: dict | None,
+                    k_config: tuple[int, ...] | None) -> dict:
+    """The model's latency at a 16-node frontier and, for a local pair on scalar features, the
+    cost of a whole decision inside the decoder (`in_decoder_us`). Measured with the
+    collection's own pair where it is a small local one (`in_decoder_pair`: "collection"): its
+    forwards evict the caches a decision reads, as in a real decode, and the median is charged
+    (on the default toy pair the decoder pays about 3x what a one-layer random pair shows).
+    Otherwise a random pair of the vocabulary stands in, and its fastest tenth is charged."""
+    latency = bench_latency(stopper, 16, repeats=1000, hidden_size=hidden_size)
+    latency["batch_row_us"] = batch_row_latency(stopper, hidden_size)
+    vocab = vocab_size(fp)
+    if vocab and hidden_size is None:
+        pair = small_local_pair(fp)
+        cost = decision_cost(stopper, vocab, k_config or (1, 1, 1, 1), pair=pair)
+        latency["in_decoder_us"] = cost.get("median_us" if pair else "fast_us")
+        latency["in_decoder_pair"] = "collection" if pair else "random"
+        latency["in_decoder"] = cost
+    return latency
+
+
+def batch_row_latency(stopper: Stopper, hidden_size: int | None, rows: int = 8,
+                      repeats: int = 300) -> float:
+    """µs that each row beyond the first adds to one `batch_continue` call (16-node frontiers,
+    medians of chunks): what a batched decision costs on top of a single one."""
+    import statistics
+
+    fronts = [bench_frontier(16, hidden_size, seed=i) for i in range(rows)]
+
+    def median_us(frontiers: list) -> float:
+        chunks = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(repeats // 7 + 1):
+                stopper.batch_continue(frontiers)
+            chunks.append((time.perf_counter() - t0) / (repeats // 7 + 1) * 1e6)
+        return statistics.median(chunks)
+
+    median_us(fronts)  # warm-up
+    return max(0.0, (median_us(fronts) - median_us(fronts[:1])) / (rows - 1))
+
+
+SMALL_PAIR_BYTES = 1 << 30  # the decision benchmark loads the collection's pair up to this size
+
+
+def small_local_pair(fp: dict | None):
+    """The collection's pair on the CPU when both models are local folders holding at most
+    SMALL_PAIR_BYTES of weights, else None."""
+    from mcsd_runtime.models.pair import load_pair
+
+    try:
+        folders = [Path(fp["target"]), Path(fp["draft"])]
+    except (TypeError, KeyError):
+        return None
+    if not all(f.is_dir() for f in folders):
+        return None
+    size = sum(w.stat().st_size for f in folders for w in f.glob("*.safetensors"))
+    if not size or size > SMALL_PAIR_BYTES:
+        return None
+    try:
+        return load_pair(str(folders[0]), str(folders[1]), device="cpu", dtype="float32")
+    except Exception:  # noqa: BLE001 - a pair that does not load falls back to a random one
+        return None

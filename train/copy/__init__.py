@@ -13,12 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from replay.copy import BESIDE, Replay, copy_all, draft_step_costs, never, step_costs
+from replay.copy import (
+    BESIDE,
+    DEPLOY,
+    draft_step_costs,
+    geomean,
+    print_report,
+    replay_report,
+    replay_speeds,
+    share,
+    static_name,
+    step_costs,
+)
 from train.copy import fit as fitting
 from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
 
-STATIC_GRID = [(k, n) for k in (8, 12, 15) for n in (2, 3, 4)]  # lookup:K:N replayed beside it
-DEPLOY = (8, 3)  # the default `lookup` method
 VERIFY = "mcss"  # the decoder's default sampling verifier, which sampled drafted steps replay
 CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check-prompts
 
@@ -126,131 +135,30 @@ class CopyTrainer:
         return check
 
 
-def replay_speeds(policy, costs: list[float], outs: list) -> dict[str, list[float]]:
-    """Per output, the replayed speed over AR of the policy (`learned`), of each static
-    `lookup:K:N` (composed with `static:1` when the policy was trained beside a draft) and of
-    the hindsight oracle; beside a draft also of the draft alone (`draft`) and of the oracle
-    over the policy's own choices (`oracle_choices`: copy or draft, never the target alone)."""
-    top, beside = policy.max_copy, policy.draft_costs
-    walk = {"draft_costs": beside, "prior": policy.draft_prior}
-    learned = [Replay(t, policy.max_copy, policy.min_ngram, policy.max_ngram) for t in outs]
-    speeds = {"learned": [r.speedup(policy.choose, costs, **walk) for r in learned],
-              "oracle": [r.oracle_speedup(costs, beside) for r in learned]}
-    for k, n in sorted({(min(k, top), n) for k, n in STATIC_GRID}):  # none copies more than it
-        speeds[_static(k, n, beside)] = [Replay(t, k, n, 4).speedup(
-            copy_all(k), costs[: k + 1], **walk) for t in outs]
-    if beside is not None:
-        speeds["draft"] = [r.speedup(never, costs, **walk) for r in learned]
-        speeds["oracle_choices"] = [r.oracle_speedup(costs, beside, alone=False)
-                                    for r in learned]
-    return speeds
-
-
-def _static(k: int, n: int, beside) -> str:
-    return f"lookup:{k}:{n}" + (f"+{BESIDE}" if beside is not None else "")
-
-
-def replay_report(policy, speeds: dict[str, dict[str, list[float]]],
-                  trained: set[str]) -> list[dict]:
-    """Per domain, from its `replay_speeds`: geometric means over AR; the policy's paired
-    speedup over the deploy static and the domain's best static; the share of the oracle's
-    gain over the deploy static it takes."""
-    from mcsd_runtime.metrics import paired_speedup
-
-    deploy = _static(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
-    rows = []
-    for name, sp in speeds.items():
-        gms = {m: _geomean(v) for m, v in sp.items() if m.startswith("lookup:")}
-        best = max(gms, key=gms.get)
-        ours, oracle = _geomean(sp["learned"]), _geomean(sp["oracle"])
-        row = {"domain": name, "trained": name in trained, "prompts": len(sp["learned"]),
-               "learned_vs_ar": ours, "best_static": best, "best_static_vs_ar": gms[best],
-               "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
-               "oracle_share": _share(ours, gms[deploy], oracle),
-               "vs_deploy": paired_speedup(sp["learned"], sp[deploy]),
-               "vs_best_static": paired_speedup(sp["learned"], sp[best])}
-        if "draft" in sp:
-            row["draft_vs_ar"] = _geomean(sp["draft"])
-            row["oracle_choices_vs_ar"] = _geomean(sp["oracle_choices"])
-            row["oracle_choices_share"] = _share(ours, gms[deploy], row["oracle_choices_vs_ar"])
-        rows.append(row)
-    return rows
-
-
 def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, list[float]]],
                folds: int, seed: int) -> dict:
     """The training mix pooled (geometric means over its outputs, from the training domains'
     `replay_speeds`): the policy, the deploy static and the oracle over AR, the policy's share
     of the oracle's gain, and with `folds` the same for the policy out of fold
     (`copy_length.out_of_fold`; None where a fold holds too few repeats to fit)."""
-    deploy = _static(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
+    deploy = static_name(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
     pooled = {m: [v for sp in speeds for v in sp[m]] for m in speeds[0]}
-    learned, static = _geomean(pooled["learned"]), _geomean(pooled[deploy])
-    oracle = _geomean(pooled["oracle"])
+    learned, static = geomean(pooled["learned"]), geomean(pooled[deploy])
+    oracle = geomean(pooled["oracle"])
     mix = {"outputs": len(train), "learned_vs_ar": learned, "deploy_vs_ar": static,
-           "oracle_vs_ar": oracle, "oracle_share": _share(learned, static, oracle),
+           "oracle_vs_ar": oracle, "oracle_share": share(learned, static, oracle),
            "folds": folds, "out_of_fold_vs_ar": None, "out_of_fold_share": None}
     if "oracle_choices" in pooled:
-        mix["oracle_choices_vs_ar"] = _geomean(pooled["oracle_choices"])
-        mix["oracle_choices_share"] = _share(learned, static, mix["oracle_choices_vs_ar"])
+        mix["oracle_choices_vs_ar"] = geomean(pooled["oracle_choices"])
+        mix["oracle_choices_share"] = share(learned, static, mix["oracle_choices_vs_ar"])
     if folds:
         try:
             speed = fitting.out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
                                   max_ngram=policy.max_ngram, draft_costs=policy.draft_costs)
         except MCSDError:
             return mix
-        mix["out_of_fold_vs_ar"] = _geomean(speed)
-        mix["out_of_fold_share"] = _share(mix["out_of_fold_vs_ar"], static, oracle)
+        mix["out_of_fold_vs_ar"] = geomean(speed)
+        mix["out_of_fold_share"] = share(mix["out_of_fold_vs_ar"], static, oracle)
     return mix
 
 
-def _geomean(values: list[float]) -> float:
-    import numpy as np
-
-    return float(np.exp(np.log(values).mean()))
-
-
-def _share(ours: float, deploy: float, oracle: float) -> float | None:
-    """The share of the oracle's gain over the deploy static that `ours` takes."""
-    return (ours - deploy) / (oracle - deploy) if oracle > deploy else None
-
-
-def print_report(report: list[dict], rate: float, mix: dict | None = None) -> None:
-    choices = "oracle_choices_vs_ar" in report[0]
-    print(f"replayed speed (tuned rate {rate:.1f} tokens/s); learned vs {report[0]['deploy']} "
-          f"and vs the domain's best static copy length, 95% CI:")
-    wide = max(len(r["best_static"]) for r in report)
-    print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  "
-          f"{'vs best static':>{24 + wide}}  {'oracle':>6} {'share':>6}"
-          + (f" {'oracle*':>7} {'share*':>6}" if choices else ""))
-    for r in sorted(report, key=lambda r: r["vs_best_static"]["geomean"]):
-        d, b = r["vs_deploy"], r["vs_best_static"]
-        label = r["domain"] + (" (trained)" if r["trained"] else "")
-        line = (f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
-                f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
-                f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>{wide}}  "
-                f"{r['oracle_vs_ar']:6.3f} {_pct(r['oracle_share']):>6}")
-        if choices:
-            line += f" {r['oracle_choices_vs_ar']:7.3f} {_pct(r['oracle_choices_share']):>6}"
-        print(line)
-    print("(vs AR: replayed speed over the target alone; oracle: the hindsight-best choice at "
-          "every step, over AR; share: of the oracle's gain over the deploy static, the "
-          "policy's" + ("; oracle*, share*: the same for an oracle that, as the policy, copies "
-                        "or drafts and never lets the target decode alone)" if choices else ")"))
-    if mix:
-        line = (f"training mix, {mix['outputs']} outputs pooled: learned {mix['learned_vs_ar']:.3f}"
-                f" AR, deploy {mix['deploy_vs_ar']:.3f}, oracle {mix['oracle_vs_ar']:.3f}; "
-                f"share {_pct(mix['oracle_share'])}")
-        if "oracle_choices_vs_ar" in mix:
-            line += (f"; oracle* {mix['oracle_choices_vs_ar']:.3f}, share* "
-                     f"{_pct(mix['oracle_choices_share'])}")
-        if mix["folds"]:
-            line += (f"; out of fold ({mix['folds']} folds) learned "
-                     f"{mix['out_of_fold_vs_ar']:.3f}, share {_pct(mix['out_of_fold_share'])}"
-                     if mix["out_of_fold_vs_ar"] is not None else
-                     "; out of fold: a fold holds too few repeats to fit")
-        print(line)
-
-
-def _pct(share: float | None) -> str:
-    return "-" if share is None else f"{share:.0%}"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
+from replay.width import print_report, replay_report
 from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
 
 
@@ -106,39 +107,3 @@ class WidthTrainer:
                             out.profile, self.args.check_prompts, self.args.seed, progress=True)
         print(format_check(check))
         return check
-
-
-def replay_report(policy, replay, ranked: dict[str, list], trained: set[str]) -> list[dict]:
-    """Per category: the policy, each static width and the hindsight-best width, replayed and
-    paired per output against the widest static width (`metrics.paired_speedup`)."""
-    from mcsd_runtime.metrics import paired_speedup
-    from replay.width import learned, oracle, static
-
-    report = []
-    for name, outs in ranked.items():
-        base = [replay.speed(o, static(policy.k)) for o in outs]
-        rules = {f"width {w}": static(w) for w in range(1, policy.k)} | {
-            "learned": learned(policy), "oracle": oracle}
-        row = {"domain": name, "trained": name in trained, "outputs": len(outs)}
-        for label, rule in rules.items():
-            walks = [replay.walk(o, rule) for o in outs]
-            row[label] = paired_speedup([tokens / sec for tokens, sec, _ in walks], base)
-            if label == "learned":
-                widths = [w for _, _, taken in walks for w in taken if w]
-                row["mean_width"] = sum(widths) / max(len(widths), 1)
-        report.append(row)
-    return report
-
-
-def print_report(report: list[dict], policy) -> None:
-    k = policy.k
-    print(f"replayed speed against width {k} (tuned rate {policy.rate:.1f} tokens/s), paired "
-          f"per output, 95% CI:")
-    cols = [f"width {w}" for w in range(1, k)] + ["learned", "oracle"]
-    print(f"{'category':30} {'n':>3} " + " ".join(f"{c:>22}" for c in cols) + "  mean width")
-    for r in sorted(report, key=lambda r: r["learned"]["geomean"]):
-        label = r["domain"] + (" (trained)" if r["trained"] else "")
-        cells = [f"{r[c]['geomean']:.3f} [{r[c]['ci_low']:.3f}, {r[c]['ci_high']:.3f}]"
-                 for c in cols]
-        print(f"{label:30} {r['outputs']:>3} " + " ".join(f"{c:>22}" for c in cells)
-              + f"  {r['mean_width']:.2f}")
