@@ -1,7 +1,7 @@
 """Replay against a finished `mcsd eval`, prompt by prompt: does the cost model rank methods as
 the decoder does?
 
-`python -m replay.vs_eval --runs DIR... --eval EVAL... --cost-profile cost.json`
+`mcsd replay --runs DIR... --eval EVAL... --cost-profile cost.json`
 replays every method of the evaluation (AR, static depths, built-in and trained stoppers) on
 dense collections of the same prompts (`mcsd collect --dense` on the sets and seeds the
 evaluation drew) and compares, per prompt, each method's speed relative to a base method
@@ -154,11 +154,13 @@ def table(result: dict[str, dict], base: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def register(sub: argparse._SubParsersAction) -> None:
+    """`mcsd replay`."""
     from mcsd_runtime.cli.args import add_cost_profile_arg, add_out_arg, add_runs_arg
 
-    p = argparse.ArgumentParser(prog="python -m replay.vs_eval", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("replay", help="replay a finished `mcsd eval`'s methods on dense "
+                                      "collections and compare with what it measured",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_runs_arg(p, "dense collection folders of the evaluation's prompts (mcsd collect "
                     "--dense, same sets, --limit and --seed as the evaluation); required",
                  renamed=("--collections",))
@@ -167,31 +169,29 @@ def main(argv: list[str] | None = None) -> int:
     add_cost_profile_arg(p, "the cost profile replay charges", required=True)
     p.add_argument("--base", default="static:1", help="method every ratio is taken against")
     add_out_arg(p, "also write the result as JSON here")
-    args = p.parse_args(argv)
-    try:
-        from mcsd_runtime.costmodel.profile import CostProfile
+    p.set_defaults(func=run)
 
-        if not args.runs:
-            raise MCSDError("--runs DIR... is required: the dense collections to replay")
-        for path in [*args.runs, *args.evals]:
-            if not Path(path).is_dir():
-                raise MCSDError(f"no folder at {path}")
-        measured = [eval_records(Path(e)) for e in args.evals]
-        methods = sorted({m for run in measured for ps in run.values() for s in ps.values()
-                          for m in s})
-        # transformers' own generate() (hf, hf-assisted, hf-static) and mcsd* replay nothing
-        methods = [m for m in methods if m.split(":")[0] not in UNREPLAYED
-                   and not m.startswith("mcsd")]
-        if args.base not in methods:
-            raise MCSDError(f"--base {args.base} is not a method of the evaluations "
-                            f"({', '.join(methods)})")
-        trees = set().union(*(eval_trees(Path(e)) for e in args.evals))
-        result = compare(measured, replayed(args.runs,
-                                            CostProfile.load(args.cost_profile), methods, trees),
-                         args.base)
-    except MCSDError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+
+def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.costmodel.profile import CostProfile
+
+    if not args.runs:
+        raise MCSDError("--runs DIR... is required: the dense collections to replay")
+    for path in [*args.runs, *args.evals]:
+        if not Path(path).is_dir():
+            raise MCSDError(f"no folder at {path}")
+    measured = [eval_records(Path(e)) for e in args.evals]
+    methods = sorted({m for run in measured for ps in run.values() for s in ps.values()
+                      for m in s})
+    # transformers' own generate() (hf, hf-assisted, hf-static) and mcsd* replay nothing
+    methods = [m for m in methods if m.split(":")[0] not in UNREPLAYED
+               and not m.startswith("mcsd")]
+    if args.base not in methods:
+        raise MCSDError(f"--base {args.base} is not a method of the evaluations "
+                        f"({', '.join(methods)})")
+    trees = set().union(*(eval_trees(Path(e)) for e in args.evals))
+    result = compare(measured, replayed(args.runs, CostProfile.load(args.cost_profile), methods,
+                                        trees), args.base)
     print(table(result, args.base))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -199,4 +199,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    print("python -m replay.vs_eval is now `mcsd replay` (the same options)", file=sys.stderr)
+    sys.exit(2)

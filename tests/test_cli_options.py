@@ -28,7 +28,7 @@ DEFINITIONS_CEILING = int(DEFINITIONS_BEFORE * 0.8)
 CEILINGS = {
     "attention-bench": 10, "bench": 21, "collect": 27, "draft distill": 20, "draft show": 2,
     "drift": 15, "eval": 28, "profile": 19, "prompts": 5, "toy build": 5, "toy draft": 5,
-    "toy info": 4, "train": 40, "step-breakdown": 19,
+    "toy info": 4, "train": 40, "step-breakdown": 19, "replay": 5,
 }
 # old spelling -> (its new one, the commands it lived in): none of them may show in --help again
 FOLDED = {
@@ -40,6 +40,7 @@ FOLDED = {
     "--data": ("--runs", {"train"}),
     "--from-runs": ("--runs", {"eval"}),
     "--check": ("--check-prompts", {"train"}),
+    "--collections": ("--runs", {"replay"}),
     "--batch-sizes": ("--batch-size", {"profile"}),
     "--overhead-prompts": ("--prompts", {"profile"}),
     "--overhead-limit": ("--limit", {"profile"}),
@@ -75,7 +76,7 @@ def commands(parser: argparse.ArgumentParser | None = None, prefix: str = "") ->
     return out
 
 
-def definitions(roots=("mcsd_runtime", "collect", "train")) -> dict[str, int]:
+def definitions(roots=("mcsd_runtime", "collect", "replay", "train")) -> dict[str, int]:
     """Source file -> its `add_argument` calls that define a visible option (not an old
     spelling's hidden alias, not a help option)."""
     counts = {}

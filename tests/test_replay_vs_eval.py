@@ -1,4 +1,4 @@
-"""`python -m replay.vs_eval`: replayed against measured speed, prompt by prompt."""
+"""`mcsd replay`: replayed against measured speed, prompt by prompt."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import pytest
 from mcsd_runtime import cli
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
-from replay.vs_eval import compare, main
+from replay.vs_eval import compare
+
+
+def main(argv: list[str]) -> int:
+    return cli.main(["replay", *argv])
 
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
                       step_overhead_s=0.05, depth_overhead_s=0.01)
