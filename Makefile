@@ -55,7 +55,7 @@ demo: venv
 		--limit 8 --threads 1
 	for model in lightgbm mlp; do \
 		$(MCSD) train --runs $(DEMO)/collect --model $$model --cost-profile $(DEMO)/cost.json \
-			--val-frac 0.3 --out $(DEMO)/stoppers/$$model --threads 1 --check-prompts 12 \
+			--val-frac 0.3 --out $(DEMO)/stoppers/$$model --force --threads 1 --check-prompts 12 \
 			--domains $(addprefix $(DEMO)/domains/,$(subst $(COMMA), ,$(DEMO_DOMAINS))) \
 			|| exit 1; \
 	done
@@ -138,7 +138,8 @@ batches: venv
 	$(MCSD) profile --target toy --out $(BATCH)/cost.json --max-tokens 16 --k-config $(DEMO_K) \
 		--limit 8 --threads 1 --batch-size $(BATCH_SIZES)
 	$(MCSD) train --runs $(BATCH)/collect --model lightgbm --cost-profile $(BATCH)/cost.json \
-		--val-frac 0.3 --batch-size $(BATCH_SIZES) --out $(BATCH)/stoppers/lightgbm --threads 1
+		--val-frac 0.3 --batch-size $(BATCH_SIZES) --out $(BATCH)/stoppers/lightgbm --force \
+		--threads 1
 	heuristic=$$($(BIN)/python -c "import json; print(json.load(open(\
 		'$(BATCH)/stoppers/lightgbm/metrics.json'))['peers']['heuristic'])") && \
 	for set in $(BATCH_DOMAINS); do \

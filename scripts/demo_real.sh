@@ -97,7 +97,7 @@ done
 for model in lightgbm mlp; do
     "$MCSD" train --runs "${collected[@]}" --model "$model" \
         --cost-profile "$DEMO_REAL/cost.json" --val-frac 0.3 \
-        --out "$DEMO_REAL/stoppers/$model" --threads 1 --check-prompts "$REAL_CHECK" \
+        --out "$DEMO_REAL/stoppers/$model" --force --threads 1 --check-prompts "$REAL_CHECK" \
         --domains "${domains[@]}"
 done
 "$MCSD" train --decision copy "${train_outputs[@]}" --k-config "$REAL_K" \

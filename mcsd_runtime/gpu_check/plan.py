@@ -181,7 +181,8 @@ def train_stop_cmd(s: Sizes, model: str, runs: Path, profile: Path, out: Path) -
     epochs = ["--max-epochs", str(s.mlp_epochs)] if s.mlp_epochs and model == "mlp" else []
     return [*MCSD, "train", "--decision", "stop", "--runs", str(runs), "--model", model,
             "--cost-profile", str(profile), "--val-frac", "0.3",
-            "--check-prompts", str(s.check_prompts), *epochs, *THREADS, "--out", str(out)]
+            "--check-prompts", str(s.check_prompts), *epochs, *THREADS, "--force",
+            "--out", str(out)]
 
 
 def train_copy_cmd(s: Sizes, profile: Path, traces: Path, out: Path) -> list[str]:
