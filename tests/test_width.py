@@ -226,6 +226,15 @@ def test_train_width_trains_reports_decodes_and_refuses_bad_input(toy_tiny, tmp_
     assert policy.k == 4 and policy.trained["report"][0]["outputs"] in (2, 3)
     assert main([*base, "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+    # checked end to end: greedy, the decoders take the replay's steps, width by width
+    checked = tmp_path / "checked"
+    assert main([*base, "--out", str(checked), "--check-prompts", "1"]) == 0
+    check = json.loads((checked / "check.json").read_text())
+    assert set(check["per_method"]) == {"ar", "width 1", "width 2", "width 3", "width 4",
+                                        "learned"}
+    assert all(r["steps_replayed"] == r["steps_measured"] for r in check["per_method"].values())
+    assert "replay vs end to end on 1 held-out prompts" in capsys.readouterr().out
+    assert json.loads((checked / "decision.json").read_text())["decision"] == "width"
     short = tmp_path / "short.json"
     CostProfile(tokens=[1, 4], target_s=[0.01, 0.012], draft_s=[0.001, 0.001]).save(short)
     assert main([*base[:-1], str(short), "--out", str(tmp_path / "o2")]) == 2
