@@ -3,7 +3,7 @@ distribution, the generation config's limits, stopping criteria, streamers and u
 
 from __future__ import annotations
 
-import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +18,6 @@ from transformers import (
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from conftest import make_pair
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.integrations.hf import generate as mcsd_generate
 
@@ -83,21 +82,10 @@ def test_greedy_on_the_tiny_toy_pair(toy_pair):
 
 
 @pytest.fixture(scope="module")
-def lightgbm_stopper(tmp_path_factory):
-    """A LightGBM stopper trained on a dense collection of `small_pair` (seconds)."""
-    from test_train_data import dense_rows, small_pair
-
-    from train.stop.trainer import train_stopper
-
-    folder = tmp_path_factory.mktemp("lightgbm")
-    profile = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],
-                          step_overhead_s=0.05)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        train_stopper(dense_rows(), [{"pair": small_pair().fingerprint}], folder,
-                      model="lightgbm", profile=profile, aggregations=("max",),
-                      log=lambda *_: None)
-    return folder
+def lightgbm_stopper():
+    """A LightGBM stopper trained on a dense collection of `small_pair` (the stored fixture,
+    `tests/fixtures/make_stopper_fixtures.py`)."""
+    return Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 
 
 def test_greedy_with_a_trained_stopper(lightgbm_stopper):
