@@ -48,7 +48,7 @@ def test_the_gpu_plan_covers_what_the_check_must_run():
     names = [s.name for s in plan.stages(plan.GPU)]
     assert names == ["target", "breakdown-smollm2", "breakdown-llama2-7b", "distill", "collect",
                      "profile", "train-lightgbm", "train-mlp", "train-copy", "eval-t0",
-                     "eval-t0.7", "spike-smollm2", "spike-llama2-7b"]
+                     "eval-t0.7", "eval-static", "spike-smollm2", "spike-llama2-7b"]
     pipeline = [n for n in names if not n.startswith("spike-")]  # spikes: if time is left
     assert sum(plan.GPU.budgets[n] for n in pipeline) <= 560  # one ten-minute call
     collect = " ".join(plan.collect_cmd(plan.GPU, Path("c")))
@@ -62,7 +62,7 @@ def test_the_gpu_plan_covers_what_the_check_must_run():
 
 def test_eval_takes_the_learned_decisions_that_finished(tmp_path):
     sizes = plan.SMOKE
-    assert plan.eval_methods(sizes, tmp_path) == ["ar", "hf", "hf-static", "static:1",
+    assert plan.eval_methods(sizes, tmp_path) == ["ar", "hf", "static:1",
                                                   "static:3", "heuristic", sizes.deploy]
     metrics = tmp_path / "stoppers" / "lightgbm" / "metrics.json"
     metrics.parent.mkdir(parents=True)
