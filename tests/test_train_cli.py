@@ -30,6 +30,16 @@ def test_cli_trains_an_artifact(tmp_path, capsys):
     assert spec["k_config"] == [4, 2, 2, 1]
     assert run_parser(parser, ["train", "--bench-latency", "--out", str(out)]) == 0
     assert "median_us" in capsys.readouterr().out
+    assert json.loads((out / "decision.json").read_text())["decision"] == "stop"
+    # a filled --out is refused without --force; with it, other domains are replayed too
+    argv = ["train", "--runs", str(run), "--model", "lightgbm", "--out", str(out),
+            "--aggregations", "max", "--threads", "1", "--features", "node"]
+    assert run_parser(parser, argv) == 2
+    assert "--force" in capsys.readouterr().err
+    assert run_parser(parser, [*argv, "--force", "--domains", str(run)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["domains"]) == {"run"} and (out / "calibration_domains.png").is_file()
+    assert json.loads((out / "check.json").read_text())["domains"] == metrics["domains"]
 
 
 def test_cli_user_errors(tmp_path, capsys):
