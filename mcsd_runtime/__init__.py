@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` 
     from mcsd_runtime.models.pair import load_pair as load_pair
     from mcsd_runtime.stop.builtin import Stopper as Stopper
     from mcsd_runtime.stop.builtin import make_stopper as make_stopper
+    from mcsd_runtime.stop.decision import load_decision as load_decision
     from mcsd_runtime.stop.features import FEATURE_NAMES as FEATURE_NAMES
     from mcsd_runtime.stop.features import NODE_FEATURES as NODE_FEATURES
     from mcsd_runtime.stop.features import SCHEMA_VERSION as SCHEMA_VERSION
@@ -38,6 +39,7 @@ _EXPORTS = {
     "check_pair": "stop.learned", "load_stopper": "stop.learned",
     "Pair": "models.pair", "load_pair": "models.pair", "Stopper": "stop.builtin",
     "make_stopper": "stop.builtin", "mcsd_generate": "integrations.hf",
+    "load_decision": "stop.decision",
 }
 __all__ = sorted(_EXPORTS)
 
