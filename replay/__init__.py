@@ -1,4 +1,9 @@
-"""Offline replay: what any stopper would have done, from full-depth collected rows.
+"""Offline replay of every learned decision, by the step rules of
+`mcsd_runtime.costmodel.step_model`, priced by a cost profile: the depth stopper over
+full-depth collected rows (below), the copy length (`replay.copy`) and the width
+(`replay.width`) over the target's own outputs (`collect.outputs`); `replay.check` checks
+each replay against end-to-end decoding, `replay.vs_eval` (`mcsd replay`) against a finished
+evaluation, and `replay.runs` reads collected runs.
 
 - `replay.data`: the rows arranged by prompt and step (`ReplayData`, `Prompt`, `Step`) and
   the frontier a stopper sees there;

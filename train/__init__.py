@@ -1,7 +1,9 @@
-"""train: decision models for early stopping, offline replay, stopper artifacts.
+"""train: the learned decisions (`mcsd train --decision stop|copy|width`), each trained by
+the same stages (`train.decision`: prepare, fit, choose by replay, write, check); `train.stop`,
+`train.copy` and `train.width` hold what differs.
 
     from replay.runs import load_runs, output_lengths
-    from train.stop.pipeline import train_stopper
+    from train.stop.trainer import train_stopper
     from replay import ReplayData, replay
 
     df, manifests = load_runs(["runs/toy-dense"])
