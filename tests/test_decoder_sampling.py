@@ -22,6 +22,9 @@ from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 
 VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 1000
+# a broken verifier's samples: rejected far below ALPHA already at this many (every biased
+# arm here had p <= 1e-12 at 300 seeds; the seeds are fixed, so the outcome is too)
+N_BIASED = 300
 ALPHA = 1e-3
 
 
@@ -227,7 +230,7 @@ def test_degenerate_drafts_stay_exact_and_the_old_verifier_does_not(draft_kind, 
     exact = exact_joint(pair, temperature)
     assert p_value(sampled_counts(pair, "mcss", k_config, temperature), exact) > ALPHA
     monkeypatch.setattr(V, "verify_children", unguarded_verify)
-    assert p_value(sampled_counts(pair, "mcss", k_config, temperature), exact) < ALPHA
+    assert p_value(sampled_counts(pair, "mcss", k_config, temperature, n=N_BIASED), exact) < ALPHA
 
 
 @pytest.mark.parametrize("verify", ["mcss-replacement", "naive"])
@@ -240,7 +243,7 @@ def test_one_hot_draft_other_verifiers(verify):
 def test_chi_square_detects_a_biased_verifier(micro, monkeypatch):
     """The decoder-level test fails when the residual is drawn from p."""
     monkeypatch.setattr(V, "verify_children", residual_from_p)
-    counts = sampled_counts(micro, "mcss", (3, 2))
+    counts = sampled_counts(micro, "mcss", (3, 2), n=N_BIASED)
     assert p_value(counts, exact_joint(micro, 1.0)) < ALPHA
 
 
@@ -291,7 +294,8 @@ def test_chi_square_detects_a_biased_verifier_under_lookup(micro, monkeypatch, c
     k_config, stopper = LOOKUP_TREES[tree]
     monkeypatch.setattr(V, "verify_children", residual_from_p)
     counts = sampled_counts(micro, "mcss", k_config, prompt=LOOKUP_PROMPT, stopper=stopper,
-                            lookup=2, lookup_min_ngram=1, copy_length=COPY_LENGTHS[copy_length])
+                            lookup=2, lookup_min_ngram=1, copy_length=COPY_LENGTHS[copy_length],
+                            n=N_BIASED)
     assert p_value(counts, exact_joint(micro, 1.0, LOOKUP_PROMPT)) < ALPHA
 
 

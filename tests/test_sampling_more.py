@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_decoder_sampling import (
     ALPHA,
+    N_BIASED,
     N_SAMPLES,
     PROMPT,
     VOCAB,
@@ -82,11 +83,11 @@ class Rotating(StopperBase):
         return go
 
 
-def _triple_counts(pair, stopper: Rotating) -> torch.Tensor:
+def _triple_counts(pair, stopper: Rotating, n: int = N_SAMPLES) -> torch.Tensor:
     dec = MCSDDecoder(pair, DecodeConfig(k_config=(2, 2, 2), temperature=1.0,
                                          max_new_tokens=4), stopper=stopper)
     counts = torch.zeros(VOCAB ** 3)
-    for seed in range(N_SAMPLES):
+    for seed in range(n):
         stopper.use(seed)
         x1, x2, x3 = dec.generate(PROMPT, seed=seed).token_ids[:3]
         counts[(x1 * VOCAB + x2) * VOCAB + x3] += 1
@@ -105,7 +106,8 @@ def test_adaptive_stoppers_on_a_deeper_tree_keep_three_tokens_exact(micro, monke
         assert stops > 0 and (goes > 0 or spec.startswith("switch")), spec
     assert stopper.skipped >= N_SAMPLES // len(stopper.names)  # and steps without a draft
     monkeypatch.setattr(V, "verify_children", residual_from_p)  # the same test, a biased verifier
-    assert p_value(_triple_counts(micro, Rotating(tmp_path / "learned")), exact) < ALPHA
+    assert p_value(_triple_counts(micro, Rotating(tmp_path / "learned"), N_BIASED),
+                   exact) < ALPHA
 
 
 @pytest.mark.parametrize("verify", ["naive", "mcss-replacement"])
@@ -113,7 +115,8 @@ def test_other_verifiers_below_temperature_one(micro, verify, monkeypatch):
     exact = exact_joint(micro, 0.7)
     assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7), exact) > ALPHA
     monkeypatch.setattr(V, "verify_children", residual_from_p)  # the same test, a biased verifier
-    assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7), exact) < ALPHA
+    assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7, n=N_BIASED),
+                   exact) < ALPHA
 
 
 def _pair_counts(first_two, n: int) -> torch.Tensor:
