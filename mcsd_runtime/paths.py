@@ -113,3 +113,10 @@ def check_files(root: Path, card: dict, broken: Callable[[str | Path, str], str]
             raise MCSDError(broken(root, f"{rel} is missing"))
         if file_sha256(path) != digest:
             raise MCSDError(broken(root, f"{rel} does not match its checksum"))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

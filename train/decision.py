@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import tmp_beside
+from mcsd_runtime.paths import atomic_write_text, tmp_beside
 from mcsd_runtime.stop.decision import write_manifest
 
 CHECK_FILE = "check.json"
@@ -95,5 +95,5 @@ def train(trainer: Trainer, force: bool = False) -> int:
     print(f"-> {out} (decode with `{decode}`)", flush=True)
     check = trainer.check(data, chosen)
     if check is not None:
-        (out / CHECK_FILE).write_text(json.dumps(check, indent=1, default=float))
+        atomic_write_text(out / CHECK_FILE, json.dumps(check, indent=1, default=float))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -18,3 +19,17 @@ def cache_kwargs(model: torch.nn.Module, cache) -> dict:
     """`{keyword: cache}` for the model's forward: `cache` from transformers 5.24 (which
     deprecates `past_key_values`), else `past_key_values`."""
     return {_cache_keyword(type(model)): cache}
+
+
+@contextlib.contextmanager
+def hf_progress_bars_off():
+    """transformers' per-shard save/load progress bars off for a while (noise in a build)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()

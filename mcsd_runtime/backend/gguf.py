@@ -22,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
+from mcsd_runtime.backend.compat import hf_progress_bars_off
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
@@ -105,23 +106,17 @@ def gguf_model_dir(spec: str | Path, source: dict | None = None, progress: bool 
 
 def convert_gguf(gguf: Path, dest: Path, source: dict, progress: bool = True) -> dict:
     """Convert `gguf` into the folder `dest` (tmp folder, then rename); returns the card."""
-    from transformers.utils import logging as hf_logging
-
     if progress:
         print(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB) once into {dest} "
               f"(the cache: {CACHE_HELP})", flush=True)
     tmp = tmp_beside(dest, "the converted model", "set MCSD_CACHE to a writable folder")
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        card = _convert_into(tmp, gguf, source)
+        with hf_progress_bars_off():
+            card = _convert_into(tmp, gguf, source)
         _install(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     if progress:
         print(f"converted in {card['conversion_seconds']:.0f} s ({card['params'] / 1e6:.0f} M "
               f"parameters, {card['architecture']}, license {card['license']})", flush=True)

@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     from mcsd_runtime.decode.state import DecodeConfig
     from mcsd_runtime.evaluate.drift import drift_table, measure_drift, summarize
-    from mcsd_runtime.evaluate.report import atomic_write_text
     from mcsd_runtime.models.pair import load_pair
+    from mcsd_runtime.paths import atomic_write_text
     from mcsd_runtime.prompts.chat import encode_prompt
     from mcsd_runtime.prompts.sets import load_prompts
     from mcsd_runtime.tree import parse_k_config

@@ -14,7 +14,7 @@ from mcsd_runtime.evaluate.methods import short_name
 from mcsd_runtime.evaluate.plots import plot
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.evaluate.training_results import stopper_table
-from mcsd_runtime.paths import short_model_name
+from mcsd_runtime.paths import atomic_write_text, short_model_name
 
 OUTPUTS = ("per_prompt.jsonl", "summary.json", "summary.csv", "summary.md", "report.md",
            "speedup.png", "tau.png", "acceptance_by_depth.png")
@@ -154,9 +154,3 @@ the target). *repeated 4-grams*: mean share of an output's 4-grams already seen 
 *loops*: share of outputs where at least half are (read both against ar's: code repeats
 legitimately)."""
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

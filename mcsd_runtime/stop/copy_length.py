@@ -28,6 +28,7 @@ import numpy as np
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.lookup import Match
+from mcsd_runtime.paths import atomic_write_text
 
 FORMAT = "mcsd-copy-length"
 SPEC_FILE, MODEL_FILE = "copy_length.json", "model.txt"
@@ -141,9 +142,8 @@ class CopyLength:
                 "rate": self.rate, "min_ngram": self.min_ngram, "max_ngram": self.max_ngram,
                 "temperature": self.temperature, "draft_costs": self.draft_costs,
                 "draft_prior": self.draft_prior, "beside_draft": self.draft_tree, **(meta or {})}
-        tmp = folder / (SPEC_FILE + ".tmp")
-        tmp.write_text(json.dumps(spec, indent=1))
-        tmp.replace(folder / SPEC_FILE)  # written last: a folder with it is complete
+        # written last: a folder with it is complete
+        atomic_write_text(folder / SPEC_FILE, json.dumps(spec, indent=1))
 
     @classmethod
     def load(cls, folder: str | Path) -> CopyLength:

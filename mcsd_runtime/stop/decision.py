@@ -25,12 +25,12 @@ loading from its folder. How each is consulted in a step differs by where it sit
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.paths import atomic_write_text
 
 FORMAT, VERSION, FILE = "mcsd-decision", 1, "decision.json"
 SPEC_FILES = {"stop": "stopper.json", "copy": "copy_length.json", "width": "width.json"}
@@ -52,12 +52,9 @@ def write_manifest(folder: Path, decision: str, decode: str) -> Path:
     if decision not in SPEC_FILES:
         raise MCSDError(f"unknown decision {decision!r} (known: {', '.join(SPEC_FILES)})")
     path = folder / FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "version": VERSION, "decision": decision,
-                               "spec": SPEC_FILES[decision], "decode": decode,
-                               "created": datetime.now(UTC).isoformat(timespec="seconds")},
-                              indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({
+        "format": FORMAT, "version": VERSION, "decision": decision, "spec": SPEC_FILES[decision],
+        "decode": decode, "created": datetime.now(UTC).isoformat(timespec="seconds")}, indent=1))
     return path
 
 

@@ -28,7 +28,6 @@ A policy is a folder holding `width.json`:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -36,6 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.paths import atomic_write_text
 
 FORMAT, VERSION, FILE = "mcsd-width", 1, "width.json"
 METHOD = "width"  # `width:PATH`: depth 1 of --k-config, verifying the width PATH chooses
@@ -90,9 +90,7 @@ class WidthPolicy:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1))
         return path
 
     @classmethod

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from mcsd_runtime.backend.compat import hf_progress_bars_off
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
@@ -120,19 +121,13 @@ def build_then_install(tmp: Path, dest: Path, build: Callable[[], dict]) -> dict
     """Run `build()`, which writes a model folder into `tmp` and returns its card, with
     transformers' per-shard progress bars off, then move `tmp` to `dest`; `tmp` is removed if
     anything fails."""
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # per-shard save/load bars are noise here
     try:
-        card = build()
+        with hf_progress_bars_off():
+            card = build()
         _install(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     return card
 
 

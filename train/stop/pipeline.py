@@ -26,6 +26,7 @@ import replay as R
 from mcsd_runtime.costmodel.decision_cost import stopper_latency
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.paths import atomic_write_text
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.stop.expected_rate import Calibration
@@ -66,8 +67,9 @@ def _xy(df: pd.DataFrame, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     return x, df[f"label_{config.label}"].to_numpy(np.float32)
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=1, default=float) + "\n")
+def write_json(path: Path, obj: dict) -> None:
+    """`obj` as indented JSON (numpy scalars as floats), through a temporary file."""
+    atomic_write_text(path, json.dumps(obj, indent=1, default=float) + "\n")
 
 
 def _slim_manifest(m: dict) -> dict:
@@ -504,7 +506,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     `started`: the run's time.perf_counter() start, for elapsed_s."""
     out = Path(out)
     _plots(prep, fitted, choice, out, config)
-    _write_json(out / "replay_curve.json",
+    write_json(out / "replay_curve.json",
                 {"metric": METRIC, "mode": choice.data.mode, "curve": choice.curve,
                  "chosen": choice.chosen, "baselines_val": choice.results["val"],
                  "batches": {str(b): {"curve": c["curve"], "chosen": c["chosen"]}
@@ -522,7 +524,7 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
     if choice.batches:  # chosen, peers, results and headline at each batch size above 1
         summary["batches"] = {str(b): {k: v for k, v in c.items() if k not in ("curve", "setting")}
                               for b, c in choice.batches.items()}
-    _write_json(out / "metrics.json", summary)
+    write_json(out / "metrics.json", summary)
     chosen = choice.chosen
     spec = replace(
         choice.spec, **_spec_fields(chosen, choice.calibration),

@@ -83,8 +83,7 @@ class StopTrainer:
         if self.domains:
             ran["domains"] = self._check_domains()
         if ran:
-            (self.out / "metrics.json").write_text(json.dumps(summary, indent=1, default=float)
-                                                   + "\n")
+            P.write_json(self.out / "metrics.json", summary)
         return ran or None
 
     def _check_domains(self) -> dict:
