@@ -1,0 +1,327 @@
+"""The GPU check's first call: the engine's measurements at one shape, with no download.
+
+`python -m mcsd_runtime.gpu_check.engine_check --shape llama2-7b --device cuda --out F.json`
+builds a random-weight pair of the shape on the device (`step_breakdown.shaped_pair`) and
+measures, in this order, each written into `F.json` as soon as it is measured (so a stage stopped
+at its budget keeps every row before it):
+
+1. `bound`: the bandwidth bound of one target forward;
+2. `rows`, captured first (`graphs on`): AR and `static:1` on the tree (`4,2,2,1`), each row
+   saying which path ran (`path`: captured, fixed or eager) and where its step's time goes
+   (target and draft forward per call, the decoder's host work per step);
+3. `batch`: an AR decode step at B=8 against B=1, padded, and ragged where `DecodeConfig` has a
+   `batch_layout` field;
+4. `decisions`: a learned stopper's (a random MLP on the feature schema) cost per decision,
+   that is per drafted depth, inside the decoder on this pair;
+5. `launches`: kernel launches, syncs and the GPU-busy share of an AR step, captured and eager;
+6. the eager rows (AR, `static:1`, and the target's own `generate()` as `hf`), then eager batches;
+7. with `--exact` (the SmolLM2 shape in the check): `exact`, the same pair in fp32, captured
+   against eager, tokens and logits compared; `replay`, a replayed graph's outputs unchanged by
+   the next replay of the same graph; `uploads`, host-to-device uploads that do not wait;
+8. `probe`: the eager forward probe (`step_breakdown.forward_probe`).
+
+`goals` is rewritten with every write: what each of issue 52's figures reaches so far.
+A failure inside one measurement becomes that entry's `error`; the next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from mcsd_runtime.costmodel import step_breakdown as sb
+
+FORMAT = "mcsd-engine-check"
+BATCH = 8  # rows of the batched step, against 1
+GOALS = {  # issue 52's figures: (key in `goals`, comparison, bound)
+    "ar_vs_hf": (">=", 3.0), "ar_over_bound": ("<=", 2.0), "static1_over_ar": ("<=", 1.3),
+    "b8_over_b1": ("<=", 1.3), "gpu_busy": (">=", 0.8), "ar_ms": ("<=", 2.5),
+    "decision_ms_per_depth": ("<=", 0.1), "fp32_captured_equals_eager": ("==", True)}
+AR_MS_GOAL_SHAPE = "smollm2"  # the shape whose AR step has a goal of its own (ar_ms)
+
+
+class Doc:
+    """The JSON document, rewritten (atomically) after every change."""
+
+    def __init__(self, path: Path | None, head: dict) -> None:
+        self.path, self.data = path, {**head, "rows": [], "batch": []}
+        self.write()
+
+    def put(self, key: str, value) -> None:
+        self.data[key] = value
+        self.write()
+
+    def append(self, key: str, row: dict) -> None:
+        self.data.setdefault(key, []).append(row)
+        self.write()
+
+    def write(self) -> None:
+        self.data["goals"] = goals(self.data)
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _error(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"[:500]
+
+
+def guarded(fn: Callable[[], dict]) -> dict:
+    """fn(), or {"error": ...} when it raises (a capture or memory failure is a result)."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 - every measurement is recorded, never fatal
+        return {"error": _error(err)}
+
+
+def _row(pair, method: str, graphs: str, k_config, ids, tokens: int, repeats: int) -> dict:
+    got = guarded(lambda: dataclasses.asdict(
+        sb.breakdown(pair, method, k_config, ids, tokens, graphs, repeats)))
+    return {"method": method, "graphs": graphs, **got}
+
+
+def layouts() -> list[str]:
+    """The batch layouts this decoder has: padded always, ragged once `DecodeConfig` has a
+    `batch_layout` field."""
+    from mcsd_runtime.decode.state import DecodeConfig
+
+    names = {f.name for f in dataclasses.fields(DecodeConfig)}
+    return ["padded", "ragged"] if "batch_layout" in names else ["padded"]
+
+
+def batch_step(pair, rows: int, graphs: str, layout: str, ids: list[list[int]], tokens: int,
+               repeats: int) -> dict:
+    """ms per AR decode step of `rows` prompts decoded together (`generate_batch`), the
+    prefills excluded: the median of `repeats` runs after a warm-up."""
+    from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig
+
+    extra = {"batch_layout": layout} if "ragged" in layouts() else {}
+    dec = ARDecoder(pair, DecodeConfig(k_config=(), max_new_tokens=tokens, graphs=graphs,
+                                       **extra))
+    prompts = (ids * rows)[:rows]
+    clock = sb.Clock(pair.device)
+    dec.generate_batch(prompts, batch_size=rows)
+    per_step, path = [], None
+    for _ in range(max(repeats, 1)):
+        _, out = clock.time(lambda: dec.generate_batch(prompts, batch_size=rows))
+        steps = max(max(r.stats.target_calls for r in out.results) - 1, 1)
+        per_step.append(out.stats.decode_time / steps * 1e3)
+        path = out.results[0].stats.forwards
+    ms = sorted(per_step)[(len(per_step) - 1) // 2]
+    return {"step_ms": round(ms, 3), "step_ms_runs": [round(x, 3) for x in per_step],
+            "path": path}
+
+
+def mlp_artifact(folder: Path, k_config: tuple[int, ...] | None = None, seed: int = 0) -> Path:
+    """A learned stopper's artifact: a random MLP on the feature schema (its decisions cost
+    what a trained one's cost; what they decide does not matter here)."""
+    from safetensors.torch import save_file
+
+    from mcsd_runtime.stop.artifact import ArtifactSpec
+    from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
+    from mcsd_runtime.stop.learned import DecisionMLP
+
+    torch.manual_seed(seed)
+    net = DecisionMLP(len(FEATURE_NAMES), (64, 64))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(net.config()))
+    ArtifactSpec(kind="mlp", schema_version=SCHEMA_VERSION, feature_names=FEATURE_NAMES,
+                 aggregation="max", threshold=0.5, k_config=k_config).write(folder)
+    return folder
+
+
+def decisions(pair, k_config, tokens: int, seed: int = 0) -> dict:
+    """µs per decision (one per drafted depth) of a learned MLP stopper and of `static` inside
+    the decoder on `pair`."""
+    from mcsd_runtime.costmodel.decision_cost import decision_cost
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = f"stopper:{mlp_artifact(Path(tmp) / 'mlp', tuple(k_config), seed)}"
+        for name, stopper in (("mlp", spec), ("static", "static")):
+            out[name] = guarded(lambda stopper=stopper: decision_cost(
+                stopper, pair.vocab_size, k_config, prompts=2, max_new_tokens=tokens,
+                seed=seed, pair=pair))
+    return out
+
+
+def _ms(rows: list[dict], method: str, graphs: str) -> float | None:
+    hit = [r for r in rows if r.get("method") == method and r.get("graphs") == graphs
+           and isinstance(r.get("step_ms"), int | float)]
+    return hit[0]["step_ms"] if hit else None
+
+
+def _reached(value, goal: tuple[str, float]) -> bool | None:
+    if value is None:
+        return None
+    op, bound = goal
+    return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
+
+
+def goals(doc: dict) -> dict:
+    """Each of issue 52's figures measured so far (captured where both ran): its value, the
+    goal, and whether it is reached (None: not measured yet)."""
+    rows, batch = doc.get("rows", []), doc.get("batch", [])
+    ar, hf = _ms(rows, "ar", "on"), _ms(rows, "hf", "off")
+    s1 = _ms(rows, "static:1", "on")
+    bound = doc.get("bound", {}).get("target_forward_ms")
+    b = {(r.get("rows"), r.get("layout")): r.get("step_ms") for r in batch
+         if r.get("graphs") == "on" and isinstance(r.get("step_ms"), int | float)}
+    layout = "ragged" if (BATCH, "ragged") in b else "padded"
+    busy = doc.get("launches", {}).get("on", {}).get("ar", {}).get("device_busy")
+    mlp = doc.get("decisions", {}).get("mlp", {}).get("median_us")
+    exact = doc.get("exact", {}).get("tokens")
+    values = {
+        "ar_vs_hf": round(hf / ar, 3) if ar and hf else None,
+        "ar_over_bound": round(ar / bound, 3) if ar and bound else None,
+        "static1_over_ar": round(s1 / ar, 3) if ar and s1 else None,
+        "b8_over_b1": round(b[(BATCH, layout)] / b[(1, layout)], 3)
+        if b.get((BATCH, layout)) and b.get((1, layout)) else None,
+        "gpu_busy": busy,
+        "ar_ms": ar,
+        "decision_ms_per_depth": round(mlp / 1e3, 4) if mlp is not None else None,
+        "fp32_captured_equals_eager": all(v.get("equal") for v in exact.values())
+        if isinstance(exact, dict) and exact and all(isinstance(v, dict) for v in exact.values())
+        else None}
+    if doc.get("shape") != AR_MS_GOAL_SHAPE:
+        del values["ar_ms"]
+    return {k: {"value": v, "goal": " ".join(map(str, GOALS[k])),
+                "reached": _reached(v, GOALS[k])} for k, v in values.items()}
+
+
+@dataclasses.dataclass
+class Settings:
+    shape: str
+    device: str = "auto"
+    k_config: str = "4,2,2,1"
+    prompt_tokens: int = 256
+    tokens: int = 64
+    repeats: int = 3
+    batch_repeats: int = 2
+    draft_layers: int = 4
+    copy_mib: int = 1024
+    exact: bool = False
+    exact_tokens: int = 32
+    seed: int = 0
+
+
+def _prompts(pair, s: Settings, count: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(s.seed)
+    return [torch.randint(0, pair.vocab_size, (s.prompt_tokens,), generator=gen).tolist()
+            for _ in range(count)]
+
+
+def _graph_phase(doc: Doc, pair, s: Settings, graphs: str, ids, k_config) -> None:
+    """The rows, batches and launches of one graphs setting (`hf`, eager, with "off")."""
+    for method in ("ar", "static:1"):
+        doc.append("rows", _row(pair, method, graphs, k_config, ids[:1], s.tokens, s.repeats))
+    if graphs == "off":
+        doc.append("rows", {"method": "hf", "graphs": "off", **guarded(lambda: dataclasses.asdict(
+            sb.hf_row(pair, ids[:1], s.tokens, s.repeats)))})
+    for layout in layouts():
+        for rows in (1, BATCH):
+            got = guarded(lambda rows=rows, layout=layout: batch_step(
+                pair, rows, graphs, layout, ids, s.tokens, s.batch_repeats))
+            doc.append("batch", {"method": "ar", "rows": rows, "graphs": graphs,
+                                 "layout": layout, **got})
+    launches = doc.data.setdefault("launches", {})
+    launches[graphs] = {"ar": guarded(lambda: sb.launch_counts(pair, "ar", k_config, ids[0],
+                                                               s.tokens, graphs))}
+    doc.write()
+
+
+def _exact_phase(doc: Doc, s: Settings, device: str, k_config) -> None:
+    from mcsd_runtime.gpu_check import probes
+
+    pair = sb.shaped_pair(s.shape, s.draft_layers, device, torch.float32, s.seed)
+    ids = [p[:64] for p in _prompts(pair, s, 2)]
+    exact = {"dtype": "float32", "prompt_tokens": 64, "tokens_compared": s.exact_tokens}
+    exact["tokens"] = guarded(lambda: probes.exact_tokens(pair, k_config, ids, s.exact_tokens))
+    doc.put("exact", exact)
+    exact["logits"] = guarded(lambda: probes.exact_logits(pair.target, 64))
+    doc.put("exact", exact)
+    doc.put("replay", guarded(lambda: probes.replay_keeps_outputs(pair.target)))
+    doc.put("uploads", guarded(lambda: probes.uploads(pair.device)))
+
+
+def measure(s: Settings, out: Path | None, progress=print) -> dict:
+    """Every measurement of the module docstring, in its order, into `out` as it goes."""
+    from mcsd_runtime.backend.device import pick_device
+    from mcsd_runtime.models.pair import pick_dtype
+    from mcsd_runtime.tree import parse_k_config
+
+    device = pick_device(s.device)
+    dtype = pick_dtype("auto", device)
+    k_config = parse_k_config(s.k_config)
+    t0 = time.perf_counter()
+    pair = sb.shaped_pair(s.shape, s.draft_layers, str(device), dtype, s.seed)
+    doc = Doc(out, {"format": FORMAT, "version": 1, "shape": s.shape, "device": str(device),
+                    "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+                    "dtype": str(dtype).removeprefix("torch."), "target": pair.target_name,
+                    "draft": pair.draft_name, "timer": sb.Clock(device).name,
+                    "settings": dataclasses.asdict(s), "layouts": layouts(),
+                    "build_s": round(time.perf_counter() - t0, 2)})
+    ids = _prompts(pair, s, BATCH)
+    doc.put("bound", guarded(lambda: sb.bandwidth_bound(pair, s.copy_mib)))
+    progress(f"bound: {json.dumps(doc.data['bound'])}")
+    steps = [("captured", lambda: _graph_phase(doc, pair, s, "on", ids, k_config)),
+             ("decisions", lambda: doc.put("decisions", decisions(pair, k_config, s.tokens,
+                                                                  s.seed))),
+             ("eager", lambda: _graph_phase(doc, pair, s, "off", ids, k_config))]
+    if s.exact:
+        steps.append(("exact", lambda: _exact_phase(doc, s, str(device), k_config)))
+    steps.append(("probe", lambda: doc.put("probe", guarded(
+        lambda: sb.forward_probe(pair, s.prompt_tokens, seed=s.seed)))))
+    for name, step in steps:
+        step()
+        reached = {k: v["value"] for k, v in doc.data["goals"].items()}
+        progress(f"{name} done at {time.perf_counter() - t0:.1f} s; goals so far: "
+                 f"{json.dumps(reached)}")
+    doc.put("wall_s", round(time.perf_counter() - t0, 1))
+    return doc.data
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mcsd_runtime.gpu_check.engine_check",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(sb.SHAPES), required=True)
+    p.add_argument("--out", type=Path, default=None, help="JSON file, rewritten as it goes")
+    p.add_argument("--exact", action="store_true", help="also the fp32 and GPU-only checks")
+    for f in dataclasses.fields(Settings):
+        if f.name not in ("shape", "exact"):
+            flag = "--" + f.name.replace("_", "-")
+            p.add_argument(flag, type=type(f.default), default=f.default,
+                           help="default %(default)s")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(argv))
+    out = args.pop("out")
+    from mcsd_runtime.errors import MCSDError
+
+    try:
+        measure(Settings(**args), out)
+    except MCSDError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
