@@ -1,0 +1,73 @@
+"""The proposers' bookkeeping, one call each, on stand-ins for the decoder: `PromptLookup.update`
+tells a copy history that the stopper drafted only past the first depth it always has, and
+`WidthCut.propose` cuts only drafted rows, and cuts every per-node tensor of their first layer
+(a cut layer's node rows are the first w of the uncut's)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from mcsd_runtime.decode.proposers import PromptLookup, WidthCut
+from mcsd_runtime.decode.state import Drafted, DraftLayer
+from mcsd_runtime.stop.copy_length import CopyHistory
+from mcsd_runtime.stop.features import TOP_K_MASS
+
+V = 16
+
+
+def lookup(lo: int) -> PromptLookup:
+    dec = SimpleNamespace(config=SimpleNamespace(), copy_length=None, chain=None,
+                          pair=SimpleNamespace(vocab_size=V))
+    return PromptLookup(dec, beside_draft=True, lo=lo)
+
+
+def drafted_value(lo: int, depth: int, copied: bool = False) -> float:
+    """The copy history's running value of drafted steps after one step of a row."""
+    st = SimpleNamespace(copy_history=CopyHistory())
+    draft = SimpleNamespace(depth=depth, copied=copied)
+    verdict = SimpleNamespace(accepted=min(depth, 1), conf=[0.9, 0.8, 0.7])
+    lookup(lo).update(st, draft, verdict, committed=[5, 6, 7])
+    return st.copy_history.draft_value
+
+
+def test_lookup_counts_a_drafted_step_only_past_the_first_depth_it_always_has():
+    untouched = CopyHistory().draft_value
+    assert drafted_value(lo=0, depth=0) == untouched  # the stopper drafted nothing
+    assert drafted_value(lo=0, depth=1) > untouched
+    assert drafted_value(lo=1, depth=1) == untouched  # target-init: depth 1 is the target's
+    assert drafted_value(lo=1, depth=2) > untouched
+    assert drafted_value(lo=0, depth=3, copied=True) == untouched  # a copy, not a draft
+
+
+def first_layer(seed: int, k: int = 4) -> DraftLayer:
+    gen = torch.Generator().manual_seed(seed)
+    proposal = torch.rand(1, V, generator=gen, dtype=torch.float64).softmax(-1)
+    prob, tokens = proposal[0].topk(k)
+    return DraftLayer(tokens, proposal, None, prob, prob.log(), None)
+
+
+def test_width_cut_cuts_drafted_depth_one_rows_and_every_per_node_tensor():
+    k, w = 4, 2
+    layers = [[first_layer(i)] for i in range(3)] + [[first_layer(3), first_layer(4)]]
+    before = [list(row) for row in layers]
+    d = Drafted(layers=layers, depths=[1, 1, 1, 2], pending=[1] * 4, pending_base=0,
+                copied=[False, True, False, False])
+    dec = SimpleNamespace(width=SimpleNamespace(choose=lambda top: w),
+                          widths={1: "tree of 1", 2: "tree of 2", 3: "tree of 3"},
+                          config=SimpleNamespace(k_config=(k, 1)))
+    WidthCut(dec).propose(d)
+    assert d.cut == {0: "tree of 2", 2: "tree of 2"}  # not the copied row 1, not row 3 (depth 2)
+    assert d.layers[1] == before[1] and d.layers[3] == before[3]
+    for i in (0, 2):
+        cut, full = d.layers[i][0], before[i][0]
+        assert cut.tokens.tolist() == full.tokens[:w].tolist()
+        assert cut.prob.tolist() == full.prob[:w].tolist()
+        assert cut.log_path.tolist() == full.log_path[:w].tolist()
+        rows = cut.host_rows()
+        assert rows.shape == (w, 2 + TOP_K_MASS)
+        assert torch.equal(rows, full.host_rows()[:w])
+        static = torch.zeros(w, 3, dtype=torch.float64)
+        assert torch.equal(cut.node_features(static),
+                           full.node_features(torch.zeros(k, 3, dtype=torch.float64))[:w])
