@@ -91,10 +91,19 @@ def run(args: argparse.Namespace) -> int:
         pair = pair_from_args(args)
     result = sb.run(pair, methods, k_config, args.prompt_tokens, args.prompt_count,
                     args.max_new_tokens, decisions=args.decisions, graphs=graphs,
-                    repeats=args.rounds, copy_mib=args.copy_mib, probe=not args.no_probe)
+                    repeats=args.rounds, copy_mib=args.copy_mib, probe=not args.no_probe,
+                    sink=lambda partial: _write(args.out, {**partial, "shape": args.shape}))
     result["shape"] = args.shape
     print(sb.summary(result))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    _write(args.out, {**result, "complete": True})
     return 0
+
+
+def _write(path, result: dict) -> None:
+    """The result so far into `path` (atomically: a reader never sees half a file)."""
+    if path is None:
+        return
+    from mcsd_runtime.paths import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")

@@ -125,26 +125,34 @@ def compiled_ms(model, rows: int, context: int, n: int, repeats: int) -> tuple[f
 
 
 def run_spike(pair, rows: tuple[int, ...] = (1, 8), tokens: tuple[int, ...] = (1, 16),
-              context: int = 256, repeats: int = 10, compiled: bool | None = None) -> list[dict]:
-    """One row per (way, rows, new tokens) for the pair's target; `compiled` (default: on
-    CUDA) adds torch.compile's rows, whose failures are recorded, not raised."""
+              context: int = 256, repeats: int = 10, compiled: bool | None = None,
+              on_row=None) -> list[dict]:
+    """One row per (way, rows, new tokens) for the pair's target: every fixed (captured)
+    row, then every eager one, then, when `compiled` (default: on CUDA), torch.compile's,
+    whose failures are recorded, not raised; so the compiles, tens of seconds each, come after
+    every other row. `on_row(rows so far)`, if given, sees the list after each row."""
     model = pair.target
     compiled = model.device.type == "cuda" if compiled is None else compiled
-    out = []
-    for b in rows:
-        for n in tokens:
-            row = {"rows": b, "new_tokens": n, "context": context}
-            for way, make in (("eager", eager_forward), ("fixed", fixed_forward)):
-                with torch.inference_mode():
-                    ms = _timed(make(model, b, context, n), repeats, model.device)
-                out.append({**row, "way": way, "ms": ms})
-            if compiled:
-                try:
-                    ms, secs = compiled_ms(model, b, context, n, repeats)
-                    out.append({**row, "way": "compiled", "ms": ms, "compile_s": secs})
-                except Exception as err:  # a compile failure is a result here, not a crash
-                    out.append({**row, "way": "compiled", "error": f"{type(err).__name__}: "
-                                                                  f"{str(err)[:300]}"})
+    shapes = [(b, n) for b in rows for n in tokens]
+    out: list[dict] = []
+
+    def add(row: dict) -> None:
+        out.append(row)
+        if on_row is not None:
+            on_row(out)
+
+    for way, make in (("fixed", fixed_forward), ("eager", eager_forward)):
+        for b, n in shapes:
+            with torch.inference_mode():
+                ms = _timed(make(model, b, context, n), repeats, model.device)
+            add({"rows": b, "new_tokens": n, "context": context, "way": way, "ms": ms})
+    for b, n in shapes if compiled else ():
+        row = {"rows": b, "new_tokens": n, "context": context, "way": "compiled"}
+        try:
+            ms, secs = compiled_ms(model, b, context, n, repeats)
+            add({**row, "ms": ms, "compile_s": secs})
+        except Exception as err:  # a compile failure is a result here, not a crash
+            add({**row, "error": f"{type(err).__name__}: {str(err)[:300]}"})
     return out
 
 
@@ -193,7 +201,6 @@ def _parser():
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m mcsd_runtime.costmodel.capture_spike --shape smollm2 --device cuda --out F`."""
-    import json
     import sys
 
     from mcsd_runtime.backend.device import pick_device
@@ -207,19 +214,29 @@ def main(argv: list[str] | None = None) -> int:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         pair = shaped_pair(args.shape, 1, str(device), dtype)
         compiled = None if args.compiled == "auto" else args.compiled == "on"
+        head = {"shape": args.shape, "device": str(device),
+                "dtype": str(dtype).removeprefix("torch.")}
         rows = run_spike(pair, _ints(args.rows), _ints(args.tokens), args.context, args.rounds,
-                         compiled)
+                         compiled, on_row=lambda so_far: _write(args.out, head, so_far))
     except (MCSDError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    table = spike_table(rows)
-    print(table)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"shape": args.shape, "device": str(device),
-                                        "dtype": str(dtype).removeprefix("torch."),
-                                        "rows": rows, "table": table}, indent=1) + "\n")
+    print(_write(args.out, head, rows, complete=True))
     return 0
+
+
+def _write(path, head: dict, rows: list[dict], complete: bool = False) -> str:
+    """The rows so far and their table into `path` (atomically), if given; the table."""
+    import json
+
+    from mcsd_runtime.paths import atomic_write_text
+
+    table = spike_table(rows)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({**head, "rows": rows, "table": table,
+                                            "complete": complete}, indent=1) + "\n")
+    return table
 
 
 if __name__ == "__main__":

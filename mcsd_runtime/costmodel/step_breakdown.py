@@ -412,9 +412,10 @@ def forward_probe(pair, context: int, count: int = 8, seed: int = 0) -> dict:
 
 def _method_rows(pair, methods: list[str], graphs: str, k_config: tuple[int, ...],
                  ids: list[list[int]], max_new_tokens: int, repeats: int, decisions: bool,
-                 seed: int, progress) -> list[StepRow]:
-    """Every method of `methods` under one graphs setting; a failure other than a user error
-    (a capture that fails, memory that runs out) becomes the row's `error`."""
+                 seed: int, add: Callable[[StepRow], None]) -> list[StepRow]:
+    """Every method of `methods` under one graphs setting, each row handed to `add` as soon as
+    it is measured; a failure other than a user error (a capture that fails, memory that runs
+    out) becomes the row's `error`."""
     from mcsd_runtime.costmodel.decision_cost import decision_cost
 
     rows = []
@@ -430,7 +431,7 @@ def _method_rows(pair, methods: list[str], graphs: str, k_config: tuple[int, ...
             cost = decision_cost(method, pair.vocab_size, k_config, prompts=len(ids),
                                  max_new_tokens=max_new_tokens, seed=seed, pair=pair)
             row.decision_us = round(cost.get("median_us", 0.0), 2)
-        progress(json.dumps(asdict(row)))
+        add(row)
         rows.append(row)
     return rows
 
@@ -458,37 +459,47 @@ def _launches(pair, methods: list[str], graphs: list[str], k_config, prompt, max
 def run(pair, methods: list[str], k_config: tuple[int, ...], prompt_tokens: int, prompts: int,
         max_new_tokens: int, seed: int = 0, progress=print, decisions: bool = False,
         graphs: tuple[str, ...] = DEFAULT_GRAPHS, repeats: int = 3, copy_mib: int = 1024,
-        probe: bool = True) -> dict:
-    """The breakdown of every method under every graphs setting (`hf` once: it is eager), the
-    launch counts of AR and of the last non-AR method, the bandwidth bound and the forward
-    probe, on `prompts` random prompts of `prompt_tokens` tokens; with `decisions`, each
-    stopper's median cost per decision too."""
+        probe: bool = True, sink: Callable[[dict], None] | None = None) -> dict:
+    """The breakdown of every method under every graphs setting in their order (`hf` once,
+    after them: it is eager), the launch counts of AR and of the last non-AR method, the
+    bandwidth bound and the forward probe, on `prompts` random prompts of `prompt_tokens`
+    tokens; with `decisions`, each stopper's median cost per decision too. `sink(result)`, if
+    given, sees the result so far after every row and section (to write it as it grows)."""
     gen = torch.Generator().manual_seed(seed)
     ids = [torch.randint(0, pair.vocab_size, (prompt_tokens,), generator=gen).tolist()
            for _ in range(max(prompts, 1))]
-    rows = []
-    if "hf" in methods:
-        rows.append(hf_row(pair, ids, max_new_tokens, repeats))
-        progress(json.dumps(asdict(rows[-1])))
-    decoded = [m for m in methods if m != "hf"]
-    for g in graphs:
-        rows += _method_rows(pair, decoded, g, k_config, ids, max_new_tokens, repeats,
-                             decisions, seed, progress)
     out = {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
            "target": pair.target_name, "draft": pair.draft_name, "timer": Clock(pair.device).name,
            "k_config": k_config.json(), "max_new_tokens": max_new_tokens,
            "prompt_tokens": prompt_tokens, "prompts": len(ids), "repeats": repeats,
-           "graphs": list(graphs), "rows": [asdict(r) for r in rows]}
+           "graphs": list(graphs), "rows": []}
+    save = sink or (lambda result: None)
+
+    def add(row: StepRow) -> None:
+        progress(json.dumps(asdict(row)))
+        out["rows"].append(asdict(row))
+        save(out)
+
+    decoded = [m for m in methods if m != "hf"]
+    for g in graphs:
+        _method_rows(pair, decoded, g, k_config, ids, max_new_tokens, repeats, decisions, seed,
+                     add)
+    if "hf" in methods:
+        add(hf_row(pair, ids, max_new_tokens, repeats))
     out["launches"] = _launches(pair, decoded, list(graphs), k_config, ids[0], max_new_tokens,
                                 progress)
+    save(out)
     out["bound"] = bandwidth_bound(pair, copy_mib)
     bound_ms = out["bound"]["target_forward_ms"]
-    out["bound"]["ar_over_bound"] = {r.graphs: round(r.step_ms / bound_ms, 2) for r in rows
-                                     if r.method == "ar" and r.error is None and bound_ms > 0}
+    out["bound"]["ar_over_bound"] = {r["graphs"]: round(r["step_ms"] / bound_ms, 2)
+                                     for r in out["rows"] if r["method"] == "ar"
+                                     and r["error"] is None and bound_ms > 0}
     progress(f"bandwidth bound: {json.dumps(out['bound'])}")
+    save(out)
     if probe:
         out["forward_probe"] = forward_probe(pair, prompt_tokens, seed=seed)
         progress(f"target forward probe: {json.dumps(out['forward_probe'])}")
+        save(out)
     return out
 
 
