@@ -15,16 +15,31 @@ from __future__ import annotations
 import torch
 from transformers import Cache, DynamicCache
 
+from mcsd_runtime.decode.ragged import layout_of
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.transfer import upload
 
 
+class RowKV(DynamicCache):
+    """A `DynamicCache` that also takes a ragged forward's keys and values
+    (`mcsd_runtime.decode.ragged`): packed [1, heads, total, dim], back into the rows' grid
+    before they are appended."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        ragged = layout_of(kwargs)
+        if ragged is not None:
+            key_states, value_states = ragged.unpack_heads(key_states), ragged.unpack_heads(
+                value_states)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 def new_cache() -> DynamicCache:
-    """An empty cache of plain `DynamicLayer`s. A buffered layer (appending into a preallocated
-    buffer instead of concatenating) measured slower at batch size 1 on this project's CPU
-    (0.87x tokens/s for AR, 0.97x for MCSD with the heuristic, toy:tiny, interleaved in one
-    process), so the one cache type uses plain layers."""
-    return DynamicCache()
+    """An empty cache of plain `DynamicLayer`s (a `RowKV`). A buffered layer (appending into a
+    preallocated buffer instead of concatenating) measured slower at batch size 1 on this
+    project's CPU (0.87x tokens/s for AR, 0.97x for MCSD with the heuristic, toy:tiny,
+    interleaved in one process), so the one cache type uses plain layers."""
+    return RowKV()
 
 
 class RowLengths:
@@ -293,6 +308,10 @@ class SlotKV(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.slots
+        ragged = layout_of(kwargs)
+        if ragged is not None:
+            key_states, value_states = ragged.unpack_heads(key_states), ragged.unpack_heads(
+                value_states)
         if layer_idx >= len(s.keys):  # the first forward allocates, layer by layer
             s.allocate([(key_states, value_states)])
         rows, idx = key_states.shape[0], s._write[key_states.shape[2]]

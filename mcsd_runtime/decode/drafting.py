@@ -41,8 +41,9 @@ class TreeDrafter:
     initialized roots if any; `features`: a feature draft (reads the target's states)."""
 
     def __init__(self, dec: Decoding, forward: Forward, stopper: Stopper, batch_size: int,
-                 init: TargetInit | None, features: bool) -> None:
+                 init: TargetInit | None, features: bool, ragged: bool = False) -> None:
         self.dec, self.forward, self.stopper, self.init = dec, forward, stopper, init
+        self.ragged = ragged  # depth forwards take only the rows still drafting
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.features = dec.pair.device, features
         # a batch in max mode asks the stopper for one decision first (`batch_continue`)
@@ -58,7 +59,8 @@ class TreeDrafter:
         """Draft every row up to the batch's depth, asking the stopper after each depth before
         forwarding it."""
         d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
-                    dc.length, copied=[False] * len(rows), refeed=self.features)
+                    dc.length, copied=[False] * len(rows), refeed=self.features,
+                    ragged=self.ragged)
         if max(caps) <= 0:
             return d
         if self.init is not None:
@@ -73,7 +75,9 @@ class TreeDrafter:
         open_rows = [c > 0 for c in caps]
         while depth < max(caps) and self.go_deeper(rows, d.layers, depth, caps, open_rows,
                                                     d.depths):
-            q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing)
+            drafting = [open_rows[i] and depth < caps[i] for i in range(len(rows))]
+            q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing,
+                                              drafting)
             d.forwarded = depth
             parent = torch.stack([rl[-1].log_path for rl in d.layers])
             own = [caps[i] if open_rows[i] else d.depths[i] for i in range(len(rows))]
@@ -103,7 +107,7 @@ class TreeDrafter:
         pos = inputs[:, :1] - n + 1 + offsets.clamp(max=n - 1)
         out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
                            offsets < n if ragged else None, timing, keep=m if ragged else 1,
-                           hidden=self.draft_hidden, prev=prev)
+                           hidden=self.draft_hidden, prev=prev, counts=counts)
         last = (n - 1)[:, :, None] if ragged else None
         logits = out.logits[:, -1] if last is None else out.logits.gather(
             1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
@@ -115,9 +119,11 @@ class TreeDrafter:
 
     def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
                          dc: RowCache, d: Drafted, depth: int, timing: Timing,
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         drafting: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the draft over every row's nodes of `depth`; returns their distributions q
-        [rows, n, V] (and hidden states): the next depth's proposals."""
+        [rows, n, V] (and hidden states): the next depth's proposals. A ragged forward takes
+        only the rows still `drafting`; the others' q is uniform (their deeper nodes are never
+        verified)."""
         if depth == 1 and self.init is not None:  # the roots go in with the pending tokens
             d.fed = True
             return self.init.feed_roots(rows[0], tokens, inputs, dc, d, timing)
@@ -127,7 +133,8 @@ class TreeDrafter:
         out = self.forward(self.pair.draft, dc, tokens[:, nodes],
                            inputs[:, :1] + self.tt.depth[nodes][None],
                            self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
-                           hidden=self.draft_hidden, prev=prev)
+                           hidden=self.draft_hidden, prev=prev,
+                           counts=[(nodes.stop - nodes.start) * on for on in drafting])
         return self.dec.probs(out.logits), out.hidden if self.draft_hidden else None
 
     def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,

@@ -72,6 +72,7 @@ from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.proposers import PromptLookup, TargetInit, WidthCut
+from mcsd_runtime.decode.ragged import Ragged, ragged_layout
 from mcsd_runtime.decode.state import (
     DecodeStats,
     Decoding,
@@ -125,6 +126,7 @@ class Engine:
         self.init = (TargetInit(dec, self.forward, batch_size, self.features)
                      if self.cfg.init == "target" else None)
         self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
+        self.ragged = ragged_layout(dec, batch_size)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
@@ -135,7 +137,7 @@ class Engine:
         self.lookup = PromptLookup(dec, beside_draft, self.lo)
         self.width = WidthCut(dec)
         self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
-                                   self.features)
+                                   self.features, self.ragged)
         self.accounts = Accounts(dec, self.stats, self.lookup, self.init, on_commit)
         self.admission = Admission(dec, self.forward, self.stopper, batch_size, self.init,
                                    self.features, self.lookup, self.accounts, self.stats)
@@ -201,8 +203,9 @@ class Engine:
 
         # 2. one target forward over every row's pending root and tree
         target_base = tc.length
+        counts = None if self.lo else [1 + dr.size for dr in drafts]  # each row's own tokens
         out = self.forward(self.pair.target, tc, *self.tree_inputs(tokens, inputs, d, drafts),
-                           None, timing, hidden=self.features)
+                           None, timing, hidden=self.features, counts=counts)
 
         # 3. verify every row on the device, then one host copy for all of them
         verdicts = self.verifier.verify([r.st for r in rows], drafts, out.logits)
@@ -341,18 +344,23 @@ class Engine:
     def forward(self, model, cache: RowCache | SlotRowCache, ids: torch.Tensor,
                 pos: torch.Tensor, block: torch.Tensor, valid: torch.Tensor | None,
                 timing: Timing, keep: int = 0, hidden: bool = False, prefill: bool = False,
-                prev: torch.Tensor | None = None) -> ForwardOut:
+                prev: torch.Tensor | None = None, counts: list[int] | None = None,
+                ) -> ForwardOut:
         """One forward of ids [rows, n] at positions pos over `cache` (through the decoder's
         `forwards`: eager or fixed-shape), timed into `timing`. `block` [rows or 1, n, nb]
         masks the new tokens over the last nb keys (the new ones and the nb - n before them);
         `valid` [rows, n]: which new slots rows may attend to later (None: all); `prev`
-        [rows, n, H]: a feature draft's input states."""
+        [rows, n, H]: a feature draft's input states; `counts`: each row's real tokens, a
+        prefix of its n (with a ragged layout only those go through the model)."""
         sync = self.dec.sync_forwards
         mask = cache.mask(block, self.dtype)
+        layout = None
+        if self.ragged and counts is not None and Ragged.needed(counts, ids.shape[1]):
+            layout = Ragged(counts, ids.shape[1], self.dev)
         if sync:
             torch.cuda.synchronize()  # sync: timing forwards on a GPU (profile=True)
         t0 = time.perf_counter()
-        out = self.dec.forwards(model, cache, ids, pos, mask, keep, hidden, prev)
+        out = self.dec.forwards(model, cache, ids, pos, mask, keep, hidden, prev, layout)
         if sync:
             torch.cuda.synchronize()  # sync: as above
         dt = time.perf_counter() - t0

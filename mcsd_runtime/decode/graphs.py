@@ -31,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
+from mcsd_runtime.decode.ragged import Ragged
 
 # told about every graph replay, which a model's forward hooks never see (a replay runs no
 # Python): objects with `replay_started(model, ids, cache)` and `replay_done(model, ids)`, e.g.
@@ -51,14 +52,24 @@ Forward = Callable[..., ForwardOut]  # `Engine.forward`: one timed forward over 
 
 def call_model(model, cache: RowCache | SlotRowCache, ids: torch.Tensor, pos: torch.Tensor,
                mask: torch.Tensor, keep: int, hidden: bool,
-               prev: torch.Tensor | None = None) -> ForwardOut:
+               prev: torch.Tensor | None = None, ragged: Ragged | None = None) -> ForwardOut:
     """One forward of ids [rows, n] at positions pos with the additive mask over `cache`;
-    `prev` [rows, n, H]: a feature draft's input states."""
+    `prev` [rows, n, H]: a feature draft's input states. With a `ragged` layout only each row's
+    real tokens go through the model, packed into one sequence (`mcsd_runtime.decode.ragged`);
+    the outputs come back in the [rows, n] grid, zeros in the padding."""
     extra = {} if prev is None else {"prev_hidden": prev}
+    if ragged is not None:
+        ids, pos = ragged.pack(ids), ragged.pack(pos)
+        extra = {k: ragged.pack(v) for k, v in extra.items()} | {"ragged": ragged}
     out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                **cache_kwargs(model, cache.cache), use_cache=True, logits_to_keep=keep,
+                **cache_kwargs(model, cache.cache), use_cache=True,
+                logits_to_keep=0 if ragged is not None else keep,
                 output_hidden_states=hidden, **extra)
-    return ForwardOut(out.logits, out.hidden_states[-1] if hidden else None)
+    logits, states = out.logits, out.hidden_states[-1] if hidden else None
+    if ragged is not None:
+        logits = ragged.unpack(logits)[:, -keep:] if keep else ragged.unpack(logits)
+        states = None if states is None else ragged.unpack(states)
+    return ForwardOut(logits, states)
 
 
 def make_forwards(graphs: str, device: torch.device) -> EagerForwards | FixedForwards:
@@ -105,9 +116,10 @@ class EagerForwards:
         at most `capacity` tokens."""
         return RowCache(0, self.device), RowCache(0, self.device)
 
-    def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
+    def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None,
+                 ragged: Ragged | None = None) -> ForwardOut:
         with attention(self.device):
-            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
 
 
 class FixedForwards:
@@ -141,10 +153,15 @@ class FixedForwards:
             c.reset()
         return self._caches
 
-    def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
-        if not isinstance(cache, SlotRowCache):  # a prefill: eager, then copied into slots
+    def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None,
+                 ragged: Ragged | None = None) -> ForwardOut:
+        if not isinstance(cache, SlotRowCache) or ragged is not None:
+            # a prefill (eager, then copied into slots), or a ragged forward: not captured,
+            # over the slots when it has them
+            if isinstance(cache, SlotRowCache):
+                cache.begin(ids.shape[1])
             with attention(self.device):
-                return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+                return call_model(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
         cache.begin(ids.shape[1])
         rows = ids.shape[0]
         ids, pos, mask, prev = pad_rows(row_bucket(rows, cache.row_slots), ids, pos, mask, prev)

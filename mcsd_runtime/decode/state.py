@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from mcsd_runtime import metrics
-from mcsd_runtime.constants import DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
+from mcsd_runtime.constants import BATCH_LAYOUTS, DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import (
     FEATURE_NAMES,
@@ -51,6 +51,10 @@ class DecodeConfig:
     # batches: "max" drafts every row as deep as the batch goes (free in a padded forward),
     # "row" gives each row the tree its own stopper chooses, as if decoded alone
     batch_depth: str = "max"
+    # batches: "ragged" forwards process each row's own tokens only, packed into one sequence
+    # (`mcsd_runtime.decode.ragged`: a row that drafts or verifies less costs less), "padded"
+    # every row to the batch's widest (the reference); batches of one are the same either way
+    batch_layout: str = "padded"
     # prompt lookup (`mcsd_runtime.decode.lookup`): up to `lookup` tokens copied from the
     # context where its last lookup_min_ngram..lookup_max_ngram tokens occurred before; a step
     # with such a match verifies them instead of asking the stopper (0: off); unless the tree's
@@ -81,6 +85,9 @@ class DecodeConfig:
             raise MCSDError(f"unknown graphs {self.graphs!r}: use one of {', '.join(GRAPHS)}")
         if self.batch_depth not in ("max", "row"):
             raise MCSDError(f"unknown batch_depth {self.batch_depth!r}: use 'max' or 'row'")
+        if self.batch_layout not in BATCH_LAYOUTS:
+            raise MCSDError(f"unknown batch_layout {self.batch_layout!r}: use one of "
+                            f"{', '.join(BATCH_LAYOUTS)}")
         if self.commit_limit is not None and (self.commit_limit < 1 or self.init == "target"):
             raise MCSDError("commit_limit must be >= 1 and needs init='draft'")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -397,11 +404,14 @@ class Drafted:
     copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
     cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
     refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
+    ragged: bool = False  # depth forwards took only the rows still drafting
 
     def seen(self, i: int) -> int:
         """The deepest of row i's depths whose nodes went through the draft and stay in its
-        cache."""
-        return 0 if self.copied[i] or self.refeed else self.forwarded
+        cache (ragged: a row's depth d went through exactly when it drafted past d)."""
+        if self.copied[i] or self.refeed:
+            return 0
+        return max(0, min(self.forwarded, self.depths[i] - 1)) if self.ragged else self.forwarded
 
 
 class Decoding(Protocol):

@@ -13,6 +13,9 @@ tokens, 5-7% less after 400 and 11-15% after 800-1600 (`mcsd attention-bench`). 
 devices, and for calls it does not cover (one new token, no mask, a per-head mask, no grouped
 heads, attention bias or soft-capping), it is `sdpa` itself.
 
+It also serves the engine's ragged forwards (`mcsd_runtime.decode.ragged`): every row's new
+tokens packed into one sequence, put back into their rows for attention.
+
 `load_pair` loads models with it by default (`attn_implementation="mcsd_sdpa"`); `register()`
 makes the name known to transformers, once per process.
 """
@@ -30,8 +33,15 @@ _registered = False
 
 def packed_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                         value: torch.Tensor, attention_mask: torch.Tensor | None,
-                        dropout: float = 0.0, scaling: float | None = None, **kwargs):
-    """transformers' attention-function signature: (output [B, n, H, D], None)."""
+                        dropout: float = 0.0, scaling: float | None = None, ragged=None,
+                        **kwargs):
+    """transformers' attention-function signature: (output [B, n, H, D], None). With a
+    `ragged` layout (`mcsd_runtime.decode.ragged`) the queries [1, H, total, D] go back into
+    their rows' grid for attention and the output is packed again ([1, total, H, D])."""
+    if ragged is not None:
+        out, _ = packed_sdpa_forward(module, ragged.unpack_heads(query), key, value,
+                                     attention_mask, dropout, scaling, **kwargs)
+        return ragged.pack(out), None
     groups = getattr(module, "num_key_value_groups", 1)
     if (groups == 1 or query.shape[2] == 1 or attention_mask is None or attention_mask.dim() != 4
             or attention_mask.shape[1] != 1 or query.device.type != "cpu" or dropout

@@ -1,0 +1,101 @@
+"""Ragged forwards: every row's new tokens packed into one sequence, so a forward costs what
+the batch's rows really process, not rows x the widest row.
+
+The engine lays a forward out as a padded grid, [rows, width] new tokens (a row's tree, its
+pending draft tokens, the nodes of one draft depth). A `Ragged` layout says how many of each
+row's slots are real: the first `counts[r]` (a row's tokens are a prefix of its grid row: a
+tree's nodes come depth by depth, so every real token's ancestors are real). A ragged forward
+runs the model over ids [1, total] at their own positions: embeddings, projections, MLPs and the
+head cost `total` tokens. Only where rows must stay apart is the grid rebuilt:
+
+- the KV caches (`cache.RowKV`, `cache.SlotKV`) take each layer's new keys and values back into
+  the grid ([rows, heads, width, dim], zeros in the padding slots) before appending them, so
+  the caches and their bookkeeping are those of a padded forward;
+- attention (`mcsd_runtime.models.attention`, `mcsd_sdpa`) puts the queries back into the grid,
+  attends each row over its own cache and tree under the usual [rows, 1, width, keys] mask,
+  and packs the outputs again.
+
+No modeling code is forked: the layout reaches the cache and the attention function as the
+keyword `ragged`, which transformers passes down from the model's forward. A padding slot's
+keys and values are zeros that no real token sees: a tree's mask lets a node see its ancestors
+only, and compaction keeps only accepted paths. Attention itself stays padded (cheap next to
+the projections at decode sizes); the padding's queries are computed and dropped.
+
+Models must run the `mcsd_sdpa` attention (`load_pair`'s default) to run ragged; the engine
+falls back to padded forwards otherwise (`supports_ragged`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from mcsd_runtime.transfer import upload
+
+
+class Ragged:
+    """The layout of one ragged forward: row r's real tokens are the first `counts[r]` of its
+    `width` grid slots."""
+
+    def __init__(self, counts: list[int], width: int, device: torch.device) -> None:
+        if any(not 0 <= n <= width for n in counts):
+            raise ValueError(f"ragged counts {counts} must lie in [0, {width}]")
+        self.counts, self.rows, self.width = list(counts), len(counts), width
+        flat = [r * width + j for r, n in enumerate(counts) for j in range(n)]
+        self.total = len(flat)
+        self.index = upload(flat, device, torch.long)
+
+    @staticmethod
+    def needed(counts: list[int], width: int) -> bool:
+        """Whether a forward of these counts saves anything over the padded grid."""
+        return any(n != width for n in counts)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """[rows, width, ...] -> [1, total, ...]: the real slots, row after row."""
+        return t.reshape(self.rows * self.width, *t.shape[2:])[self.index][None]
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        """[1, total, ...] -> [rows, width, ...]: back into the grid, zeros in the padding."""
+        grid = t.new_zeros(self.rows * self.width, *t.shape[2:])
+        grid[self.index] = t[0]
+        return grid.view(self.rows, self.width, *t.shape[2:])
+
+    def unpack_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[1, heads, total, dim] -> [rows, heads, width, dim] (keys, values, queries)."""
+        return self.unpack(t.transpose(1, 2)).transpose(1, 2)
+
+
+def layout_of(kwargs: dict) -> Ragged | None:
+    """The `ragged` keyword a cache's `update` receives (transformers passes the attention
+    layer's keywords as `kwargs=`), or None."""
+    inner = kwargs.get("kwargs")
+    return inner.get("ragged") if isinstance(inner, dict) else kwargs.get("ragged")
+
+
+def supports_ragged(model) -> bool:
+    """Whether `model` attends with `mcsd_sdpa`, which knows ragged layouts."""
+    from mcsd_runtime.models.attention import NAME
+
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == NAME
+
+
+def ragged_layout(dec, batch_size: int) -> bool:
+    """Whether an engine of `dec` at `batch_size` runs ragged forwards: asked for
+    (`DecodeConfig.batch_layout`), more than one row, lossless init (target-initialized
+    candidates decode batches of one), and both models on `mcsd_sdpa` (else one warning, and
+    padded forwards)."""
+    cfg = dec.config
+    if cfg.batch_layout != "ragged" or batch_size <= 1 or cfg.init != "draft":
+        return False
+    models = [dec.pair.target] + ([dec.pair.draft] if dec.tree.depth else [])
+    odd = [m for m in models if not supports_ragged(m)]
+    if odd:
+        names = ", ".join(sorted({str(getattr(m.config, "_attn_implementation", "?"))
+                                  for m in odd}))
+        warnings.warn(f"batch_layout='ragged' needs models loaded with attn_implementation="
+                      f"'mcsd_sdpa' (load_pair's default), not {names}: the batch runs padded",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
