@@ -20,6 +20,11 @@ batched runs at B. A version-1 profile (no `batches`) is a profile of batch size
 Counts in between are interpolated linearly, beyond the last extrapolated from the last two;
 row counts between two measured batch sizes are interpolated linearly, and row counts outside
 the measured ones are refused.
+**Ragged forwards** (every row's new tokens packed into one forward, so its cost follows the
+batch's total tokens, not rows x widest): a ragged forward of T tokens in all over B rows costs
+what the padded curves give for B rows of T / B tokens each (`ragged_target`, `ragged_draft`;
+fractional token counts interpolated as above, row counts as above), and 0 over no rows. Until
+`mcsd profile` measures ragged forwards directly, that is their one definition.
 `step_overhead_s` and `depth_overhead_s` are the decoder's own time outside model forwards
 (bookkeeping, verification and sampling, cache cuts; per drafted depth: candidates, stopper);
 `static` keeps the tokens/s of the end-to-end runs they were fitted to (AR and each static
@@ -187,6 +192,40 @@ class CostProfile:
     def draft_first(self, n: int, rows: int = 1) -> float:
         """Seconds of a step's first draft forward, over `n` pending tokens per row."""
         return self._latency("draft_first_s", n, rows)
+
+    def _ragged(self, name: str, tokens: float, rows: int) -> float:
+        if not rows:
+            return 0.0
+        if tokens < rows:
+            raise MCSDError(f"a ragged forward over {rows} rows carries at least one token a "
+                            f"row, got {tokens}")
+        return self._latency(name, tokens / rows, rows)
+
+    def ragged_target(self, tokens: float, rows: int) -> float:
+        """Seconds of one ragged target forward over `rows` rows carrying `tokens` new tokens
+        in all: the padded curve of `rows` rows at `tokens / rows` tokens a row (0 rows: 0)."""
+        return self._ragged("target_s", tokens, rows)
+
+    def ragged_draft(self, tokens: float, rows: int, first: bool = False) -> float:
+        """Seconds of one ragged draft forward over `rows` rows carrying `tokens` new tokens
+        in all, priced as `ragged_target`; `first`: a step's first draft forward
+        (`draft_first`)."""
+        return self._ragged("draft_first_s" if first else "draft_s", tokens, rows)
+
+    def ragged_step_seconds(self, tree, rows: list[tuple[int, int, int]]) -> float:
+        """Seconds of one ragged batch step, each row given as (pending, drafted, verified):
+        its draft-pending tokens, the depth it drafts to (0: none) and the depths the target
+        verifies (<= drafted). Draft forward i runs over the rows that draft deeper than i,
+        each feeding its `step_model.step_forwards` tokens (the first over its pending ones);
+        the target's over every row's bonus token and verified nodes (`tree.cum`); plus the
+        per-step overhead and the per-depth one for each draft forward, at the batch's rows."""
+        step, depth = self.overheads(len(rows))
+        cost = step + self.ragged_target(sum(1 + tree.cum[v] for _, _, v in rows), len(rows))
+        forwards = [step_forwards(tree, d, p).draft for p, d, _ in rows]
+        for i in range(max((d for _, d, _ in rows), default=0)):
+            fed = [f[i] for f in forwards if len(f) > i]
+            cost += self.ragged_draft(sum(fed), len(fed), first=not i) + depth
+        return cost
 
     def overheads(self, rows: int = 1) -> tuple[float, float]:
         """The decoder's seconds per step and per drafted depth outside forwards at `rows`

@@ -1,0 +1,269 @@
+"""Replay of ragged batch steps: every row of a batch drafts and verifies its own depth, and a
+step costs what its forwards' total tokens cost (`CostProfile.ragged_step_seconds`), not rows x
+widest as the padded batches of `replay.depth` do.
+
+The walk is exact replay of a dense greedy collection (one full-depth step at every position of
+each output, so each position's accepted length L_t is known): B rows, prompts admitted in order
+into free slots (as `replay.depth`), and at each batch step a *rule* plans every active row as
+(drafted, verified) depths, verified <= drafted. A row accepts min(L_t, verified) and commits
+those plus the target's token; a row that drafts nothing is left out of the draft's forwards
+(its pending tokens wait for its next draft). Decisions are charged nothing.
+
+Rules (`make_rule`):
+
+- `static:S` — every row drafts and verifies min(S, its cap) (per-row static depth, ragged);
+- `cumprod:T` — each row runs its own `CumprodStopper` (draft one more depth while the path's
+  draft probability is at least 1 - T) and verifies what it drafted;
+- `survival:Q` — the verification budget of `mcsd_runtime.stop.budget` with a node's survival
+  the cumulative draft probability to the power Q; before depth 1 a row's predicted acceptance
+  is its recent acceptance rate (`Trajectory`), before depth d > 1 the draft probability of its
+  depth d - 1 token to the power Q;
+- `oracle` — the per-batch-step hindsight oracle: each row drafts and verifies min(L_t, cap)
+  and drafts nothing when L_t = 0 (the bound of per-row depths);
+- `oracle-budget` — the budget rule fed the truth (survival 1 up to L_t, 0 after): the oracle
+  less the depths that do not pay for their forwards.
+
+Today's padded static depth is `replay.depth.replay(data, "static:S", batch_size=B)`;
+`compare` lays padded and ragged rules side by side per batch size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.costmodel.step_model import step_outcome
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.budget import draft_rows, verify_counts
+from mcsd_runtime.stop.builtin import make_stopper
+from mcsd_runtime.stop.contract import StopperBase
+from mcsd_runtime.stop.features import NODE_FEATURES
+from mcsd_runtime.tree import Tree
+from replay.data import ReplayData
+from replay.depth import ReplayResult, _frontier, _Row, replay
+from replay.sweeps import NeverDraft
+
+LOG_PATH = NODE_FEATURES.index("log_path_prob")
+DRAFT_PROB = NODE_FEATURES.index("draft_prob")
+RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
+             "survival:Q (the budget rule on cumulative draft probability ^ Q), oracle (each row "
+             "verifies min(L, cap)), oracle-budget (the budget rule fed the truth)")
+
+
+class _Row2(_Row):
+    """A row of the ragged walk: `_Row` with a commit of its own drafted and verified depths."""
+
+    __slots__ = ()
+
+    def commit_ragged(self, drafted: int, verified: int, tree: Tree, res: ReplayResult) -> None:
+        step, p = self.step, self.prompt
+        if not 0 <= verified <= drafted <= self.cap:
+            raise MCSDError(f"a ragged plan ({drafted}, {verified}) outside 0 <= verified <= "
+                            f"drafted <= cap {self.cap}")
+        full = min(step.accepted if step else 0, verified)
+        out = step_outcome(full, drafted, self.pending, p.new_tokens - self.t)
+        res.tokens += out.committed
+        res.steps += 1
+        res.accepted += out.accepted
+        res.drafted_depth += drafted
+        res.drafted_tokens += tree.cum[drafted]
+        res.target_tokens += 1 + tree.cum[verified]
+        if drafted:
+            res.acceptance_sum += out.accepted / drafted
+            res.drafting_steps += 1
+        self.traj.update(out.accepted, out.committed, drafted)
+        self.stopper.update(drafted, out.accepted)
+        self.t += out.committed
+        self.pending = out.pending
+
+
+class _Plain(StopperBase):
+    def should_continue(self, frontier) -> bool:
+        return False
+
+
+class PerRow:
+    """Each row's own copy of a stopper decides its depth; it verifies what it drafted."""
+
+    def __init__(self, spec: str) -> None:
+        self.name, self.stopper = spec, make_stopper(spec)
+
+    def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
+        out = []
+        for row in rows:
+            row.ask_draft(tree.depth)
+            s = 1 if row.cap else 0
+            while s and s < row.cap and row.stopper.should_continue(
+                    _frontier(row, s, tree.depth)):
+                s += 1
+            out.append((s, s))
+        return out
+
+
+class Oracle:
+    """The per-batch-step hindsight oracle: min(L_t, cap) drafted and verified."""
+
+    name, stopper = "oracle", _Plain()
+
+    def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
+        return [(min(r.step.accepted, r.cap),) * 2 if r.step else (0, 0) for r in rows]
+
+
+class Budget:
+    """The budget rule of `mcsd_runtime.stop.budget`, a depth at a time then the verification
+    cut; survivals from the draft's path probabilities (`power`) or, `truth`, the step's own
+    accepted length."""
+
+    stopper = _Plain()
+
+    def __init__(self, power: float = 1.0, truth: bool = False) -> None:
+        self.power, self.truth = power, truth
+        self.name = "oracle-budget" if truth else f"survival:{power:g}"
+
+    def survival(self, row: _Row2, depth: int) -> float:
+        if self.truth:
+            return float(depth <= row.step.accepted)
+        return math.exp(self.power * float(row.step.nodes[depth - 1][0, LOG_PATH]))
+
+    def accept(self, row: _Row2, depth: int) -> float:
+        if self.truth:
+            return float(depth <= row.step.accepted)
+        if depth == 1:
+            return row.traj.values()[3]  # accept_rate_recent
+        return float(row.step.nodes[depth - 2][0, DRAFT_PROB]) ** self.power
+
+    def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
+        if any(k != 1 for k in tree.sizes):
+            raise MCSDError(f"the budget rules replay chains (1,1,...), not the tree {tree}")
+        n = len(rows)
+        step_o, depth_o = profile.overheads(n)
+        paid, verified, expected = step_o, n, float(n)
+        drafted, surv = [0] * n, [[] for _ in rows]
+        active = [i for i, r in enumerate(rows) if r.cap]
+        for d in range(1, max((rows[i].cap for i in active), default=0) + 1):
+            cand = [i for i in active if rows[i].cap >= d]
+            feed = [rows[i].pending if d == 1 else 1 for i in cand]
+
+            def draft_s(tokens: int, k: int, first: bool = d == 1) -> float:
+                return profile.ragged_draft(tokens, k, first) + depth_o if k else 0.0
+
+            chosen = draft_rows([surv[i][-1] if surv[i] else 1.0 for i in cand],
+                                [self.accept(rows[i], d) for i in cand], draft_s,
+                                lambda t, p=paid: p + profile.ragged_target(t, n),
+                                verified, expected, feed)
+            if not chosen:
+                break
+            active = [cand[c] for c in chosen]
+            paid += draft_s(sum(feed[c] for c in chosen), len(chosen))
+            for i in active:
+                drafted[i] = d
+                surv[i].append(self.survival(rows[i], d))
+                verified, expected = verified + 1, expected + surv[i][-1]
+        counts = verify_counts(surv, lambda t: paid + profile.ragged_target(t, n))
+        return list(zip(drafted, counts, strict=True))
+
+
+def make_rule(spec: str):
+    """The ragged rule a spec names (`RULE_HELP`)."""
+    name, _, arg = spec.partition(":")
+    if spec == "oracle":
+        return Oracle()
+    if spec == "oracle-budget":
+        return Budget(truth=True)
+    if name == "survival":
+        try:
+            return Budget(float(arg or 1.0))
+        except ValueError:
+            raise MCSDError(f"survival:Q needs a number Q, got {spec!r}") from None
+    if name in ("static", "cumprod"):
+        return PerRow(spec)
+    raise MCSDError(f"unknown ragged rule {spec!r}: {RULE_HELP}")
+
+
+def ragged_replay(data: ReplayData, rule, profile: CostProfile,
+                  batch_size: int = 1) -> ReplayResult:
+    """Replay `rule` (a spec or a rule object) over every prompt in ragged batches of
+    `batch_size` rows (exact replay only); the result's `stopper` is the rule's name."""
+    if data.mode != "exact":
+        raise MCSDError("ragged replay walks dense greedy collections (exact replay)")
+    if batch_size < 1:
+        raise MCSDError(f"batch size must be at least 1, got {batch_size}")
+    profile.check_rows(batch_size)
+    rule = make_rule(rule) if isinstance(rule, str) else rule
+    res = ReplayResult(stopper=rule.name, mode="exact", batch_size=batch_size)
+    tree, queue, rows = data.tree, iter(data.prompts.values()), []
+    while True:
+        while len(rows) < batch_size and (p := next(queue, None)) is not None:
+            row = _Row2(p, rule.stopper)
+            if row.advance(True):
+                rows.append(row)
+        if not rows:
+            return res
+        plans = rule.plan(rows, tree, profile)
+        res.cost_s += profile.ragged_step_seconds(
+            tree, [(r.pending, d, v) for r, (d, v) in zip(rows, plans, strict=True)])
+        res.draft_forwards += max(d for d, _ in plans)
+        res.batch_steps += 1
+        for row, (d, v) in zip(list(rows), plans, strict=True):
+            row.commit_ragged(d, v, tree, res)
+            if not row.advance(True):
+                rows.remove(row)
+
+
+@dataclass
+class Family:
+    """A rule family and the settings `compare` tries (the best one is reported)."""
+
+    name: str
+    specs: list[str]
+    padded: bool = False  # replayed by `replay.depth` (padded batches), not ragged
+
+
+def families(depth: int) -> list[Family]:
+    """What `compare` replays: padded static depths, the ragged rules and the two oracles."""
+    statics = [f"static:{s}" for s in range(1, depth + 1)]
+    return [Family("padded static", statics, padded=True),
+            Family("ragged static", statics),
+            Family("cumprod", [f"cumprod:{t:g}" for t in (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)]),
+            Family("survival", [f"survival:{q:g}" for q in (0.25, 0.5, 1, 1.5, 2, 3)]),
+            Family("oracle-budget", ["oracle-budget"]),
+            Family("oracle", ["oracle"])]
+
+
+def compare(data: ReplayData, profile: CostProfile, batch_sizes: list[int],
+            fams: list[Family] | None = None) -> dict:
+    """Per batch size: AR's replayed tokens/s, and per family its best setting, that setting's
+    tokens/s and ratio to AR and to the best padded static; every setting's tokens/s too."""
+    out = {}
+    for b in batch_sizes:
+        ar = replay(data, NeverDraft(), profile, "ar", batch_size=b).throughput
+        rows = {}
+        for fam in fams or families(data.depth):
+            tps = {s: (replay(data, s, profile, batch_size=b) if fam.padded
+                       else ragged_replay(data, s, profile, b)).throughput for s in fam.specs}
+            best = max(tps, key=tps.get)
+            rows[fam.name] = {"best": best, "tokens_per_s": tps[best], "all": tps}
+        padded = rows.get("padded static", {}).get("tokens_per_s")
+        for r in rows.values():
+            r["vs_ar"] = r["tokens_per_s"] / ar if ar else None
+            r["vs_padded"] = r["tokens_per_s"] / padded if padded else None
+        out[b] = {"ar": ar, "families": rows}
+    return out
+
+
+def table(result: dict) -> str:
+    """`compare`'s result as a Markdown table: one row per family, one column per batch size."""
+    sizes = list(result)
+    names = list(next(iter(result.values()))["families"]) if result else []
+    head = "| rule | " + " | ".join(f"B={b}" for b in sizes) + " |"
+    lines = [head, "|---|" + "---|" * len(sizes),
+             "| ar (tokens/s) | " + " | ".join(f"{result[b]['ar']:.0f}" for b in sizes) + " |"]
+    for n in names:
+        cells = []
+        for b in sizes:
+            r = result[b]["families"][n]
+            vs = f", {r['vs_padded']:.3f}x padded" if r["vs_padded"] is not None else ""
+            cells.append(f"{r['tokens_per_s']:.0f} ({r['vs_ar']:.2f}x AR{vs}; {r['best']})")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
