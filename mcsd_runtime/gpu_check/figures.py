@@ -31,8 +31,8 @@ def breakdown(path: Path) -> dict:
     """ms per step of each method under each graphs setting, the bandwidth bound, AR over the
     bound, the GPU-busy share of an AR step and the forward probe."""
     data = read_json(path)
-    steps = {f"{r['method']} {r['graphs']}": ("error" if r.get("error") else r["step_ms"])
-             for r in data.get("rows", [])}
+    steps = {f"{r['method']} {r['graphs']} ({r.get('path') or '?'})":
+             ("error" if r.get("error") else r["step_ms"]) for r in data.get("rows", [])}
     bound = data.get("bound", {})
     busy = {g: m.get("ar", {}).get("device_busy") for g, m in data.get("launches", {}).items()}
     probe = {k.removesuffix("_ms"): v for k, v in data.get("forward_probe", {}).items()
@@ -112,3 +112,24 @@ def evaluation(folder: Path) -> dict:
     ar = [x for x in ar if isinstance(x, int | float)]
     return _drop_none({"vs_ar": vs_ar,
                        "ar_tokens_per_s": _round(statistics.median(ar), 1) if ar else None})
+
+
+def preflight(path: Path) -> dict:
+    """The device, each package's version, and those that did not import."""
+    p = read_json(path)
+    versions = {k: v.get("version") for k, v in p.get("packages", {}).items() if "version" in v}
+    return _drop_none({"device": p.get("device", {}).get("name"), "versions": versions,
+                       "unimportable": p.get("unimportable") or None, "commit": p.get("commit")})
+
+
+def engine(path: Path) -> dict:
+    """The engine check's goals (value and whether reached), and ms per step of each row,
+    keyed by method, graphs setting and the path that actually ran."""
+    data = read_json(path)
+    steps = {f"{r.get('method')} {r.get('graphs')} ({r.get('path') or '?'})":
+             ("error" if r.get("error") else r.get("step_ms")) for r in data.get("rows", [])}
+    steps |= {f"ar B={r.get('rows')} {r.get('layout')} {r.get('graphs')} ({r.get('path') or '?'})":
+              ("error" if r.get("error") else r.get("step_ms")) for r in data.get("batch", [])}
+    reached = {k: v.get("value") for k, v in data.get("goals", {}).items()}
+    return _drop_none({"goals": _drop_none(reached), "ms_per_step": steps,
+                       "complete": "wall_s" in data or None})

@@ -49,8 +49,10 @@ class Sizes:
     temperatures: str  # comma-separated
     statics: str  # the static depths evaluated
     deploy: str  # the static schedule a user deploys (prompt lookup beside the draft)
-    shapes: str  # step_breakdown shapes, comma-separated
-    breakdown_methods: str
+    shapes: str  # the engine's shapes (`engine_check`), comma-separated
+    exact_shape: str  # the shape also checked in fp32, captured against eager
+    distill_conversations: int  # the draft's recipe, sized for the device (0: the recipe's)
+    distill_steps: int  # (0: the recipe's)
     breakdown_draft_layers: int  # for shapes without a draft shape of their own
     breakdown_k_config: str
     breakdown_prompt_tokens: int
@@ -78,27 +80,45 @@ class Sizes:
         return dataclasses.replace(self, budgets=budgets, **changes)
 
 
-# seconds per stage on a lent H100/H200, 560 in all, so that the check fits one ten-minute
-# call: the captured engine's goals (issue 52); a stage past its budget is stopped and the next
-# one runs. The feature draft's distillation (data generation, then training) is the longest:
-# the default recipe took 114 s on an H200 and the feature recipe generates three times the
-# conversations; its generated data are cached, so a rerun continues where it was stopped.
-GPU_BUDGETS = {"target": 30, "breakdown-smollm2": 40, "breakdown-llama2-7b": 70, "distill": 210,
-               "collect": 45, "profile": 25, "train-lightgbm": 20, "train-mlp": 20,
-               "train-copy": 30, "eval-t0": 35, "eval-t0.7": 35, "eval-static": 45,
-               # last: one forward eager, captured and compiled (torch.compile compiles each
-               # shape for tens of seconds); `--only target,spike-smollm2,...` runs them first
-               "spike-smollm2": 90, "spike-llama2-7b": 120}
+# Seconds per stage on a lent H100/H200, from the H200 figures measured so far
+# (docs/results-gpu.md) times 1.5, in two calls. Call 1 (the engine at both shapes, no download)
+# has a deadline of 230 s; call 2 (the real pair's pipeline) of 430 s: with the machine's start
+# (1-2 min), the transfers and 30 idle seconds before it goes back, both fit 15 minutes.
+# - engine-*: per shape, the eager rows cost what issue 52 measured (7B: AR 25 ms, static
+#   34 ms, B=8 92 ms a step; hf 26 ms a token) over (warm-up + 3 runs) x 2 (plain, timed
+#   forwards) x 64 steps: ~65 s at 7B, ~55 s at SmolLM2 (21 ms a step eager), the captured rows
+#   a fraction of that: x 1.5 = 105 and 95 (the fp32 check included). Were capture to fall back
+#   to eager, the rows still come captured first and are written as measured, so a stage cut
+#   off keeps every goal's row before it.
+# - target: the GGUF's conversion took 23 s on an H200, plus a cold import: 35 x 1.5 ~ 50.
+# - distill: the default recipe generated 576 conversations in 72 s (0.125 s each) and trained
+#   360 steps in 14 s; the device's recipe (features, 320 + 64 held-out conversations, 360
+#   steps) is 48 + 14 + 10 s of loading = 72 s x 1.5 = 110.
+# - collect and profile: the goal rate (1,000 tokens/s) over 128 x 64 tokens is 8 s, plus four
+#   processes' start (~20 s) = 28 x 1.5 ~ 45; the profile at 2 calibration prompts ~ 40.
+# - train-*: the CPU smoke's 28-41 s on 2 cores at toy sizes; a 16-core machine trains on more
+#   rows in about that: 25-35.
+# - eval-*: 1 prompt per category x 6 x ~10 methods x 64 tokens; at the captured goal (5 ms a
+#   step) 20 s, plus loading: 30 x 1.5 = 45; at T=0.7 fewer methods: 40.
+# eval-static and the spikes (torch.compile: tens of seconds a shape) come after everything
+# else, each with its own hard limit, and run only if time is left.
+GPU_BUDGETS = {"preflight": 25, "engine-smollm2": 95, "engine-llama2-7b": 105,
+               "target": 50, "distill": 110, "collect": 45, "profile": 40,
+               "train-lightgbm": 25, "train-mlp": 30, "train-copy": 35, "eval-t0": 45,
+               "eval-t0.7": 40, "eval-static": 60, "spike-smollm2": 60, "spike-llama2-7b": 90}
+CALL_DEADLINES = {1: 230, 2: 430}  # seconds, `run --call N --deadline ...` on the device
+START_ENV = "MCSD_CHECK_START"  # epoch seconds the device command started: the deadline's zero
+LATE = ("eval-static", "spike-")  # stages after everything else: run if time is left
 
 GPU = Sizes(
     target="smollm2", recipe="features", device="cuda", k_config="4,1/1,1,1,1,1",
-    collect_prompts="inst-mix", collect_limit=200, tokens=64, processes=4, batch=8,
-    profile_max_tokens=16, profile_rounds=5, profile_prompts="inst-mix", profile_limit=4,
+    collect_prompts="inst-mix", collect_limit=128, tokens=64, processes=4, batch=8,
+    profile_max_tokens=16, profile_rounds=3, profile_prompts="inst-mix", profile_limit=2,
     check_prompts=2, mlp_epochs=0, copy_prompts="inst-explain,inst-docstring-code,inst-qa",
-    copy_limit=24, copy_eval_limit=2, eval_prompts="inst-mix-eval", eval_limit=2,
+    copy_limit=24, copy_eval_limit=2, eval_prompts="inst-mix-eval", eval_limit=1,
     temperatures="0,0.7", statics="static:1,static:2,static:3,static:4",
-    deploy="lookup:8:3+static:1", shapes="smollm2,llama2-7b",
-    breakdown_methods="hf,ar,static:1,static:4", breakdown_draft_layers=4,
+    deploy="lookup:8:3+static:1", shapes="smollm2,llama2-7b", exact_shape="smollm2",
+    distill_conversations=320, distill_steps=360, breakdown_draft_layers=4,
     breakdown_k_config="4,2,2,1", breakdown_prompt_tokens=256, breakdown_tokens=64,
     breakdown_repeats=3, breakdown_copy_mib=1024, budgets=GPU_BUDGETS)
 
@@ -110,10 +130,12 @@ SMOKE = Sizes(
     check_prompts=1, mlp_epochs=2, copy_prompts="inst-qa", copy_limit=2, copy_eval_limit=1,
     eval_prompts="inst-mix-eval", eval_limit=1, temperatures="0,0.7",
     statics="static:1,static:3", deploy="lookup:8:3+static:1", shapes="tiny",
-    breakdown_methods="hf,ar,static:2", breakdown_draft_layers=1, breakdown_k_config="1,1",
-    breakdown_prompt_tokens=16, breakdown_tokens=8, breakdown_repeats=1, breakdown_copy_mib=8,
-    budgets={"target": 120, "distill": 120, "collect": 180, "breakdown-tiny": 120})
+    exact_shape="tiny", distill_conversations=6, distill_steps=10, breakdown_draft_layers=1,
+    breakdown_k_config="2,1", breakdown_prompt_tokens=16, breakdown_tokens=8,
+    breakdown_repeats=1, breakdown_copy_mib=8,
+    budgets={"preflight": 60, "engine-tiny": 90, "target": 120, "distill": 120, "collect": 180})
 SMOKE_BUDGET = 120  # seconds, a smoke stage without a budget of its own
+SMOKE_DEADLINES = {1: 200, 2: 1200}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,8 +147,13 @@ EOS_IGNORE = ["--eos", "ignore"]  # every output runs to its full length
 THREADS = ["--threads", "1"]
 
 
-def pair_args(s: Sizes) -> list[str]:
-    return ["--target", s.target, "--draft", f"distill:{s.recipe}", "--device", s.device]
+def draft_path(run: Path) -> Path:
+    """The draft the check distils (`distill_cmd`) and every later stage decodes with."""
+    return run / "draft" / "draft"
+
+
+def pair_args(s: Sizes, run: Path) -> list[str]:
+    return ["--target", s.target, "--draft", str(draft_path(run)), "--device", s.device]
 
 
 def target_cmd(s: Sizes) -> list[str]:
@@ -140,14 +167,19 @@ def target_cmd(s: Sizes) -> list[str]:
     return [*PY, "-c", code, s.target]
 
 
-def breakdown_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
-    return [*MCSD, "step-breakdown", "--shape", shape,
-            "--draft-layers", str(s.breakdown_draft_layers), "--device", s.device,
-            "--graphs", "off,on", "--methods", s.breakdown_methods,
+def engine_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
+    """The engine's measurements at one shape (`gpu_check.engine_check`), fp32 too at
+    `exact_shape`."""
+    exact = ["--exact"] if shape == s.exact_shape else []
+    return [*PY, "-m", "mcsd_runtime.gpu_check.engine_check", "--shape", shape,
+            "--device", s.device, "--draft-layers", str(s.breakdown_draft_layers),
             "--k-config", s.breakdown_k_config, "--prompt-tokens", str(s.breakdown_prompt_tokens),
-            "--max-new-tokens", str(s.breakdown_tokens), "--prompt-count", "1",
-            "--rounds", str(s.breakdown_repeats), "--copy-mib", str(s.breakdown_copy_mib),
-            "--out", str(out)]
+            "--tokens", str(s.breakdown_tokens), "--repeats", str(s.breakdown_repeats),
+            "--copy-mib", str(s.breakdown_copy_mib), *exact, "--out", str(out)]
+
+
+def preflight_cmd(out: Path) -> list[str]:
+    return [*PY, "-m", "mcsd_runtime.gpu_check.preflight", "--out", str(out)]
 
 
 def spike_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
@@ -157,21 +189,27 @@ def spike_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
             "--out", str(out)]
 
 
-def distill_cmd(s: Sizes) -> list[str]:
-    return [*MCSD, "draft", "distill", "--target", s.target, "--recipe", s.recipe,
-            "--device", s.device]
+def distill_cmd(s: Sizes, run: Path) -> list[str]:
+    """The draft, distilled into the run folder (`draft_path`) by `recipe` sized for the
+    device: its fields differ from the preset's, and so does its hash (its data are cached as
+    the preset's, so a stopped run continues the generation)."""
+    sized = [*(["--conversations", str(s.distill_conversations)]
+               if s.distill_conversations else []),
+             *(["--steps", str(s.distill_steps)] if s.distill_steps else [])]
+    return [*MCSD, "draft", "distill", "--target", s.target, "--recipe", s.recipe, *sized,
+            "--device", s.device, "--out", str(draft_path(run).parent)]
 
 
 def collect_cmd(s: Sizes, out: Path) -> list[str]:
     procs = ["--processes-per-device", str(s.processes)] if s.processes > 1 else []
-    return [*MCSD, "collect", *pair_args(s), "--k-config", s.k_config, "--dense",
+    return [*MCSD, "collect", *pair_args(s, out.parent), "--k-config", s.k_config, "--dense",
             "--max-new-tokens", str(s.tokens), "--prompts", s.collect_prompts,
             "--limit", str(s.collect_limit), *procs, "--batch-size", str(s.batch), *THREADS,
             "--no-progress", "--out", str(out)]
 
 
 def profile_cmd(s: Sizes, out: Path) -> list[str]:
-    return [*MCSD, "profile", *pair_args(s), "--out", str(out),
+    return [*MCSD, "profile", *pair_args(s, out.parent), "--out", str(out),
             "--max-tokens", str(s.profile_max_tokens), "--rounds", str(s.profile_rounds),
             "--k-config", s.k_config, "--prompts", s.profile_prompts,
             "--limit", str(s.profile_limit), "--max-new-tokens", str(min(s.tokens, 48)), *THREADS]
@@ -186,7 +224,8 @@ def train_stop_cmd(s: Sizes, model: str, runs: Path, profile: Path, out: Path) -
 
 
 def train_copy_cmd(s: Sizes, profile: Path, traces: Path, out: Path) -> list[str]:
-    return [*MCSD, "train", "--decision", "copy", *pair_args(s), "--k-config", s.k_config,
+    return [*MCSD, "train", "--decision", "copy", *pair_args(s, out.parent),
+            "--k-config", s.k_config,
             "--prompts", s.copy_prompts, "--limit", str(s.copy_limit),
             "--eval-prompts", s.eval_prompts, "--eval-limit", str(s.copy_eval_limit),
             "--max-new-tokens", str(s.tokens), *EOS_IGNORE, "--cost-profile", str(profile),
@@ -196,7 +235,7 @@ def train_copy_cmd(s: Sizes, profile: Path, traces: Path, out: Path) -> list[str
 
 
 def eval_cmd(s: Sizes, temperature: str, methods: list[str], out: Path) -> list[str]:
-    return [*MCSD, "eval", *pair_args(s), "--prompts", s.eval_prompts,
+    return [*MCSD, "eval", *pair_args(s, out.parent), "--prompts", s.eval_prompts,
             "--limit", str(s.eval_limit), "--k-config", s.k_config,
             "--max-new-tokens", str(s.tokens), "--temperature", temperature, *EOS_IGNORE,
             "--deploy", s.deploy, "--methods", ",".join(methods), *THREADS, "--out", str(out)]
@@ -224,6 +263,9 @@ class Stage:
     output: str  # what it writes, relative to the run folder
     argv: Callable[[Path], list[str]]  # its command line, built when it starts
     figures: Callable[[Path], dict] = lambda run: {}  # key figures, from the run folder
+    call: int = 2  # the device call that runs it (`run --call N`)
+    packages: tuple[str, ...] = ()  # carried packages it imports (skipped if one does not)
+    always: bool = False  # run at every `run`, never resumed (the preflight)
 
 
 def done(run: Path, stage: str) -> bool:
@@ -231,26 +273,19 @@ def done(run: Path, stage: str) -> bool:
     return read_json(run / "stages" / f"{stage}.json").get("status") == "done"
 
 
-def stages(s: Sizes) -> list[Stage]:
-    """The check's stages in the order they run."""
-    out = [Stage("target", s.budgets.get("target", SMOKE_BUDGET), (), "",
-                 lambda run: target_cmd(s))]
+def _engine_stages(s: Sizes) -> list[Stage]:
+    out = []
     for shape in filter(None, s.shapes.split(",")):
-        name = f"breakdown-{shape}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
-                         lambda run, shape=shape, name=name: breakdown_cmd(
+        name = f"engine-{shape}"
+        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("preflight",), f"{name}.json",
+                         lambda run, shape=shape, name=name: engine_cmd(
                              s, shape, run / f"{name}.json"),
-                         lambda run, name=name: fig.breakdown(run / f"{name}.json")))
-    out += [
-        Stage("distill", s.budgets.get("distill", SMOKE_BUDGET), ("target",), "",
-              lambda run: distill_cmd(s)),
-        Stage("collect", s.budgets.get("collect", SMOKE_BUDGET), ("distill",), "collect",
-              lambda run: collect_cmd(s, run / "collect"),
-              lambda run: fig.collect(run / "collect", run)),
-        Stage("profile", s.budgets.get("profile", SMOKE_BUDGET), ("distill",), "cost.json",
-              lambda run: profile_cmd(s, run / "cost.json"),
-              lambda run: fig.profile(run / "cost.json")),
-    ]
+                         lambda run, name=name: fig.engine(run / f"{name}.json"), call=1))
+    return out
+
+
+def _train_stages(s: Sizes) -> list[Stage]:
+    out = []
     for model in ("lightgbm", "mlp"):
         name = f"train-{model}"
         out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("collect", "profile"),
@@ -258,21 +293,21 @@ def stages(s: Sizes) -> list[Stage]:
                          lambda run, model=model: train_stop_cmd(
                              s, model, run / "collect", run / "cost.json",
                              run / "stoppers" / model),
-                         lambda run, model=model: fig.stopper(run / "stoppers" / model)))
+                         lambda run, model=model: fig.stopper(run / "stoppers" / model),
+                         packages=("lightgbm",) if model == "lightgbm" else ()))
     out.append(Stage("train-copy", s.budgets.get("train-copy", SMOKE_BUDGET), ("profile",),
                      "copy-draft", lambda run: train_copy_cmd(
                          s, run / "cost.json", run / "traces.json", run / "copy-draft"),
-                     lambda run: fig.copy_policy(run / "copy-draft")))
-    for temp in filter(None, s.temperatures.split(",")):
-        name = f"eval-t{temp}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("distill",), name,
-                         lambda run, temp=temp, name=name: eval_cmd(
-                             s, temp, eval_methods(s, run), run / name),
-                         lambda run, name=name: fig.evaluation(run / name)))
-    out.append(Stage("eval-static", s.budgets.get("eval-static", SMOKE_BUDGET), ("distill",),
-                     "eval-static", lambda run: eval_cmd(
-                         s, "0", ["ar", "hf", *GPU_BASELINES], run / "eval-static"),
-                     lambda run: fig.evaluation(run / "eval-static")))
+                     lambda run: fig.copy_policy(run / "copy-draft"), packages=("lightgbm",)))
+    return out
+
+
+def _late_stages(s: Sizes) -> list[Stage]:
+    """After everything else, each with its own hard limit: run if time is left."""
+    out = [Stage("eval-static", s.budgets.get("eval-static", SMOKE_BUDGET), ("distill",),
+                 "eval-static", lambda run: eval_cmd(
+                     s, "0", ["ar", "hf", *GPU_BASELINES], run / "eval-static"),
+                 lambda run: fig.evaluation(run / "eval-static"))]
     for shape in filter(None, s.shapes.split(",")):
         name = f"spike-{shape}"
         out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
@@ -280,6 +315,34 @@ def stages(s: Sizes) -> list[Stage]:
                              s, shape, run / f"{name}.json"),
                          lambda run, name=name: spike_figures(run / f"{name}.json")))
     return out
+
+
+def stages(s: Sizes) -> list[Stage]:
+    """The check's stages in the order they run: the preflight, call 1's (the engine at every
+    shape), then call 2's (the real pair's pipeline, the late stages last)."""
+    gguf = () if s.target.startswith("toy") else ("gguf",)
+    out = [Stage("preflight", s.budgets.get("preflight", SMOKE_BUDGET), (), "preflight.json",
+                 lambda run: preflight_cmd(run / "preflight.json"),
+                 lambda run: fig.preflight(run / "preflight.json"), call=0, always=True),
+           *_engine_stages(s),
+           Stage("target", s.budgets.get("target", SMOKE_BUDGET), ("preflight",), "",
+                 lambda run: target_cmd(s), packages=gguf),
+           Stage("distill", s.budgets.get("distill", SMOKE_BUDGET), ("target",), "draft",
+                 lambda run: distill_cmd(s, run)),
+           Stage("collect", s.budgets.get("collect", SMOKE_BUDGET), ("distill",), "collect",
+                 lambda run: collect_cmd(s, run / "collect"),
+                 lambda run: fig.collect(run / "collect", run)),
+           Stage("profile", s.budgets.get("profile", SMOKE_BUDGET), ("distill",), "cost.json",
+                 lambda run: profile_cmd(s, run / "cost.json"),
+                 lambda run: fig.profile(run / "cost.json")),
+           *_train_stages(s)]
+    for temp in filter(None, s.temperatures.split(",")):
+        name = f"eval-t{temp}"
+        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("distill",), name,
+                         lambda run, temp=temp, name=name: eval_cmd(
+                             s, temp, eval_methods(s, run), run / name),
+                         lambda run, name=name: fig.evaluation(run / name)))
+    return out + _late_stages(s)
 
 
 def spike_figures(path: Path) -> dict:

@@ -10,41 +10,34 @@ import io
 import json
 import platform
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 
 from mcsd_runtime.gpu_check.figures import read_json
-from mcsd_runtime.gpu_check.plan import MISSING, Sizes
-from mcsd_runtime.gpu_check.staging import CALL_LIMIT_MIB, ROOT
+from mcsd_runtime.gpu_check.plan import CALL_DEADLINES, MISSING, START_ENV, Sizes
+from mcsd_runtime.gpu_check.staging import CALL_LIMIT_MIB, ROOT, read_commit
 
 FORMAT = "mcsd-gpu-check"
 # small outputs the tarball takes besides the logs (patterns under the run folder)
-SMALL_OUTPUTS = ("breakdown-*.json", "cost.json", "stoppers/*/metrics.json",
+SMALL_OUTPUTS = ("preflight.json", "engine-*.json", "spike-*.json", "cost.json",
+                 "stoppers/*/metrics.json",
                  "copy-draft/*.json", "eval-*/*.md", "eval-*/*.json", "eval-*/*/summary.*",
                  "collect/manifest.json", "stages/*.json")
 TARBALL_LIMIT = 15 << 20  # bytes: a file $OUT returns is at most 16 MiB
 
 
 def _versions() -> dict:
+    """Versions from the installed packages' metadata (nothing imported: torch's import costs
+    seconds the deadline counts) and the commit the staging recorded (no git needed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     out = {"python": platform.python_version(), "machine": platform.machine()}
-    try:
-        import torch
-
-        out["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            out["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    try:
-        import transformers
-
-        out["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True)
-    out["commit"] = commit.stdout.strip() if commit.returncode == 0 else None
+    for name in ("torch", "transformers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    out["commit"] = read_commit()
     return out
 
 
@@ -121,10 +114,19 @@ def staging_text(manifest: dict, base_mib: float, stage_dir: Path) -> str:
     for i, mib in enumerate(manifest["call_mib"], 1):
         over = " OVER THE LIMIT" if mib + base_mib > CALL_LIMIT_MIB else ""
         lines.append(f"call {i}: carry [\"{rel}/call{i}\"], {mib:.1f} + {base_mib:.1f} MiB{over}")
-    lines += ["call 1 command: python3 scripts/gpu_check.py join && nvidia-smi",
-              "call 2 command: python3 scripts/gpu_check.py join && python3 scripts/gpu_check.py "
-              "run --deadline 560 --copy-to \"$OUT\"   (timeout_s 600)"]
+    for call in (1, 2):
+        lines.append(f"call {call} command: {device_command(call)}   "
+                     f"(timeout_s {CALL_DEADLINES[call] + 30})")
     return "\n".join(lines)
+
+
+def device_command(call: int) -> str:
+    """The shell command of device call `call`: the deadline's clock starts first, `join`
+    installs what the call carried (a wheel that fails is reported, and only the stages that
+    need it are skipped), then the call's stages run."""
+    return (f"export {START_ENV}=$(date +%s.%N); python3 scripts/gpu_check.py join; "
+            f"python3 scripts/gpu_check.py run --call {call} --deadline {CALL_DEADLINES[call]} "
+            f"--copy-to \"$OUT\"")
 
 
 class Writer:
@@ -134,7 +136,9 @@ class Writer:
         self.run, self.meta, self.copy_to = run, meta_, copy_to
 
     def __call__(self, records: list[dict]) -> Path:
-        rep = {**self.meta, "run": str(self.run), "stages": records,
+        device = next((r.get("figures", {}).get("device") for r in records
+                       if r["stage"] == "preflight"), None)
+        rep = {**self.meta, "gpu": device, "run": str(self.run), "stages": records,
                "total_wall_s": round(sum(r.get("wall_s", 0.0) for r in records
                                          if not r.get("resumed")), 1),
                "failures": [r["stage"] for r in records

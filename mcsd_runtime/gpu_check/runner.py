@@ -1,7 +1,14 @@
 """Running the GPU check's stages: one process per stage, each with its time budget, each
 writing its output and, when it finishes, a done-marker; a rerun skips the finished stages; a
 stage that fails or runs out of time is recorded and the next one runs. The report (one JSON,
-one Markdown) is rewritten after every stage, so a check cut off still leaves one."""
+one Markdown) is rewritten after every stage, so a check cut off still leaves one.
+
+The deadline counts from `Options.start` (the device command sets `plan.START_ENV` first, so
+`join` and the imports count too). Each stage runs in a process group of its own within the
+call's session (so the device ends it with the call) and is stopped as a group; while it runs,
+`stages/NAME.pid` names it, so a stage left running by a call killed mid-stage is ended at the
+next `run` before anything else starts (its locks are then a dead process's, which `collect`
+takes over). SIGTERM stops the running stage and writes the report."""
 
 from __future__ import annotations
 
@@ -34,6 +41,42 @@ class Options:
     force: set[str] = field(default_factory=set)  # stages rerun even if done ("all": every)
     env: dict[str, str] = field(default_factory=dict)  # added to the stages' environment
     quiet: bool = False  # print stage headers and results only, not the stages' output
+    calls: set[int] = field(default_factory=set)  # the device calls whose stages run (empty: all)
+    start: float | None = None  # epoch seconds of the deadline's zero (None: now)
+
+
+class Stopped(Exception):
+    """The check got SIGTERM: the running stage is stopped and the report written."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Stopped(f"signal {signum}")
+
+
+def _alive_group(pid: int, pgid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def reap_stale(stages_dir: Path, say=print) -> list[str]:
+    """End the process groups of stages a killed call left running (`NAME.pid`); returns the
+    stages ended."""
+    ended = []
+    for path in sorted(stages_dir.glob("*.pid")):
+        info = read_json(path)
+        pid, pgid = info.get("pid"), info.get("pgid")
+        if isinstance(pid, int) and isinstance(pgid, int) and _alive_group(pid, pgid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                ended.append(path.stem)
+                say(f"== {path.stem}: ended the process group {pgid} an earlier call left "
+                    f"running", flush=True)
+            except ProcessLookupError:
+                pass
+        path.unlink(missing_ok=True)
+    return ended
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
@@ -56,17 +99,21 @@ def _pump(stream, log, prefix: str, quiet: bool) -> None:
 
 
 def execute(argv: list[str], log_path: Path, timeout: float, env: dict[str, str],
-            prefix: str = "  | ", quiet: bool = False) -> tuple[int | None, float]:
-    """Run `argv` from the repository in a process group of its own, its output into
-    `log_path`; stopped (the whole group) after `timeout` seconds. Returns (exit code or None
-    when stopped, seconds)."""
+            prefix: str = "  | ", quiet: bool = False,
+            pid_file: Path | None = None) -> tuple[int | None, float]:
+    """Run `argv` from the repository in a process group of its own (in this session), its
+    output into `log_path`; stopped (the whole group) after `timeout` seconds, or when this
+    process is interrupted. `pid_file` names the group while it runs. Returns (exit code or
+    None when stopped, seconds)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with log_path.open("wb") as log:
         log.write(f"$ {shlex.join(argv)}\n".encode())
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                                cwd=ROOT, start_new_session=True)
+                                cwd=ROOT, process_group=0)
+        if pid_file is not None:
+            pid_file.write_text(_dumps({"pid": proc.pid, "pgid": proc.pid, "argv": argv}))
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, prefix, quiet),
                                 daemon=True)
         pump.start()
@@ -75,13 +122,19 @@ def execute(argv: list[str], log_path: Path, timeout: float, env: dict[str, str]
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             code = None
+        except BaseException:
+            _stop_group(proc)
+            raise
+        finally:
+            if pid_file is not None:
+                pid_file.unlink(missing_ok=True)
         pump.join(timeout=10)
     return code, time.monotonic() - t0
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the stage's process group, SIGKILL after 5 s."""
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+    """SIGTERM to the stage's process group, SIGKILL after 3 s."""
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -99,42 +152,76 @@ class Runner:
     def __init__(self, stages: list[Stage], opts: Options, report) -> None:
         self.stages, self.opts, self.report = stages, opts, report
         self.records: list[dict] = []
-        self.t0 = time.monotonic()
+        self.t0 = opts.start if opts.start is not None else time.time()
 
     def left(self) -> float:
         """Seconds left before the deadline, less the report's reserve (inf without one)."""
         if self.opts.deadline_s is None:
             return float("inf")
-        return self.opts.deadline_s - REPORT_RESERVE_S - (time.monotonic() - self.t0)
+        return self.opts.deadline_s - REPORT_RESERVE_S - (time.time() - self.t0)
 
     def run(self) -> list[dict]:
+        """Every stage in order (ending first any stage an earlier call left running); on
+        SIGTERM the running stage is stopped, recorded, and the report written."""
         (self.opts.run / "stages").mkdir(parents=True, exist_ok=True)
-        for stage in self.stages:
-            record = self._one(stage)
-            self.records.append(record)
-            if record.get("status") in ("done", "failed", "timeout"):
-                marker = self.opts.run / "stages" / f"{stage.name}.json"
-                marker.write_text(_dumps(record))
-            self._say(record)
-            self.report(self.records)
+        reap_stale(self.opts.run / "stages")
+        before = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            for stage in self.stages:
+                try:
+                    record = self._one(stage)
+                except Stopped as err:
+                    self._keep({"stage": stage.name, "budget_s": stage.budget_s,
+                                "status": "timeout", "reason": f"the check was stopped ({err})"})
+                    break
+                self._keep(record)
+        finally:
+            signal.signal(signal.SIGTERM, before)
         return self.records
+
+    def _keep(self, record: dict) -> None:
+        self.records.append(record)
+        if record.get("status") in ("done", "failed", "timeout"):
+            marker = self.opts.run / "stages" / f"{record['stage']}.json"
+            marker.write_text(_dumps(record))
+        self._say(record)
+        self.report(self.records)
+
+    def unimportable(self) -> set[str]:
+        """Packages the preflight of this run could not import."""
+        return set(read_json(self.opts.run / "preflight.json").get("unimportable", []))
+
+    def _held(self, stage: Stage, command: str | None) -> dict | None:
+        """The record of a stage done earlier (resumed) or not chosen for this run, else None.
+        A stage that runs at every call (`Stage.always`) does not make those after it rerun."""
+        opts = self.opts
+        earlier = read_json(opts.run / "stages" / f"{stage.name}.json")
+        always = {s.name for s in self.stages if s.always}
+        rerun = any(r["stage"] in stage.needs and r["stage"] not in always
+                    and r["status"] == "done" and not r.get("resumed") for r in self.records)
+        if (earlier.get("status") == "done" and earlier.get("command") == command
+                and not rerun and not opts.force & {stage.name, "all"}):
+            return {**earlier, "resumed": True}
+        if (opts.only and stage.name not in opts.only) or stage.name in opts.skip:
+            return {"status": "not selected"}
+        if opts.calls and stage.call and stage.call not in opts.calls:
+            return {"status": "not selected", "reason": f"call {stage.call}"}
+        return None
 
     def _status(self, stage: Stage, command: str | None) -> dict | None:
         """The record of a stage that does not run now, or None when it should run: one done
         earlier with the same command is not run again, unless a stage it needs ran again."""
-        opts = self.opts
-        if (opts.only and stage.name not in opts.only) or stage.name in opts.skip:
-            return {"status": "not selected"}
-        earlier = read_json(opts.run / "stages" / f"{stage.name}.json")
-        rerun = any(r["stage"] in stage.needs and r["status"] == "done" and not r.get("resumed")
-                    for r in self.records)
-        if (earlier.get("status") == "done" and earlier.get("command") == command
-                and not rerun and not opts.force & {stage.name, "all"}):
-            return {**earlier, "resumed": True}
+        if not stage.always:
+            held = self._held(stage, command)
+            if held is not None:
+                return held
         states = {r["stage"]: r["status"] for r in self.records}
         missing = [n for n in stage.needs if states.get(n) != "done"]
         if missing:
             return {"status": "skipped", "reason": f"needs {', '.join(missing)}"}
+        absent = sorted(set(stage.packages) & self.unimportable())
+        if absent:
+            return {"status": "skipped", "reason": f"needs {', '.join(absent)} (not importable)"}
         if self.left() < MIN_STAGE_S:
             return {"status": "not run", "reason": "out of time"}
         return None
@@ -156,7 +243,7 @@ class Runner:
         print(f"== {stage.name}: budget {base['budget_s']:.0f} s (stopped after "
               f"{timeout:.0f} s)\n   {shlex.join(argv)}", flush=True)
         code, wall = execute(argv, log, timeout, self.opts.env, f"  {stage.name} | ",
-                             self.opts.quiet)
+                             self.opts.quiet, self.opts.run / "stages" / f"{stage.name}.pid")
         record = {**base, "command": shlex.join(argv), "wall_s": round(wall, 1), "rc": code,
                   "log": str(log.relative_to(self.opts.run)), "output": stage.output}
         if code == 0:

@@ -36,6 +36,7 @@ PIP_PLATFORM = ["--python-version", "3.12", "--implementation", "cp",
                                               "manylinux_2_17_x86_64", "manylinux2014_x86_64",
                                               "manylinux1_x86_64", "any")]]
 MANIFEST = "manifest.json"
+COMMIT = "commit.json"  # in call1/ and call2/: the commit staged (the device has no .git)
 INSTALLED = ".mcsd-installed.json"  # in SITE: the wheels `join` installed
 
 
@@ -80,6 +81,36 @@ def project_mib(root: Path = ROOT) -> float:
                if n and (root / n).is_file()) / 2**20
 
 
+def git_commit(root: Path = ROOT) -> dict | None:
+    """The checkout's commit and whether files differ from it; None without git or a repo."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def read_commit(stage_dir: Path = STAGE_DIR, root: Path = ROOT) -> str | None:
+    """The commit the staging recorded (`COMMIT` in a call's folder), else git's, else None;
+    "+dirty" when the checkout differed from it."""
+    found = None
+    for call in ("call2", "call1"):
+        try:
+            found = json.loads((stage_dir / call / COMMIT).read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    found = found or git_commit(root)
+    if not isinstance(found, dict) or not found.get("commit"):
+        return None
+    return found["commit"] + ("+dirty" if found.get("dirty") else "")
+
+
 def split(whole: Path, extras: list[Path], stage_dir: Path = STAGE_DIR) -> dict:
     """`whole` in two parts, `call1/` (part 1 and `extras`) and `call2/` (part 2) about equal in
     size, each with the manifest; returns the manifest."""
@@ -101,8 +132,11 @@ def split(whole: Path, extras: list[Path], stage_dir: Path = STAGE_DIR) -> dict:
                 "wheels": sorted(p.name for p in extras),
                 "call_mib": [round((first + extra) / 2**20, 1),
                              round((size - first) / 2**20, 1)]}
+    commit = git_commit()
     for folder in calls:
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if commit is not None:
+            (folder / COMMIT).write_text(json.dumps(commit) + "\n")
     return manifest
 
 
