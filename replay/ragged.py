@@ -231,19 +231,26 @@ def families(depth: int) -> list[Family]:
             Family("oracle", ["oracle"])]
 
 
+def _tps(data: ReplayData, fam: Family, spec: str, profile: CostProfile, b: int) -> float:
+    return (replay(data, spec, profile, batch_size=b) if fam.padded
+            else ragged_replay(data, spec, profile, b)).throughput
+
+
 def compare(data: ReplayData, profile: CostProfile, batch_sizes: list[int],
-            fams: list[Family] | None = None) -> dict:
+            fams: list[Family] | None = None, tune: ReplayData | None = None) -> dict:
     """Per batch size: AR's replayed tokens/s, and per family its best setting, that setting's
-    tokens/s and ratio to AR and to the best padded static; every setting's tokens/s too."""
+    tokens/s and ratio to AR and to the best padded static; every setting's tokens/s too.
+    `tune`: choose each family's setting on these prompts instead (`all` then holds their
+    tokens/s), and report it on `data`."""
     out = {}
     for b in batch_sizes:
         ar = replay(data, NeverDraft(), profile, "ar", batch_size=b).throughput
         rows = {}
         for fam in fams or families(data.depth):
-            tps = {s: (replay(data, s, profile, batch_size=b) if fam.padded
-                       else ragged_replay(data, s, profile, b)).throughput for s in fam.specs}
+            tps = {s: _tps(tune or data, fam, s, profile, b) for s in fam.specs}
             best = max(tps, key=tps.get)
-            rows[fam.name] = {"best": best, "tokens_per_s": tps[best], "all": tps}
+            judged = _tps(data, fam, best, profile, b) if tune else tps[best]
+            rows[fam.name] = {"best": best, "tokens_per_s": judged, "all": tps}
         padded = rows.get("padded static", {}).get("tokens_per_s")
         for r in rows.values():
             r["vs_ar"] = r["tokens_per_s"] / ar if ar else None

@@ -157,3 +157,26 @@ def test_unknown_rules_and_collections_are_refused(data):
         make_rule("survival:x")
     with pytest.raises(MCSDError, match="batch size"):
         ragged_replay(data, "oracle", PROFILE, 8)
+
+
+def test_the_command_replays_a_collection_folder(tmp_path, capsys):
+    from mcsd_runtime.cli import build_parser, run_parser
+    from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
+    from replay.ragged_cli import register
+
+    df = chain_rows([1, 4, 2, 3, 0], new_tokens=12)
+    df = df.assign(**dict.fromkeys(TRAJECTORY_FEATURES, 0.0))
+    (tmp_path / "run").mkdir()
+    df.to_parquet(tmp_path / "run" / "rows.parquet")
+    PROFILE.save(tmp_path / "cost.json")
+    parser = build_parser([register])
+    argv = ["replay-batches", "--runs", str(tmp_path / "run"), "--cost-profile",
+            str(tmp_path / "cost.json"), "--batch-size", "1,4", "--out", str(tmp_path / "r.json")]
+    assert run_parser(parser, argv) == 0
+    out = capsys.readouterr().out
+    assert "| oracle |" in out and "B=4" in out
+    assert (tmp_path / "r.json").is_file()
+    assert run_parser(parser, [*argv[:-2], "--holdout", "--families", "oracle,cumprod"]) == 0
+    assert "settings chosen on 3 other prompts" in capsys.readouterr().out
+    assert run_parser(parser, [*argv[:-2], "--batch-size", "8"]) == 2
+    assert run_parser(parser, [*argv[:-2], "--families", "nope"]) == 2
