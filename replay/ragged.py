@@ -30,7 +30,7 @@ Today's padded static depth is `replay.depth.replay(data, "static:S", batch_size
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import step_outcome
@@ -162,6 +162,22 @@ class Budget:
                 verified, expected = verified + 1, expected + surv[i][-1]
         counts = verify_counts(surv, lambda t: paid + profile.ragged_target(t, n))
         return list(zip(drafted, counts, strict=True))
+
+
+def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:
+    """`profile` with every draft forward (all batch sizes, first forwards too) costing
+    `factor` times as much: what a cheaper or costlier draft of the same acceptance would win."""
+    if not factor > 0:
+        raise MCSDError(f"a draft's cost factor must be positive, got {factor}")
+
+    def scale(values: list[float] | None) -> list[float] | None:
+        return None if values is None else [factor * v for v in values]
+
+    batches = {b: replace(c, draft_s=scale(c.draft_s), draft_first_s=scale(c.draft_first_s))
+               for b, c in profile.batches.items()}
+    return replace(profile, draft_s=scale(profile.draft_s),
+                   draft_first_s=scale(profile.draft_first_s), batches=batches,
+                   note=f"{profile.note} (draft forwards x{factor:g})".strip())
 
 
 def make_rule(spec: str):

@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="choose each family's setting on alternate prompts, report on the others")
     p.add_argument("--families", default=None, metavar="NAME[,NAME...]",
                    help="replay only these families (default: all; AR is always replayed)")
+    p.add_argument("--draft-scale", type=float, default=1.0, metavar="X",
+                   help="price every draft forward at X times the profile's (what a cheaper or "
+                        "costlier draft of the same acceptance would win; default 1)")
     add_out_arg(p, "also write the result as JSON here")
     p.set_defaults(func=run)
 
@@ -60,13 +63,15 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli.args import parse_batch_sizes
     from mcsd_runtime.costmodel.profile import CostProfile
     from replay.data import ReplayData
-    from replay.ragged import compare, families, table
+    from replay.ragged import compare, families, scaled_draft, table
     from replay.runs import collected_k_config, load_runs, output_lengths
 
     if not args.runs:
         raise MCSDError("--runs DIR... is required: the dense collections to replay")
     sizes = parse_batch_sizes(args.batch_size, "--batch-size")
     profile = CostProfile.load(args.cost_profile)
+    if args.draft_scale != 1.0:
+        profile = scaled_draft(profile, args.draft_scale)
     for b in sizes:
         profile.check_rows(b)
     df, manifests = load_runs(args.runs)

@@ -14,7 +14,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import NODE_FEATURES
 from replay.data import ReplayData
 from replay.depth import replay
-from replay.ragged import compare, families, make_rule, ragged_replay, table
+from replay.ragged import compare, families, make_rule, ragged_replay, scaled_draft, table
 
 DEPTH = 4
 PROFILE = CostProfile(tokens=[1, 4, 8], target_s=[1.0, 1.2, 1.6], draft_s=[0.1, 0.12, 0.16],
@@ -129,12 +129,9 @@ def test_the_budget_fed_the_truth_is_the_oracle_when_drafting_is_free(data):
 
 def test_a_costlier_draft_drafts_less_under_the_survival_rule(data):
     drafted = []
-    for ratio in (0.01, 0.2, 1.0):
-        prof = CostProfile(**{**PROFILE.__dict__,
-                              "draft_s": [ratio * v for v in PROFILE.target_s],
-                              "batches": {4: BatchCosts(target_s=[1.2, 2.0, 3.2],
-                                                        draft_s=[ratio * 1.2, ratio * 2.0,
-                                                                 ratio * 3.2])}})
+    for factor in (0.1, 2.0, 10.0):
+        prof = scaled_draft(PROFILE, factor)
+        assert prof.ragged_draft(8, 4) == pytest.approx(factor * PROFILE.ragged_draft(8, 4))
         drafted.append(ragged_replay(data, "survival:1", prof, 4).drafted_depth)
     assert drafted == sorted(drafted, reverse=True) and drafted[0] > drafted[-1]
 
