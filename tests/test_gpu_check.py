@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mcsd_runtime.costmodel import capture_spike
-from mcsd_runtime.gpu_check import main, plan, report, staging
+from mcsd_runtime.gpu_check import engine_check, main, plan, report, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner
 
 
@@ -30,6 +30,10 @@ def _cli_parse(argv: list[str]) -> None:
         build_parser().parse_args(argv[3:])
     elif argv[1:3] == ["-m", "mcsd_runtime.costmodel.capture_spike"]:
         capture_spike._parser().parse_args(argv[3:])
+    elif argv[1:3] == ["-m", "mcsd_runtime.gpu_check.engine_check"]:
+        engine_check._parser().parse_args(argv[3:])
+    elif argv[1:3] == ["-m", "mcsd_runtime.gpu_check.preflight"]:
+        assert argv[3] == "--out"
     else:
         assert argv[1] == "-c"
 
@@ -45,20 +49,35 @@ def test_every_planned_command_is_one_the_clis_accept(sizes, tmp_path, capsys):
 
 
 def test_the_gpu_plan_covers_what_the_check_must_run():
-    names = [s.name for s in plan.stages(plan.GPU)]
-    assert names == ["target", "breakdown-smollm2", "breakdown-llama2-7b", "distill", "collect",
-                     "profile", "train-lightgbm", "train-mlp", "train-copy", "eval-t0",
-                     "eval-t0.7", "eval-static", "spike-smollm2", "spike-llama2-7b"]
-    late = ("eval-static", "spike-smollm2", "spike-llama2-7b")  # run if time is left
-    pipeline = [n for n in names if n not in late]
-    assert sum(plan.GPU.budgets[n] for n in pipeline) <= 560  # one ten-minute call
-    collect = " ".join(plan.collect_cmd(plan.GPU, Path("c")))
-    assert "--limit 200" in collect and "--max-new-tokens 64" in collect
+    stages = plan.stages(plan.GPU)
+    names = [s.name for s in stages]
+    assert names == ["preflight", "engine-smollm2", "engine-llama2-7b", "target", "distill",
+                     "collect", "profile", "train-lightgbm", "train-mlp", "train-copy",
+                     "eval-t0", "eval-t0.7", "eval-static", "spike-smollm2", "spike-llama2-7b"]
+    calls = {s.name: s.call for s in stages}
+    assert calls["engine-smollm2"] == calls["engine-llama2-7b"] == 1 and calls["preflight"] == 0
+    assert {calls[n] for n in names[3:]} == {2}
+    late = [n for n in names if n.startswith(plan.LATE)]
+    assert late == names[-3:]  # after everything else, each with its own limit
+    for call in (1, 2):  # every budget of the call fits its deadline, join and report included
+        critical = [n for n in names if calls[n] in (0, call) and n not in late]
+        total = sum(plan.GPU.budgets[n] for n in critical) + plan.CALL_RESERVE_S
+        assert total <= plan.CALL_DEADLINES[call], (call, total)
+    # machine start (at most 2 min), both calls' timeouts and 30 idle seconds: 15 minutes
+    assert 120 + sum(d + 30 for d in plan.CALL_DEADLINES.values()) + 30 <= 15 * 60
+    collect = " ".join(plan.collect_cmd(plan.GPU, Path("r/c")))
+    assert "--limit 128" in collect and "--max-new-tokens 64" in collect
     assert "--processes-per-device 4" in collect and "--batch-size 8" in collect
-    assert "--device cuda" in " ".join(plan.distill_cmd(plan.GPU))
-    for stage in plan.stages(plan.GPU):
-        if stage.name.startswith("breakdown-"):
-            assert "--graphs off,on" in " ".join(stage.argv(Path("r")))
+    assert f"--draft {plan.draft_path(Path('r'))}" in collect
+    distill = " ".join(plan.distill_cmd(plan.GPU, Path("r")))
+    assert "--device cuda" in distill and "--conversations 320 --steps 360" in distill
+    assert f"--out {plan.draft_path(Path('r')).parent}" in distill
+    engines = {s.name: " ".join(s.argv(Path("r"))) for s in stages if s.call == 1}
+    assert "--exact" in engines["engine-smollm2"] and "--exact" not in engines["engine-llama2-7b"]
+    assert all("--k-config 4,2,2,1 --prompt-tokens 256 --tokens 64" in e for e in engines.values())
+    needs = {s.name: s.packages for s in stages}
+    assert needs["target"] == ("gguf",) and needs["train-lightgbm"] == ("lightgbm",)
+    assert needs["engine-llama2-7b"] == ()  # call 1 needs no carried package
 
 
 def test_eval_takes_the_learned_decisions_that_finished(tmp_path):
@@ -81,7 +100,7 @@ def test_eval_takes_the_learned_decisions_that_finished(tmp_path):
 def test_sizes_take_overrides_and_refuse_unknown_fields():
     got = plan.GPU.with_overrides(["collect_limit=400", "device=cuda:1", "budget.distill=300"])
     assert (got.collect_limit, got.device, got.budgets["distill"]) == (400, "cuda:1", 300.0)
-    assert plan.GPU.collect_limit == 200 and plan.GPU.budgets["distill"] == 210
+    assert plan.GPU.collect_limit == 128 and plan.GPU.budgets["distill"] == 105
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         plan.GPU.with_overrides(["colect_limit=1"])
 
@@ -243,4 +262,4 @@ def test_the_script_plans_without_running(tmp_path, capsys):
     script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
     done = subprocess.run([sys.executable, str(script), "plan", "--smoke", "--only", "x"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "breakdown-tiny" in done.stdout
+    assert done.returncode == 0 and "engine-tiny" in done.stdout

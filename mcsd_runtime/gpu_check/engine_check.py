@@ -226,12 +226,13 @@ def _prompts(pair, s: Settings, count: int) -> list[list[int]]:
 
 
 def _graph_phase(doc: Doc, pair, s: Settings, graphs: str, ids, k_config) -> None:
-    """The rows, batches and launches of one graphs setting (`hf`, eager, with "off")."""
-    for method in ("ar", "static:1"):
-        doc.append("rows", _row(pair, method, graphs, k_config, ids[:1], s.tokens, s.repeats))
+    """The rows, batches and launches of one graphs setting (with "off", `hf` first: the
+    eager reference of the captured AR row)."""
     if graphs == "off":
         doc.append("rows", {"method": "hf", "graphs": "off", **guarded(lambda: dataclasses.asdict(
             sb.hf_row(pair, ids[:1], s.tokens, s.repeats)))})
+    for method in ("ar", "static:1"):
+        doc.append("rows", _row(pair, method, graphs, k_config, ids[:1], s.tokens, s.repeats))
     for layout in layouts():
         for rows in (1, BATCH):
             got = guarded(lambda rows=rows, layout=layout: batch_step(

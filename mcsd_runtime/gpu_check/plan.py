@@ -81,32 +81,34 @@ class Sizes:
 
 
 # Seconds per stage on a lent H100/H200, from the H200 figures measured so far
-# (docs/results-gpu.md) times 1.5, in two calls. Call 1 (the engine at both shapes, no download)
-# has a deadline of 230 s; call 2 (the real pair's pipeline) of 430 s: with the machine's start
-# (1-2 min), the transfers and 30 idle seconds before it goes back, both fit 15 minutes.
-# - engine-*: per shape, the eager rows cost what issue 52 measured (7B: AR 25 ms, static
-#   34 ms, B=8 92 ms a step; hf 26 ms a token) over (warm-up + 3 runs) x 2 (plain, timed
-#   forwards) x 64 steps: ~65 s at 7B, ~55 s at SmolLM2 (21 ms a step eager), the captured rows
-#   a fraction of that: x 1.5 = 105 and 95 (the fp32 check included). Were capture to fall back
-#   to eager, the rows still come captured first and are written as measured, so a stage cut
-#   off keeps every goal's row before it.
-# - target: the GGUF's conversion took 23 s on an H200, plus a cold import: 35 x 1.5 ~ 50.
+# (docs/results-gpu.md, issue 52) times 1.5 where the call allows, in two calls whose stages'
+# budgets, plus 25 s for `join` and the report, fit their deadlines: call 1 (the engine at
+# both shapes, no download) 235 s, call 2 (the real pair's pipeline) 430 s. With the machine's
+# start (1-2 min), the transfers and 30 idle seconds before it goes back, both fit 15 minutes.
+# - engine-*: the captured rows, the decisions and the launches come first (tens of seconds);
+#   the eager ones cost what issue 52 measured (7B: AR 25 ms, static 34 ms, B=8 92 ms a step,
+#   hf 26 ms a token; SmolLM2 22 and 29 ms) over (warm-up + 3 runs) x 2 (plain, timed
+#   forwards) x 64 steps: ~65 s at 7B, ~50 s at SmolLM2 plus its fp32 check. 7B: 65 x 1.5 =
+#   100; SmolLM2 85 (1.3x): rows are written as measured, eager `hf` first, so a stage cut off
+#   keeps every goal's captured row and the eager rows before the cut.
+# - target: the GGUF's conversion took 23 s on an H200, plus a cold import: 30 x 1.5 = 45.
 # - distill: the default recipe generated 576 conversations in 72 s (0.125 s each) and trained
 #   360 steps in 14 s; the device's recipe (features, 320 + 64 held-out conversations, 360
-#   steps) is 48 + 14 + 10 s of loading = 72 s x 1.5 = 110.
-# - collect and profile: the goal rate (1,000 tokens/s) over 128 x 64 tokens is 8 s, plus four
-#   processes' start (~20 s) = 28 x 1.5 ~ 45; the profile at 2 calibration prompts ~ 40.
+#   steps) is 48 + 14 + 8 s of loading = 70 x 1.5 = 105.
+# - collect: the goal rate (1,000 tokens/s) over 128 x 64 tokens is 8 s, plus four processes'
+#   start (~20 s): 30 x 1.5 = 45. profile: 2 calibration prompts, ~23 s x 1.5 = 35.
 # - train-*: the CPU smoke's 28-41 s on 2 cores at toy sizes; a 16-core machine trains on more
-#   rows in about that: 25-35.
+#   rows in less: 20, 25, 30.
 # - eval-*: 1 prompt per category x 6 x ~10 methods x 64 tokens; at the captured goal (5 ms a
-#   step) 20 s, plus loading: 30 x 1.5 = 45; at T=0.7 fewer methods: 40.
+#   step) 20 s, plus loading: 30 x 1.5 = 45; at T=0.7 fewer methods: 35.
 # eval-static and the spikes (torch.compile: tens of seconds a shape) come after everything
 # else, each with its own hard limit, and run only if time is left.
-GPU_BUDGETS = {"preflight": 25, "engine-smollm2": 95, "engine-llama2-7b": 105,
-               "target": 50, "distill": 110, "collect": 45, "profile": 40,
-               "train-lightgbm": 25, "train-mlp": 30, "train-copy": 35, "eval-t0": 45,
-               "eval-t0.7": 40, "eval-static": 60, "spike-smollm2": 60, "spike-llama2-7b": 90}
-CALL_DEADLINES = {1: 230, 2: 430}  # seconds, `run --call N --deadline ...` on the device
+GPU_BUDGETS = {"preflight": 20, "engine-smollm2": 85, "engine-llama2-7b": 100,
+               "target": 45, "distill": 105, "collect": 45, "profile": 35,
+               "train-lightgbm": 20, "train-mlp": 25, "train-copy": 30, "eval-t0": 45,
+               "eval-t0.7": 35, "eval-static": 60, "spike-smollm2": 60, "spike-llama2-7b": 90}
+CALL_DEADLINES = {1: 235, 2: 430}  # seconds, `run --call N --deadline ...` on the device
+CALL_RESERVE_S = 25  # of a call's deadline: `join` before the stages, the report after
 START_ENV = "MCSD_CHECK_START"  # epoch seconds the device command started: the deadline's zero
 LATE = ("eval-static", "spike-")  # stages after everything else: run if time is left
 
