@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mcsd_runtime.constants import DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
+from mcsd_runtime.constants import BATCH_LAYOUTS, DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
 from mcsd_runtime.errors import MCSDError
 
 if TYPE_CHECKING:
@@ -106,6 +106,21 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str | None = DEFA
     add_seed_arg(g, "seed of sampling and of prompt samples (default %(default)s)")
     add_eos_arg(g, eos, renamed=("--ignore-eos",))
     add_graphs_arg(g)
+    add_batch_args(g)
+
+
+def add_batch_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--batch-layout` and `--batch-depth` (DecodeConfig's): how a batch's rows share forwards
+    (batches of one decode the same either way)."""
+    parser.add_argument("--batch-layout", default="padded", choices=BATCH_LAYOUTS,
+                        help="batches: ragged packs each row's own tokens into one forward, so "
+                             "a row that drafts or verifies less costs less (needs the "
+                             "mcsd_sdpa attention, the default); padded (default) runs every "
+                             "row at the batch's widest")
+    parser.add_argument("--batch-depth", default="max", choices=("max", "row"),
+                        help="batches: max (default) drafts every row as deep as the batch "
+                             "goes; row gives each row the tree its own stopper chooses (what "
+                             "a ragged batch pays for)")
 
 
 def add_k_config_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
@@ -336,7 +351,8 @@ def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfi
     k_config = DEFAULT_K_CONFIG if args.k_config is None else args.k_config
     values = dict(k_config=k_config, init=args.init, temperature=args.temperature,
                   verify=args.verify, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                  graphs=args.graphs)
+                  graphs=args.graphs, batch_layout=getattr(args, "batch_layout", "padded"),
+                  batch_depth=getattr(args, "batch_depth", "max"))
     if getattr(args, "eos", "stop") == "ignore":
         values["eos_token_ids"] = ()
     return DecodeConfig(**(values | override))
