@@ -267,15 +267,16 @@ def add_timing_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, r
     parser.add_argument("--context", default=context, metavar="N[,N...]", help=context_help)
 
 
-def parse_counts(text: str, option: str) -> list[int]:
-    """`200,800` -> [200, 800]; MCSDError naming `option` unless each is a whole number >= 1."""
+def parse_counts(text: str, option: str, minimum: int = 1) -> list[int]:
+    """`200,800` -> [200, 800]; MCSDError naming `option` unless each is a whole number >=
+    `minimum`."""
     try:
         counts = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1:
-        raise MCSDError(f"{option} takes whole numbers >= 1 separated by commas, e.g. 200,800; "
-                        f"got {text!r}")
+    if not counts or min(counts) < minimum:
+        raise MCSDError(f"{option} takes whole numbers >= {minimum} separated by commas, e.g. "
+                        f"200,800; got {text!r}")
     return counts
 
 
