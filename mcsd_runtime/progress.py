@@ -19,19 +19,69 @@ update) and one when it closes ("done", or "stopped" short of the total):
 
     eval: 12/32 prompts (38%), 0.41 prompts/s, elapsed 29s, left ~49s, 1290 tokens
 
+A stage says it is alive even while its first unit runs. In a log it prints a first line when
+it starts (what, how many, an estimate when the caller has one), and a heartbeat thread prints
+the progress line whenever `min_interval` seconds passed without one, so a stage whose units take
+minutes still prints a line every `min_interval` seconds (elapsed time, units done). On a
+terminal the heartbeat redraws the bar every second, so its elapsed time moves:
+
+    generating data: 4200 seqs, started
+    generating data: 0/4200 seqs (0%), elapsed 30s
+    generating data: 40/4200 seqs (1%), 1.40 s/seq, elapsed 56s, left ~1h37m
+
+`working(desc)` does the same for a stage without units (loading, measuring, installing):
+
+    with working("measuring the draft on held-out sequences"):
+        ...
+
 `lightning_progress(desc)` is a Lightning callback that reports a Trainer's optimizer steps the
 same way, with the logged metrics (losses) as the postfix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cache
 from typing import IO, Any
 
 DEFAULT_INTERVAL = 30.0  # seconds between two lines when the output is not a terminal
+CHECKS = 4  # the heartbeat looks this many times per interval whether a line is due
+TERMINAL_REFRESH = 1.0  # seconds between two redraws of a bar by the heartbeat
+
+
+class Heartbeat:
+    """Calls `beat(owner)` every `every` seconds on a daemon thread until `stop()`, or until
+    `owner` is gone (it is held weakly: a stage that is never closed stops beating once
+    dropped) or `beat` raises (a closed stream)."""
+
+    def __init__(self, owner: object, beat: Callable[[Any], None], every: float) -> None:
+        self._stopped = threading.Event()
+        ref, stopped = weakref.ref(owner), self._stopped
+
+        def loop() -> None:
+            while not stopped.wait(every):
+                obj = ref()
+                if obj is None:
+                    return
+                try:
+                    beat(obj)
+                except Exception:  # noqa: BLE001 - a heartbeat never takes the stage down
+                    return
+                del obj
+
+        self._thread = threading.Thread(target=loop, name="progress-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No more beats (waits for one that is printing to finish)."""
+        self._stopped.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
 
 
 def progress(iterable: Iterable | None = None, total: int | None = None, desc: str = "",
@@ -47,13 +97,16 @@ class Progress:
 
     `file` defaults to sys.stderr; `tty` overrides the terminal check of `file`; `clock` is the
     time source (seconds; tests pass a fake one); `disable` shows nothing (counting goes on).
+    `estimate`: the caller's guess of the stage's seconds, shown in the first line; `heartbeat`
+    off: lines only at updates (no thread; tests with a fake clock).
     """
 
     def __init__(self, iterable: Iterable | None = None, total: int | None = None,
                  desc: str = "", unit: str = "it", *, file: IO[str] | None = None,
                  disable: bool = False, min_interval: float = DEFAULT_INTERVAL,
                  tty: bool | None = None, clock: Callable[[], float] = time.monotonic,
-                 leave: bool = True, **_tqdm_only: Any) -> None:
+                 leave: bool = True, estimate: float | None = None, heartbeat: bool = True,
+                 **_tqdm_only: Any) -> None:
         if total is None and iterable is not None:
             try:
                 total = len(iterable)  # type: ignore[arg-type]
@@ -69,11 +122,18 @@ class Progress:
         self._printed_n: int | None = None
         self._closed = False
         self._bar = None
+        self._lock = threading.RLock()
+        self._heart: Heartbeat | None = None
         if not disable and (_isatty(self.file) if tty is None else tty):
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.file, leave=leave,
                              dynamic_ncols=True)
+        elif self.lines:
+            print(self.start_line(estimate), file=self.file, flush=True)
+        if not disable and heartbeat and min_interval > 0:
+            every = TERMINAL_REFRESH if self._bar is not None else min_interval / CHECKS
+            self._heart = Heartbeat(self, Progress._beat, every)
 
     @property
     def elapsed(self) -> float:
@@ -103,11 +163,22 @@ class Progress:
 
     def update(self, n: int = 1) -> None:
         """`n` more units done."""
-        self.n += n
-        if self._bar is not None:
-            self._bar.update(n)
-        elif self.lines and self._clock() - self._last_line >= self.min_interval:
-            self._print_line()
+        with self._lock:
+            self.n += n
+            if self._bar is not None:
+                self._bar.update(n)
+            elif self.lines and self._clock() - self._last_line >= self.min_interval:
+                self._print_line()
+
+    def _beat(self) -> None:
+        """The heartbeat: redraw the bar, or print the line if none for `min_interval`."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._bar is not None:
+                self._bar.refresh()
+            elif self._clock() - self._last_line >= self.min_interval:
+                self._print_line()
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         """Text shown after the counts (e.g. a loss or a throughput)."""
@@ -125,14 +196,24 @@ class Progress:
     def close(self) -> None:
         """End the stage: close the bar, or print the last line ("done", or "stopped" short of
         the total) unless the last line printed already said all of it."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._bar is not None:
-            self._bar.close()
-        elif self.lines and (self._printed_n != self.n or bool(self.total and
-                                                                self.n < self.total)):
-            self._print_line()
+        if self._heart is not None:
+            self._heart.stop()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._bar is not None:
+                self._bar.close()
+            elif self.lines and (self._printed_n != self.n or bool(self.total and
+                                                                    self.n < self.total)):
+                self._print_line()
+
+    def start_line(self, estimate: float | None = None) -> str:
+        """The first line: what the stage does and how much of it (and the caller's estimate)."""
+        plural = self.unit if self.unit.endswith("s") else f"{self.unit}s"
+        head = f"{self.desc}: {self.total} {plural}, started" if self.total else \
+            f"{self.desc}: started"
+        return head + (f", about {format_seconds(estimate)}" if estimate else "")
 
     def format_line(self) -> str:
         """The plain progress line for the current state."""
@@ -162,6 +243,54 @@ class Progress:
         print(self.format_line(), file=self.file, flush=True)
         self._last_line = self._clock()
         self._printed_n = self.n
+
+
+class _Working:
+    """The lines of `working`: started, still working (each quiet `min_interval`), done."""
+
+    def __init__(self, desc: str, file: IO[str], min_interval: float,
+                 clock: Callable[[], float]) -> None:
+        self.desc, self.file, self.min_interval, self._clock = desc, file, min_interval, clock
+        self.start = self._last = clock()
+        self.beats = 0
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        print(f"{self.desc}: {text}, elapsed {format_seconds(self._clock() - self.start)}",
+              file=self.file, flush=True)
+
+    def beat(self) -> None:
+        with self._lock:
+            if self._clock() - self._last >= self.min_interval:
+                self.line("working")
+                self._last, self.beats = self._clock(), self.beats + 1
+
+
+@contextlib.contextmanager
+def working(desc: str, estimate: float | None = None, *, file: IO[str] | None = None,
+            min_interval: float = DEFAULT_INTERVAL, disable: bool = False,
+            clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
+    """A stage without units to count (loading, measuring, installing) that says it is alive: a
+    line when it starts (with the caller's `estimate` of its seconds), a line each
+    `min_interval` seconds while it runs, and, when any was printed, one when it ends ("done",
+    or "stopped" on an exception). The lines go to `file` (default sys.stderr), on a terminal
+    as in a log; `disable` prints nothing."""
+    if disable:
+        yield
+        return
+    state = _Working(desc, file if file is not None else sys.stderr, min_interval, clock)
+    print(f"{desc}: started" + (f", about {format_seconds(estimate)}" if estimate else ""),
+          file=state.file, flush=True)
+    heart = Heartbeat(state, _Working.beat, min_interval / CHECKS) if min_interval > 0 else None
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        if heart is not None:
+            heart.stop()
+        if state.beats:
+            state.line("done" if ok else "stopped")
 
 
 def format_seconds(seconds: float) -> str:

@@ -188,7 +188,7 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         save_feature_draft,
         with_feature_input,
     )
-    from mcsd_runtime.distill.feature_train import distill_features, feature_agreement
+    from mcsd_runtime.distill.feature_train import distill_features
     from mcsd_runtime.distill.head import (
         attach_reduced_head,
         head_of,
@@ -196,14 +196,15 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         reduced_head_from,
         save_reduced_head,
     )
-    from mcsd_runtime.distill.metrics import agreement, coverage
+    from mcsd_runtime.distill.metrics import coverage
     from mcsd_runtime.distill.train import distill
     from mcsd_runtime.paths import file_sha256
-    from mcsd_runtime.toy.build import _params, build_machine, decode_latency_ms
-    from mcsd_runtime.toy.training import torch_threads
+    from mcsd_runtime.progress import working
+    from mcsd_runtime.toy.build import _params, build_machine
 
     start = time.perf_counter()
-    target, tokenizer = load_target(folder)
+    with working(f"loading the target {folder.name}", file=sys.stdout, disable=not progress):
+        target, tokenizer = load_target(folder)
     n_layers = target.config.num_hidden_layers
     layer_ids = (check_layer_ids(recipe.layer_ids, n_layers) if recipe.layer_ids
                  else target_layer_indices(n_layers, recipe.layers))
@@ -241,14 +242,7 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
         AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32), out), out).eval()
     reduced = head_of(draft)
     context = (data.heldout_chat or data.heldout_text or data.train)[0].tokens[:LATENCY_CONTEXT]
-    with torch_threads(1):
-        if recipe.features:
-            chat = feature_agreement(draft, target, data.heldout_chat, recipe.seq_len, pad)
-            text = feature_agreement(draft, target, data.heldout_text, recipe.seq_len, pad)
-        else:
-            chat = agreement(draft, data.heldout_chat, recipe.seq_len, pad)
-            text = agreement(draft, data.heldout_text, recipe.seq_len, pad)
-        t_ms, d_ms = decode_latency_ms(target, draft, context)
+    chat, text, (t_ms, d_ms) = _measure(draft, target, data, recipe, pad, context, progress)
     counts = data.counts()
     card = {
         "format": CARD_FORMAT,
@@ -288,6 +282,29 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     }
     (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
     return card
+
+
+def _measure(draft, target, data, recipe: DistillRecipe, pad: int, context: torch.Tensor,
+             progress: bool) -> tuple[dict, dict, tuple[float, float]]:
+    """The draft's agreement with the target on the held-out chat and text, and the one-thread
+    latencies (ms) of a target and a draft forward."""
+    from mcsd_runtime.distill.feature_train import feature_agreement
+    from mcsd_runtime.distill.metrics import agreement
+    from mcsd_runtime.progress import working
+    from mcsd_runtime.toy.build import decode_latency_ms
+    from mcsd_runtime.toy.training import torch_threads
+
+    held_out = len(data.heldout_chat) + len(data.heldout_text)
+    with torch_threads(1), working(f"measuring the draft: agreement on {held_out} held-out "
+                                   f"sequences, latency", file=sys.stdout,
+                                   disable=not progress):
+        if recipe.features:
+            chat = feature_agreement(draft, target, data.heldout_chat, recipe.seq_len, pad)
+            text = feature_agreement(draft, target, data.heldout_text, recipe.seq_len, pad)
+        else:
+            chat = agreement(draft, data.heldout_chat, recipe.seq_len, pad)
+            text = agreement(draft, data.heldout_text, recipe.seq_len, pad)
+        return chat, text, decode_latency_ms(target, draft, context)
 
 
 def _device_name(device: torch.device) -> str:

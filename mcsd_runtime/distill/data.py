@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.progress import progress
+from mcsd_runtime.progress import progress, working
 
 PLACEHOLDER = "\x00MCSD-QUERY\x00"
 TEXT_BATCH = 8  # windows per target forward when scoring text
@@ -397,7 +397,9 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
         text_streams[role] = []
         if n_tokens > 0:
             window = min(TEXT_WINDOW, recipe.seq_len)
-            windows = text_windows(tokenizer, split, n_tokens, window)
+            with working(f"reading {n_tokens} tokens of stdlib {split} text", disable=not
+                         progress_on):
+                windows = text_windows(tokenizer, split, n_tokens, window)
             stream = f"{role}-{windows.shape[0]}x{window}"
             text_streams[role] = [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
                                   for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]

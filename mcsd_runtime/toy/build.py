@@ -35,6 +35,7 @@ from mcsd_runtime.paths import (
     read_card_file,
     tmp_beside,
 )
+from mcsd_runtime.progress import working
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
 from mcsd_runtime.toy.recipe import (
     QUICK_PRESETS,
@@ -215,29 +216,36 @@ def _machine_line(m: dict) -> str:
 # --- building -----------------------------------------------------------------------------
 
 
+def _measure(target, draft, windows: torch.Tensor, context: torch.Tensor,
+             progress: bool) -> tuple[dict, tuple[float, float], tuple[float, float]]:
+    """The pair's held-out metrics on `windows`, and its forwards' latencies (ms) after
+    `context`, on one thread and on the threads set."""
+    from mcsd_runtime.toy.training import heldout_metrics, torch_threads
+
+    with working(f"measuring the pair: held-out loss on {len(windows)} windows, latency",
+                 file=sys.stdout, disable=not progress):
+        with torch_threads(1):
+            metrics = heldout_metrics(target, draft, windows)
+            one_thread = decode_latency_ms(target, draft, context)
+        return metrics, one_thread, decode_latency_ms(target, draft, context)
+
+
 def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
     from mcsd_runtime.toy.tokenizer import train_tokenizer
-    from mcsd_runtime.toy.training import (
-        TRAIN_THREADS,
-        eval_windows,
-        heldout_metrics,
-        token_stream,
-        torch_threads,
-        train_pair,
-    )
+    from mcsd_runtime.toy.training import TRAIN_THREADS, eval_windows, token_stream, train_pair
 
     start = time.perf_counter()
     texts = split_texts("train")
     if recipe.max_train_chars:
         texts = _limit_chars(texts, recipe.max_train_chars)
-    if progress:
-        print(f"training the tokenizer ({recipe.vocab_size} tokens) on "
-              f"{sum(map(len, texts)) / 1e6:.1f} M characters of stdlib code", flush=True)
-    tokenizer = train_tokenizer(texts, recipe.vocab_size)
-    stream = token_stream(texts, tokenizer)
-    heldout = token_stream(split_texts("eval"), tokenizer)
+    with working(f"training the tokenizer ({recipe.vocab_size} tokens) on "
+                 f"{sum(map(len, texts)) / 1e6:.1f} M characters of stdlib code",
+                 file=sys.stdout, disable=not progress):
+        tokenizer = train_tokenizer(texts, recipe.vocab_size)
+        stream = token_stream(texts, tokenizer)
+        heldout = token_stream(split_texts("eval"), tokenizer)
     target, draft, seconds = train_pair(recipe, tokenizer, stream, progress)
     for sub, model in (("target", target), ("draft", draft)):
         model.save_pretrained(folder / sub)
@@ -247,10 +255,8 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
     windows = eval_windows(heldout, recipe.seq_len, recipe.eval_windows, tokenizer.bos_token_id)
-    with torch_threads(1):
-        metrics = heldout_metrics(target, draft, windows)
-        t1_ms, d1_ms = decode_latency_ms(target, draft, heldout[:LATENCY_CONTEXT])
-    t_ms, d_ms = decode_latency_ms(target, draft, heldout[:LATENCY_CONTEXT])
+    metrics, (t1_ms, d1_ms), (t_ms, d_ms) = _measure(target, draft, windows,
+                                                     heldout[:LATENCY_CONTEXT], progress)
     import lightning
     import transformers
 

@@ -29,6 +29,7 @@ from mcsd_runtime.paths import (
     models_dir,
     read_card_file,
 )
+from mcsd_runtime.progress import working
 from mcsd_runtime.toy import build as pair_build
 from mcsd_runtime.toy.draft_recipe import DRAFT_PRESETS, DraftRecipe, get_draft_recipe
 from mcsd_runtime.toy.recipe import QUICK_PRESETS, get_recipe
@@ -220,7 +221,8 @@ def _build_into(folder: Path, recipe: DraftRecipe, hash12: str, target_root: Pat
     windows = eval_windows(heldout, pair_recipe["seq_len"], pair_recipe["eval_windows"],
                            tokenizer.bos_token_id)
     context = heldout[:pair_build.LATENCY_CONTEXT]
-    with torch_threads(1):
+    with torch_threads(1), working(f"measuring the draft: held-out loss on {len(windows)} "
+                                   f"windows, latency", file=sys.stdout, disable=not progress):
         metrics = heldout_metrics(target, draft, windows)
         t_ms, d_ms = pair_build.decode_latency_ms(target, draft, context)
     card = {
