@@ -400,17 +400,20 @@ def format_summary(manifest: dict[str, Any]) -> str:
 # --- processes --------------------------------------------------------------------------------
 
 
-def _load_pair(job: CollectJob, device: str) -> Pair:
+def _load_pair(job: CollectJob, device: str, say: bool = True) -> Pair:
     """This process's pair for `job`, loaded on the job's torch threads (set here, once per
-    process, so that spawned Fabric workers get them too)."""
+    process, so that spawned Fabric workers get them too); `say`: lines while it loads (one
+    rank says it)."""
     set_threads(job.threads)
     if job.pair_loader is not None:
         return job.pair_loader(device)
     from mcsd_runtime.backend.device import command_dtype
     from mcsd_runtime.models.pair import load_pair
+    from mcsd_runtime.progress import working
 
     dtype = command_dtype(job.pair_args.get("dtype", "auto"), device)
-    return load_pair(**(job.pair_args | {"device": device, "dtype": dtype}))
+    with working(f"loading the pair on {device}", disable=not (job.progress and say)):
+        return load_pair(**(job.pair_args | {"device": device, "dtype": dtype}))
 
 
 def _fabric_worker(fabric, job_bytes: bytes, shared: str | None = None) -> dict[str, Any]:
@@ -430,7 +433,7 @@ def _fabric_worker(fabric, job_bytes: bytes, shared: str | None = None) -> dict[
         if error is not None:
             return {"error": error}
         try:
-            pair = _load_pair(job, shared or str(fabric.device))
+            pair = _load_pair(job, shared or str(fabric.device), say=fabric.global_rank == 0)
             return collect_prompts(job, pair, fabric.global_rank, fabric.world_size,
                                    fabric.barrier)
         except MCSDError as err:  # every rank meets user errors before the first barrier
