@@ -44,6 +44,8 @@ class TreeDrafter:
                  init: TargetInit | None, features: bool, ragged: bool = False) -> None:
         self.dec, self.forward, self.stopper, self.init = dec, forward, stopper, init
         self.ragged = ragged  # depth forwards take only the rows still drafting
+        # a budget across the batch chooses every row's depths (`batch_extend`, `batch_verify`)
+        self.extend = getattr(stopper, "batch_extend", None)
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.features = dec.pair.device, features
         # a batch in max mode asks the stopper for one decision first (`batch_continue`)
@@ -66,7 +68,12 @@ class TreeDrafter:
         if self.init is not None:
             first = [self.init.propose(rows[0].st)]
         else:
-            q, hidden = self.feed_pending(rows, dc, inputs, timing)
+            q, hidden = self.feed_pending(rows, dc, inputs, timing, caps)
+            d.pending = [len(r.st.d_pending) if c or not self.ragged else 0
+                         for r, c in zip(rows, caps, strict=True)]
+            for r, n in zip(rows, d.pending, strict=True):
+                if n or not self.ragged:
+                    r.st.d_pending, r.st.d_feats = [], []
             d.fed = True
             first = self.propose(q[:, None], hidden, 1, None, rows, caps)
         d.cache_base = dc.length
@@ -87,20 +94,34 @@ class TreeDrafter:
         d.depth = depth
         d.depths = [max(0, min(depth if open_rows[i] else d.depths[i], caps[i]))
                     for i in range(len(rows))]
+        if self.extend is not None:
+            self.verify_budget(rows, d, depth, caps, open_rows)
         return d
 
+    def verify_budget(self, rows: list[Row], d: Drafted, depth: int, caps: list[int],
+                      open_rows: list[bool]) -> None:
+        """A budget across the batch (`batch_extend`) sees the last depth too, then says how
+        many depths each row verifies (`batch_verify`); rows keep what they drafted in
+        `reach`."""
+        if any(open_rows[i] and caps[i] >= depth for i in range(len(rows))):
+            self.extend_rows(rows, d.layers, depth, caps, open_rows, list(d.depths))
+        counts = self.stopper.batch_verify()
+        d.reach = list(d.depths)
+        if counts is not None:
+            d.depths = [min(n, c) for n, c in zip(d.depths, counts, strict=True)]
+
     def feed_pending(self, rows: list[Row], dc: RowCache, inputs: torch.Tensor,
-                     timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed every row its pending draft tokens (right-padded, from `upload`); returns q
-        [rows, V] (and the hidden state [rows, 1, H]) at each row's last pending token."""
-        counts = [len(r.st.d_pending) for r in rows]
-        m = max(counts)
+                     timing: Timing, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed every row its pending draft tokens (right-padded, from `upload`; ragged: only
+        the rows that draft, the others keep theirs); returns q [rows, V] (and the hidden state
+        [rows, 1, H]) at each row's last pending token."""
+        counts = [len(r.st.d_pending) if c or not self.ragged else 0
+                  for r, c in zip(rows, caps, strict=True)]
+        m = max(len(r.st.d_pending) for r in rows)
         prev = None
         if self.features:  # each pending token's target state, right-padded like the tokens
             prev = torch.nn.utils.rnn.pad_sequence([torch.cat(r.st.d_feats) for r in rows],
                                                    batch_first=True)
-        for r in rows:
-            r.st.d_pending, r.st.d_feats = [], []
         ragged = len(set(counts)) > 1
         ids, n = inputs[:, 3 : 3 + m], inputs[:, 2:3] if ragged else m
         offsets = torch.arange(m, device=self.dev)[None]
@@ -108,7 +129,7 @@ class TreeDrafter:
         out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
                            offsets < n if ragged else None, timing, keep=m if ragged else 1,
                            hidden=self.draft_hidden, prev=prev, counts=counts)
-        last = (n - 1)[:, :, None] if ragged else None
+        last = (n - 1).clamp(min=0)[:, :, None] if ragged else None
         logits = out.logits[:, -1] if last is None else out.logits.gather(
             1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
         hidden = None
@@ -140,6 +161,10 @@ class TreeDrafter:
     def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
                   caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
         """After `depth`, draft one more? Asks about the rows that may still go deeper."""
+        if self.extend is not None:
+            go = self.extend_rows(rows, layers, depth, caps, open_rows, depths)
+            if go is not None:
+                return go
         ask = [i for i in range(len(rows)) if open_rows[i] and depth < caps[i]]
         if not ask:
             return False
@@ -155,6 +180,24 @@ class TreeDrafter:
                 if not vote:
                     open_rows[i], depths[i] = False, depth
         return any(votes)
+
+    def extend_rows(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
+                    caps: list[int], open_rows: list[bool], depths: list[int]) -> bool | None:
+        """The budget's per-row answer after `depth` (`batch_extend`, every row that drafted
+        it shown): rows it stops, or that reached their cap, close at `depth`. Returns whether
+        any row drafts on; None where the stopper leaves it to the other members."""
+        drew = [open_rows[i] and caps[i] >= depth for i in range(len(rows))]
+        peers = [layers[i][depth - 1] for i in range(len(rows)) if drew[i]]
+        frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
+                                   rows[i].st.trajectory, peers) if drew[i] else None
+                     for i in range(len(rows))]
+        votes = self.stopper.batch_extend(frontiers)
+        if votes is None:
+            return None
+        for i in range(len(rows)):
+            if drew[i] and (not votes[i] or depth >= caps[i]):
+                open_rows[i], depths[i] = False, depth
+        return any(open_rows[i] and depth < caps[i] for i in range(len(rows)))
 
     def propose(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
                 parent_log_path: torch.Tensor | None, rows: list[Row],

@@ -195,7 +195,7 @@ class Engine:
         commit each row, account."""
         # 0. plan: each row's token budget, copied chain and draft depth cap; one upload
         remaining, copied, caps = self.plan(rows)
-        inputs, at = self.upload(rows, copied)
+        inputs, at = self.upload(rows, copied, caps)
         timing = Timing()
 
         # 1. propose: the draft's depths, then the copied chains and the cut widths
@@ -228,9 +228,15 @@ class Engine:
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
         if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
-            caps = [c if c and not look and r.st.stopper.should_draft(
-                StepStart(tree.depth, r.st.trajectory.values())) else 0
-                for c, r, look in zip(caps, rows, copied, strict=True)]
+            starts = [StepStart(tree.depth, r.st.trajectory.values(), c, len(r.st.d_pending))
+                      if c and not look else None
+                      for c, r, look in zip(caps, rows, copied, strict=True)]
+            plan = getattr(self.stopper, "batch_plan", None)  # a budget across the batch
+            votes = plan(starts) if plan is not None else None
+            if votes is None:
+                votes = [s is not None and r.st.stopper.should_draft(s)
+                         for s, r in zip(starts, rows, strict=True)]
+            caps = [c if v else 0 for c, v in zip(caps, votes, strict=True)]
         return remaining, copied, caps
 
     def propose(self, rows: list[Row], inputs: torch.Tensor, at: int, copied: list[list[int]],
@@ -294,15 +300,20 @@ class Engine:
             block[i, :n, :n] = dr.tt.bias[:n, :n]
         return tokens[:, :w], inputs[:, :1] + offsets, block
 
-    def upload(self, rows: list[Row], copied: list[list[int]]) -> tuple[torch.Tensor, int]:
+    def upload(self, rows: list[Row], copied: list[list[int]], caps: list[int],
+               ) -> tuple[torch.Tensor, int]:
         """[rows, 3 + m + n] on the device, in one copy: each row's root position, its last
-        committed token, its count of pending draft tokens, those tokens, then its copied chain
-        (each right-padded); and where the chains start (3 + m)."""
+        committed token, its count of pending draft tokens to feed (ragged: none for a row that
+        drafts nothing, which keeps them), those tokens, then its copied chain (each
+        right-padded); and where the chains start (3 + m)."""
         m = max(len(r.st.d_pending) for r in rows)
         n = max(map(len, copied))
-        host = [[len(r.st.committed) - 1, r.st.committed[-1], len(r.st.d_pending),
+        feeds = [len(r.st.d_pending) if cap or not self.ragged else 0
+                 for r, cap in zip(rows, caps, strict=True)]
+        host = [[len(r.st.committed) - 1, r.st.committed[-1], feed,
                  *r.st.d_pending, *[0] * (m - len(r.st.d_pending)), *chain,
-                 *[0] * (n - len(chain))] for r, chain in zip(rows, copied, strict=True)]
+                 *[0] * (n - len(chain))]
+                for r, chain, feed in zip(rows, copied, feeds, strict=True)]
         # one upload a step (pinned, non-blocking on CUDA: no sync)
         return upload(host, self.dev, torch.long), 3 + m
 

@@ -405,13 +405,17 @@ class Drafted:
     cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
     refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
     ragged: bool = False  # depth forwards took only the rows still drafting
+    reach: list[int] = field(default_factory=list)  # per row: drafted depth (>= verified depth)
 
     def seen(self, i: int) -> int:
         """The deepest of row i's depths whose nodes went through the draft and stay in its
         cache (ragged: a row's depth d went through exactly when it drafted past d)."""
         if self.copied[i] or self.refeed:
             return 0
-        return max(0, min(self.forwarded, self.depths[i] - 1)) if self.ragged else self.forwarded
+        if not self.ragged:
+            return self.forwarded
+        drafted = self.reach[i] if self.reach else self.depths[i]
+        return max(0, min(self.forwarded, drafted - 1))
 
 
 class Decoding(Protocol):

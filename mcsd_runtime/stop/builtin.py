@@ -24,6 +24,7 @@ from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
 from mcsd_runtime.stop.learned import stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
+from mcsd_runtime.stop.verify_budget import survival_budget
 from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
@@ -189,6 +190,10 @@ BUILTIN: dict[str, tuple[str, Builder]] = {
     "switch": ("switch[:RATE[:DEPTH[:PROBE]]] static DEPTH (the whole tree) while the recent "
                "acceptance rate >= RATE (0.5), else no draft (the target alone), drafting again "
                f"after PROBE steps without ({DEFAULT_PROBE})", _switch),
+    "survival": ("survival[:Q]@PROFILE a verification budget across the batch: each row's "
+                 "tree by expected tokens per second of the step, its tokens' survival the "
+                 "cumulative draft probability^Q (1), priced by the cost profile PROFILE",
+                 lambda a, s: survival_budget(a, s)),
 }
 
 

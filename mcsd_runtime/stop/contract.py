@@ -33,6 +33,20 @@ members let a stopper decide for the batch (`StopperBase` gives both defaults):
   deeper; None (the default) leaves it to the rows: the batch continues if any row's copy says
   so.
 
+Three optional members let a stopper choose each row's tree across the batch (a verification
+budget, `mcsd_runtime.stop.verify_budget`); the decoder asks them at every batch size, one
+included, and where one answers None it asks the members above:
+
+- `batch_plan(starts) -> list[bool] | None`: before a step, one entry per row of the batch: a
+  `StepStart` (with the row's `cap` and `pending` draft tokens) where the row may draft, None
+  where it may not (a copied chain, no budget left); returns whether each row drafts;
+- `batch_extend(frontiers) -> list[bool] | None`: after each depth, one entry per row: the
+  frontier of the depth it just drafted, None where it drafted nothing at that depth (asked
+  after the last depth too, where the answers are not read); returns whether each row drafts
+  one more (rows at their cap stop whatever it says);
+- `batch_verify() -> list[int] | None`: after drafting, how many depths each row verifies (at
+  most what it drafted).
+
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
 when asked, so stoppers that ignore them cost nothing.
@@ -144,12 +158,16 @@ def decided(frontier: Frontier, value: bool) -> torch.Tensor:
 
 class StepStart:
     """The `Frontier` of `should_draft`: a step before anything was drafted (depth 0, no
-    nodes), served alike by the decoder and by replay."""
+    nodes), served alike by the decoder and by replay; `cap` the depth the row may draft to
+    this step (its token budget), `pending` the draft tokens it feeds first."""
 
     depth = 0
 
-    def __init__(self, max_depth: int, trajectory: list[float]) -> None:
+    def __init__(self, max_depth: int, trajectory: list[float], cap: int | None = None,
+                 pending: int = 1) -> None:
         self.max_depth, self._trajectory = max_depth, trajectory
+        self.cap = max_depth if cap is None else cap
+        self.pending = pending
 
     def trajectory(self) -> list[float]:
         return self._trajectory

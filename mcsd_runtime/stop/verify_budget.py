@@ -1,0 +1,172 @@
+"""A verification budget across the batch, as a stopper: each row's tree chosen by expected
+committed tokens per second of the whole batch step (`mcsd_runtime.stop.budget`'s rule).
+
+The decoder asks it through the stopper contract's batch members (`batch_plan`, `batch_extend`,
+`batch_verify`), at every batch size: before the step, which rows draft at all (their first
+draft forward must pay for itself: in a batch, no draft forward at all saves its whole floor);
+after each depth, which rows draft one more; after drafting, how many depths each row verifies.
+Every choice compares a token's expected return, its *survival* (the probability that it lies
+on the accepted path), against what one more token costs the step, from a cost profile's ragged
+prices (`CostProfile.ragged_target`, `ragged_draft`: a row that drafts or verifies less costs
+less, which a ragged batch makes true). A row's survival is the product of per-token acceptance
+estimates along its path; the *estimate* is what differs between budgets:
+
+- `survival:Q@PROFILE` (`DraftProbability`): the draft's own cumulative probability to the power
+  Q (a token's estimate is its draft probability^Q); the next token's estimate before it is
+  drafted is the last one's, and before the first depth the row's recent acceptance rate.
+
+The decisions are those `replay.ragged`'s `survival:Q` rule makes on the same steps, from the
+same functions. Trees of several candidates are read by their best node (its path). Lossless
+like every stopper: it only chooses what is drafted and verified.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Protocol
+
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.stop.budget import draft_rows, verify_counts
+from mcsd_runtime.stop.contract import Frontier, StopperBase
+from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
+
+ACCEPT_RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")
+
+
+class Estimate(Protocol):
+    """Per-token acceptance estimates of a budget."""
+
+    name: str
+
+    def first(self, start: Frontier) -> float:
+        """The predicted acceptance of a row's first drafted token, before drafting."""
+        ...
+
+    def survival(self, frontier: Frontier) -> float:
+        """The survival of the frontier's best node (chains: its one node)."""
+        ...
+
+    def accept(self, frontier: Frontier) -> float:
+        """The predicted acceptance of the token after the frontier's best node."""
+        ...
+
+
+class DraftProbability:
+    """Survival from the draft's own path probability, to the power `power`."""
+
+    def __init__(self, power: float = 1.0) -> None:
+        if not power > 0:
+            raise MCSDError(f"survival:Q needs Q > 0, got {power!r}")
+        self.power = power
+        self.name = f"survival:{power:g}"
+
+    def first(self, start: Frontier) -> float:
+        return float(start.trajectory()[ACCEPT_RECENT])
+
+    def _best(self, frontier: Frontier) -> int:
+        return int(frontier.column("log_path_prob").argmax())
+
+    def survival(self, frontier: Frontier) -> float:
+        log_path = frontier.column("log_path_prob")
+        return math.exp(self.power * float(log_path[self._best(frontier)]))
+
+    def accept(self, frontier: Frontier) -> float:
+        prob = frontier.column("draft_prob")[self._best(frontier)]
+        return float(prob) ** self.power
+
+
+class VerifyBudget(StopperBase):
+    """The budget of the module docstring for `estimate` under `profile` (a `CostProfile`) at
+    `batch_size` rows (`for_batch` gives each batch size its own)."""
+
+    def __init__(self, estimate: Estimate, profile, batch_size: int = 1,
+                 rate: float | None = None) -> None:
+        self.estimate, self.profile, self.batch_size, self.rate = (
+            estimate, profile, batch_size, rate)
+        self.n, self.paid, self.verified, self.expected = 0, 0.0, 0, 0.0
+        self.caps: list[int] = []
+        self.surv: list[list[float]] = []
+        self.depth_s = 0.0
+
+    def __repr__(self) -> str:
+        return f"VerifyBudget({self.estimate.name}, B={self.batch_size})"
+
+    def for_batch(self, batch_size: int) -> VerifyBudget:
+        return VerifyBudget(self.estimate, self.profile, batch_size, self.rate)
+
+    # one row's decisions, for callers that ask row by row: the batch rule over one row
+    def should_draft(self, start: Frontier) -> bool:
+        return self.batch_plan([start])[0]
+
+    def should_continue(self, frontier: Frontier) -> bool:
+        return self.batch_extend([frontier])[0]
+
+    # ------------------------------------------------------------------ the batch members
+    def batch_plan(self, starts: list[Frontier | None]) -> list[bool]:
+        """Which rows draft at all this step (see the contract)."""
+        n = self.n = len(starts)
+        step_s, self.depth_s = self.profile.overheads(n)
+        self.paid, self.verified, self.expected = step_s, n, float(n)
+        self.caps = [int(getattr(s, "cap", s.max_depth)) if s is not None else 0
+                     for s in starts]
+        self.surv = [[] for _ in starts]
+        cand = [i for i in range(n) if self.caps[i] > 0]
+        chosen = self._choose(cand, [1.0] * len(cand),
+                              [self.estimate.first(starts[i]) for i in cand],
+                              [int(getattr(starts[i], "pending", 1)) for i in cand], first=True)
+        return [i in chosen for i in range(n)]
+
+    def batch_extend(self, frontiers: list[Frontier | None]) -> list[bool]:
+        """The survivals of the depth just drafted, then which rows draft one more."""
+        drew = [i for i, f in enumerate(frontiers) if f is not None]
+        if not drew:
+            return [False] * len(frontiers)
+        depth = frontiers[drew[0]].depth
+        for i in drew:
+            s = self.estimate.survival(frontiers[i])
+            self.surv[i].append(s)
+            self.verified, self.expected = self.verified + 1, self.expected + s
+        cand = [i for i in drew if self.caps[i] > depth]
+        chosen = self._choose(cand, [self.surv[i][-1] for i in cand],
+                              [self.estimate.accept(frontiers[i]) for i in cand],
+                              [1] * len(cand), first=False)
+        return [i in chosen for i in range(len(frontiers))]
+
+    def batch_verify(self) -> list[int]:
+        """How many drafted depths each row verifies."""
+        return verify_counts(self.surv, self._step_s, self.rate)
+
+    def _step_s(self, tokens: int) -> float:
+        return self.paid + self.profile.ragged_target(tokens, self.n)
+
+    def _choose(self, cand: list[int], surv: list[float], accept: list[float],
+                feed: list[int], first: bool) -> set[int]:
+        """The candidate rows that draft the next depth; pays their forward."""
+        def draft_s(tokens: int, k: int) -> float:
+            return self.profile.ragged_draft(tokens, k, first) + self.depth_s if k else 0.0
+
+        picked = draft_rows(surv, accept, draft_s, self._step_s, self.verified, self.expected,
+                            feed, self.rate)
+        self.paid += draft_s(sum(feed[c] for c in picked), len(picked))
+        return {cand[c] for c in picked}
+
+
+def survival_budget(args: list[str], spec: str) -> VerifyBudget:
+    """`survival:Q@PROFILE` (Q defaults to 1): the draft-probability budget under the cost
+    profile at PROFILE (`mcsd profile --batch-size ...` writes one)."""
+    from mcsd_runtime.costmodel.profile import CostProfile
+
+    power, _, path = ":".join(args).partition("@")
+    if not path:
+        raise MCSDError(f"stopper {spec!r}: the budget prices tokens with a cost profile: "
+                        f"survival:Q@PROFILE.json (`mcsd profile --batch-size 1,4,8,16` writes "
+                        f"one)")
+    try:
+        q = float(power) if power else 1.0
+    except ValueError:
+        raise MCSDError(f"stopper {spec!r}: Q must be a number, e.g. survival:1@cost.json") \
+            from None
+    if not Path(path).is_file():
+        raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
+    return VerifyBudget(DraftProbability(q), CostProfile.load(path))
