@@ -72,8 +72,10 @@ class _Row2(_Row):
         if drafted:
             res.acceptance_sum += out.accepted / drafted
             res.drafting_steps += 1
-        self.traj.update(out.accepted, out.committed, drafted)
-        self.stopper.update(drafted, out.accepted)
+        # the trajectory and the stopper learn what was verified, as in the decoder (a depth
+        # drafted and then cut by the budget tells nothing of acceptance)
+        self.traj.update(out.accepted, out.committed, verified)
+        self.stopper.update(verified, out.accepted)
         self.t += out.committed
         self.pending = out.pending
 
