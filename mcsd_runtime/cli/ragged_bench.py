@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from mcsd_runtime.cli.args import add_threads_arg, apply_threads, parse_counts
+from mcsd_runtime.cli.args import (
+    add_device_arg,
+    add_json_arg,
+    add_threads_arg,
+    add_timing_args,
+    apply_threads,
+    parse_counts,
+)
 from mcsd_runtime.errors import MCSDError
 
 
@@ -26,14 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--counts", action="append", metavar="N,N,...",
                    help="new tokens of each row of one batch, comma-separated; repeat for more "
                         "cells (default: 1,1,1,1,5,5,5,5 and 1,1,1,1,1,1,1,5)")
-    g.add_argument("--context", default="300", metavar="L[,L...]",
-                   help="cached tokens per row before the new ones (default %(default)s)")
-    g.add_argument("--rounds", type=int, default=20,
-                   help="timed forwards of each layout per cell (default %(default)s)")
-    g.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    add_timing_args(g, rounds=20, context="300",
+                    rounds_help="timed forwards of each layout per cell (default %(default)s)",
+                    context_help="cached tokens per row before the new ones (default "
+                                 "%(default)s)")
+    add_device_arg(g, " (default here: cpu)")
     g.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                    help="model dtype (default %(default)s)")
-    g.add_argument("--json", metavar="PATH", help="also write the cells as JSON here")
+    add_json_arg(g)
     p.set_defaults(func=run)
 
 
@@ -52,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
     contexts = parse_counts(args.context, "--context")
     apply_threads(args)
     dtype = getattr(torch, args.dtype)
-    model = shaped_pair(args.shape, 1, args.device, dtype).target
-    print(f"{args.shape}-shaped target, random weights, {dtype}, {args.device}, "
+    device = "cpu" if args.device == "auto" else args.device
+    model = shaped_pair(args.shape, 1, device, dtype).target
+    print(f"{args.shape}-shaped target, random weights, {dtype}, {device}, "
           f"{torch.get_num_threads()} thread(s); ratio = ragged / padded, paired call by call")
     print("| rows | counts | context | tokens padded / ragged | padded ms | ragged ms | "
           "ratio [95% CI] | max logit diff |")
@@ -69,6 +77,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{r['ci'][1]:.3f}] | {r['max_logit_diff']:.2g} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"shape": args.shape, "dtype": args.dtype, "device": args.device,
+            json.dump({"shape": args.shape, "dtype": args.dtype, "device": device,
                        "cells": results}, f, indent=1)
     return 0
