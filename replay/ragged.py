@@ -29,23 +29,19 @@ Today's padded static depth is `replay.depth.replay(data, "static:S", batch_size
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import step_outcome
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.budget import draft_rows, verify_counts
 from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.contract import StopperBase
-from mcsd_runtime.stop.features import NODE_FEATURES
+from mcsd_runtime.stop.contract import StepStart, StopperBase
+from mcsd_runtime.stop.verify_budget import DraftProbability, VerifyBudget
 from mcsd_runtime.tree import Tree
 from replay.data import ReplayData
 from replay.depth import ReplayResult, _frontier, _Row, replay
 from replay.sweeps import NeverDraft
 
-LOG_PATH = NODE_FEATURES.index("log_path_prob")
-DRAFT_PROB = NODE_FEATURES.index("draft_prob")
 RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
              "survival:Q (the budget rule on cumulative draft probability ^ Q), oracle (each row "
              "verifies min(L, cap)), oracle-budget (the budget rule fed the truth)")
@@ -112,58 +108,52 @@ class Oracle:
         return [(min(r.step.accepted, r.cap),) * 2 if r.step else (0, 0) for r in rows]
 
 
+class _Start(StepStart):
+    """A row's `StepStart` in replay, with the step's accepted length for the truth."""
+
+    def __init__(self, row: _Row2, max_depth: int) -> None:
+        super().__init__(max_depth, row.traj.values(), row.cap, row.pending)
+        self.oracle_accepted = row.step.accepted if row.step else 0
+
+
+class Truth:
+    """The budget's estimate fed the truth: survival 1 up to the step's accepted length, 0
+    after (replay only: frontiers served from collected rows know it)."""
+
+    name = "oracle-budget"
+
+    def first(self, start) -> float:
+        return float(start.oracle_accepted >= 1)
+
+    def node(self, frontier, prior: float) -> tuple[float, float]:
+        accepted, depth = frontier.oracle_accepted, frontier.depth
+        return float(depth <= accepted), float(depth + 1 <= accepted)
+
+
 class Budget:
-    """The budget rule of `mcsd_runtime.stop.budget`, a depth at a time then the verification
-    cut; survivals from the draft's path probabilities (`power`) or, `truth`, the step's own
-    accepted length."""
+    """The verification budget (`mcsd_runtime.stop.verify_budget.VerifyBudget`) asked as the
+    decoder asks it, through its batch members, with the replayed rows' frontiers: the same
+    decisions on the same steps, for any of its estimates (the truth included)."""
 
     stopper = _Plain()
 
-    def __init__(self, power: float = 1.0, truth: bool = False) -> None:
-        self.power, self.truth = power, truth
-        self.name = "oracle-budget" if truth else f"survival:{power:g}"
-
-    def survival(self, row: _Row2, depth: int) -> float:
-        if self.truth:
-            return float(depth <= row.step.accepted)
-        return math.exp(self.power * float(row.step.nodes[depth - 1][0, LOG_PATH]))
-
-    def accept(self, row: _Row2, depth: int) -> float:
-        if self.truth:
-            return float(depth <= row.step.accepted)
-        if depth == 1:
-            return row.traj.values()[3]  # accept_rate_recent
-        return float(row.step.nodes[depth - 2][0, DRAFT_PROB]) ** self.power
+    def __init__(self, estimate, name: str | None = None) -> None:
+        self.estimate, self.name = estimate, name or estimate.name
 
     def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
         if any(k != 1 for k in tree.sizes):
             raise MCSDError(f"the budget rules replay chains (1,1,...), not the tree {tree}")
-        n = len(rows)
-        step_o, depth_o = profile.overheads(n)
-        paid, verified, expected = step_o, n, float(n)
-        drafted, surv = [0] * n, [[] for _ in rows]
-        active = [i for i, r in enumerate(rows) if r.cap]
-        for d in range(1, max((rows[i].cap for i in active), default=0) + 1):
-            cand = [i for i in active if rows[i].cap >= d]
-            feed = [rows[i].pending if d == 1 else 1 for i in cand]
-
-            def draft_s(tokens: int, k: int, first: bool = d == 1) -> float:
-                return profile.ragged_draft(tokens, k, first) + depth_o if k else 0.0
-
-            chosen = draft_rows([surv[i][-1] if surv[i] else 1.0 for i in cand],
-                                [self.accept(rows[i], d) for i in cand], draft_s,
-                                lambda t, p=paid: p + profile.ragged_target(t, n),
-                                verified, expected, feed)
-            if not chosen:
-                break
-            active = [cand[c] for c in chosen]
-            paid += draft_s(sum(feed[c] for c in chosen), len(chosen))
-            for i in active:
-                drafted[i] = d
-                surv[i].append(self.survival(rows[i], d))
-                verified, expected = verified + 1, expected + surv[i][-1]
-        counts = verify_counts(surv, lambda t: paid + profile.ragged_target(t, n))
-        return list(zip(drafted, counts, strict=True))
+        budget = VerifyBudget(self.estimate, profile, len(rows))
+        go = budget.batch_plan([_Start(r, tree.depth) if r.cap else None for r in rows])
+        drafted, depth = [0] * len(rows), 0
+        while any(go):
+            depth += 1
+            frontiers = [_frontier(r, depth, tree.depth) if g else None
+                         for r, g in zip(rows, go, strict=True)]
+            drafted = [depth if g else d for d, g in zip(drafted, go, strict=True)]
+            votes = budget.batch_extend(frontiers)
+            go = [g and v and r.cap > depth for r, g, v in zip(rows, go, votes, strict=True)]
+        return list(zip(drafted, budget.batch_verify(), strict=True))
 
 
 def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:
@@ -188,10 +178,10 @@ def make_rule(spec: str):
     if spec == "oracle":
         return Oracle()
     if spec == "oracle-budget":
-        return Budget(truth=True)
+        return Budget(Truth())
     if name == "survival":
         try:
-            return Budget(float(arg or 1.0))
+            return Budget(DraftProbability(float(arg or 1.0)))
         except ValueError:
             raise MCSDError(f"survival:Q needs a number Q, got {spec!r}") from None
     if name in ("static", "cumprod"):

@@ -12,12 +12,15 @@ less, which a ragged batch makes true). A row's survival is the product of per-t
 estimates along its path; the *estimate* is what differs between budgets:
 
 - `survival:Q@PROFILE` (`DraftProbability`): the draft's own cumulative probability to the power
-  Q (a token's estimate is its draft probability^Q); the next token's estimate before it is
-  drafted is the last one's, and before the first depth the row's recent acceptance rate.
+  Q (a token's estimate is its draft probability^Q); before the first depth, the row's recent
+  acceptance rate;
+- `budget:PATH` (`LearnedSurvival`, `mcsd train --decision budget`): a node model trained on
+  collected runs (the stopper's, hard label: P(a node and its child are accepted)), calibrated
+  on validation prompts, with the profile it was trained under.
 
-The decisions are those `replay.ragged`'s `survival:Q` rule makes on the same steps, from the
-same functions. Trees of several candidates are read by their best node (its path). Lossless
-like every stopper: it only chooses what is drafted and verified.
+`replay.ragged` asks the same object the same questions with collected rows' frontiers, so a
+replay takes the decoder's decisions. Trees of several candidates are read by their best node
+(its path). Lossless like every stopper: it only chooses what is drafted and verified.
 """
 
 from __future__ import annotations
@@ -35,25 +38,24 @@ ACCEPT_RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")
 
 
 class Estimate(Protocol):
-    """Per-token acceptance estimates of a budget."""
+    """Per-token acceptance estimates of a budget. A row's *gain* is the survival of the token
+    it would draft next: what drafting it is expected to return."""
 
     name: str
 
     def first(self, start: Frontier) -> float:
-        """The predicted acceptance of a row's first drafted token, before drafting."""
+        """The gain of a row's first drafted token, before drafting."""
         ...
 
-    def survival(self, frontier: Frontier) -> float:
-        """The survival of the frontier's best node (chains: its one node)."""
-        ...
-
-    def accept(self, frontier: Frontier) -> float:
-        """The predicted acceptance of the token after the frontier's best node."""
+    def node(self, frontier: Frontier, prior: float) -> tuple[float, float]:
+        """(the survival of the frontier's best node, the gain of drafting its child); `prior`
+        is the gain this node was predicted before it was drafted."""
         ...
 
 
 class DraftProbability:
-    """Survival from the draft's own path probability, to the power `power`."""
+    """Survival from the draft's own path probability, to the power `power`; before the first
+    depth, the row's recent acceptance rate."""
 
     def __init__(self, power: float = 1.0) -> None:
         if not power > 0:
@@ -64,16 +66,30 @@ class DraftProbability:
     def first(self, start: Frontier) -> float:
         return float(start.trajectory()[ACCEPT_RECENT])
 
-    def _best(self, frontier: Frontier) -> int:
-        return int(frontier.column("log_path_prob").argmax())
-
-    def survival(self, frontier: Frontier) -> float:
+    def node(self, frontier: Frontier, prior: float) -> tuple[float, float]:
         log_path = frontier.column("log_path_prob")
-        return math.exp(self.power * float(log_path[self._best(frontier)]))
+        best = int(log_path.argmax())
+        survival = math.exp(self.power * float(log_path[best]))
+        return survival, survival * float(frontier.column("draft_prob")[best]) ** self.power
 
-    def accept(self, frontier: Frontier) -> float:
-        prob = frontier.column("draft_prob")[self._best(frontier)]
-        return float(prob) ** self.power
+
+class LearnedSurvival:
+    """Survival from a trained stopper's calibrated node model (hard label: a node's score is
+    P(it and its child are accepted), the gain of drafting the child); a node's own survival is
+    what was predicted for it. Before the first depth, the row's recent acceptance rate."""
+
+    def __init__(self, stopper, name: str) -> None:
+        if stopper.calibration is None:
+            raise MCSDError(f"{name}: the budget needs calibrated node scores (probabilities); "
+                            f"train the stopper with a cost profile (mcsd train --cost-profile)")
+        self.stopper, self.name = stopper, name
+
+    def first(self, start: Frontier) -> float:
+        return float(start.trajectory()[ACCEPT_RECENT])
+
+    def node(self, frontier: Frontier, prior: float) -> tuple[float, float]:
+        (scores, _), = self.stopper.calibrated_scores([frontier])
+        return prior, min(prior, float(max(scores)))
 
 
 class VerifyBudget(StopperBase):
@@ -87,6 +103,7 @@ class VerifyBudget(StopperBase):
         self.n, self.paid, self.verified, self.expected = 0, 0.0, 0, 0.0
         self.caps: list[int] = []
         self.surv: list[list[float]] = []
+        self.gain: list[float] = []  # per row: its next token's predicted survival
         self.depth_s = 0.0
 
     def __repr__(self) -> str:
@@ -111,10 +128,11 @@ class VerifyBudget(StopperBase):
         self.caps = [int(getattr(s, "cap", s.max_depth)) if s is not None else 0
                      for s in starts]
         self.surv = [[] for _ in starts]
+        self.gain = [self.estimate.first(s) if c else 0.0 for s, c in zip(starts, self.caps,
+                                                                           strict=True)]
         cand = [i for i in range(n) if self.caps[i] > 0]
-        chosen = self._choose(cand, [1.0] * len(cand),
-                              [self.estimate.first(starts[i]) for i in cand],
-                              [int(getattr(starts[i], "pending", 1)) for i in cand], first=True)
+        chosen = self._choose(cand, [int(getattr(starts[i], "pending", 1)) for i in cand],
+                              first=True)
         return [i in chosen for i in range(n)]
 
     def batch_extend(self, frontiers: list[Frontier | None]) -> list[bool]:
@@ -124,13 +142,11 @@ class VerifyBudget(StopperBase):
             return [False] * len(frontiers)
         depth = frontiers[drew[0]].depth
         for i in drew:
-            s = self.estimate.survival(frontiers[i])
+            s, self.gain[i] = self.estimate.node(frontiers[i], self.gain[i])
             self.surv[i].append(s)
             self.verified, self.expected = self.verified + 1, self.expected + s
         cand = [i for i in drew if self.caps[i] > depth]
-        chosen = self._choose(cand, [self.surv[i][-1] for i in cand],
-                              [self.estimate.accept(frontiers[i]) for i in cand],
-                              [1] * len(cand), first=False)
+        chosen = self._choose(cand, [1] * len(cand), first=False)
         return [i in chosen for i in range(len(frontiers))]
 
     def batch_verify(self) -> list[int]:
@@ -140,14 +156,13 @@ class VerifyBudget(StopperBase):
     def _step_s(self, tokens: int) -> float:
         return self.paid + self.profile.ragged_target(tokens, self.n)
 
-    def _choose(self, cand: list[int], surv: list[float], accept: list[float],
-                feed: list[int], first: bool) -> set[int]:
-        """The candidate rows that draft the next depth; pays their forward."""
+    def _choose(self, cand: list[int], feed: list[int], first: bool) -> set[int]:
+        """The candidate rows that draft the next depth, by their gains; pays their forward."""
         def draft_s(tokens: int, k: int) -> float:
             return self.profile.ragged_draft(tokens, k, first) + self.depth_s if k else 0.0
 
-        picked = draft_rows(surv, accept, draft_s, self._step_s, self.verified, self.expected,
-                            feed, self.rate)
+        picked = draft_rows([1.0] * len(cand), [self.gain[i] for i in cand], draft_s,
+                            self._step_s, self.verified, self.expected, feed, self.rate)
         self.paid += draft_s(sum(feed[c] for c in picked), len(picked))
         return {cand[c] for c in picked}
 
