@@ -18,6 +18,12 @@ def throughput(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def oracle_share(ours: float, base: float, oracle: float) -> float | None:
+    """The share of the oracle's gain over `base` (a deployable baseline's throughput) that
+    `ours` takes; None when the oracle gains nothing over it."""
+    return (ours - base) / (oracle - base) if oracle > base else None
+
+
 def mean_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
     """Mean of `values` with its 95% bootstrap CI (percentile, resampled with replacement,
     seeded); Nones when empty."""

@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from collect.outputs import Trace
+from mcsd_runtime import metrics
 from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.costmodel.step_model import copy_outcome, step_outcome
 from mcsd_runtime.lookup import Match, find_match
@@ -208,7 +209,7 @@ def geomean(values: list[float]) -> float:
 
 def share(ours: float, deploy: float, oracle: float) -> float | None:
     """The share of the oracle's gain over the deploy static that `ours` takes."""
-    return (ours - deploy) / (oracle - deploy) if oracle > deploy else None
+    return metrics.oracle_share(ours, deploy, oracle)
 
 
 def print_report(report: list[dict], rate: float, mix: dict | None = None) -> None:

@@ -140,6 +140,9 @@ class Budget:
     def __init__(self, estimate, name: str | None = None) -> None:
         self.estimate, self.name = estimate, name or estimate.name
 
+    def __str__(self) -> str:
+        return self.name
+
     def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
         if any(k != 1 for k in tree.sizes):
             raise MCSDError(f"the budget rules replay chains (1,1,...), not the tree {tree}")
@@ -219,12 +222,16 @@ def ragged_replay(data: ReplayData, rule, profile: CostProfile,
                 rows.remove(row)
 
 
+CUMPROD_GRID = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+SURVIVAL_GRID = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5)
+
+
 @dataclass
 class Family:
     """A rule family and the settings `compare` tries (the best one is reported)."""
 
     name: str
-    specs: list[str]
+    specs: list  # spec strings, or rule objects (`Budget`) named by str()
     padded: bool = False  # replayed by `replay.depth` (padded batches), not ragged
 
 
@@ -233,8 +240,8 @@ def families(depth: int) -> list[Family]:
     statics = [f"static:{s}" for s in range(1, depth + 1)]
     return [Family("padded static", statics, padded=True),
             Family("ragged static", statics),
-            Family("cumprod", [f"cumprod:{t:g}" for t in (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)]),
-            Family("survival", [f"survival:{q:g}" for q in (0.25, 0.5, 1, 1.5, 2, 3)]),
+            Family("cumprod", [f"cumprod:{t:g}" for t in CUMPROD_GRID]),
+            Family("survival", [f"survival:{q:g}" for q in SURVIVAL_GRID]),
             Family("oracle-budget", ["oracle-budget"]),
             Family("oracle", ["oracle"])]
 
@@ -255,9 +262,10 @@ def compare(data: ReplayData, profile: CostProfile, batch_sizes: list[int],
         ar = replay(data, NeverDraft(), profile, "ar", batch_size=b).throughput
         rows = {}
         for fam in fams or families(data.depth):
-            tps = {s: _tps(tune or data, fam, s, profile, b) for s in fam.specs}
+            tps = {str(s): _tps(tune or data, fam, s, profile, b) for s in fam.specs}
             best = max(tps, key=tps.get)
-            judged = _tps(data, fam, best, profile, b) if tune else tps[best]
+            spec = next(s for s in fam.specs if str(s) == best)  # a spec or a rule object
+            judged = _tps(data, fam, spec, profile, b) if tune else tps[best]
             rows[fam.name] = {"best": best, "tokens_per_s": judged, "all": tps}
         padded = rows.get("padded static", {}).get("tokens_per_s")
         for r in rows.values():

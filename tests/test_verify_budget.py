@@ -4,18 +4,23 @@ steps), its rows stay the target's own, and a profile is required to name one.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_ragged import ragged_ready
 from test_train_data import MAX_NEW, dense_rows, prompts
 
 import replay.data as R
 from conftest import make_pair
+from mcsd_runtime.cli import build_parser, run_parser
 from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import make_stopper
+from mcsd_runtime.stop.decision import load_decision
 from mcsd_runtime.stop.verify_budget import DraftProbability, VerifyBudget
-from replay.ragged import ragged_replay
+from replay.ragged import Budget, ragged_replay
+from train.cli import register
 
 CHAIN = (1, 1, 1, 1)
 # a draft forward costs a fifth of the target's at one token; a batch's tokens cost the target
@@ -70,3 +75,68 @@ def test_a_budget_needs_a_cost_profile(tmp_path):
     budget = make_stopper(f"survival:0.5@{path}")
     assert isinstance(budget, VerifyBudget) and budget.estimate.power == 0.5
     assert budget.for_batch(4).batch_size == 4
+
+
+# ------------------------------------------------------------------ the learned budget
+def run_folder(tmp_path, name: str, k_config) -> str:
+    run = tmp_path / name
+    run.mkdir()
+    dense_rows(name, k_config).drop(columns=["hidden"]).to_parquet(run / "rows.parquet")
+    (run / "manifest.json").write_text(json.dumps({"k_config": list(k_config)}))
+    return str(run)
+
+
+def test_a_learned_budget_trains_decodes_and_replays_alike(tmp_path, data, pair, capsys):
+    """`mcsd train --decision budget` writes a budget folder whose report compares it with the
+    padded statics, the training-free rules and the oracles at each batch size; loaded back, it
+    decodes losslessly and takes the steps its replay takes."""
+    profile = tmp_path / "cost.json"
+    PROFILE.save(profile)
+    out = tmp_path / "budget"
+    parser = build_parser([register])
+    argv = ["train", "--decision", "budget", "--runs", run_folder(tmp_path, "chain", CHAIN),
+            "--cost-profile", str(profile), "--batch-size", "1,4", "--out", str(out),
+            "--threads", "1"]
+    assert run_parser(parser, argv) == 0, capsys.readouterr().err
+    assert "of the oracle's gain" in capsys.readouterr().out
+    assert json.loads((out / "decision.json").read_text())["decision"] == "budget"
+    report = json.loads((out / "budget.json").read_text())["report"]
+    assert set(report) == {"1", "4"}
+    assert all(r["vs_best_padded"] > 0 and r["oracle_vs_best_padded"] >= 1 for r in
+               report.values())
+    budget = load_decision(out)
+    assert isinstance(budget, VerifyBudget) and budget.decision == "budget"
+    assert isinstance(make_stopper(f"budget:{out}"), VerifyBudget)
+
+    r = ragged_replay(data, Budget(budget.estimate), PROFILE, batch_size=4)
+    order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
+    cfg = DecodeConfig(k_config=CHAIN, max_new_tokens=MAX_NEW, batch_layout="ragged",
+                       batch_depth="row")
+    ps = [prompts()[i] for i in order]
+    got = MCSDDecoder(pair, cfg, stopper=load_decision(out)).generate_batch(ps, batch_size=4)
+    steps = [s for g in got for s in g.steps]
+    assert (r.tokens, r.steps, r.batch_steps, r.draft_forwards) == (
+        got.stats.new_tokens, len(steps), got.stats.target_calls, got.stats.draft_calls)
+    assert r.target_tokens == sum(1 + s.tree_size for s in steps)
+    assert 0 < r.drafted_depth < r.steps * len(CHAIN)
+    ar = ARDecoder(pair, DecodeConfig(max_new_tokens=MAX_NEW))
+    assert [g.token_ids for g in got] == [ar.generate(p).token_ids for p in ps]
+
+
+def test_budget_training_refuses_what_it_cannot_train(tmp_path, capsys):
+    parser = build_parser([register])
+    base = ["train", "--decision", "budget", "--out", str(tmp_path / "b")]
+    assert run_parser(parser, [*base, "--runs", str(tmp_path)]) == 2
+    assert "needs --cost-profile" in capsys.readouterr().err
+    profile = tmp_path / "cost.json"
+    PROFILE.save(profile)
+    tree = run_folder(tmp_path, "tree", (4, 2, 2, 1))
+    assert run_parser(parser, [*base, "--runs", tree, "--cost-profile", str(profile),
+                               "--batch-size", "4", "--threads", "1"]) == 2
+    assert "chain" in capsys.readouterr().err
+    assert run_parser(parser, [*base, "--runs", tree, "--cost-profile", str(profile),
+                               "--label", "soft"]) == 2
+    assert "--label is an option of --decision stop" in capsys.readouterr().err
+    assert run_parser(parser, [*base, "--runs", tree, "--cost-profile", str(profile),
+                               "--batch-size", "8"]) == 2
+    assert "batch size" in capsys.readouterr().err.lower()

@@ -62,7 +62,7 @@ from replay.data import REPLAY_MODES
 from train.stop.config import LABEL_DOC, TRAJECTORIES, TrainConfig, default_label
 
 D = TrainConfig  # the defaults, read off its fields
-DECISIONS = ("stop", "copy", "width")
+DECISIONS = ("stop", "copy", "width", "budget")
 STOP_DOC = """--decision stop fits a stopper's decision model on collected runs, chooses its
 aggregation and threshold by replayed throughput on validation prompts, and writes the artifact
 folder (stopper.json, the model, metrics.json, replay_curve.json/png, calibration.png and, except
@@ -78,9 +78,10 @@ forward); measure one with `mcsd profile`.
 # is every decision's); such an option's parser default is None, resolved per decision by `resolve`
 OUTPUTS = ("copy", "width")  # trained on the target's own outputs of --prompts
 TAKES = {
-    **dict.fromkeys(("runs", "model", "label", "val_frac", "test_frac", "aggregations", "replay",
-                     "trajectory", "features", "decision_us", "batch_size", "online",
-                     "max_epochs", "domains", "bench_latency"), ("stop",)),
+    **dict.fromkeys(("runs", "model", "val_frac", "test_frac", "trajectory", "features",
+                     "batch_size", "max_epochs"), ("stop", "budget")),
+    **dict.fromkeys(("label", "aggregations", "replay", "decision_us", "online", "domains",
+                     "bench_latency"), ("stop",)),
     **dict.fromkeys(("target", "draft", "device", "dtype", "attention", "prompts",
                      "eval_prompts", "limit", "eval_limit", "max_new_tokens", "eos", "traces",
                      "chat", "k_config"), OUTPUTS),
@@ -129,6 +130,11 @@ def decision_doc(decision: str) -> str:
     """The documentation `mcsd train --decision DECISION --help` shows."""
     if decision == "stop":
         return STOP_DOC
+    if decision == "budget":
+        from mcsd_runtime.stop import verify_budget
+        from train.budget import trainer
+
+        return f"{trainer.__doc__}\n{verify_budget.__doc__}"
     if decision == "copy":
         from replay import copy as replay_copy
         from train import copy
@@ -149,7 +155,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="show this help (after --decision D: D's own documentation) and exit")
     g = p.add_argument_group("every decision")
     g.add_argument("--decision", choices=DECISIONS, default=None,
-                   help="the learned decision: stop (default), copy or width")
+                   help="the learned decision: stop (default), copy, width or budget (the "
+                        "verification budget of a ragged batch)")
     add_out_arg(g, "artifact folder to write", required=True)
     add_force_arg(g, "replace an existing --out folder")
     add_cost_profile_arg(g, "forward-latency profile JSON of this pair on this machine (`mcsd "
@@ -290,10 +297,15 @@ def resolve(args: argparse.Namespace) -> str:
             setattr(args, dest, PER_DECISION.get(dest, {}).get(decision, _DEFAULTS[dest]))
     if args.check_prompts is None:
         args.check_prompts = CHECK_PROMPTS.get(decision, 0)
-    if decision != "stop":
-        for option, value in (("--cost-profile", args.cost_profile), ("--prompts", args.prompts)):
-            if value is None:
-                raise MCSDError(f"--decision {decision} needs {option}")
+    needs = {"copy": ("cost_profile", "prompts"), "width": ("cost_profile", "prompts"),
+             "budget": ("cost_profile",)}
+    for dest in needs.get(decision, ()):
+        if getattr(args, dest) is None:
+            raise MCSDError(f"--decision {decision} needs --{dest.replace('_', '-')}")
+    if decision == "budget" and args.check_prompts:
+        raise MCSDError("--decision budget has no --check-prompts: measure it end to end with "
+                        "`mcsd eval --methods budget:PATH --batch-layout ragged --batch-depth "
+                        "row --batch-size ...`")
     return decision
 
 
@@ -309,6 +321,13 @@ def run(args: argparse.Namespace) -> int:
         from train.width import WidthTrainer
 
         return train(WidthTrainer(args), args.force)
+    if decision == "budget":
+        from train.budget.trainer import from_args as budget_from_args
+        from train.stop.trainer import quiet_training
+
+        trainer = budget_from_args(args)
+        with quiet_training():
+            return train(trainer, args.force)
     from train.stop.trainer import bench, from_args, quiet_training
 
     if not args.runs and args.bench_latency:

@@ -289,7 +289,8 @@ def short_name(method: str) -> str:
     if kind == "survival" and "@" in arg:
         power, _, path = arg.partition("@")
         return f"survival:{power}@{Path(path).name}"
-    return f"{kind}:{Path(arg).name}" if kind in ("stopper", LEARNED_LOOKUP, WIDTH) else method
+    return (f"{kind}:{Path(arg).name}" if kind in ("stopper", "budget", LEARNED_LOOKUP, WIDTH)
+            else method)
 
 
 def is_static(method: str) -> bool:

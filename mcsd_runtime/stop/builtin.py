@@ -24,7 +24,7 @@ from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
 from mcsd_runtime.stop.learned import stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
-from mcsd_runtime.stop.verify_budget import survival_budget
+from mcsd_runtime.stop.verify_budget import load_budget, survival_budget
 from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
@@ -202,6 +202,7 @@ def stopper_help() -> str:
 
 
 LEARNED = "stopper"  # `stopper:PATH`
+BUDGET = "budget"  # `budget:PATH`: a learned verification budget (`stop.verify_budget`)
 
 
 class UnknownStopperError(MCSDError):
@@ -223,6 +224,8 @@ class StopperSpec:
 
     def build(self) -> Stopper:
         """The stopper it names (a learned one is loaded from its folder)."""
+        if self.name == BUDGET:
+            return load_budget(self.folder)
         if self.folder is not None:  # a folder, as `check` reads it (not its stopper.json)
             return stopper_from(ArtifactSpec.read(self.folder), self.folder)
         return BUILTIN[self.name][1](list(self.args), self.text)
@@ -230,7 +233,9 @@ class StopperSpec:
     def check(self) -> None:
         """Refuse what `build` would refuse, without loading a model: a built-in's parameters,
         a learned stopper's `stopper.json`."""
-        if self.folder is not None:
+        if self.name == BUDGET:
+            self.build()
+        elif self.folder is not None:
             ArtifactSpec.read(self.folder)
         else:
             self.build()
@@ -244,14 +249,16 @@ def parse_stopper_spec(text: str) -> StopperSpec:
     rest = text.partition(":")[2]
     if name in BUILTIN:
         return StopperSpec(text, name, tuple(args))
+    if name == BUDGET and rest:
+        return StopperSpec(text, BUDGET, folder=Path(rest))
     if name == LEARNED and rest:
         folder = Path(rest)
     elif text and Path(text).is_dir():
         folder = Path(text)
     else:
         raise UnknownStopperError(
-            f"unknown stopper {text!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4) "
-            f"or stopper:PATH to a trained stopper folder")
+            f"unknown stopper {text!r}: use one of {', '.join(BUILTIN)} (e.g. confidence:0.4), "
+            f"stopper:PATH to a trained stopper folder or budget:PATH to a trained budget")
     return StopperSpec(text, folder=folder)
 
 

@@ -6,9 +6,11 @@ many tokens of a prompt-lookup match to copy or whether to draft instead (`looku
 and how wide the draft's first depth is (`width:PATH`). Each is trained by `mcsd train
 --decision stop|copy|width` into a folder holding its own spec file (`stopper.json`,
 `copy_length.json`, `width.json`) and model files, and one `decision.json`, written last (a
-folder that has it is complete):
+folder that has it is complete). A fifth, the verification budget of a batch
+(`budget:PATH`, `mcsd train --decision budget`), holds a stopper's node model with
+`budget.json` (its calibration and cost profile):
 
-    {"format": "mcsd-decision", "version": 1, "decision": "stop" | "copy" | "width",
+    {"format": "mcsd-decision", "version": 1, "decision": "stop" | "copy" | "width" | "budget",
      "spec": "stopper.json", "decode": "mcsd eval --methods stopper:PATH", "created": "..."}
 
 `read_decision(folder)` names the decision of any such folder, older ones (written before
@@ -33,8 +35,11 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text
 
 FORMAT, VERSION, FILE = "mcsd-decision", 1, "decision.json"
-SPEC_FILES = {"stop": "stopper.json", "copy": "copy_length.json", "width": "width.json"}
-METHODS = {"stop": "stopper:{path}", "copy": "lookup-learned:{path}", "width": "width:{path}"}
+SPEC_FILES = {"stop": "stopper.json", "copy": "copy_length.json", "width": "width.json",
+              "budget": "budget.json"}
+METHODS = {"stop": "stopper:{path}", "copy": "lookup-learned:{path}", "width": "width:{path}",
+           "budget": "budget:{path}"}
+LEGACY = ("stop", "copy", "width")  # written before decision.json: named by their spec file
 
 
 class Decision(Protocol):
@@ -76,7 +81,7 @@ def read_decision(folder: str | Path) -> str:
                             f"{data.get('decision')!r}; this release reads version {VERSION} "
                             f"of {', '.join(SPEC_FILES)}: retrain with `mcsd train`")
         return data["decision"]
-    found = [d for d, spec in SPEC_FILES.items() if (folder / spec).is_file()]
+    found = [d for d in LEGACY if (folder / SPEC_FILES[d]).is_file()]
     if len(found) != 1:
         raise MCSDError(f"{folder} holds no trained decision ({FILE}, or one of "
                         f"{', '.join(SPEC_FILES.values())}): train one with `mcsd train "
@@ -95,6 +100,10 @@ def load_decision(folder: str | Path) -> Decision:
         from mcsd_runtime.stop.copy_length import CopyLength
 
         return CopyLength.load(folder)
+    if kind == "budget":
+        from mcsd_runtime.stop.verify_budget import load_budget
+
+        return load_budget(folder)
     from mcsd_runtime.stop.width import WidthPolicy
 
     return WidthPolicy.load(folder)

@@ -94,7 +94,15 @@ class LearnedSurvival:
 
 class VerifyBudget(StopperBase):
     """The budget of the module docstring for `estimate` under `profile` (a `CostProfile`) at
-    `batch_size` rows (`for_batch` gives each batch size its own)."""
+    `batch_size` rows (`for_batch` gives each batch size its own). A learned one is a
+    `Decision` (`mcsd_runtime.stop.decision`): `load` reads its folder."""
+
+    decision = "budget"
+    temperature = 0.0  # of the outputs a learned one was trained on
+
+    @classmethod
+    def load(cls, folder: str | Path) -> VerifyBudget:
+        return load_budget(folder)
 
     def __init__(self, estimate: Estimate, profile, batch_size: int = 1,
                  rate: float | None = None) -> None:
@@ -110,7 +118,15 @@ class VerifyBudget(StopperBase):
         return f"VerifyBudget({self.estimate.name}, B={self.batch_size})"
 
     def for_batch(self, batch_size: int) -> VerifyBudget:
-        return VerifyBudget(self.estimate, self.profile, batch_size, self.rate)
+        out = VerifyBudget(self.estimate, self.profile, batch_size, self.rate)
+        out.temperature = self.temperature
+        return out
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        """A learned budget's node model was trained on one tree: refuse another."""
+        stopper = getattr(self.estimate, "stopper", None)
+        if stopper is not None:
+            stopper.check_tree(k_config)
 
     # one row's decisions, for callers that ask row by row: the batch rule over one row
     def should_draft(self, start: Frontier) -> bool:
@@ -185,3 +201,48 @@ def survival_budget(args: list[str], spec: str) -> VerifyBudget:
     if not Path(path).is_file():
         raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
     return VerifyBudget(DraftProbability(q), CostProfile.load(path))
+
+
+BUDGET_FILE, BUDGET_FORMAT, BUDGET_VERSION = "budget.json", "mcsd-budget", 1
+
+
+def write_budget(folder: Path, calibration, profile_file: str, report: dict) -> None:
+    """`folder/budget.json`: the node model's calibration, the profile's file (beside it) and
+    the training's replayed report. The stopper's own files hold the node model."""
+    import json
+
+    from mcsd_runtime.paths import atomic_write_text
+
+    atomic_write_text(folder / BUDGET_FILE, json.dumps({
+        "format": BUDGET_FORMAT, "version": BUDGET_VERSION, "stopper": "stopper.json",
+        "profile": profile_file, "calibration": calibration.to_json(), "report": report},
+        indent=1, default=float))
+
+
+def load_budget(folder: str | Path) -> VerifyBudget:
+    """The learned budget trained into `folder` (`mcsd train --decision budget`)."""
+    import json
+
+    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.stop.artifact import ArtifactSpec
+    from mcsd_runtime.stop.expected_rate import Calibration
+    from mcsd_runtime.stop.learned import stopper_from
+
+    folder = Path(folder)
+    path = folder / BUDGET_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise MCSDError(f"{path} is not a readable budget ({err}): train one with `mcsd train "
+                        f"--decision budget --out {folder}`") from None
+    if not isinstance(data, dict) or data.get("format") != BUDGET_FORMAT:
+        raise MCSDError(f"{path} is not a budget file (format {BUDGET_FORMAT!r})")
+    if data.get("version") != BUDGET_VERSION:
+        raise MCSDError(f"{path}: version {data.get('version')}; this release reads version "
+                        f"{BUDGET_VERSION}: retrain with `mcsd train --decision budget`")
+    stopper = stopper_from(ArtifactSpec.read(folder), folder)
+    stopper.calibration = Calibration.from_json(data.get("calibration"))
+    budget = VerifyBudget(LearnedSurvival(stopper, f"budget:{folder.name}"),
+                          CostProfile.load(folder / data["profile"]))
+    budget.temperature = stopper.temperature
+    return budget

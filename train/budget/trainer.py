@@ -1,0 +1,180 @@
+"""`mcsd train --decision budget`: the verification budget of a ragged batch
+(`mcsd_runtime.stop.verify_budget`) with a learned node model, trained by the stages every
+decision runs (`train.decision`).
+
+- **prepare**: the collected runs (a dense greedy collection of a chain tree: the budget's
+  replay walks it), labelled and split by prompt as for the stopper (`train.stop.pipeline`);
+- **fit**: the stopper's node model (LightGBM or MLP, hard label: P(a node and its child are
+  accepted), the gain of drafting the child), then its isotonic calibration on validation
+  prompts: the budget reads probabilities;
+- **choose**: nothing to tune (the budget maximises expected tokens per second of each step
+  under the profile); the learned budget is replayed on the test prompts at every
+  `--batch-size` beside the padded static depths, the training-free rules (ragged static,
+  `cumprod`, `survival:Q`, each at its best setting on validation prompts) and the oracles
+  (`replay.ragged.compare`), and the report gives its ratio to the best padded configuration
+  (AR or a static depth), to the best training-free rule, and its share of the oracle's gain;
+- **write**: the node model's files and `stopper.json`, the profile (`cost.json`) and
+  `budget.json` (calibration and report), then `decision.json`.
+
+Decode it with `mcsd eval --methods budget:PATH --batch-layout ragged --batch-depth row`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.errors import MCSDError
+from train.stop import pipeline as P
+from train.stop.config import TrainConfig
+
+PEERS = ("ragged static", "cumprod", "survival")  # the training-free rules beside it
+PROFILE_FILE = "cost.json"
+
+
+@dataclass
+class Runs:
+    prep: P.Prepared
+    manifests: list[dict]
+
+
+@dataclass
+class Fitted:
+    fit: P.Fit
+    spec: object  # the node model's ArtifactSpec
+    calibration: object  # its Calibration on validation prompts
+    folder: Path  # where its model files are
+
+
+class BudgetTrainer:
+    """`train.decision.Trainer` of the learned verification budget (module docstring)."""
+
+    decision = "budget"
+
+    def __init__(self, out: str | Path, config: TrainConfig, profile: CostProfile,
+                 runs: list[Path], log=print) -> None:
+        if config.label != "hard":
+            raise MCSDError("the budget reads each node's hard label (P(it and its child are "
+                            "accepted)): train it with --label hard")
+        for b in config.batch_sizes:
+            profile.check_rows(b)
+        self.out, self.config, self.profile, self.runs, self.log = (
+            Path(out), config, profile, runs, log)
+
+    def prepare(self) -> Runs:
+        from replay.runs import load_runs
+
+        df, manifests = load_runs(self.runs)
+        return Runs(P.prepare(df, manifests, self.config, self.log), manifests)
+
+    def fit(self, data: Runs, folder: Path) -> Fitted:
+        from mcsd_runtime.stop.learned import stopper_from
+        from replay.runs import collected_prompt_format, pair_fingerprint
+        from train.stop.calibrate import fit_calibration
+
+        prep = data.prep
+        if prep.k_config is None or any(k != 1 for k in prep.k_config):
+            raise MCSDError(f"the budget replays chains: collect with a chain --k-config such as "
+                            f"1,1,1,1,1,1 (these runs drafted {prep.k_config})")
+        fit = P.fit(prep, self.config, folder, self.log)
+        spec = P._provisional_spec(prep, self.config, pair_fingerprint(data.manifests),
+                                   prep.k_config, collected_prompt_format(data.manifests))
+        scores = stopper_from(spec, folder).node_scores(prep.x["val"])
+        calibration = fit_calibration(scores, prep.parts["val"]["label_hard"].to_numpy())
+        return Fitted(fit, spec, calibration, folder)
+
+    def choose(self, data: Runs, fitted: Fitted) -> dict:
+        """The replayed report (module docstring), printed."""
+        from mcsd_runtime.stop.learned import stopper_from
+        from mcsd_runtime.stop.verify_budget import LearnedSurvival
+        from replay import ragged as RG
+
+        stopper = stopper_from(fitted.spec, fitted.folder)
+        stopper.calibration = fitted.calibration
+        val, test = split_data(data)
+        learned = RG.Family("learned budget", [RG.Budget(LearnedSurvival(stopper, "budget"))])
+        fams = [*RG.families(test.depth), learned]
+        result = RG.compare(test, self.profile, list(self.config.batch_sizes), fams, tune=val)
+        report = {b: summary(r) for b, r in result.items()}
+        self.log(f"replayed on {len(test.prompts)} test prompts (settings of the training-free "
+                 f"rules chosen on {len(val.prompts)} validation prompts):")
+        self.log(RG.table(result))
+        for b, s in report.items():
+            self.log(f"B={b}: learned budget {s['vs_best_padded']:.3f}x the best padded "
+                     f"configuration ({s['best_padded']}), {s['vs_best_peer']:.3f}x the best "
+                     f"training-free rule ({s['best_peer']}), "
+                     f"{_pct(s['oracle_share'])} of the oracle's gain")
+        return {"batch_sizes": report, "replay": result}
+
+    def write(self, data: Runs, fitted: Fitted, chosen: dict, folder: Path) -> str:
+        from mcsd_runtime.stop.verify_budget import write_budget
+
+        fitted.spec.write(folder)
+        self.profile.save(folder / PROFILE_FILE)
+        write_budget(folder, fitted.calibration, PROFILE_FILE, chosen["batch_sizes"])
+        P.write_json(folder / "metrics.json", {"fit": fitted.fit.metrics, **chosen})
+        return (f"mcsd eval --methods budget:{self.out} --batch-layout ragged "
+                f"--batch-depth row --batch-size {','.join(map(str, self.config.batch_sizes))}")
+
+    def check(self, data: Runs, chosen: dict) -> dict | None:
+        return None
+
+
+def split_data(data: Runs):
+    """The validation and test prompts' dense walks (`replay.data.ReplayData`)."""
+    from replay.data import ReplayData
+    from replay.runs import output_lengths, sequence_ids
+
+    prep = data.prep
+    whole = ReplayData(prep.df, prep.k_config, mode="exact",
+                       new_tokens=output_lengths(data.manifests))
+    sequences = sequence_ids(prep.df)
+    keys = {k: set(sequences[m].unique()) for k, m in prep.masks.items()}
+    return whole.subset(keys["val"]), whole.subset(keys["test"])
+
+
+def summary(result: dict) -> dict:
+    """One batch size's headline: the learned budget against the best padded configuration
+    (AR or a padded static depth), the best training-free rule and the oracle."""
+    from mcsd_runtime.metrics import oracle_share
+
+    fams, ar = result["families"], result["ar"]
+    learned = fams["learned budget"]["tokens_per_s"]
+    padded = fams["padded static"]["tokens_per_s"]
+    best_padded, name = (padded, fams["padded static"]["best"]) if padded >= ar else (ar, "ar")
+    peer = max(PEERS, key=lambda n: fams[n]["tokens_per_s"])
+    # the bound: the better of the two hindsight rules (verify exactly what is accepted, or
+    # the budget fed the truth, which also leaves out depths that do not pay for themselves)
+    oracle = max(fams["oracle"]["tokens_per_s"], fams["oracle-budget"]["tokens_per_s"])
+    return {"learned_tokens_per_s": learned, "best_padded": name,
+            "vs_best_padded": learned / best_padded,
+            "best_peer": f"{peer} ({fams[peer]['best']})",
+            "vs_best_peer": learned / fams[peer]["tokens_per_s"],
+            "oracle_vs_best_padded": oracle / best_padded,
+            "oracle_share": oracle_share(learned, best_padded, oracle)}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def from_args(args) -> BudgetTrainer:
+    """The trainer of parsed `mcsd train --decision budget` arguments."""
+    from mcsd_runtime.cli.args import apply_threads, parse_batch_sizes
+    from mcsd_runtime.extras import require_toolkit
+
+    require_toolkit("mcsd train")
+    apply_threads(args)
+    if not args.runs:
+        raise MCSDError("--runs RUN_DIR is required: dense collections of a chain tree "
+                        "(mcsd collect --dense --k-config 1,1,1,1,1,1)")
+    if not args.cost_profile:
+        raise MCSDError("--decision budget needs --cost-profile: a profile measured at every "
+                        "--batch-size (mcsd profile --batch-size 1,4,8,16)")
+    config = TrainConfig(model=args.model, label="hard", seed=args.seed, val_frac=args.val_frac,
+                         test_frac=args.test_frac, max_epochs=args.max_epochs,
+                         trajectory=args.trajectory, features=args.features, check_prompts=0,
+                         batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
+    return BudgetTrainer(args.out, config, CostProfile.load(args.cost_profile), args.runs)
+
