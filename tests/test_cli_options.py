@@ -211,7 +211,7 @@ def main_help() -> str:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--decision", "copy", "--runs", "r", *TRAIN_COPY, "--cost-profile", "c"],
-     "--runs is an option of --decision stop, not of --decision copy"),
+     "--runs is an option of --decision stop and budget, not of --decision copy"),
     (["--runs", "r", "--max-copy", "4", *OUT], "--max-copy is an option of --decision copy"),
     (["--decision", "width", "--temperature", "0.5", *TRAIN_COPY, "--cost-profile", "c"],
      "--temperature is an option of --decision copy, not of --decision width"),
