@@ -18,6 +18,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("mcsd_runtime.errors", "mcsd_runtime.constants", "mcsd_runtime.paths",
                 "mcsd_runtime.progress", "mcsd_runtime.metrics", "mcsd_runtime.transfer",
                 "mcsd_runtime.extras", "mcsd_runtime.tree", "mcsd_runtime.lookup")),
+    # what a step costs: its forwards' rules and the profile that prices them, read by the
+    # decisions that weigh tokens against seconds (stop.verify_budget) and everything above
+    ("prices", ("mcsd_runtime.costmodel.step_model", "mcsd_runtime.costmodel.profile")),
     ("backend", ("mcsd_runtime.backend",)),
     ("toy", ("mcsd_runtime.toy",)),
     ("prompts", ("mcsd_runtime.prompts",)),
