@@ -36,15 +36,16 @@ from mcsd_runtime.costmodel.step_model import step_outcome
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import StepStart, StopperBase
-from mcsd_runtime.stop.verify_budget import DraftProbability, VerifyBudget
+from mcsd_runtime.stop.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
 from mcsd_runtime.tree import Tree
 from replay.data import ReplayData
 from replay.depth import ReplayResult, _frontier, _Row, replay
 from replay.sweeps import NeverDraft
 
 RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
-             "survival:Q (the budget rule on cumulative draft probability ^ Q), oracle (each row "
-             "verifies min(L, cap)), oracle-budget (the budget rule fed the truth)")
+             "survival:Q (the budget rule on cumulative draft probability ^ Q), "
+             "survival-online[:LR] (the budget on an online logistic of logit(q)), oracle (each "
+             "row verifies min(L, cap)), oracle-budget (the budget rule fed the truth)")
 
 
 class _Row2(_Row):
@@ -112,7 +113,7 @@ class _Start(StepStart):
     """A row's `StepStart` in replay, with the step's accepted length for the truth."""
 
     def __init__(self, row: _Row2, max_depth: int) -> None:
-        super().__init__(max_depth, row.traj.values(), row.cap, row.pending)
+        super().__init__(max_depth, row.traj.values(), row.cap, row.pending, row)
         self.oracle_accepted = row.step.accepted if row.step else 0
 
 
@@ -125,7 +126,7 @@ class Truth:
     def first(self, start) -> float:
         return float(start.oracle_accepted >= 1)
 
-    def node(self, frontier, prior: float) -> tuple[float, float]:
+    def node(self, frontier, prior: float, parent: float) -> tuple[float, float]:
         accepted, depth = frontier.oracle_accepted, frontier.depth
         return float(depth <= accepted), float(depth + 1 <= accepted)
 
@@ -175,6 +176,33 @@ def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:
                    note=f"{profile.note} (draft forwards x{factor:g})".strip())
 
 
+def affine_profile(profile: CostProfile, upto: int) -> CostProfile:
+    """`profile` with each curve (target, draft, first draft; every batch size) replaced by its
+    least-squares line over the token counts up to `upto` (slope at least 0): one noisy count
+    then cannot decide a comparison. The lines keep each curve's level and slope where replay
+    prices it (up to the tree's depth + 1 tokens a row)."""
+    xs = [n for n in profile.tokens if n <= upto]
+    if len(xs) < 2:
+        raise MCSDError(f"an affine fit needs two token counts up to {upto}, the profile has "
+                        f"{len(xs)}")
+
+    def line(values: list[float] | None) -> list[float] | None:
+        if values is None:
+            return None
+        ys = values[:len(xs)]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+                    / sum((x - mx) ** 2 for x in xs), 0.0)
+        return [max(my + slope * (n - mx), 0.0) for n in profile.tokens]
+
+    batches = {b: replace(c, target_s=line(c.target_s), draft_s=line(c.draft_s),
+                          draft_first_s=line(c.draft_first_s))
+               for b, c in profile.batches.items()}
+    return replace(profile, target_s=line(profile.target_s), draft_s=line(profile.draft_s),
+                   draft_first_s=line(profile.draft_first_s), batches=batches,
+                   note=f"{profile.note} (curves fitted by lines up to {upto} tokens)".strip())
+
+
 def make_rule(spec: str):
     """The ragged rule a spec names (`RULE_HELP`)."""
     name, _, arg = spec.partition(":")
@@ -187,6 +215,8 @@ def make_rule(spec: str):
             return Budget(DraftProbability(float(arg or 1.0)))
         except ValueError:
             raise MCSDError(f"survival:Q needs a number Q, got {spec!r}") from None
+    if name == "survival-online":
+        return Budget(OnlineAcceptance(*([float(arg)] if arg else [])))
     if name in ("static", "cumprod"):
         return PerRow(spec)
     raise MCSDError(f"unknown ragged rule {spec!r}: {RULE_HELP}")
@@ -242,6 +272,7 @@ def families(depth: int) -> list[Family]:
             Family("ragged static", statics),
             Family("cumprod", [f"cumprod:{t:g}" for t in CUMPROD_GRID]),
             Family("survival", [f"survival:{q:g}" for q in SURVIVAL_GRID]),
+            Family("survival-online", [f"survival-online:{r:g}" for r in (0.01, 0.05, 0.2)]),
             Family("oracle-budget", ["oracle-budget"]),
             Family("oracle", ["oracle"])]
 

@@ -17,9 +17,10 @@ setting, with its ratio to AR and to the best padded static depth:
   nothing, per batch step: the bound of per-row depths.
 
 Ragged forwards are priced from the profile's padded curves (B rows of T / B tokens each)
-until `mcsd profile` measures them. Each family's setting is chosen by replayed speed on the
-same prompts, or with `--holdout` on alternate prompts and reported on the others. See
-`replay.ragged`.
+until `mcsd profile` measures them; `--affine` prices from a line through each curve instead,
+`--draft-scale X` prices the draft's forwards at X times the profile's. Each family's setting
+is chosen by replayed speed on the same prompts, or with `--holdout` on alternate prompts and
+reported on the others. See `replay.ragged`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-scale", type=float, default=1.0, metavar="X",
                    help="price every draft forward at X times the profile's (what a cheaper or "
                         "costlier draft of the same acceptance would win; default 1)")
+    p.add_argument("--affine", action="store_true",
+                   help="price from a least-squares line through each of the profile's curves "
+                        "(token counts up to the tree's depth + 1), so that one noisy count "
+                        "cannot decide a comparison")
     add_out_arg(p, "also write the result as JSON here")
     p.set_defaults(func=run)
 
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli.args import parse_batch_sizes
     from mcsd_runtime.costmodel.profile import CostProfile
     from replay.data import ReplayData
-    from replay.ragged import compare, families, scaled_draft, table
+    from replay.ragged import affine_profile, compare, families, scaled_draft, table
     from replay.runs import collected_k_config, load_runs, output_lengths
 
     if not args.runs:
@@ -77,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     df, manifests = load_runs(args.runs)
     data = ReplayData(df, collected_k_config(manifests), mode="exact",
                       new_tokens=output_lengths(manifests))
+    if args.affine:
+        profile = affine_profile(profile, data.depth + 1)
     fams = families(data.depth)
     if args.families:
         wanted = [n.strip() for n in args.families.split(",") if n.strip()]

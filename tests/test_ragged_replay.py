@@ -14,7 +14,15 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.features import NODE_FEATURES
 from replay.data import ReplayData
 from replay.depth import replay
-from replay.ragged import compare, families, make_rule, ragged_replay, scaled_draft, table
+from replay.ragged import (
+    affine_profile,
+    compare,
+    families,
+    make_rule,
+    ragged_replay,
+    scaled_draft,
+    table,
+)
 
 DEPTH = 4
 PROFILE = CostProfile(tokens=[1, 4, 8], target_s=[1.0, 1.2, 1.6], draft_s=[0.1, 0.12, 0.16],
@@ -173,7 +181,20 @@ def test_the_command_replays_a_collection_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| oracle |" in out and "B=4" in out
     assert (tmp_path / "r.json").is_file()
-    assert run_parser(parser, [*argv[:-2], "--holdout", "--families", "oracle,cumprod"]) == 0
+    assert run_parser(parser, [*argv[:-2], "--holdout", "--families", "oracle,cumprod",
+                               "--affine", "--draft-scale", "0.5"]) == 0
     assert "settings chosen on 3 other prompts" in capsys.readouterr().out
     assert run_parser(parser, [*argv[:-2], "--batch-size", "8"]) == 2
     assert run_parser(parser, [*argv[:-2], "--families", "nope"]) == 2
+
+
+def test_the_affine_profile_is_a_line_through_each_curve():
+    bumpy = CostProfile(tokens=[1, 2, 3, 4], target_s=[1.0, 1.4, 1.0, 1.6],
+                        draft_s=[0.3, 0.2, 0.1, 0.0])
+    line = affine_profile(bumpy, 4)
+    assert line.target_s == pytest.approx([1.04, 1.18, 1.32, 1.46])
+    assert line.draft_s == pytest.approx([0.15] * 4)  # a falling curve is held flat
+    assert affine_profile(bumpy, 3).target_s == pytest.approx([1.133333, 1.133333, 1.133333,
+                                                               1.133333], rel=1e-5)
+    with pytest.raises(MCSDError, match="two token counts"):
+        affine_profile(bumpy, 1)
