@@ -140,6 +140,7 @@ class Budget:
 
     def __init__(self, estimate, name: str | None = None) -> None:
         self.estimate, self.name = estimate, name or estimate.name
+        self.budget: VerifyBudget | None = None  # one for the walk, as the decoder's batch has
 
     def __str__(self) -> str:
         return self.name
@@ -147,7 +148,9 @@ class Budget:
     def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
         if any(k != 1 for k in tree.sizes):
             raise MCSDError(f"the budget rules replay chains (1,1,...), not the tree {tree}")
-        budget = VerifyBudget(self.estimate, profile, len(rows))
+        if self.budget is None or self.budget.profile is not profile:
+            self.budget = VerifyBudget(self.estimate, profile, len(rows))
+        budget = self.budget
         go = budget.batch_plan([_Start(r, tree.depth) if r.cap else None for r in rows])
         drafted, depth = [0] * len(rows), 0
         while any(go):

@@ -5,6 +5,7 @@ steps), its rows stay the target's own, and a profile is required to name one.""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from test_ragged import ragged_ready
@@ -18,11 +19,13 @@ from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.decision import load_decision
-from mcsd_runtime.stop.verify_budget import DraftProbability, VerifyBudget
+from mcsd_runtime.stop.features import NODE_FEATURES
+from mcsd_runtime.stop.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
 from replay.ragged import Budget, ragged_replay
 from train.cli import register
 
 CHAIN = (1, 1, 1, 1)
+DRAFT_PROB = NODE_FEATURES.index("draft_prob")
 # a draft forward costs a fifth of the target's at one token; a batch's tokens cost the target
 # more as they grow, so the rule drafts some rows some steps, never all of them always
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.2, 3.0], draft_s=[0.2, 0.22, 0.4],
@@ -41,14 +44,21 @@ def pair():
     return ragged_ready(make_pair(noise=0.02))  # test_train_data's pair, on mcsd_sdpa
 
 
-@pytest.mark.parametrize("power", [1.0, 0.5])
+ESTIMATES = {"survival:1": lambda: DraftProbability(1.0),
+             "survival:0.5": lambda: DraftProbability(0.5),
+             "survival-online:0.2": lambda: OnlineAcceptance(0.2)}
+
+
+@pytest.mark.parametrize("spec", list(ESTIMATES))
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_the_decoder_takes_the_replayed_steps(data, pair, power, batch_size):
-    r = ragged_replay(data, f"survival:{power:g}", PROFILE, batch_size=batch_size)
+def test_the_decoder_takes_the_replayed_steps(data, pair, spec, batch_size):
+    """The same rule (each a fresh estimate: the online one learns as it goes) in replay and
+    in the decoder."""
+    r = ragged_replay(data, Budget(ESTIMATES[spec]()), PROFILE, batch_size=batch_size)
     order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
     cfg = DecodeConfig(k_config=CHAIN, max_new_tokens=MAX_NEW, batch_layout="ragged",
                        batch_depth="row")
-    dec = MCSDDecoder(pair, cfg, stopper=VerifyBudget(DraftProbability(power), PROFILE))
+    dec = MCSDDecoder(pair, cfg, stopper=VerifyBudget(ESTIMATES[spec](), PROFILE))
     ps = [prompts()[i] for i in order]
     out = dec.generate_batch(ps, batch_size=batch_size)
     steps = [s for g in out for s in g.steps]
@@ -75,6 +85,31 @@ def test_a_budget_needs_a_cost_profile(tmp_path):
     budget = make_stopper(f"survival:0.5@{path}")
     assert isinstance(budget, VerifyBudget) and budget.estimate.power == 0.5
     assert budget.for_batch(4).batch_size == 4
+    assert make_stopper(f"survival@{path}").estimate.power == 1.0
+    online = make_stopper(f"survival-online@{path}").estimate
+    assert isinstance(online, OnlineAcceptance) and online.lr == 0.05
+
+
+def test_the_online_estimate_learns_from_the_verdicts(data):
+    """Replayed, vLLM's estimate moves off q (weight 1, bias 0) toward what was accepted: its
+    predictions end closer to the truth than they began."""
+    est = OnlineAcceptance(0.2)
+    ragged_replay(data, Budget(est), PROFILE, batch_size=4)
+    assert (est.w, est.b) != (1.0, 0.0)
+    fresh = OnlineAcceptance(0.2)
+    xs, ys = [], []
+    for p in data.prompts.values():
+        for step in p.steps:
+            for d, nodes in enumerate(step.nodes, 1):
+                q = min(max(float(nodes[0, DRAFT_PROB]), 1e-6), 1 - 1e-6)
+                xs.append(max(-10.0, min(10.0, math.log(q / (1 - q)))))
+                ys.append(float(d <= step.accepted))
+
+    def logloss(e):
+        return -sum(y * math.log(e.accept(x)) + (1 - y) * math.log(1 - e.accept(x))
+                    for x, y in zip(xs, ys, strict=True)) / len(xs)
+
+    assert logloss(est) < logloss(fresh)
 
 
 # ------------------------------------------------------------------ the learned budget

@@ -228,7 +228,8 @@ class Engine:
         # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
         caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
         if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
-            starts = [StepStart(tree.depth, r.st.trajectory.values(), c, len(r.st.d_pending))
+            starts = [StepStart(tree.depth, r.st.trajectory.values(), c, len(r.st.d_pending),
+                                r.st)
                       if c and not look else None
                       for c, r, look in zip(caps, rows, copied, strict=True)]
             plan = getattr(self.stopper, "batch_plan", None)  # a budget across the batch

@@ -263,6 +263,8 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
         return f"static:{stopper.depth or len(k_config)}"
     if kind == "survival":  # a budget: its power spelt out, its profile as given
         return f"survival:{stopper.estimate.power:g}@{method.partition('@')[2]}"
+    if kind == "survival-online":
+        return f"survival-online:{stopper.estimate.lr:g}@{method.partition('@')[2]}"
     values = [getattr(stopper, p) for p in inspect.signature(type(stopper)).parameters]
     values = list(itertools.takewhile(lambda v: v is not None, values))
     return ":".join([kind, *(f"{v:g}" for v in values)])
@@ -286,9 +288,9 @@ def short_name(method: str) -> str:
     if (learned := parse_learned_lookup(method)) is not None and learned[1]:
         return f"{short_name(method.partition('+')[0])}+{short_name(learned[1])}"
     kind, _, arg = method.partition(":")
-    if kind == "survival" and "@" in arg:
+    if kind in ("survival", "survival-online") and "@" in arg:
         power, _, path = arg.partition("@")
-        return f"survival:{power}@{Path(path).name}"
+        return f"{kind}:{power}@{Path(path).name}"
     return (f"{kind}:{Path(arg).name}" if kind in ("stopper", "budget", LEARNED_LOOKUP, WIDTH)
             else method)
 

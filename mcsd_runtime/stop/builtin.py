@@ -24,7 +24,7 @@ from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
 from mcsd_runtime.stop.learned import stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
-from mcsd_runtime.stop.verify_budget import load_budget, survival_budget
+from mcsd_runtime.stop.verify_budget import load_budget, online_budget, survival_budget
 from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
@@ -194,6 +194,10 @@ BUILTIN: dict[str, tuple[str, Builder]] = {
                  "tree by expected tokens per second of the step, its tokens' survival the "
                  "cumulative draft probability^Q (1), priced by the cost profile PROFILE",
                  lambda a, s: survival_budget(a, s)),
+    "survival-online": ("survival-online[:LR]@PROFILE the same budget, each token's acceptance "
+                        "an online logistic of logit(draft prob) refitted from the verdicts at "
+                        "rate LR (0.05), as vLLM's adaptive verification",
+                        lambda a, s: online_budget(a, s)),
 }
 
 
@@ -247,6 +251,9 @@ def parse_stopper_spec(text: str) -> StopperSpec:
     folder (MCSDError where it is no stopper artifact)."""
     name, *args = text.split(":")
     rest = text.partition(":")[2]
+    if "@" in name:  # `survival@PROFILE`: the parameters left at their defaults
+        name, at, tail = name.partition("@")
+        args = [at + tail, *args]
     if name in BUILTIN:
         return StopperSpec(text, name, tuple(args))
     if name == BUDGET and rest:

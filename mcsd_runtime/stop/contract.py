@@ -38,7 +38,8 @@ budget, `mcsd_runtime.stop.verify_budget`); the decoder asks them at every batch
 included, and where one answers None it asks the members above:
 
 - `batch_plan(starts) -> list[bool] | None`: before a step, one entry per row of the batch: a
-  `StepStart` (with the row's `cap` and `pending` draft tokens) where the row may draft, None
+  `StepStart` (with the row's `cap`, `pending` draft tokens and `row`, an object that is the
+  same at each of the row's steps) where the row may draft, None
   where it may not (a copied chain, no budget left); returns whether each row drafts;
 - `batch_extend(frontiers) -> list[bool] | None`: after each depth, one entry per row: the
   frontier of the depth it just drafted, None where it drafted nothing at that depth (asked
@@ -164,10 +165,11 @@ class StepStart:
     depth = 0
 
     def __init__(self, max_depth: int, trajectory: list[float], cap: int | None = None,
-                 pending: int = 1) -> None:
+                 pending: int = 1, row: object = None) -> None:
         self.max_depth, self._trajectory = max_depth, trajectory
         self.cap = max_depth if cap is None else cap
         self.pending = pending
+        self.row = row  # the row's own object, the same at each of its steps (None: unknown)
 
     def trajectory(self) -> list[float]:
         return self._trajectory

@@ -35,6 +35,7 @@ from mcsd_runtime.stop.contract import Frontier, StopperBase
 from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
 
 ACCEPT_RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")
+PREV_ACCEPTED = TRAJECTORY_FEATURES.index("prev_accepted")
 
 
 class Estimate(Protocol):
@@ -47,9 +48,10 @@ class Estimate(Protocol):
         """The gain of a row's first drafted token, before drafting."""
         ...
 
-    def node(self, frontier: Frontier, prior: float) -> tuple[float, float]:
+    def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
         """(the survival of the frontier's best node, the gain of drafting its child); `prior`
-        is the gain this node was predicted before it was drafted."""
+        is the gain this node was predicted before it was drafted, `parent` its parent's
+        survival (1 at depth 1)."""
         ...
 
 
@@ -66,7 +68,7 @@ class DraftProbability:
     def first(self, start: Frontier) -> float:
         return float(start.trajectory()[ACCEPT_RECENT])
 
-    def node(self, frontier: Frontier, prior: float) -> tuple[float, float]:
+    def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
         log_path = frontier.column("log_path_prob")
         best = int(log_path.argmax())
         survival = math.exp(self.power * float(log_path[best]))
@@ -87,9 +89,46 @@ class LearnedSurvival:
     def first(self, start: Frontier) -> float:
         return float(start.trajectory()[ACCEPT_RECENT])
 
-    def node(self, frontier: Frontier, prior: float) -> tuple[float, float]:
+    def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
         (scores, _), = self.stopper.calibrated_scores([frontier])
         return prior, min(prior, float(max(scores)))
+
+
+class OnlineAcceptance:
+    """vLLM's estimate: a token's acceptance is a logistic of logit(q), q its draft probability,
+    refitted online (one gradient step of rate `lr` per verified token) from what the target
+    accepted; it starts as q itself (weight 1, bias 0). A node's survival is its parent's times
+    its acceptance; its child's gain is that times the same acceptance again."""
+
+    learns = True
+
+    def __init__(self, lr: float = 0.05) -> None:
+        if not lr > 0:
+            raise MCSDError(f"survival-online:LR needs LR > 0, got {lr!r}")
+        self.lr, self.w, self.b = lr, 1.0, 0.0
+        self.name = "survival-online" + (f":{lr:g}" if lr != 0.05 else "")
+
+    def first(self, start: Frontier) -> float:
+        return float(start.trajectory()[ACCEPT_RECENT])
+
+    def feature(self, frontier: Frontier) -> float:
+        """logit(q) of the frontier's best node, clipped to [-10, 10]."""
+        log_path = frontier.column("log_path_prob")
+        q = float(frontier.column("draft_prob")[int(log_path.argmax())])
+        q = min(max(q, 1e-6), 1 - 1e-6)
+        return max(-10.0, min(10.0, math.log(q / (1 - q))))
+
+    def accept(self, x: float) -> float:
+        return 1.0 / (1.0 + math.exp(-(self.w * x + self.b)))
+
+    def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
+        a = self.accept(self.feature(frontier))
+        return parent * a, parent * a * a
+
+    def learn(self, xs: list[float], labels: list[float]) -> None:
+        for x, y in zip(xs, labels, strict=True):
+            g = self.accept(x) - y
+            self.w, self.b = self.w - self.lr * g * x, self.b - self.lr * g
 
 
 class VerifyBudget(StopperBase):
@@ -113,6 +152,11 @@ class VerifyBudget(StopperBase):
         self.surv: list[list[float]] = []
         self.gain: list[float] = []  # per row: its next token's predicted survival
         self.depth_s = 0.0
+        # an estimate that learns (`learns`): this step's rows, their tokens' features, and the
+        # last step's (row -> (row, features, verified)) until their outcome is known
+        self.rows: list[object] = []
+        self.seen: list[list[float]] = []
+        self.waiting: dict[int, tuple[object, list[float], int]] = {}
 
     def __repr__(self) -> str:
         return f"VerifyBudget({self.estimate.name}, B={self.batch_size})"
@@ -146,6 +190,8 @@ class VerifyBudget(StopperBase):
         self.surv = [[] for _ in starts]
         self.gain = [self.estimate.first(s) if c else 0.0 for s, c in zip(starts, self.caps,
                                                                            strict=True)]
+        if getattr(self.estimate, "learns", False):
+            self._learn(starts)
         cand = [i for i in range(n) if self.caps[i] > 0]
         chosen = self._choose(cand, [int(getattr(starts[i], "pending", 1)) for i in cand],
                               first=True)
@@ -157,9 +203,13 @@ class VerifyBudget(StopperBase):
         if not drew:
             return [False] * len(frontiers)
         depth = frontiers[drew[0]].depth
+        learns = getattr(self.estimate, "learns", False)
         for i in drew:
-            s, self.gain[i] = self.estimate.node(frontiers[i], self.gain[i])
+            parent = self.surv[i][-1] if self.surv[i] else 1.0
+            s, self.gain[i] = self.estimate.node(frontiers[i], self.gain[i], parent)
             self.surv[i].append(s)
+            if learns:
+                self.seen[i].append(self.estimate.feature(frontiers[i]))
             self.verified, self.expected = self.verified + 1, self.expected + s
         cand = [i for i in drew if self.caps[i] > depth]
         chosen = self._choose(cand, [1] * len(cand), first=False)
@@ -167,7 +217,25 @@ class VerifyBudget(StopperBase):
 
     def batch_verify(self) -> list[int]:
         """How many drafted depths each row verifies."""
-        return verify_counts(self.surv, self._step_s, self.rate)
+        counts = verify_counts(self.surv, self._step_s, self.rate)
+        if getattr(self.estimate, "learns", False):
+            self.waiting = {id(row): (row, seen[:n], n) for row, seen, n in
+                            zip(self.rows, self.seen, counts, strict=True)
+                            if n and row is not None}
+        return counts
+
+    def _learn(self, starts: list[Frontier | None]) -> None:
+        """The last step's verified tokens, labelled by what the target accepted (the rows'
+        `prev_accepted` now), go to the estimate; this step's rows are noted."""
+        for s in starts:
+            row = getattr(s, "row", None) if s is not None else None
+            if row is not None and id(row) in self.waiting:
+                _, xs, n = self.waiting[id(row)]
+                accepted = s.trajectory()[PREV_ACCEPTED]
+                self.estimate.learn(xs, [float(d <= accepted) for d in range(1, n + 1)])
+        self.waiting = {}
+        self.rows = [getattr(s, "row", None) if s is not None else None for s in starts]
+        self.seen = [[] for _ in starts]
 
     def _step_s(self, tokens: int) -> float:
         return self.paid + self.profile.ragged_target(tokens, self.n)
@@ -183,24 +251,30 @@ class VerifyBudget(StopperBase):
         return {cand[c] for c in picked}
 
 
-def survival_budget(args: list[str], spec: str) -> VerifyBudget:
+def online_budget(args: list[str], spec: str) -> VerifyBudget:
+    """`survival-online[:LR]@PROFILE`: the budget on `OnlineAcceptance` (vLLM's rule)."""
+    return survival_budget(args, spec, online=True)
+
+
+def survival_budget(args: list[str], spec: str, online: bool = False) -> VerifyBudget:
     """`survival:Q@PROFILE` (Q defaults to 1): the draft-probability budget under the cost
     profile at PROFILE (`mcsd profile --batch-size ...` writes one)."""
     from mcsd_runtime.costmodel.profile import CostProfile
 
     power, _, path = ":".join(args).partition("@")
+    name = "survival-online:LR" if online else "survival:Q"
     if not path:
         raise MCSDError(f"stopper {spec!r}: the budget prices tokens with a cost profile: "
-                        f"survival:Q@PROFILE.json (`mcsd profile --batch-size 1,4,8,16` writes "
-                        f"one)")
+                        f"{name}@PROFILE.json (`mcsd profile --batch-size 1,4,8,16` writes one)")
     try:
-        q = float(power) if power else 1.0
+        q = float(power) if power else (0.05 if online else 1.0)
     except ValueError:
-        raise MCSDError(f"stopper {spec!r}: Q must be a number, e.g. survival:1@cost.json") \
-            from None
+        raise MCSDError(f"stopper {spec!r}: {name[-1]} must be a number, e.g. "
+                        f"{name.partition(':')[0]}:1@cost.json") from None
     if not Path(path).is_file():
         raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
-    return VerifyBudget(DraftProbability(q), CostProfile.load(path))
+    estimate = OnlineAcceptance(q) if online else DraftProbability(q)
+    return VerifyBudget(estimate, CostProfile.load(path))
 
 
 BUDGET_FILE, BUDGET_FORMAT, BUDGET_VERSION = "budget.json", "mcsd-budget", 1

@@ -10,7 +10,8 @@ decision runs (`train.decision`).
 - **choose**: nothing to tune (the budget maximises expected tokens per second of each step
   under the profile); the learned budget is replayed on the test prompts at every
   `--batch-size` beside the padded static depths, the training-free rules (ragged static,
-  `cumprod`, `survival:Q`, each at its best setting on validation prompts) and the oracles
+  `cumprod`, `survival:Q`, vLLM's `survival-online`, each at its best setting on validation
+  prompts) and the oracles
   (`replay.ragged.compare`), and the report gives its ratio to the best padded configuration
   (AR or a static depth), to the best training-free rule, and its share of the oracle's gain;
 - **write**: the node model's files and `stopper.json`, the profile (`cost.json`) and
@@ -29,7 +30,8 @@ from mcsd_runtime.errors import MCSDError
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig
 
-PEERS = ("ragged static", "cumprod", "survival")  # the training-free rules beside it
+# the training-free rules beside it
+PEERS = ("ragged static", "cumprod", "survival", "survival-online")
 PROFILE_FILE = "cost.json"
 
 
