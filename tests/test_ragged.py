@@ -62,9 +62,9 @@ def layouts(monkeypatch):
     made = []
     real = R.Ragged.__init__
 
-    def spy(self, counts, width, device):
+    def spy(self, counts, width, device, bucket=0):
         made.append((tuple(counts), width))
-        real(self, counts, width, device)
+        real(self, counts, width, device, bucket)
 
     monkeypatch.setattr(R.Ragged, "__init__", spy)
     return made
@@ -182,6 +182,32 @@ def test_fixed_shape_forwards_run_ragged_too(rpair, refs, layouts):
                                                                       batch_size=3)
     assert [r.token_ids for r in out] == [ref for _, ref in refs]
     assert out.stats.forwards == "fixed" and layouts
+
+
+def test_captured_ragged_forwards_replay_per_total_bucket(rpair, refs, monkeypatch):
+    """Ragged forwards captured (CUDA graphs stood in for by reruns on the graphs' own input
+    buffers, `test_graph_replay.StandIn`): the layout's index is a graph input, rows padded
+    with idle rows and totals bucketed, so graphs are reused across steps; greedy rows stay
+    the target's."""
+    from test_graph_replay import StandIn
+
+    from mcsd_runtime.decode import graphs
+    from mcsd_runtime.decode.graphs import FixedForwards
+
+    monkeypatch.setattr(graphs, "Graph", StandIn)
+    monkeypatch.setattr(StandIn, "models", [rpair.target, rpair.draft])
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    StandIn.made = 0
+    cfg = DecodeConfig(k_config=(1, 1, 1, 1, 1), max_new_tokens=20, batch_layout="ragged",
+                       batch_depth="row", graphs="on")
+    dec = MCSDDecoder(rpair, cfg, stopper=SkipEveryOther())
+    dec.forwards = FixedForwards(dec.pair.device, capture=True, bucket=8)
+    out = dec.generate_batch([p for p, _ in refs], batch_size=3)
+    assert [r.token_ids for r in out] == [ref for _, ref in refs]
+    ragged_keys = [k for k in dec.forwards.graphs if k[-1] is not None]
+    assert ragged_keys and all(k[-1] % 8 == 0 for k in ragged_keys)
+    assert all("index" in dec.forwards.graphs[k].inputs for k in ragged_keys)
+    assert StandIn.made == len(dec.forwards.graphs) < out.stats.target_calls
 
 
 def step_tokens(pair, layout: str, ps, monkeypatch) -> tuple[int, list]:

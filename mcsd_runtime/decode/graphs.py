@@ -11,6 +11,8 @@
   launches the whole forward at once, so the GPU is not kept waiting on Python. On a CPU the
   same fixed-shape forwards run without capture: that is what the tests check against eager.
   Prefills stay eager (one per admission, of any length) and are copied into the slots.
+  Ragged forwards (`ragged.Ragged`) take this path too: their packed total is bucketed and the
+  layout's index is one more input of the graph, so a graph is kept per total bucket.
 
 A capture that fails, or memory that runs out, falls back to eager forwards over the same
 caches, with one warning: decoding stays correct. On CUDA both paths pin scaled-dot-product
@@ -31,7 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
-from mcsd_runtime.decode.ragged import Ragged
+from mcsd_runtime.decode.ragged import RAGGED_BUCKET, Ragged
 
 # told about every graph replay, which a model's forward hooks never see (a replay runs no
 # Python): objects with `replay_started(model, ids, cache)` and `replay_done(model, ids)`, e.g.
@@ -155,34 +157,36 @@ class FixedForwards:
 
     def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None,
                  ragged: Ragged | None = None) -> ForwardOut:
-        if not isinstance(cache, SlotRowCache) or ragged is not None:
-            # a prefill (eager, then copied into slots), or a ragged forward: not captured,
-            # over the slots when it has them
-            if isinstance(cache, SlotRowCache):
-                cache.begin(ids.shape[1])
+        if not isinstance(cache, SlotRowCache):  # a prefill: eager, then copied into slots
             with attention(self.device):
                 return call_model(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
         cache.begin(ids.shape[1])
         rows = ids.shape[0]
-        ids, pos, mask, prev = pad_rows(row_bucket(rows, cache.row_slots), ids, pos, mask, prev)
+        n = row_bucket(rows, cache.row_slots)
+        ids, pos, mask, prev = pad_rows(n, ids, pos, mask, prev)
+        if ragged is not None:  # idle rows hold no tokens; the total is bucketed
+            ragged = ragged.padded(n, RAGGED_BUCKET)
         with attention(self.device):
-            out = self._run(model, cache, ids, pos, mask, keep, hidden, prev)
+            out = self._run(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
         if ids.shape[0] == rows:
             return out
         return ForwardOut(out.logits[:rows], None if out.hidden is None else out.hidden[:rows])
 
-    def _run(self, model, cache, ids, pos, mask, keep, hidden, prev) -> ForwardOut:
+    def _run(self, model, cache, ids, pos, mask, keep, hidden, prev, ragged) -> ForwardOut:
         if not self.capture:
-            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
-        key = (id(model), id(cache), *ids.shape, mask.shape[-1], keep, hidden, prev is not None)
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
+        key = (id(model), id(cache), *ids.shape, mask.shape[-1], keep, hidden, prev is not None,
+               None if ragged is None else ragged.size)
         inputs = {"ids": ids, "pos": pos, "mask": mask}
         if prev is not None:
             inputs["prev"] = prev
+        if ragged is not None:
+            inputs["index"] = ragged.index
         if key not in self.graphs:
             self.graphs[key] = self._capture(model, cache, keep, hidden, inputs)
         graph = self.graphs[key]
         if graph is None:
-            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
         for obs in REPLAY_OBSERVERS:
             obs.replay_started(model, ids, cache)
         out = graph.replay(inputs)
@@ -195,8 +199,9 @@ class FixedForwards:
         if len(self.graphs) >= MAX_GRAPHS:
             return None
 
-        def run(ids, pos, mask, prev=None) -> ForwardOut:
-            return call_model(model, cache, ids, pos, mask, keep, hidden, prev)
+        def run(ids, pos, mask, prev=None, index=None) -> ForwardOut:
+            ragged = None if index is None else Ragged.over(index, ids.shape[0], ids.shape[1])
+            return call_model(model, cache, ids, pos, mask, keep, hidden, prev, ragged)
 
         try:
             if self.pool is None:

@@ -21,6 +21,11 @@ keys and values are zeros that no real token sees: a tree's mask lets a node see
 only, and compaction keeps only accepted paths. Attention itself stays padded (cheap next to
 the projections at decode sizes); the padding's queries are computed and dropped.
 
+Fixed-shape forwards (`graphs.FixedForwards`) run ragged too: rows padded to a power of two
+with idle rows (no tokens), the packed total to a multiple of `RAGGED_BUCKET`, so that on CUDA
+a graph is captured per (rows, width, total bucket) and replayed with the layout's index as one
+of its inputs.
+
 Models must run the `mcsd_sdpa` attention (`load_pair`'s default) to run ragged; the engine
 falls back to padded forwards otherwise (`supports_ragged`).
 """
@@ -33,18 +38,47 @@ import torch
 
 from mcsd_runtime.transfer import upload
 
+RAGGED_BUCKET = 8  # a fixed-shape ragged forward's packed tokens: a multiple of this
+
 
 class Ragged:
     """The layout of one ragged forward: row r's real tokens are the first `counts[r]` of its
-    `width` grid slots."""
+    `width` grid slots. With a `bucket`, the packed sequence is padded to a multiple of it with
+    tokens that read and write a scratch slot past the grid (a fixed-shape forward's total, so
+    that a captured graph serves every total up to its bucket). `index` (the packed tokens'
+    grid slots) is uploaded when first used."""
 
-    def __init__(self, counts: list[int], width: int, device: torch.device) -> None:
+    def __init__(self, counts: list[int], width: int, device: torch.device,
+                 bucket: int = 0) -> None:
         if any(not 0 <= n <= width for n in counts):
             raise ValueError(f"ragged counts {counts} must lie in [0, {width}]")
         self.counts, self.rows, self.width = list(counts), len(counts), width
-        flat = [r * width + j for r, n in enumerate(counts) for j in range(n)]
-        self.total = len(flat)
-        self.index = upload(flat, device, torch.long)
+        self.device, self.bucket = device, bucket
+        self.total = sum(counts)
+        self.size = max(bucket, -(-self.total // bucket) * bucket) if bucket else self.total
+        self._index: torch.Tensor | None = None
+
+    @classmethod
+    def over(cls, index: torch.Tensor, rows: int, width: int) -> Ragged:
+        """The layout a captured graph replays: its own `index` buffer over a rows x width
+        grid (the counts are the buffer's business)."""
+        out = cls([], width, index.device)
+        out.rows, out.size, out.total, out._index = rows, index.numel(), index.numel(), index
+        return out
+
+    @property
+    def index(self) -> torch.Tensor:
+        if self._index is None:
+            scratch = self.rows * self.width
+            flat = [r * self.width + j for r, n in enumerate(self.counts) for j in range(n)]
+            self._index = upload(flat + [scratch] * (self.size - len(flat)), self.device,
+                                 torch.long)
+        return self._index
+
+    def padded(self, rows: int, bucket: int) -> Ragged:
+        """The same layout over `rows` rows (the extra ones idle: no tokens), its total padded
+        to a multiple of `bucket`."""
+        return Ragged(self.counts + [0] * (rows - self.rows), self.width, self.device, bucket)
 
     @staticmethod
     def needed(counts: list[int], width: int) -> bool:
@@ -52,17 +86,20 @@ class Ragged:
         return any(n != width for n in counts)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        """[rows, width, ...] -> [1, total, ...]: the real slots, row after row."""
-        return t.reshape(self.rows * self.width, *t.shape[2:])[self.index][None]
+        """[rows, width, ...] -> [1, size, ...]: the real slots, row after row (then the
+        scratch slot's zeros, where padded)."""
+        flat = t.reshape(self.rows * self.width, *t.shape[2:])
+        flat = torch.cat([flat, flat.new_zeros(1, *t.shape[2:])])
+        return flat[self.index][None]
 
     def unpack(self, t: torch.Tensor) -> torch.Tensor:
-        """[1, total, ...] -> [rows, width, ...]: back into the grid, zeros in the padding."""
-        grid = t.new_zeros(self.rows * self.width, *t.shape[2:])
+        """[1, size, ...] -> [rows, width, ...]: back into the grid, zeros in the padding."""
+        grid = t.new_zeros(self.rows * self.width + 1, *t.shape[2:])
         grid[self.index] = t[0]
-        return grid.view(self.rows, self.width, *t.shape[2:])
+        return grid[:-1].view(self.rows, self.width, *t.shape[2:])
 
     def unpack_heads(self, t: torch.Tensor) -> torch.Tensor:
-        """[1, heads, total, dim] -> [rows, heads, width, dim] (keys, values, queries)."""
+        """[1, heads, size, dim] -> [rows, heads, width, dim] (keys, values, queries)."""
         return self.unpack(t.transpose(1, 2)).transpose(1, 2)
 
 
