@@ -70,9 +70,9 @@ def test_ragged_price_is_the_padded_curve_at_tokens_per_row():
     assert PROFILE.ragged_draft(10, 4) == pytest.approx(0.12 + 1.5 / 3 * 0.08)
     # rows between measured sizes: interpolated between them, as padded forwards are
     assert PROFILE.ragged_target(6, 2) == pytest.approx(PROFILE.target(3, 2))
-    assert PROFILE.ragged_target(0, 0) == 0.0
-    with pytest.raises(MCSDError, match="at least one token a row"):
-        PROFILE.ragged_target(3, 4)
+    assert PROFILE.ragged_target(0, 0) == 0.0 == PROFILE.ragged_draft(0, 4)
+    # fewer tokens than rows: the batch's floor, its first point (one token a row)
+    assert PROFILE.ragged_target(3, 4) == pytest.approx(PROFILE.target(1, 4))
     with pytest.raises(MCSDError, match="batch size"):
         PROFILE.ragged_target(16, 8)
 

@@ -194,37 +194,37 @@ class CostProfile:
         return self._latency("draft_first_s", n, rows)
 
     def _ragged(self, name: str, tokens: float, rows: int) -> float:
-        if not rows:
+        if not rows or not tokens:
             return 0.0
-        if tokens < rows:
-            raise MCSDError(f"a ragged forward over {rows} rows carries at least one token a "
-                            f"row, got {tokens}")
         return self._latency(name, tokens / rows, rows)
 
     def ragged_target(self, tokens: float, rows: int) -> float:
-        """Seconds of one ragged target forward over `rows` rows carrying `tokens` new tokens
-        in all: the padded curve of `rows` rows at `tokens / rows` tokens a row (0 rows: 0)."""
+        """Seconds of one ragged target forward carrying `tokens` new tokens in all over a batch
+        of `rows` rows: the padded curve of `rows` rows at `tokens / rows` tokens a row (no
+        lower than its first point: a forward's floor, its cache and attention over every row
+        of the batch, is paid whatever rows carry tokens; 0 tokens: no forward, 0)."""
         return self._ragged("target_s", tokens, rows)
 
     def ragged_draft(self, tokens: float, rows: int, first: bool = False) -> float:
-        """Seconds of one ragged draft forward over `rows` rows carrying `tokens` new tokens
-        in all, priced as `ragged_target`; `first`: a step's first draft forward
+        """Seconds of one ragged draft forward carrying `tokens` new tokens over a batch of
+        `rows` rows, priced as `ragged_target`; `first`: a step's first draft forward
         (`draft_first`)."""
         return self._ragged("draft_first_s" if first else "draft_s", tokens, rows)
 
     def ragged_step_seconds(self, tree, rows: list[tuple[int, int, int]]) -> float:
         """Seconds of one ragged batch step, each row given as (pending, drafted, verified):
         its draft-pending tokens, the depth it drafts to (0: none) and the depths the target
-        verifies (<= drafted). Draft forward i runs over the rows that draft deeper than i,
-        each feeding its `step_model.step_forwards` tokens (the first over its pending ones);
-        the target's over every row's bonus token and verified nodes (`tree.cum`); plus the
-        per-step overhead and the per-depth one for each draft forward, at the batch's rows."""
+        verifies (<= drafted). Draft forward i carries the tokens of the rows that draft deeper
+        than i, each feeding its `step_model.step_forwards` tokens (the first its pending
+        ones), over the batch's caches; the target's every row's bonus token and verified
+        nodes (`tree.cum`); plus the per-step overhead and the per-depth one for each draft
+        forward, at the batch's rows."""
         step, depth = self.overheads(len(rows))
         cost = step + self.ragged_target(sum(1 + tree.cum[v] for _, _, v in rows), len(rows))
         forwards = [step_forwards(tree, d, p).draft for p, d, _ in rows]
         for i in range(max((d for _, d, _ in rows), default=0)):
             fed = [f[i] for f in forwards if len(f) > i]
-            cost += self.ragged_draft(sum(fed), len(fed), first=not i) + depth
+            cost += self.ragged_draft(sum(fed), len(rows), first=not i) + depth
         return cost
 
     def overheads(self, rows: int = 1) -> tuple[float, float]:

@@ -243,7 +243,8 @@ class VerifyBudget(StopperBase):
     def _choose(self, cand: list[int], feed: list[int], first: bool) -> set[int]:
         """The candidate rows that draft the next depth, by their gains; pays their forward."""
         def draft_s(tokens: int, k: int) -> float:
-            return self.profile.ragged_draft(tokens, k, first) + self.depth_s if k else 0.0
+            # a ragged draft forward carries the drafting rows' tokens over the batch's caches
+            return self.profile.ragged_draft(tokens, self.n, first) + self.depth_s if k else 0.0
 
         picked = draft_rows([1.0] * len(cand), [self.gain[i] for i in cand], draft_s,
                             self._step_s, self.verified, self.expected, feed, self.rate)
