@@ -21,10 +21,13 @@ Counts in between are interpolated linearly, beyond the last extrapolated from t
 row counts between two measured batch sizes are interpolated linearly, and row counts outside
 the measured ones are refused.
 **Ragged forwards** (every row's new tokens packed into one forward, so its cost follows the
-batch's total tokens, not rows x widest): a ragged forward of T tokens in all over B rows costs
-what the padded curves give for B rows of T / B tokens each (`ragged_target`, `ragged_draft`;
-fractional token counts interpolated as above, row counts as above), and 0 over no rows. Until
-`mcsd profile` measures ragged forwards directly, that is their one definition.
+batch's total tokens, not rows x widest): a ragged forward carrying T tokens in all over a batch
+of B rows costs what the padded curves give for B rows of T / B tokens each, no lower than the
+curve's first point (its floor, the caches and attention of every row of the batch, is paid
+whichever rows carry tokens: a draft forward of the few rows still drafting pays it too), and 0
+when it carries no token (`ragged_target`, `ragged_draft`; fractional token counts interpolated
+as above, row counts as above). Until `mcsd profile` measures ragged forwards directly, that is
+their one definition.
 `step_overhead_s` and `depth_overhead_s` are the decoder's own time outside model forwards
 (bookkeeping, verification and sampling, cache cuts; per drafted depth: candidates, stopper);
 `static` keeps the tokens/s of the end-to-end runs they were fitted to (AR and each static
