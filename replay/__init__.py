@@ -1,5 +1,5 @@
 """Offline replay of every learned decision, by the step rules of
-`mcsd_runtime.costmodel.step_model`, priced by a cost profile: the depth stopper over
+`mcsd_runtime.pricing.step_model`, priced by a cost profile: the depth stopper over
 full-depth collected rows (below), the copy length (`replay.copy`) and the width
 (`replay.width`) over the target's own outputs (`collect.outputs`); `replay.check` checks
 each replay against end-to-end decoding, `replay.vs_eval` (`mcsd replay`) against a finished

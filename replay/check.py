@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from collect.outputs import Ranked, Trace
 from mcsd_runtime import metrics
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import progress as progress_bar
 from mcsd_runtime.prompts.chat import chat_mode_of, encode_prompt
 from mcsd_runtime.prompts.domains import Prompt

@@ -5,7 +5,7 @@ under a copy rule (`Choose`: a match and its features -> tokens to copy), priced
 profile: a step verifying k copied tokens costs `step_costs()[k]`. Beside a draft, a step that
 copies nothing drafts the tree's first depth instead, as `lookup-learned:PATH+static:1` decodes
 (`draft_step_costs`, and the trace's `hits`). What a step commits and leaves pending follows
-`mcsd_runtime.costmodel.step_model` (`copy_outcome`, `step_outcome`).
+`mcsd_runtime.pricing.step_model` (`copy_outcome`, `step_outcome`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 
 from collect.outputs import Trace
 from mcsd_runtime import metrics
-from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import copy_outcome, step_outcome
 from mcsd_runtime.lookup import Match, find_match
+from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.pricing.step_model import copy_outcome, step_outcome
 from mcsd_runtime.stop.copy_length import CopyHistory, drafted_step, features
 
 BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--k-config`)

@@ -12,7 +12,7 @@ along the replayed trajectory (as `Trajectory.update` does in the decoder).
   expected tokens per step over expected cost per step. Labelled `estimate` in every result.
 
 What a step stopped at depth s accepts, commits and leaves pending, and which forwards it runs,
-are the rules of `mcsd_runtime.costmodel.step_model`; the profile prices those forwards
+are the rules of `mcsd_runtime.pricing.step_model`; the profile prices those forwards
 (`CostProfile.step_seconds`), and learned stoppers add a per-decision latency.
 
 Batches (`replay(..., batch_size=B)`) follow `MCSDDecoder.generate_batch`: B rows, prompts
@@ -35,9 +35,9 @@ import copy
 from dataclasses import asdict, dataclass
 
 from mcsd_runtime import metrics
-from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.pricing.step_model import FIRST_PENDING, step_forwards, step_outcome
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import Trajectory

@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 
 from mcsd_runtime import metrics
-from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import (
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.pricing.step_model import (
     FIRST_PENDING,
     PENDING_STATES,
     StepOutcome,
     step_outcome,
 )
-from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.contract import StopperBase
 from mcsd_runtime.tree import Tree
 from replay.data import Prompt, ReplayData, _Frontier

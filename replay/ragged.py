@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import step_outcome
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import StepStart, StopperBase
 from mcsd_runtime.stop.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget

@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.cli.args import parse_batch_sizes
-    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.pricing.profile import CostProfile
     from replay.data import ReplayData
     from replay.ragged import affine_profile, compare, families, scaled_draft, table
     from replay.runs import collected_k_config, load_runs, output_lengths

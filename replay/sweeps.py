@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.contract import StopperBase
 from mcsd_runtime.stop.expected_rate import Calibration, rate_thresholds
 from mcsd_runtime.stop.learned import LearnedStopper

@@ -173,7 +173,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.pricing.profile import CostProfile
 
     if not args.runs:
         raise MCSDError("--runs DIR... is required: the dense collections to replay")

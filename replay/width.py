@@ -8,7 +8,7 @@ at every position and the rank of the output's token among them) therefore repla
 rule exactly, priced by a cost profile (`WidthReplay`): a step verifying w candidates costs
 `CostProfile.step_seconds` of the tree `(w,)` at depth 1 with the draft's pending tokens (one
 more forward of the draft reads them), the budget's last token an undrafted step, as the decoder
-takes them (`mcsd_runtime.costmodel.step_model`).
+takes them (`mcsd_runtime.pricing.step_model`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from collect.outputs import Ranked
-from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import step_outcome
+from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
 

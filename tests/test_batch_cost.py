@@ -13,8 +13,8 @@ from scipy.optimize import nnls
 from conftest import make_pair
 from mcsd_runtime.cli.args import parse_batch_sizes
 from mcsd_runtime.costmodel.measure import measure
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.tree import Tree
 
 PROFILE = CostProfile(tokens=[1, 8], target_s=[1.0, 2.0], draft_s=[0.1, 0.2],

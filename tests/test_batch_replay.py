@@ -11,9 +11,9 @@ import pytest
 from test_train_data import dense_rows
 
 import replay as R
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
-from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_forwards, step_outcome
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
+from mcsd_runtime.pricing.step_model import FIRST_PENDING, step_forwards, step_outcome
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory

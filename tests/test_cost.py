@@ -13,8 +13,8 @@ from mcsd_runtime.costmodel.measure import (
     measure,
     static_runs,
 )
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 
 
 def test_interpolation_and_round_trip(tmp_path):

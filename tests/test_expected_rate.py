@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.artifact import FILE, ArtifactSpec
 from mcsd_runtime.stop.expected_rate import Calibration, marginal_seconds, rate_thresholds
 from mcsd_runtime.stop.features import DECISION_FEATURES

@@ -8,6 +8,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mcsd_runtime", "collect", "replay", "train")
 
@@ -20,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "mcsd_runtime.extras", "mcsd_runtime.tree", "mcsd_runtime.lookup")),
     # what a step costs: its forwards' rules and the profile that prices them, read by the
     # decisions that weigh tokens against seconds (stop.verify_budget) and everything above
-    ("prices", ("mcsd_runtime.costmodel.step_model", "mcsd_runtime.costmodel.profile")),
+    ("prices", ("mcsd_runtime.pricing",)),
     ("backend", ("mcsd_runtime.backend",)),
     ("toy", ("mcsd_runtime.toy",)),
     ("prompts", ("mcsd_runtime.prompts",)),
@@ -208,3 +210,17 @@ def test_lazy_exports_are_visible_to_type_checkers():
         assert seen == want, package.__name__
         for name in package.__all__:
             assert getattr(package, name) is not None
+
+
+@pytest.mark.parametrize("old", ["profile", "step_model"])
+def test_moved_cost_modules_still_import_with_a_warning(old, monkeypatch):
+    """`mcsd_runtime.costmodel.profile` and `.step_model` moved to `mcsd_runtime.pricing`; the
+    old names import the same objects, with a deprecation warning, for one release."""
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, f"mcsd_runtime.costmodel.{old}", raising=False)
+    with pytest.warns(DeprecationWarning, match=f"mcsd_runtime.pricing.{old}"):
+        module = importlib.import_module(f"mcsd_runtime.costmodel.{old}")
+    new = importlib.import_module(f"mcsd_runtime.pricing.{old}")
+    assert all(getattr(module, name) is getattr(new, name) for name in new.__all__)

@@ -10,9 +10,9 @@ from test_train_data import Recorder
 
 import replay as R
 from conftest import make_pair
-from mcsd_runtime.costmodel.profile import CostProfile
-from mcsd_runtime.costmodel.step_model import FIRST_PENDING, step_outcome
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.pricing.step_model import FIRST_PENDING, step_outcome
 from mcsd_runtime.tree import Tree
 from replay.oracles import StepCosts, _plan_prompt
 
@@ -302,7 +302,7 @@ def test_the_bound_by_hand():
     (1.5 / 2 and 1.0 / 2 at one row) would claim 7 / 3.5 s."""
     from test_batch_replay import walk_data
 
-    from mcsd_runtime.costmodel.profile import BatchCosts
+    from mcsd_runtime.pricing.profile import BatchCosts
 
     hand = CostProfile(tokens=[1, 2], target_s=[1.0, 1.0], draft_s=[0.5, 0.5],
                        batches={2: BatchCosts(target_s=[1.2, 1.2], draft_s=[0.6, 0.6])})

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.stop.features import NODE_FEATURES
 from replay.data import ReplayData
 from replay.depth import replay

@@ -13,8 +13,8 @@ from test_train_data import prompts
 import replay as R
 from collect.run import CollectJob, collect_prompts
 from conftest import make_pair
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.prompts.sets import Prompt
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from replay.runs import load_runs

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from mcsd_runtime import cli
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from replay.vs_eval import compare
 
 

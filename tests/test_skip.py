@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.builtin import SwitchStopper, make_stopper
 from mcsd_runtime.stop.contract import StepStart
 from mcsd_runtime.stop.features import TRAJECTORY_FEATURES, Trajectory

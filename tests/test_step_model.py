@@ -1,9 +1,9 @@
-"""The step rules every consumer shares (`costmodel.step_model`); that they are the decoder's
+"""The step rules every consumer shares (`pricing.step_model`); that they are the decoder's
 is checked by the exact-replay tests (test_train), which replay collected runs token for token."""
 
 from __future__ import annotations
 
-from mcsd_runtime.costmodel.step_model import (
+from mcsd_runtime.pricing.step_model import (
     FIRST_PENDING,
     PENDING_STATES,
     step_forwards,

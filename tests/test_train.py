@@ -11,9 +11,9 @@ import pytest
 from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, small_pair
 
 import replay as R
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
 from mcsd_runtime.stop.learned import check_pair, load_stopper
@@ -192,7 +192,7 @@ def test_online_recalibration_replays_as_the_decoder_decodes(data, artifacts):
     """With per-sequence recalibration on, replay and decoder still agree, at batch size 1 and
     for a batch of 3 (each row scaled by its own acceptances), and its decisions differ from
     the same stopper's without it."""
-    from mcsd_runtime.costmodel.profile import BatchCosts
+    from mcsd_runtime.pricing.profile import BatchCosts
     from mcsd_runtime.stop.learned import stopper_from
 
     folder, _ = artifacts["lightgbm"]

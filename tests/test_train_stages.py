@@ -13,8 +13,8 @@ import torch
 from test_train_data import K_CONFIG, N_PROMPTS, dense_rows, small_pair
 
 from mcsd_runtime.constants import STOPPER_KINDS
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from mcsd_runtime.stop.learned import load_mlp, load_stopper

@@ -14,9 +14,9 @@ from test_train_data import MAX_NEW, dense_rows, prompts
 import replay.data as R
 from conftest import make_pair
 from mcsd_runtime.cli import build_parser, run_parser
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.decision import load_decision
 from mcsd_runtime.stop.features import NODE_FEATURES

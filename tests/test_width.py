@@ -24,11 +24,11 @@ from test_decoder_sampling import (
 from collect.outputs import Ranked, draft_ranks, target_traces
 from conftest import make_pair
 from mcsd_runtime.cli import main
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
 from replay.width import WidthReplay, learned, oracle, static

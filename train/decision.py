@@ -6,7 +6,7 @@ Each decision is trained by the same stages, which `train` runs in order:
   (copy, width; `collect.outputs`);
 - **fit** the model (LightGBM or an MLP; isotonic calibrations for the width);
 - **choose** its settings by replayed throughput (`replay`: the rules of
-  `mcsd_runtime.costmodel.step_model`, priced by a cost profile), reported against the statics
+  `mcsd_runtime.pricing.step_model`, priced by a cost profile), reported against the statics
   a user would deploy and the hindsight oracle;
 - **write** the artifact's files into a staging folder beside `--out`, then its
   `decision.json` (one artifact kind: `mcsd_runtime.stop.decision`); the folder replaces

@@ -51,7 +51,7 @@ def check_counts(args: argparse.Namespace, *more: str) -> None:
 def load_profile(args: argparse.Namespace, tokens: int, why: str, temperature: float = 0.0):
     """--cost-profile, which must time forwards of `tokens` tokens (`why` says what needs
     them); its note on the temperature printed."""
-    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.pricing.profile import CostProfile
 
     profile = CostProfile.load(args.cost_profile)
     if profile.tokens[-1] < tokens:

@@ -1,5 +1,5 @@
 """`mcsd profile`: measure a cost profile on this machine (`costmodel.measure`) and write it
-(`costmodel.profile`); the command's description is those two modules' documentation.
+(`pricing.profile`); the command's description is those two modules' documentation.
 """
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from mcsd_runtime.costmodel import measure as cost_measure
-from mcsd_runtime.costmodel import profile as cost_profile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing import profile as cost_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,4 @@
-"""Measuring a cost profile (`costmodel.profile.CostProfile`) on this machine, the way the
+"""Measuring a cost profile (`pricing.profile.CostProfile`) on this machine, the way the
 decoder runs.
 
 `measure` times each model's forward over B rows of n new tokens, for every token count and
@@ -27,8 +27,8 @@ import time
 from dataclasses import replace
 
 from mcsd_runtime import metrics
-from mcsd_runtime.costmodel.profile import BatchCosts, CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 
 DEFAULT_TOKENS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)
 DEFAULT_BATCH_SIZES = (1,)

@@ -260,7 +260,7 @@ def online_budget(args: list[str], spec: str) -> VerifyBudget:
 def survival_budget(args: list[str], spec: str, online: bool = False) -> VerifyBudget:
     """`survival:Q@PROFILE` (Q defaults to 1): the draft-probability budget under the cost
     profile at PROFILE (`mcsd profile --batch-size ...` writes one)."""
-    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.pricing.profile import CostProfile
 
     power, _, path = ":".join(args).partition("@")
     name = "survival-online:LR" if online else "survival:Q"
@@ -298,7 +298,7 @@ def load_budget(folder: str | Path) -> VerifyBudget:
     """The learned budget trained into `folder` (`mcsd train --decision budget`)."""
     import json
 
-    from mcsd_runtime.costmodel.profile import CostProfile
+    from mcsd_runtime.pricing.profile import CostProfile
     from mcsd_runtime.stop.artifact import ArtifactSpec
     from mcsd_runtime.stop.expected_rate import Calibration
     from mcsd_runtime.stop.learned import stopper_from

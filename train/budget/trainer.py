@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig
 

@@ -24,9 +24,9 @@ import pandas as pd
 
 import replay as R
 from mcsd_runtime.costmodel.decision_cost import stopper_latency
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.stop.expected_rate import Calibration

@@ -14,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from mcsd_runtime.costmodel.profile import CostProfile
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.pricing.profile import CostProfile
 from train.decision import run_stages
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig, default_label

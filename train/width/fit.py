@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from collect.outputs import Ranked
-from mcsd_runtime.costmodel.profile import CostProfile
+from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.width import WidthPolicy
 from replay.width import WidthReplay, learned, static
 
