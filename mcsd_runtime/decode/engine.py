@@ -38,7 +38,16 @@ Depth in a batch: padded forwards make a shallower tree no cheaper, so every row
 the batch's depth, capped by its own token budget. After each depth the batch drafts one more if
 the stopper's `batch_continue(frontiers)` says so, or else if ANY row's own stopper (a copy of the
 given one) does. `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own
-stopper chooses. A batch of one asks the decoder's stopper itself, depth by depth.
+stopper chooses. A batch of one asks the decoder's stopper itself, depth by depth. A stopper
+with the batch members of `mcsd_runtime.stop.contract` (a verification budget) chooses every
+row's tree across the batch instead: who drafts at all, who drafts each next depth, how much each
+verifies (`plan`, `drafting.TreeDrafter`).
+
+Layout (`DecodeConfig.batch_layout`): padded, every forward runs each row at the batch's widest;
+ragged (`ragged.Ragged`), the target's, the draft's depths and its first forward carry each
+row's own tokens only, packed into one sequence, so a row that drafts or verifies less costs
+less. Which rows took part in which draft forward is `Drafted.seen`'s business; the caches keep
+their padded bookkeeping.
 
 Randomness: each row draws with its own generator (seeded like `generate`); nodes past a row's own
 depth draw from a spare one. A sampled row's draws therefore equal those of the prompt decoded
