@@ -37,7 +37,12 @@ from dataclasses import asdict, dataclass
 from mcsd_runtime import metrics
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.pricing.step_model import FIRST_PENDING, step_forwards, step_outcome
+from mcsd_runtime.pricing.step_model import (
+    FIRST_PENDING,
+    StepOutcome,
+    step_forwards,
+    step_outcome,
+)
 from mcsd_runtime.stop.builtin import make_stopper
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import Trajectory
@@ -141,17 +146,24 @@ class _Row:
         step, p = self.step, self.prompt
         out = step_outcome(step.accepted if step else 0, s, self.pending,
                            p.new_tokens - self.t if exact else None, fed=fed or bool(s))
+        self.settle(out, s, s, tree, res)
+
+    def settle(self, out: StepOutcome, drafted: int, verified: int, tree: Tree,
+               res: ReplayResult) -> None:
+        """Count a step that drafted `drafted` depths and verified `verified` of them, with
+        outcome `out`, in `res`; the trajectory and the stopper learn what was verified (as in
+        the decoder: a depth drafted and then not verified tells nothing of acceptance)."""
         res.tokens += out.committed
         res.steps += 1
         res.accepted += out.accepted
-        res.drafted_depth += s
-        res.drafted_tokens += tree.cum[s]
-        res.target_tokens += 1 + tree.cum[s]
-        if s:
-            res.acceptance_sum += out.accepted / s
+        res.drafted_depth += drafted
+        res.drafted_tokens += tree.cum[drafted]
+        res.target_tokens += 1 + tree.cum[verified]
+        if drafted:
+            res.acceptance_sum += out.accepted / drafted
             res.drafting_steps += 1
-        self.traj.update(out.accepted, out.committed, s)
-        self.stopper.update(s, out.accepted)
+        self.traj.update(out.accepted, out.committed, verified)
+        self.stopper.update(verified, out.accepted)
         self.t += out.committed
         self.pending = out.pending
 

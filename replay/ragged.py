@@ -59,22 +59,8 @@ class _Row2(_Row):
             raise MCSDError(f"a ragged plan ({drafted}, {verified}) outside 0 <= verified <= "
                             f"drafted <= cap {self.cap}")
         full = min(step.accepted if step else 0, verified)
-        out = step_outcome(full, drafted, self.pending, p.new_tokens - self.t)
-        res.tokens += out.committed
-        res.steps += 1
-        res.accepted += out.accepted
-        res.drafted_depth += drafted
-        res.drafted_tokens += tree.cum[drafted]
-        res.target_tokens += 1 + tree.cum[verified]
-        if drafted:
-            res.acceptance_sum += out.accepted / drafted
-            res.drafting_steps += 1
-        # the trajectory and the stopper learn what was verified, as in the decoder (a depth
-        # drafted and then cut by the budget tells nothing of acceptance)
-        self.traj.update(out.accepted, out.committed, verified)
-        self.stopper.update(verified, out.accepted)
-        self.t += out.committed
-        self.pending = out.pending
+        self.settle(step_outcome(full, drafted, self.pending, p.new_tokens - self.t), drafted,
+                    verified, tree, res)
 
 
 class _Plain(StopperBase):
