@@ -27,7 +27,7 @@ def test_every_command_has_the_same_threads_option():
 
     parsers = {name: p for name, p in _subcommands().items() if "--threads" in _options(p)}
     assert set(parsers) == {"attention-bench", "bench", "collect", "drift", "eval", "profile",
-                            "step-breakdown", "train"}
+                            "ragged-bench", "step-breakdown", "train"}
     parsers["collect.bench"] = collect_bench_parser()
     threads = {name: _options(p)["--threads"] for name, p in parsers.items()}
     assert {(a.default, a.type, a.help) for a in threads.values()} == {

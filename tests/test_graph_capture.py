@@ -17,7 +17,8 @@ VOCAB, HIDDEN = 5, 3
 MODEL = torch.nn.Identity()  # only its id enters a graph's key
 
 
-def fake_model(model, cache, ids, pos, mask, keep, hidden, prev=None) -> ForwardOut:
+def fake_model(model, cache, ids, pos, mask, keep, hidden, prev=None,
+               ragged=None) -> ForwardOut:
     """Logits [rows, keep, V] and states [rows, n, H] (when asked) read off the ids."""
     logits = ids[:, -keep:, None].double().expand(-1, -1, VOCAB).clone()
     states = ids[..., None].double().expand(-1, -1, HIDDEN).clone() if hidden else None
