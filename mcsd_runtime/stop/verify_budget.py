@@ -90,8 +90,14 @@ class LearnedSurvival:
         return float(start.trajectory()[ACCEPT_RECENT])
 
     def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
-        (scores, _), = self.stopper.calibrated_scores([frontier])
-        return prior, min(prior, float(max(scores)))
+        return self.nodes([frontier], [prior], [parent])[0]
+
+    def nodes(self, frontiers: list[Frontier], priors: list[float],
+              parents: list[float]) -> list[tuple[float, float]]:
+        """`node` of several rows' frontiers, their nodes through the model in one call."""
+        scores = self.stopper.calibrated_scores(frontiers)
+        return [(prior, min(prior, float(max(s)))) for (s, _), prior in
+                zip(scores, priors, strict=True)]
 
 
 class OnlineAcceptance:
@@ -204,9 +210,14 @@ class VerifyBudget(StopperBase):
             return [False] * len(frontiers)
         depth = frontiers[drew[0]].depth
         learns = getattr(self.estimate, "learns", False)
-        for i in drew:
-            parent = self.surv[i][-1] if self.surv[i] else 1.0
-            s, self.gain[i] = self.estimate.node(frontiers[i], self.gain[i], parent)
+        parents = [self.surv[i][-1] if self.surv[i] else 1.0 for i in drew]
+        many = getattr(self.estimate, "nodes", None)  # every row's in one call, where it can
+        values = (many([frontiers[i] for i in drew], [self.gain[i] for i in drew], parents)
+                  if many is not None else
+                  [self.estimate.node(frontiers[i], self.gain[i], p)
+                   for i, p in zip(drew, parents, strict=True)])
+        for i, (s, gain) in zip(drew, values, strict=True):
+            self.gain[i] = gain
             self.surv[i].append(s)
             if learns:
                 self.seen[i].append(self.estimate.feature(frontiers[i]))
