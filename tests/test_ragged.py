@@ -70,6 +70,12 @@ def layouts(monkeypatch):
     return made
 
 
+def test_forwards_are_packed_only_where_they_save_a_quarter():
+    assert not R.Ragged.needed([5, 5, 5, 5], 5)  # equal rows: the padded forward itself
+    assert not R.Ragged.needed([3, 3, 3, 4], 4)  # 13 of 16: packing would cost more
+    assert R.Ragged.needed([1, 1, 5, 5], 5) and R.Ragged.needed([1, 0, 0, 0], 1)
+
+
 def test_packed_forward_equals_the_padded_one(rpair):
     """Rows of 1, 4 and 2 real tokens in a grid of 4 over cached prefixes of different lengths:
     logits and the cache's new entries equal the padded forward's on every real slot."""
@@ -238,8 +244,10 @@ def step_tokens(pair, layout: str, ps, monkeypatch) -> tuple[int, list]:
 
 
 def test_the_target_verifies_each_rows_own_tokens_only(rpair, refs, monkeypatch):
-    """Ragged, the target's steps take exactly each row's root and tree (one token for an empty
-    tree); padded, every row takes the widest row's."""
+    """Ragged (every forward whose rows differ packed), the target's steps take exactly each
+    row's root and tree (one token for an empty tree); padded, every row takes the widest
+    row's."""
+    monkeypatch.setattr(R, "RAGGED_FILL", 1.0)
     ps = [p for p, _ in refs]
     padded, out_padded = step_tokens(rpair, "padded", ps, monkeypatch)
     ragged, out_ragged = step_tokens(rpair, "ragged", ps, monkeypatch)
