@@ -27,6 +27,7 @@ from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.progress import working
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig
 
@@ -97,7 +98,11 @@ class BudgetTrainer:
         val, test = split_data(data)
         learned = RG.Family("learned budget", [RG.Budget(LearnedSurvival(stopper, "budget"))])
         fams = [*RG.families(test.depth), learned]
-        result = RG.compare(test, self.profile, list(self.config.batch_sizes), fams, tune=val)
+        sizes = list(self.config.batch_sizes)
+        with working(f"replaying {sum(len(f.specs) for f in fams)} rules on "
+                     f"{len(val.prompts)} + {len(test.prompts)} prompts at batch sizes "
+                     f"{','.join(map(str, sizes))}"):
+            result = RG.compare(test, self.profile, sizes, fams, tune=val)
         report = {b: summary(r) for b, r in result.items()}
         self.log(f"replayed on {len(test.prompts)} test prompts (settings of the training-free "
                  f"rules chosen on {len(val.prompts)} validation prompts):")
