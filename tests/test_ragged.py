@@ -295,3 +295,19 @@ def test_sampled_ragged_rows_under_degenerate_drafts(draft_kind, monkeypatch):
     assert p_value(ragged_counts(micro, **kw), exact) > ALPHA
     monkeypatch.setattr(V, "verify_children", unguarded_verify)
     assert p_value(ragged_counts(micro, n=300, **kw), exact) < ALPHA
+
+
+def test_a_feature_draft_runs_ragged(layouts):
+    """A feature draft (it reads the target's states): rows that draft nothing keep their
+    pending tokens and states out of the first draft forward, rows at different depths share
+    packed forwards; greedy rows stay the target's."""
+    from test_feature_draft import fpair as make_fpair
+
+    pair = ragged_ready(make_fpair.__wrapped__())
+    ps = prompts(pair.vocab_size, n=5, seed=2)
+    refs = [reference(pair, p, 16) for p in ps]
+    cfg = DecodeConfig(k_config=(3, 1, 1), max_new_tokens=16, batch_layout="ragged",
+                       batch_depth="row")
+    out = MCSDDecoder(pair, cfg, stopper=SkipEveryOther()).generate_batch(ps, batch_size=3)
+    assert [r.token_ids for r in out] == refs
+    assert any(min(c) == 0 for c, _ in layouts)  # a forward some rows sat out
