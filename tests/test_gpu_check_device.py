@@ -217,6 +217,9 @@ def test_the_engine_check_writes_every_measurement_on_a_cpu(tmp_path):
     assert {(r["rows"], r["graphs"]) for r in got["batch"]} >= {(1, "on"), (8, "on"),
                                                                (1, "off"), (8, "off")}
     assert got["decisions"]["mlp"]["median_us"] > 0 and "ar" in got["launches"]["on"]
+    ragged = got["ragged_forward"]
+    assert ragged["tokens"] == {"padded": 40, "ragged": 24} and ragged["max_logit_diff"] < 1e-3
+    assert got["goals"]["ragged_over_padded"]["value"] == ragged["ratio"]
     assert got["exact"]["tokens"]["ar"]["equal"] and got["exact"]["tokens"]["static:1"]["equal"]
     assert all(v["argmax_equal"] for v in got["exact"]["logits"].values())
     assert got["replay"]["unchanged"] and got["replay"]["second_differs"]

@@ -12,7 +12,9 @@ at its budget keeps every row before it):
 3. `batch`: an AR decode step at B=8 against B=1, padded, and ragged where `DecodeConfig` has a
    `batch_layout` field;
 4. `decisions`: a learned stopper's (a random MLP on the feature schema) cost per decision,
-   that is per drafted depth, inside the decoder on this pair;
+   that is per drafted depth, inside the decoder on this pair; `ragged_forward`: the target's
+   forward at B=8 with half the rows carrying 1 token and half 5, ragged against padded
+   (`costmodel.ragged_bench.compare_layouts`, eager);
 5. `launches`: kernel launches, syncs and the GPU-busy share of an AR step, captured and eager;
 6. the eager rows (AR, `static:1`, and the target's own `generate()` as `hf`), then eager batches;
 7. with `--exact` (the SmolLM2 shape in the check): `exact`, the same pair in fp32, captured
@@ -45,7 +47,9 @@ BATCH = 8  # rows of the batched step, against 1
 GOALS = {  # issue 52's figures: (key in `goals`, comparison, bound)
     "ar_vs_hf": (">=", 3.0), "ar_over_bound": ("<=", 2.0), "static1_over_ar": ("<=", 1.3),
     "b8_over_b1": ("<=", 1.3), "gpu_busy": (">=", 0.8), "ar_ms": ("<=", 2.5),
-    "decision_ms_per_depth": ("<=", 0.1), "fp32_captured_equals_eager": ("==", True)}
+    "decision_ms_per_depth": ("<=", 0.1), "fp32_captured_equals_eager": ("==", True),
+    "ragged_over_padded": ("<=", 0.75)}  # issue 57's: B=8, half the rows 1 token, half 5
+RAGGED_COUNTS = [1] * (BATCH // 2) + [5] * (BATCH - BATCH // 2)
 AR_MS_GOAL_SHAPE = "smollm2"  # the shape whose AR step has a goal of its own (ar_ms)
 
 
@@ -124,6 +128,14 @@ def batch_step(pair, rows: int, graphs: str, layout: str, ids: list[list[int]], 
             "path": path}
 
 
+def ragged_forward(pair, context: int, repeats: int) -> dict:
+    """The target's forward over `RAGGED_COUNTS` new tokens after `context` cached ones a row,
+    ragged against padded, alternated (at least 5 rounds)."""
+    from mcsd_runtime.costmodel.ragged_bench import compare_layouts
+
+    return compare_layouts(pair.target, RAGGED_COUNTS, context, max(repeats, 5))
+
+
 def mlp_artifact(folder: Path, k_config: tuple[int, ...] | None = None, seed: int = 0) -> Path:
     """A learned stopper's artifact: a random MLP on the feature schema (its decisions cost
     what a trained one's cost; what they decide does not matter here)."""
@@ -194,6 +206,7 @@ def goals(doc: dict) -> dict:
         "gpu_busy": busy,
         "ar_ms": ar,
         "decision_ms_per_depth": round(mlp / 1e3, 4) if mlp is not None else None,
+        "ragged_over_padded": doc.get("ragged_forward", {}).get("ratio"),
         "fp32_captured_equals_eager": all(v.get("equal") for v in exact.values())
         if isinstance(exact, dict) and exact and all(isinstance(v, dict) for v in exact.values())
         else None}
@@ -282,6 +295,8 @@ def measure(s: Settings, out: Path | None, progress=print) -> dict:
     steps = [("captured", lambda: _graph_phase(doc, pair, s, "on", ids, k_config)),
              ("decisions", lambda: doc.put("decisions", decisions(pair, k_config, s.tokens,
                                                                   s.seed))),
+             ("ragged", lambda: doc.put("ragged_forward", guarded(lambda: ragged_forward(
+                 pair, s.prompt_tokens, s.batch_repeats)))),
              ("eager", lambda: _graph_phase(doc, pair, s, "off", ids, k_config))]
     if s.exact:
         steps.append(("exact", lambda: _exact_phase(doc, s, str(device), k_config)))
