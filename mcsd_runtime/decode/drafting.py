@@ -68,9 +68,8 @@ class TreeDrafter:
         if self.init is not None:
             first = [self.init.propose(rows[0].st)]
         else:
-            q, hidden = self.feed_pending(rows, dc, inputs, timing, caps)
-            d.pending = [len(r.st.d_pending) if c or not self.ragged else 0
-                         for r, c in zip(rows, caps, strict=True)]
+            d.pending = self.feeds(rows, caps)
+            q, hidden = self.feed_pending(rows, dc, inputs, timing, d.pending)
             for r, n in zip(rows, d.pending, strict=True):
                 if n or not self.ragged:
                     r.st.d_pending, r.st.d_feats = [], []
@@ -110,13 +109,18 @@ class TreeDrafter:
         if counts is not None:
             d.depths = [min(n, c) for n, c in zip(d.depths, counts, strict=True)]
 
+    def feeds(self, rows: list[Row], caps: list[int]) -> list[int]:
+        """The pending draft tokens each row feeds the step's first draft forward: all of them,
+        except, ragged, a row that drafts nothing (cap 0), which keeps them for later."""
+        return [len(r.st.d_pending) if c or not self.ragged else 0
+                for r, c in zip(rows, caps, strict=True)]
+
     def feed_pending(self, rows: list[Row], dc: RowCache, inputs: torch.Tensor,
-                     timing: Timing, caps: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed every row its pending draft tokens (right-padded, from `upload`; ragged: only
-        the rows that draft, the others keep theirs); returns q [rows, V] (and the hidden state
-        [rows, 1, H]) at each row's last pending token."""
-        counts = [len(r.st.d_pending) if c or not self.ragged else 0
-                  for r, c in zip(rows, caps, strict=True)]
+                     timing: Timing, counts: list[int],
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed each row `counts[r]` of its pending draft tokens (`feeds`; right-padded, from
+        `upload`); returns q [rows, V] (and the hidden state [rows, 1, H]) at each row's last
+        pending token."""
         m = max(len(r.st.d_pending) for r in rows)
         prev = None
         if self.features:  # each pending token's target state, right-padded like the tokens

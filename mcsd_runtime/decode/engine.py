@@ -318,8 +318,7 @@ class Engine:
         right-padded); and where the chains start (3 + m)."""
         m = max(len(r.st.d_pending) for r in rows)
         n = max(map(len, copied))
-        feeds = [len(r.st.d_pending) if cap or not self.ragged else 0
-                 for r, cap in zip(rows, caps, strict=True)]
+        feeds = self.drafter.feeds(rows, caps)
         host = [[len(r.st.committed) - 1, r.st.committed[-1], feed,
                  *r.st.d_pending, *[0] * (m - len(r.st.d_pending)), *chain,
                  *[0] * (n - len(chain))]

@@ -307,25 +307,20 @@ def write_budget(folder: Path, calibration, profile_file: str, report: dict) -> 
 
 def load_budget(folder: str | Path) -> VerifyBudget:
     """The learned budget trained into `folder` (`mcsd train --decision budget`)."""
-    import json
-
+    from mcsd_runtime.paths import read_card_file
     from mcsd_runtime.pricing.profile import CostProfile
     from mcsd_runtime.stop.artifact import ArtifactSpec
     from mcsd_runtime.stop.expected_rate import Calibration
     from mcsd_runtime.stop.learned import stopper_from
 
     folder = Path(folder)
-    path = folder / BUDGET_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise MCSDError(f"{path} is not a readable budget ({err}): train one with `mcsd train "
-                        f"--decision budget --out {folder}`") from None
-    if not isinstance(data, dict) or data.get("format") != BUDGET_FORMAT:
-        raise MCSDError(f"{path} is not a budget file (format {BUDGET_FORMAT!r})")
+    data = read_card_file(folder, BUDGET_FILE, BUDGET_FORMAT, "budget", lambda root, what: (
+        f"{root} holds no usable budget: {what}; train one with `mcsd train --decision budget "
+        f"--out {root}`"))
     if data.get("version") != BUDGET_VERSION:
-        raise MCSDError(f"{path}: version {data.get('version')}; this release reads version "
-                        f"{BUDGET_VERSION}: retrain with `mcsd train --decision budget`")
+        raise MCSDError(f"{folder / BUDGET_FILE}: version {data.get('version')}; this release "
+                        f"reads version {BUDGET_VERSION}: retrain with `mcsd train --decision "
+                        f"budget`")
     stopper = stopper_from(ArtifactSpec.read(folder), folder)
     stopper.calibration = Calibration.from_json(data.get("calibration"))
     budget = VerifyBudget(LearnedSurvival(stopper, f"budget:{folder.name}"),
