@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
+from test_gpu_check import _wheel as make_wheel
 
 from mcsd_runtime.gpu_check import engine_check, figures, plan, report, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner, reap_stale
@@ -57,19 +57,13 @@ def test_the_stages_run_offline():
 
 
 def _wheel(folder: Path, name: str, version: str, broken: bool = False) -> Path:
-    whl = folder / f"{name}-{version}-py3-none-any.whl"
+    """A pure-Python wheel of one package (`test_gpu_check._wheel`), or a broken file named
+    like one."""
     if broken:
+        whl = folder / f"{name}-{version}-py3-none-any.whl"
         whl.write_bytes(b"not a zip")
         return whl
-    dist = f"{name}-{version}"
-    with zipfile.ZipFile(whl, "w") as z:
-        z.writestr(f"{name}/__init__.py", "__version__ = '1'\n")
-        z.writestr(f"{dist}.dist-info/METADATA",
-                   f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        z.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
-                                              "Tag: py3-none-any\n")
-        z.writestr(f"{dist}.dist-info/RECORD", "")
-    return whl
+    return make_wheel(folder, f"{name}=={version}", {f"{name}/__init__.py": b"__version__ = '1'\n"})
 
 
 def test_a_wheel_that_fails_to_install_skips_only_the_stages_that_need_it(tmp_path):
