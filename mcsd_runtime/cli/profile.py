@@ -52,8 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the decoder's runs", "Static depths 1..D of --k-config decoded end to end: the forwards "
         "timed there replace the isolated ones, and the decoder's per-step and per-depth "
         "overheads are fitted to them.")
-    add_k_config_arg(g, DEFAULT_K_TEXT, "the tree whose static depths are run; use the "
-                                        "collection's tree (default %(default)s, as collect's)")
+    add_k_config_arg(g, DEFAULT_K_TEXT, "the tree of the static runs and of the ragged rows' "
+                                        "width; use the collection's tree (default %(default)s)")
     add_prompts_arg(g, "prompt set of those runs; 'none' skips them (default %(default)s)",
                     default="toy-code")
     add_renamed(g, "--overhead-prompts", "--prompts", "prompts")
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         parse_counts,
     )
     from mcsd_runtime.extras import require_toolkit
-    from mcsd_runtime.tree import parse_k_config
+    from mcsd_runtime.tree import Tree, parse_k_config
 
     require_toolkit("mcsd profile", "scipy")  # the overhead fit
     (context, *more) = parse_counts(args.context, "--context")
@@ -102,21 +102,40 @@ def run(args: argparse.Namespace) -> int:
     tokens = [n for n in cost_measure.DEFAULT_TOKENS if n <= args.max_tokens]
     if tokens[-1] != args.max_tokens:
         tokens.append(args.max_tokens)
+    ragged = len(sizes) > 1 and cost_measure.runs_ragged(pair)
+    # ragged rows no wider than the tree's widest target forward (its bonus and every node)
+    width = min(tokens[-1], 1 + Tree(k_config).cum[-1]) if k_config else tokens[-1]
     print(f"timing forwards: {len(tokens)} token counts x 2 models x {len(sizes)} batch size(s) "
-          f"x {args.rounds} rounds", flush=True)
+          f"x {args.rounds} rounds" + (f", and ragged forwards (rows at most {width} tokens) "
+                                       f"at each batch size above 1" if ragged else ""),
+          flush=True)
+    if len(sizes) > 1 and not ragged:
+        print("note: the models do not attend with mcsd_sdpa: ragged forwards are not timed, "
+              "and are priced by the padded curves")
     profile = cost_measure.measure(pair, tokens, context=context, rounds=args.rounds,
-                                   progress=True, batch_sizes=tuple(sizes))
+                                   progress=True, batch_sizes=tuple(sizes), ragged_width=width)
     if args.prompts != "none" and k_config:
         profile = _calibrate(args, pair, profile, k_config, sizes)
     profile.save(args.out)
+    _report(profile)
+    print(f"-> {args.out}")
+    return 0
+
+
+def _report(profile: cost_profile.CostProfile) -> None:
+    """One line per batch size: its curves' ends, overheads and ragged points."""
+    n = profile.tokens[-1]
     for b in profile.batch_sizes:
         t, d = profile._curve("target_s", b), profile._curve("draft_s", b)
         step, depth = profile.overheads(b)
         print(f"B={b}: target {t[0] * 1e3:.2f} ms at 1 token per row, {t[-1] * 1e3:.2f} ms at "
-              f"{tokens[-1]}; draft {d[0] * 1e3:.2f} ms / {d[-1] * 1e3:.2f} ms; overhead "
+              f"{n}; draft {d[0] * 1e3:.2f} ms / {d[-1] * 1e3:.2f} ms; overhead "
               f"{step * 1e3:.2f} ms/step + {depth * 1e3:.3f} ms/depth")
-    print(f"-> {args.out}")
-    return 0
+        if b in profile.ragged:
+            for name, points in (("target", profile.ragged[b].target),
+                                 ("draft", profile.ragged[b].draft)):
+                print(f"  ragged {name} (tokens in all: ms): " + ", ".join(
+                    f"{t:g}: {s * 1e3:.2f}" for t, s in points))
 
 
 def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile,

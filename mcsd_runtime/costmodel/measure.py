@@ -7,6 +7,14 @@ shared machine spread over all counts instead of bending the curve) and each cou
 kept as it is: a forward over more tokens can cost less (a matrix kernel's blocking: SmolLM2-135M
 in fp32 on one AMD EPYC core takes 148 ms for 3 new tokens and 130 ms for 4), and a curve forced
 to rise would mis-price exactly the depths where that happens.
+At every B > 1, when both models run ragged forwards (`decode.ragged.supports_ragged`), it also
+times packed forwards carrying T tokens in all over the B rows (`ragged_bench.ragged_counts`,
+no row wider than W: the largest token count, or less where asked, e.g. the widest target
+forward of the tree replays price) at a few totals (`ragged_bench.ragged_totals`: the draft's
+from 1, the target's from B, one token a row, up to the padded grid's B x W), as the engine
+runs them (`ragged_bench.timed_forward`: `call_model` over a `RowCache`,
+eager, timed with the packing), shuffled into the same rounds as the padded jobs; their medians
+are the profile's `ragged` points.
 `static_runs` then decodes AR and every static depth of a k-config end to end, interleaved per
 prompt (at B > 1: per batch of prompts, `MCSDDecoder.generate_batch`), greedy or sampled at the
 temperature replays will price (sampling costs a step more than an argmax, and a drafted step
@@ -21,6 +29,7 @@ fixed-shape path's graph replays, which run no hook).
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
@@ -28,7 +37,7 @@ from dataclasses import replace
 
 from mcsd_runtime import metrics
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile, RaggedCosts
 
 DEFAULT_TOKENS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)
 DEFAULT_BATCH_SIZES = (1,)
@@ -94,12 +103,14 @@ class ForwardTimer:
 
 def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
             seed: int = 0, progress: bool = False,
-            batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> CostProfile:
+            batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+            ragged_width: int | None = None) -> CostProfile:
     """Median forward latency of each model over B rows of `n` new tokens each, on a cache of
     `context` tokens per row, with the decoder's 4D additive mask (one per row) and position ids
-    per row, for every B of `batch_sizes` (1 is always measured); (model, B, n) jobs in a fresh
-    random order every round (`progress`: report rounds on stderr, see
-    mcsd_runtime.progress)."""
+    per row, for every B of `batch_sizes` (1 is always measured), and of ragged forwards at
+    every B > 1 where the pair runs them, no row wider than `ragged_width` (None: the largest
+    of `tokens`; see the module docstring); jobs in a fresh random order every round
+    (`progress`: report rounds on stderr, see mcsd_runtime.progress)."""
     import torch
 
     sizes = sorted({1, *(int(b) for b in batch_sizes)})
@@ -109,8 +120,10 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
     gen = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         caches = _context_caches(pair, sizes, context, gen)
+        width = max(1, min(ragged_width or max(tokens), max(tokens)))
+        ragged = _ragged_jobs(pair, sizes[1:], width, context, gen)
         samples = _time_forwards(pair, caches, sizes, tokens, context, rounds, gen,
-                                 random.Random(seed), progress)
+                                 random.Random(seed), progress, ragged)
     curve = {(name, b): [statistics.median(samples[(name, b, n)]) for n in tokens]
              for name in ("target", "draft") for b in sizes}
     batches = {b: BatchCosts(target_s=curve[("target", b)], draft_s=curve[("draft", b)])
@@ -118,7 +131,46 @@ def measure(pair, tokens=DEFAULT_TOKENS, context: int = 256, rounds: int = 7,
     return CostProfile(tokens=list(tokens), target_s=curve[("target", 1)],
                        draft_s=curve[("draft", 1)], context=context, device=str(pair.device),
                        threads=torch.get_num_threads(), batches=batches,
+                       ragged=_ragged_points(samples, width),
                        dtype=str(pair.dtype).replace("torch.", ""), pair=dict(pair.fingerprint))
+
+
+def runs_ragged(pair) -> bool:
+    """Whether both models of `pair` run ragged forwards (`decode.ragged.supports_ragged`)."""
+    from mcsd_runtime.decode.ragged import supports_ragged
+
+    return supports_ragged(pair.target) and supports_ragged(pair.draft)
+
+
+def _ragged_jobs(pair, sizes: list[int], width: int, context: int, gen) -> dict:
+    """("ragged", model, B, T) -> a callable timing one packed forward carrying T tokens over
+    B rows of a cache of `context` tokens a row (`ragged_bench.ragged_job`), for every B of
+    `sizes` (all above 1) and T of `ragged_bench.ragged_totals` (the target's from B, one
+    token a row); none where the pair does not run ragged forwards."""
+    if not sizes or not runs_ragged(pair):
+        return {}
+    from mcsd_runtime.costmodel.ragged_bench import fill_cache, ragged_job, ragged_totals
+
+    jobs = {}
+    for b in sizes:
+        for name, model in (("target", pair.target), ("draft", pair.draft)):
+            f = fill_cache(model, b, context, width, gen)
+            for t in ragged_totals(b, width, least=b if name == "target" else 1):
+                jobs[("ragged", name, b, t)] = ragged_job(f, t, width)
+    return jobs
+
+
+def _ragged_points(samples: dict, width: int) -> dict[int, RaggedCosts]:
+    """B -> the medians of the ragged jobs' samples as [T, seconds] points, rows at most
+    `width` wide."""
+    points: dict[int, dict[str, list]] = {}
+    for key, secs in samples.items():
+        if key[0] == "ragged":
+            _, name, b, t = key
+            points.setdefault(b, {"target": [], "draft": []})[name].append(
+                [t, statistics.median(secs)])
+    return {b: RaggedCosts(target=sorted(p["target"]), draft=sorted(p["draft"]), width=width)
+            for b, p in sorted(points.items())}
 
 
 def _context_caches(pair, sizes: list[int], context: int, gen) -> dict:
@@ -139,36 +191,50 @@ def _context_caches(pair, sizes: list[int], context: int, gen) -> dict:
 
 
 def _time_forwards(pair, caches: dict, sizes: list[int], tokens, context: int, rounds: int,
-                   gen, order: random.Random, progress: bool) -> dict:
+                   gen, order: random.Random, progress: bool, extra: dict | None = None) -> dict:
     """(model, B, n) -> `rounds` seconds of forwards over B rows of `n` random new tokens on
-    `caches[(model, B)]` (cut back after each), after a warm-up round; jobs shuffled by `order`
-    every round."""
-    import torch
-
-    from mcsd_runtime.backend.compat import cache_kwargs
+    `caches[(model, B)]` (cut back after each), and each key of `extra` -> `rounds` seconds its
+    callable returns, after a warm-up round; jobs shuffled by `order` every round."""
     from mcsd_runtime.decode.decoder import causal_bias
     from mcsd_runtime.progress import progress as progress_bar
 
-    dev = pair.device
-    block = causal_bias(max(tokens), pair.dtype, dev)
+    block = causal_bias(max(tokens), pair.dtype, pair.device)
     models = {"target": pair.target, "draft": pair.draft}
-    samples = {(name, b, n): [] for name in models for b in sizes for n in tokens}
-    jobs = list(samples)
     with ForwardTimer(pair) as log:
+        run = {(name, b, n): functools.partial(
+            _padded_forward, models[name], caches[(name, b)], (b, n), context, pair.vocab_size,
+            block, gen, log)
+            for name in models for b in sizes for n in tokens}
+        run |= extra or {}
+        samples = {key: [] for key in run}
+        jobs = list(run)
         for r in progress_bar(range(rounds + 1), desc="profile", unit="round",
                               disable=not progress):  # round 0 warms up
             order.shuffle(jobs)
-            for name, b, n in jobs:
-                ids = torch.randint(0, pair.vocab_size, (b, n), generator=gen).to(dev)
-                pos = torch.arange(context, context + n, device=dev)[None].expand(b, n)
-                mask = torch.cat([torch.zeros(n, context, dtype=pair.dtype, device=dev),
-                                  block[:n, :n]], -1)[None, None].expand(b, 1, n, context + n)
-                models[name](input_ids=ids, position_ids=pos, attention_mask=mask,
-                             **cache_kwargs(models[name], caches[(name, b)]), use_cache=True)
+            for key in jobs:
+                dt = run[key]()
                 if r:
-                    samples[(name, b, n)].append(log[-1][3])
-                caches[(name, b)].crop(-n)  # transformers 5: a negative count removes tokens
+                    samples[key].append(dt)
     return samples
+
+
+def _padded_forward(model, cache, shape: tuple[int, int], context: int, vocab: int, block,
+                    gen, log: list) -> float:
+    """Seconds (`ForwardTimer`'s, from `log`) of `model`'s forward over `shape` = (B rows, n)
+    random new tokens (of `vocab`) on `cache` of `context` tokens a row, cut back after."""
+    import torch
+
+    from mcsd_runtime.backend.compat import cache_kwargs
+
+    (b, n), dev, dtype = shape, block.device, block.dtype
+    ids = torch.randint(0, vocab, (b, n), generator=gen).to(dev)
+    pos = torch.arange(context, context + n, device=dev)[None].expand(b, n)
+    mask = torch.cat([torch.zeros(n, context, dtype=dtype, device=dev),
+                      block[:n, :n]], -1)[None, None].expand(b, 1, n, context + n)
+    model(input_ids=ids, position_ids=pos, attention_mask=mask,
+          **cache_kwargs(model, cache), use_cache=True)
+    cache.crop(-n)  # transformers 5: a negative count removes tokens
+    return log[-1][3]
 
 
 def static_runs(pair, prompts: list[list[int]], k_config, max_new_tokens: int = 48,

@@ -10,7 +10,9 @@ A profile is JSON:
      "tokens": [1, 2, ...], "target_s": [...], "draft_s": [...],
      "step_overhead_s": 0.0004, "depth_overhead_s": 0.00005, "static": {...},
      "batches": {"8": {"target_s": [...], "draft_s": [...], "draft_first_s": [...],
-                       "step_overhead_s": 0.002, "depth_overhead_s": 0.0002, "static": {...}}}}
+                       "step_overhead_s": 0.002, "depth_overhead_s": 0.0002, "static": {...}}},
+     "ragged": {"8": {"target": [[8, 0.021], [16, 0.022], ...], "draft": [[1, 0.002], ...],
+                      "width": 9}}}
 
 `target_s[i]` / `draft_s[i]`: seconds of one forward over `tokens[i]` new tokens with the
 decoder's 4D mask over a KV cache of `context` tokens, at batch size 1. `batches[B]` holds the
@@ -21,13 +23,20 @@ Counts in between are interpolated linearly, beyond the last extrapolated from t
 row counts between two measured batch sizes are interpolated linearly, and row counts outside
 the measured ones are refused.
 **Ragged forwards** (every row's new tokens packed into one forward, so its cost follows the
-batch's total tokens, not rows x widest): a ragged forward carrying T tokens in all over a batch
-of B rows costs what the padded curves give for B rows of T / B tokens each, no lower than the
-curve's first point (its floor, the caches and attention of every row of the batch, is paid
-whichever rows carry tokens: a draft forward of the few rows still drafting pays it too), and 0
-when it carries no token (`ragged_target`, `ragged_draft`; fractional token counts interpolated
-as above, row counts as above). Until `mcsd profile` measures ragged forwards directly, that is
-their one definition.
+batch's total tokens, not rows x widest): `ragged[B]` (optional) holds, for a batch size B of
+`batches`, the seconds of packed target and draft forwards measured at a few totals T,
+`{"target": [[T, s], ...], "draft": [[T, s], ...], "width": W}`
+(`costmodel.ragged_bench.ragged_counts` lays T out over the B rows, none wider than W). A
+ragged forward carrying T tokens over B rows (`ragged_target`, `ragged_draft`) costs, at a B
+with such points, the measured curve at T (linear in between, beyond the last extrapolated as
+above), and at a B without them what the padded curves give for B rows of T / B tokens each.
+Either way no less than the curve's first point: its floor, the caches and attention of every
+row of the batch, is paid whichever rows carry tokens (a draft forward of the few rows still
+drafting pays it too); 0 when it carries no token. Row counts between two measured batch sizes
+are interpolated linearly at the same tokens a row, each side priced so (batch size 1, a lone
+row, has no padding: its padded curve); a step's first draft forward scales the measured draft
+curve by the padded first forward's ratio to the others at B. A profile without `ragged`
+prices every ragged forward by the padded curves.
 `step_overhead_s` and `depth_overhead_s` are the decoder's own time outside model forwards
 (bookkeeping, verification and sampling, cache cuts; per drafted depth: candidates, stopper);
 `static` keeps the tokens/s of the end-to-end runs they were fitted to (AR and each static
@@ -44,10 +53,25 @@ from pathlib import Path
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.step_model import step_forwards
 
-__all__ = ["FORMAT", "VERSION", "BatchCosts", "CostProfile"]
+__all__ = ["FORMAT", "VERSION", "BatchCosts", "CostProfile", "RaggedCosts"]
 
 FORMAT = "mcsd-cost-profile"
-VERSION = 2  # 2 added `batches`; a version-1 file reads as a profile of batch size 1
+VERSION = 2  # 2 added `batches`; a version-1 file reads as a profile of batch size 1; the
+# optional `ragged` needs no new version (a reader without it ignores it)
+
+
+def _interp(xs: list[float], values: list[float], n: float) -> float:
+    """`values` at `n` on the increasing counts `xs`: the first value at or below xs[0],
+    linear in between, beyond the last extrapolated from the last two (slope at least 0; one
+    point: proportionally)."""
+    if n <= xs[0] or len(xs) == 1:
+        return values[0] if n <= xs[0] else values[-1] * n / xs[-1]
+    for i in range(1, len(xs)):
+        if n <= xs[i]:
+            w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return values[i - 1] + w * (values[i] - values[i - 1])
+    slope = (values[-1] - values[-2]) / (xs[-1] - xs[-2])
+    return values[-1] + max(slope, 0.0) * (n - xs[-1])
 
 
 def _check_curves(n: int, target_s: list, draft_s: list, first: list | None, what: str) -> None:
@@ -75,6 +99,38 @@ class BatchCosts:
 
 
 @dataclass
+class RaggedCosts:
+    """One batch size's measured ragged forwards: [T, seconds] of one packed forward carrying
+    T new tokens in all over the batch's rows, T increasing, for the target and the draft;
+    `width`: the widest row the timed layouts allowed (0: not recorded)."""
+
+    target: list[list[float]]
+    draft: list[list[float]]
+    width: int = 0
+
+    def check(self, what: str) -> None:
+        """MCSDError unless both curves are non-empty [T, seconds] pairs, T increasing positive
+        integers and seconds non-negative."""
+        for name, points in (("target", self.target), ("draft", self.draft)):
+            try:
+                ts, secs = zip(*((int(t), float(s)) for t, s in points), strict=True)
+            except (TypeError, ValueError):
+                ts, secs = (), ()
+            if not ts or list(ts) != sorted(set(ts)) or ts[0] < 1 or not all(
+                    v >= 0 for v in secs) or any(t != int(t) for t, _ in points):
+                raise MCSDError(f"cost profile{what}: ragged {name} must be [tokens, seconds] "
+                                f"pairs, tokens increasing positive integers, seconds >= 0")
+        if not isinstance(self.width, int) or self.width < 0:
+            raise MCSDError(f"cost profile{what}: ragged width must be a count, got "
+                            f"{self.width!r}")
+
+    def at(self, model: str, tokens: float) -> float:
+        """Seconds of `model`'s ("target" or "draft") forward carrying `tokens` (`_interp`)."""
+        points = self.target if model == "target" else self.draft
+        return _interp([p[0] for p in points], [p[1] for p in points], tokens)
+
+
+@dataclass
 class CostProfile:
     tokens: list[int]
     target_s: list[float]
@@ -92,6 +148,7 @@ class CostProfile:
     draft_first_s: list[float] | None = None
     threads: int = 0  # torch CPU threads during the measurement (0: not recorded)
     batches: dict[int, BatchCosts] = field(default_factory=dict)  # batch size B > 1 -> curves
+    ragged: dict[int, RaggedCosts] = field(default_factory=dict)  # B of batches -> packed forwards
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -121,6 +178,24 @@ class CostProfile:
                                 f"non-negative numbers")
             batches[b] = costs
         self.batches = dict(sorted(batches.items()))
+        self.ragged = self._checked_ragged()
+
+    def _checked_ragged(self) -> dict[int, RaggedCosts]:
+        """`ragged` keyed by int batch sizes, each one of `batches`, its points checked."""
+        out = {}
+        for key, costs in (self.ragged or {}).items():
+            try:
+                b = int(key)
+                costs = costs if isinstance(costs, RaggedCosts) else RaggedCosts(**costs)
+            except (TypeError, ValueError) as err:
+                raise MCSDError(f"cost profile: ragged[{key!r}] is not a batch size's ragged "
+                                f"forwards ({err})") from None
+            if b not in self.batches or str(b) != str(key).strip():
+                raise MCSDError(f"cost profile: ragged keys are batch sizes of batches "
+                                f"({', '.join(map(str, self.batches)) or 'none'}), got {key!r}")
+            costs.check(f" (batch size {b})")
+            out[b] = costs
+        return dict(sorted(out.items()))
 
     @property
     def temperature(self) -> float | None:
@@ -146,16 +221,8 @@ class CostProfile:
         """The batch sizes measured: 1 and the keys of `batches`."""
         return [1, *self.batches]
 
-    def _at(self, values: list[float], n: int) -> float:
-        xs = self.tokens
-        if n <= xs[0] or len(xs) == 1:
-            return values[0] if n <= xs[0] else values[-1] * n / xs[-1]
-        for i in range(1, len(xs)):
-            if n <= xs[i]:
-                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
-                return values[i - 1] + w * (values[i] - values[i - 1])
-        slope = (values[-1] - values[-2]) / (xs[-1] - xs[-2])
-        return values[-1] + max(slope, 0.0) * (n - xs[-1])
+    def _at(self, values: list[float], n: float) -> float:
+        return _interp(self.tokens, values, n)
 
     def _curve(self, name: str, b: int) -> list[float]:
         """Batch size `b`'s curve `name` (draft_first_s falls back to draft_s)."""
@@ -198,16 +265,34 @@ class CostProfile:
         """Seconds of a step's first draft forward, over `n` pending tokens per row."""
         return self._latency("draft_first_s", n, rows)
 
+    def _ragged_at(self, name: str, per_row: float, b: int) -> float:
+        """Curve `name`'s ragged price at measured batch size `b` for `per_row` tokens a row:
+        `ragged[b]`'s points at b * per_row tokens (a first draft forward scaled by the padded
+        first forward's ratio to the others), else the padded curve at `per_row`."""
+        measured = self.ragged.get(b)
+        if measured is None:
+            return self._at(self._curve(name, b), per_row)
+        if name == "target_s":
+            return measured.at("target", b * per_row)
+        cost = measured.at("draft", b * per_row)
+        if name == "draft_first_s":
+            rest = self._at(self._curve("draft_s", b), per_row)
+            cost *= self._at(self._curve("draft_first_s", b), per_row) / rest if rest else 1.0
+        return cost
+
     def _ragged(self, name: str, tokens: float, rows: int) -> float:
         if not rows or not tokens:
             return 0.0
-        return self._latency(name, tokens / rows, rows)
+        lo, hi, w = self._bracket(rows)
+        at_lo = self._ragged_at(name, tokens / rows, lo)
+        return at_lo if not w else at_lo + w * (self._ragged_at(name, tokens / rows, hi) - at_lo)
 
     def ragged_target(self, tokens: float, rows: int) -> float:
         """Seconds of one ragged target forward carrying `tokens` new tokens in all over a batch
-        of `rows` rows: the padded curve of `rows` rows at `tokens / rows` tokens a row (no
-        lower than its first point: a forward's floor, its cache and attention over every row
-        of the batch, is paid whatever rows carry tokens; 0 tokens: no forward, 0)."""
+        of `rows` rows: the measured ragged forwards at `rows` (`ragged`), else the padded curve
+        of `rows` rows at `tokens / rows` tokens a row; no lower than the curve's first point (a
+        forward's floor, its cache and attention over every row of the batch, is paid whatever
+        rows carry tokens; 0 tokens: no forward, 0). See the module docstring."""
         return self._ragged("target_s", tokens, rows)
 
     def ragged_draft(self, tokens: float, rows: int, first: bool = False) -> float:
