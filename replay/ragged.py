@@ -160,8 +160,10 @@ def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:
 
     batches = {b: replace(c, draft_s=scale(c.draft_s), draft_first_s=scale(c.draft_first_s))
                for b, c in profile.batches.items()}
+    ragged = {b: replace(r, draft=[[t, factor * v] for t, v in r.draft])
+              for b, r in profile.ragged.items()}
     return replace(profile, draft_s=scale(profile.draft_s),
-                   draft_first_s=scale(profile.draft_first_s), batches=batches,
+                   draft_first_s=scale(profile.draft_first_s), batches=batches, ragged=ragged,
                    note=f"{profile.note} (draft forwards x{factor:g})".strip())
 
 
@@ -169,7 +171,8 @@ def affine_profile(profile: CostProfile, upto: int) -> CostProfile:
     """`profile` with each curve (target, draft, first draft; every batch size) replaced by its
     least-squares line over the token counts up to `upto` (slope at least 0): one noisy count
     then cannot decide a comparison. The lines keep each curve's level and slope where replay
-    prices it (up to the tree's depth + 1 tokens a row)."""
+    prices it (up to the tree's depth + 1 tokens a row). Measured ragged forwards are dropped:
+    ragged forwards are priced by the fitted padded lines."""
     xs = [n for n in profile.tokens if n <= upto]
     if len(xs) < 2:
         raise MCSDError(f"an affine fit needs two token counts up to {upto}, the profile has "
@@ -188,7 +191,7 @@ def affine_profile(profile: CostProfile, upto: int) -> CostProfile:
                           draft_first_s=line(c.draft_first_s))
                for b, c in profile.batches.items()}
     return replace(profile, target_s=line(profile.target_s), draft_s=line(profile.draft_s),
-                   draft_first_s=line(profile.draft_first_s), batches=batches,
+                   draft_first_s=line(profile.draft_first_s), batches=batches, ragged={},
                    note=f"{profile.note} (curves fitted by lines up to {upto} tokens)".strip())
 
 

@@ -4,13 +4,14 @@ dense chains whose accepted lengths are known."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
+from mcsd_runtime.pricing.profile import BatchCosts, CostProfile, RaggedCosts
 from mcsd_runtime.stop.features import NODE_FEATURES
 from replay.data import ReplayData
 from replay.depth import replay
@@ -198,3 +199,15 @@ def test_the_affine_profile_is_a_line_through_each_curve():
                                                                1.133333], rel=1e-5)
     with pytest.raises(MCSDError, match="two token counts"):
         affine_profile(bumpy, 1)
+
+
+def test_measured_ragged_forwards_scale_with_the_draft_and_drop_under_the_affine_fit():
+    ragged = {4: RaggedCosts(target=[[4, 0.5], [16, 0.9]], draft=[[1, 0.05], [16, 0.25]])}
+    measured = replace(PROFILE, ragged=ragged)
+    assert measured.ragged_draft(8, 4) != PROFILE.ragged_draft(8, 4)  # the points are read
+    doubled = scaled_draft(measured, 2.0)
+    assert doubled.ragged_draft(8, 4) == pytest.approx(2 * measured.ragged_draft(8, 4))
+    assert doubled.ragged_target(8, 4) == measured.ragged_target(8, 4)
+    fitted = affine_profile(measured, 8)
+    assert fitted.ragged == {}
+    assert fitted.ragged_target(8, 4) == affine_profile(PROFILE, 8).ragged_target(8, 4)
