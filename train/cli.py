@@ -151,6 +151,15 @@ def decision_doc(decision: str) -> str:
 def add_args(p: argparse.ArgumentParser) -> None:
     """The options of every decision (a parser made with add_help=False: the help is
     decision-aware)."""
+    _add_common_args(p)
+    _add_stop_args(p)
+    _add_output_args(p)
+    _add_copy_args(p)
+    _defer_defaults(p)
+
+
+def _add_common_args(p: argparse.ArgumentParser) -> None:
+    """-h/--help and the group of options every decision takes."""
     p.add_argument("-h", "--help", action=_DecisionHelp,
                    help="show this help (after --decision D: D's own documentation) and exit")
     g = p.add_argument_group("every decision")
@@ -175,7 +184,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_renamed(g, "--check", "--check-prompts", "check_prompts", type=int)
     add_threads_arg(g)
 
+
+def _add_stop_args(p: argparse.ArgumentParser) -> None:
+    """The group of --decision stop: a stopper trained on collected runs."""
     g = p.add_argument_group("--decision stop: a stopper trained on collected runs")
+    _add_stop_model_args(g)
+    _add_stop_replay_args(g)
+
+
+def _add_stop_model_args(g: argparse._ArgumentGroup) -> None:
+    """--decision stop's data, model, label, splits, replay and features."""
     add_runs_arg(g, "collection run folders (from `mcsd collect`, full-depth; --dense for exact "
                     "replay)", renamed=("--data",))
     g.add_argument("--model", default=D.model, choices=STOPPER_KINDS,
@@ -203,6 +221,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "only, not the run's history: tokens generated, previous and recent "
                         "acceptance), or comma-separated names of "
                         "mcsd_runtime.stop.features.DECISION_FEATURES")
+
+
+def _add_stop_replay_args(g: argparse._ArgumentGroup) -> None:
+    """--decision stop's decision cost, batch sizes, online recalibration, epochs, other
+    domains and latency benchmark."""
     g.add_argument("--decision-us", type=float, default=D.decision_us,
                    help="seconds-profile replay charges this many µs per stopper decision "
                         "(default: benchmarked with the frontier's features computed over the "
@@ -229,6 +252,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="measure the decision latency of the artifact in --out (after training, "
                         "or alone without --runs)")
 
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    """The pair and the group of --decision copy and width, trained on the target's own
+    outputs."""
     add_pair_args(p, "--decision copy and width: the model pair whose target's outputs they "
                      "learn on")
     g = p.add_argument_group("--decision copy and width: trained on the target's own outputs")
@@ -252,6 +279,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "target, length, temperature or seed are refused)")
     add_chat_arg(g)
 
+
+def _add_copy_args(p: argparse.ArgumentParser) -> None:
+    """The group of --decision copy."""
     g = p.add_argument_group("--decision copy")
     g.add_argument("--max-copy", type=int, default=15,
                    help="most tokens copied in a step (default 15)")
@@ -264,6 +294,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--folds", type=int, default=5,
                    help="also replay the training mix out of fold: a policy fitted on the other "
                         "folds decides each output (default 5 folds; 0: skip)")
+
+
+def _defer_defaults(p: argparse.ArgumentParser) -> None:
+    """Record the own default and option string of every option some decisions do not take
+    (`TAKES`), and set its parser default to None for `resolve` to fill in per decision."""
     for action in p._actions:
         if action.dest in TAKES and action.help is not argparse.SUPPRESS:  # not an old spelling
             _DEFAULTS.setdefault(action.dest, action.default)
