@@ -33,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "get probability 0). Built drafts are cached by recipe and target fingerprint."),
     )
     sub = draft.add_subparsers(dest="draft_command", metavar="ACTION", required=True)
+    _add_distill(sub)
+    _add_show(sub)
+
+
+def _add_distill(sub: argparse._SubParsersAction) -> None:
+    """Add `mcsd draft distill`."""
     default = PRESETS["default"]
     distill = sub.add_parser(
         "distill",
@@ -55,6 +61,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_target_arg(distill, "the target: a local model folder, smollm2, or toy / toy:tiny",
                    required=True)
     add_recipe_arg(distill, sorted(PRESETS), "the recipe preset (default: %(default)s)")
+    _add_recipe_overrides(distill)
+    _add_build_options(distill)
+    distill.set_defaults(func=run_distill)
+
+
+def _add_recipe_overrides(distill: argparse.ArgumentParser) -> None:
+    """The options of `mcsd draft distill` that override the recipe's fields, from --layers to
+    --batch-size."""
     layers = distill.add_mutually_exclusive_group()
     layers.add_argument("--layers", type=int, default=None,
                         help="number of target layers kept, evenly spaced from the first to "
@@ -80,6 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="tokens per packed training row (default: the recipe's)")
     distill.add_argument("--batch-size", type=int, default=None,
                          help="rows per optimizer step (default: the recipe's)")
+
+
+def _add_build_options(distill: argparse.ArgumentParser) -> None:
+    """The options of `mcsd draft distill` from --prompts on: extra instructions, seed, where
+    the draft and its data go, threads, device and --force."""
     add_prompts_arg(distill, "also answer the instructions of this prompt set (`mcsd prompts`) "
                              "and train on them")
     add_limit_arg(distill, "at most this many instructions of --prompts")
@@ -93,8 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_device_arg(distill, " (default %(default)s): where the target generates the data and "
                             "the draft trains; the draft is the same recipe wherever it is built")
     add_force_arg(distill)
-    distill.set_defaults(func=run_distill)
 
+
+def _add_show(sub: argparse._SubParsersAction) -> None:
+    """Add `mcsd draft show`."""
     show = sub.add_parser(
         "show",
         help="verify a built draft and print its card",

@@ -12,22 +12,7 @@ from mcsd_runtime.pricing import profile as cost_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli.args import (
-        DEFAULT_K_TEXT,
-        add_batch_size_arg,
-        add_graphs_arg,
-        add_k_config_arg,
-        add_limit_arg,
-        add_max_new_tokens_arg,
-        add_out_arg,
-        add_pair_args,
-        add_prompts_arg,
-        add_renamed,
-        add_temperature_arg,
-        add_threads_arg,
-        add_timing_args,
-    )
-    from mcsd_runtime.prompts.chat import add_chat_arg
+    from mcsd_runtime.cli.args import add_out_arg, add_pair_args, add_threads_arg
 
     p = sub.add_parser(
         "profile", help="measure forward latency against tokens processed (cost profile JSON)",
@@ -35,6 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_out_arg(p, "profile JSON to write", required=True)
+    _add_forward_args(p)
+    _add_decoder_run_args(p)
+    add_threads_arg(p)
+    p.set_defaults(func=run)
+
+
+def _add_forward_args(p: argparse.ArgumentParser) -> None:
+    """The group of the timed forwards: token counts, rounds, context and batch sizes."""
+    from mcsd_runtime.cli.args import add_batch_size_arg, add_renamed, add_timing_args
+
     g = p.add_argument_group("the timed forwards")
     g.add_argument("--max-tokens", type=int, default=64,
                    help="largest number of new tokens per forward (default %(default)s)")
@@ -48,6 +43,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "replay at B rows needs B within them (default %(default)s)",
                        several=True, default=",".join(map(str, cost_measure.DEFAULT_BATCH_SIZES)))
     add_renamed(g, "--batch-sizes", "--batch-size", "batch_size")
+
+
+def _add_decoder_run_args(p: argparse.ArgumentParser) -> None:
+    """The group of the decoder's runs: the static depths decoded end to end, whose forwards
+    and overheads the profile fits."""
+    from mcsd_runtime.cli.args import (
+        DEFAULT_K_TEXT,
+        add_graphs_arg,
+        add_k_config_arg,
+        add_limit_arg,
+        add_max_new_tokens_arg,
+        add_prompts_arg,
+        add_renamed,
+        add_temperature_arg,
+    )
+    from mcsd_runtime.prompts.chat import add_chat_arg
+
     g = p.add_argument_group(
         "the decoder's runs", "Static depths 1..D of --k-config decoded end to end: the forwards "
         "timed there replace the isolated ones, and the decoder's per-step and per-depth "
@@ -71,8 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "decoder: profile so for `mcsd train --decision width`")
     add_graphs_arg(g)
     add_chat_arg(g)
-    add_threads_arg(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,7 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     sub = toy.add_subparsers(dest="toy_command", metavar="ACTION", required=True)
+    _add_build(sub)
+    _add_info(sub)
+    _add_draft(sub)
 
+
+def _add_build(sub: argparse._SubParsersAction) -> None:
+    """Add `mcsd toy build`."""
     build = sub.add_parser(
         "build",
         help="build the pair (instant when already built)",
@@ -55,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_force_arg(build, "rebuild even if a pair already exists at the location")
     build.set_defaults(func=run_build)
 
+
+def _add_info(sub: argparse._SubParsersAction) -> None:
+    """Add `mcsd toy info`."""
     info = sub.add_parser(
         "info",
         help="verify a built pair and print its card summary",
@@ -64,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(info)
     info.set_defaults(func=run_info)
 
+
+def _add_draft(sub: argparse._SubParsersAction) -> None:
+    """Add `mcsd toy draft`."""
     draft = sub.add_parser(
         "draft",
         help="build (or find) extra drafts distilled from the toy target",
