@@ -145,9 +145,8 @@ def pair_names(target: str | Path, draft: str | Path | None = None,
 
     A local-looking path that does not exist, a missing GGUF file, or a toy draft that is not
     the toy target's, is refused before anything is built, converted or loaded."""
-    from mcsd_runtime.backend.gguf import find_gguf, is_gguf_spec
     from mcsd_runtime.backend.named import is_named
-    from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
+    from mcsd_runtime.toy import is_toy_spec
     from mcsd_runtime.toy.spec import is_draft_spec
 
     target, draft = str(target), None if draft is None else str(draft)
@@ -155,21 +154,8 @@ def pair_names(target: str | Path, draft: str | Path | None = None,
         from mcsd_runtime.toy.drafts import resolve_draft
 
         return resolve_draft(draft, target, build=build)
-    for role, name in (("target", target), ("draft", draft)):
-        if name is None or distill_recipe(name) or is_named(name):
-            continue
-        if is_gguf_spec(name):
-            find_gguf(name)
-        elif _looks_like_path(name) and not Path(name).expanduser().exists():
-            raise MCSDError(f"no model folder at {name} (the {role}): pass an existing folder "
-                            f"written by save_pretrained, a .gguf file, a hub name such as "
-                            f"JackFram/llama-68m, smollm2, or toy / toy:tiny for the embedded "
-                            f"pair")
-    toy_draft = draft is not None and is_toy_spec(draft)
-    if toy_draft and not (is_toy_spec(target) and parse_toy_spec(draft) == parse_toy_spec(target)):
-        raise MCSDError(
-            f"draft {draft!r} is the toy pair's draft, which goes with its own target: pass the "
-            f"target {draft!r} alone (e.g. --target {draft}, or load_pair({draft!r}))")
+    _check_exist(target, draft)
+    toy_draft = _toy_draft(target, draft)
     if is_toy_spec(target):
         from mcsd_runtime.toy.build import resolve_toy
 
@@ -188,6 +174,36 @@ def pair_names(target: str | Path, draft: str | Path | None = None,
     if draft is None or recipe:
         return target, _distilled_draft(target, recipe or "default", build)
     return target, _real_model(draft)
+
+
+def _check_exist(target: str, draft: str | None) -> None:
+    """Refuse a missing GGUF file, or a local-looking path that does not exist, as target or
+    draft (distilled drafts and named models are resolved later)."""
+    from mcsd_runtime.backend.gguf import find_gguf, is_gguf_spec
+    from mcsd_runtime.backend.named import is_named
+
+    for role, name in (("target", target), ("draft", draft)):
+        if name is None or distill_recipe(name) or is_named(name):
+            continue
+        if is_gguf_spec(name):
+            find_gguf(name)
+        elif _looks_like_path(name) and not Path(name).expanduser().exists():
+            raise MCSDError(f"no model folder at {name} (the {role}): pass an existing folder "
+                            f"written by save_pretrained, a .gguf file, a hub name such as "
+                            f"JackFram/llama-68m, smollm2, or toy / toy:tiny for the embedded "
+                            f"pair")
+
+
+def _toy_draft(target: str, draft: str | None) -> bool:
+    """Whether `draft` is a toy pair's spec; MCSDError unless `target` is that same pair."""
+    from mcsd_runtime.toy import is_toy_spec, parse_toy_spec
+
+    toy_draft = draft is not None and is_toy_spec(draft)
+    if toy_draft and not (is_toy_spec(target) and parse_toy_spec(draft) == parse_toy_spec(target)):
+        raise MCSDError(
+            f"draft {draft!r} is the toy pair's draft, which goes with its own target: pass the "
+            f"target {draft!r} alone (e.g. --target {draft}, or load_pair({draft!r}))")
+    return toy_draft
 
 
 def _real_model(name: str) -> str:
