@@ -154,38 +154,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
 
-    from mcsd_runtime.evaluate.loop import check_samples, run_eval
-    from mcsd_runtime.evaluate.methods import (
-        SINGLE_SEQUENCE,
-        check_batch_methods,
-        check_method,
-        explicit_label,
-        explicit_methods,
-        split_methods,
-        tree_for,
-    )
-    from mcsd_runtime.evaluate.report import markdown_notes, short_table, write_outputs
-    from mcsd_runtime.evaluate.stats import summarize
-    from mcsd_runtime.evaluate.training_results import stopper_lines, stopper_results
+    from mcsd_runtime.evaluate.loop import check_samples
 
     apply_threads(args)
     sizes = parse_batch_sizes(args.batch_size)
     args.batch_size = max(sizes)
-    given = split_methods(args.methods)
-    if args.batch_size > 1 and args.methods == DEFAULT_METHODS:
-        given = [m for m in given if m not in SINGLE_SEQUENCE]
-    for m in given:
-        check_method(m)
-    k_config, why = tree_for(given, args.k_config, DEFAULT_K_CONFIG)
-    methods = explicit_methods(given, k_config)
-    for option in ("reference", "deploy", "heuristic"):  # named as given, or as labelled
-        name = getattr(args, option)
-        if name is not None:
-            setattr(args, option, methods[given.index(name)] if name in given
-                    else explicit_label(name, k_config))
-    if args.reference is not None and args.reference not in methods:
-        raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
-    check_batch_methods(methods, args.batch_size)
+    methods, k_config, why = _resolve_methods(args)
     base = decode_config_from_args(args, k_config=k_config)
     check_samples(args.samples, base.temperature, args.batch_size)
     if args.samples > 1 and args.drafts is not None:
@@ -206,6 +180,51 @@ def run(args: argparse.Namespace) -> int:
         return run_batch_sizes(args, methods, base, sizes, domains)
     if len(domains) > 1:
         return run_domains(args, methods, base, domains)
+    return run_domain(args, methods, base, domains)
+
+
+def _resolve_methods(args: argparse.Namespace) -> tuple[list[str], tuple[int, ...], str]:
+    """The methods of --methods, each labelled with its defaults spelt out, the tree they
+    decode with and why (see --help); --reference, --deploy and --heuristic renamed to the
+    labels of the methods they name. MCSDError for an unknown method, a --reference not among
+    them, or a method that cannot decode at --batch-size."""
+    from mcsd_runtime.evaluate.methods import (
+        SINGLE_SEQUENCE,
+        check_batch_methods,
+        check_method,
+        explicit_label,
+        explicit_methods,
+        split_methods,
+        tree_for,
+    )
+
+    given = split_methods(args.methods)
+    if args.batch_size > 1 and args.methods == DEFAULT_METHODS:
+        given = [m for m in given if m not in SINGLE_SEQUENCE]
+    for m in given:
+        check_method(m)
+    k_config, why = tree_for(given, args.k_config, DEFAULT_K_CONFIG)
+    methods = explicit_methods(given, k_config)
+    for option in ("reference", "deploy", "heuristic"):  # named as given, or as labelled
+        name = getattr(args, option)
+        if name is not None:
+            setattr(args, option, methods[given.index(name)] if name in given
+                    else explicit_label(name, k_config))
+    if args.reference is not None and args.reference not in methods:
+        raise MCSDError(f"--reference {args.reference!r} is not among --methods; add it there")
+    check_batch_methods(methods, args.batch_size)
+    return methods, k_config, why
+
+
+def run_domain(args: argparse.Namespace, methods: list[str], base,
+               domains: dict[str, tuple[str, list]]) -> int:
+    """One interleaved run on the one domain of `domains`, written to --out with its summary
+    printed."""
+    from mcsd_runtime.evaluate.loop import run_eval
+    from mcsd_runtime.evaluate.report import markdown_notes, short_table, write_outputs
+    from mcsd_runtime.evaluate.stats import summarize
+    from mcsd_runtime.evaluate.training_results import stopper_lines, stopper_results
+
     ((spec, prompts),) = domains.values()
     out = output_folder(args)
     pair = pair_from_args(args)
