@@ -280,38 +280,67 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
     run_id = (old or {}).get("run_id") or job.run_id or run_dir.resolve().name
     recorder = RowRecorder(job.config.k_config, run_id, job.config.init, job.save_hidden)
     decoder = MCSDDecoder(pair, job.config, stopper="static", recorder=recorder)
-    encoded = []
-    for p in job.prompts:  # every rank checks every prompt, so all ranks fail alike, early
-        try:
-            encoded.append(decoder.encode(encode_prompt(p, pair.tokenizer, job.chat)))
-        except MCSDError as err:
-            raise MCSDError(f"prompt {p.id!r}: {err}") from None
+    encoded = _encode_prompts(job, pair, decoder)
     barrier()
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        store.clean_temp_files(run_dir)
-        manifest = (old or {}) | ident | {"run_id": run_id, "status": "running",
-                                          "created": (old or {}).get("created", started),
-                                          "updated": started}
-        manifest.setdefault("sessions", [])
-        store.write_manifest(run_dir, manifest)
+        _start_manifest(run_dir, old, ident, run_id, started)
     barrier()
     before = store.scan_shards(run_dir)
     done = store.done_indices(before)
     barrier()  # every rank has the same view before anyone writes
     todo = [i for i in range(len(job.prompts)) if i not in done]
     mine = todo[rank::world_size]
-
-    writer = _ShardWriter(job, recorder, rank)
-    from mcsd_runtime.progress import progress
-
-    depth = len(job.config.k_config)
-    tally = Tally(depth)
     if not todo and rank == 0:
         print(f"all {len(job.prompts)} prompts already collected in {run_dir}; nothing to do",
               file=sys.stderr)
-    bar = progress(total=len(mine), unit="prompt", desc=f"collect {run_id}",
-                   disable=not job.progress or rank != 0 or not todo, file=sys.stderr)
+    tally = _decode_prompts(job, decoder, recorder, encoded, mine, rank,
+                            show=job.progress and rank == 0 and bool(todo), run_id=run_id)
+    barrier()
+    if rank != 0:
+        return {"rank": rank, "prompts": tally.prompts, "rows": tally.rows,
+                "new_tokens": tally.new_tokens}
+    return _finish(job, run_dir, before, started=started, t_start=t_start,
+                   world_size=world_size, device=str(pair.device))
+
+
+def _encode_prompts(job: CollectJob, pair: Pair, decoder: MCSDDecoder) -> list:
+    """Every prompt of `job`, encoded for `decoder` (every rank checks every prompt, so all
+    ranks fail alike, early); MCSDError naming the prompt that does not encode."""
+    encoded = []
+    for p in job.prompts:
+        try:
+            encoded.append(decoder.encode(encode_prompt(p, pair.tokenizer, job.chat)))
+        except MCSDError as err:
+            raise MCSDError(f"prompt {p.id!r}: {err}") from None
+    return encoded
+
+
+def _start_manifest(run_dir: Path, old: dict[str, Any] | None, ident: dict[str, Any],
+                    run_id: str, started: str) -> None:
+    """Rank 0, before any rank decodes: the run folder, cleaned of temporary files, with a
+    `running` manifest of this session."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store.clean_temp_files(run_dir)
+    manifest = (old or {}) | ident | {"run_id": run_id, "status": "running",
+                                      "created": (old or {}).get("created", started),
+                                      "updated": started}
+    manifest.setdefault("sessions", [])
+    store.write_manifest(run_dir, manifest)
+
+
+def _decode_prompts(job: CollectJob, decoder: MCSDDecoder, recorder: RowRecorder,
+                    encoded: list, mine: list[int], rank: int, *, show: bool,
+                    run_id: str) -> Tally:
+    """Decode this rank's prompts (`mine`, indices into `job.prompts`), one at a time or in
+    batches, writing their rows to shards (the buffered ones kept on an interrupt) with a
+    progress bar when `show`; returns the tally of what was decoded."""
+    from mcsd_runtime.progress import progress
+
+    writer = _ShardWriter(job, recorder, rank)
+    depth = len(job.config.k_config)
+    tally = Tally(depth)
+    bar = progress(total=len(mine), unit="prompt", desc=f"collect {run_id}", disable=not show,
+                   file=sys.stderr)
     last = [time.perf_counter()]
 
     def done_prompt(k: int, res: GenerationResult) -> None:
@@ -344,12 +373,7 @@ def _collect(job: CollectJob, pair: Pair, rank: int, world_size: int,
         raise
     finally:
         bar.close()
-    barrier()
-    if rank != 0:
-        return {"rank": rank, "prompts": tally.prompts, "rows": tally.rows,
-                "new_tokens": tally.new_tokens}
-    return _finish(job, run_dir, before, started=started, t_start=t_start,
-                   world_size=world_size, device=str(pair.device))
+    return tally
 
 
 def _finish(job: CollectJob, run_dir: Path, before: dict[str, dict[str, Any]], *, started: str,
