@@ -391,8 +391,9 @@ def _mean_and_se(values: list[int]) -> tuple[float, float]:
 def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
     """A copy is accepted with the target's probability of it, i.e. when it equals a sampled
     output's token: replay over sampled outputs takes as many steps on average as the sampling
-    decoder (seeded, 100 runs each); replaying the greedy output instead is caught."""
-    temperature, n = 0.3, 100
+    decoder (seeded, 50 runs each); replaying the greedy output instead is caught (about 8
+    standard errors away at 50 runs)."""
+    temperature, n = 0.3, 50
     cfg = DecodeConfig(k_config=(1,) * 4, lookup=4, lookup_min_ngram=1, temperature=temperature,
                        max_new_tokens=30, eos_token_ids=())
     dec = MCSDDecoder(pair, cfg, "none")
@@ -414,10 +415,10 @@ def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
 def test_sampled_drafted_steps_replay_the_sampling_decoders_steps(pair, feature_pair, kind):
     """When sampling, a drafted step accepts a candidate by chance: outputs drawn through the
     first depth's verification replay `static:1` in as many steps on average as the sampling
-    decoder takes (seeded, 100 runs each); reading a hit as "the output's token is among the
+    decoder takes (seeded, 50 runs each); reading a hit as "the output's token is among the
     draft's top candidates" (the greedy rule) on sampled outputs is caught."""
     p = pair if kind == "draft" else feature_pair
-    temperature, n, prompt = 1.0, 100, PROMPTS[1]
+    temperature, n, prompt = 1.0, 50, PROMPTS[1]
     cfg = DecodeConfig(k_config=(3, 1), temperature=temperature, max_new_tokens=20,
                        eos_token_ids=())
     dec = MCSDDecoder(p, cfg, "static:1")
@@ -441,14 +442,14 @@ def test_sampled_drafted_steps_replay_the_sampling_decoders_steps(pair, feature_
 
 def test_drafted_outputs_are_the_targets_samples(pair):
     """Verification is lossless, so an output drawn through it is the target's sample: the first
-    token of 600 seeded draws follows the target's distribution at the temperature (chi-square),
+    token of 300 seeded draws follows the target's distribution at the temperature (chi-square),
     and not its distribution at another."""
     import torch
     from scipy.stats import chisquare
 
     prompt, temperature = PROMPTS[1], 0.7
     firsts = [drafted_traces(pair, [prompt], 1, temperature, 3, seed=s)[0].tokens[0]
-              for s in range(600)]
+              for s in range(300)]
     with torch.no_grad():
         logits = pair.target(input_ids=torch.tensor([prompt])).logits[0, -1].double()
 
@@ -505,10 +506,10 @@ def test_the_end_to_end_check_takes_the_replays_steps(pair):
 def test_sampled_composed_steps_replay_the_sampling_decoders_steps(pair, feature_pair, kind):
     """Prompt lookup composed with a drafted first depth (`lookup:K:N+static:1`), sampled: replay
     over outputs drawn through the first depth's verification takes as many steps on average as
-    the composed sampling decoder (seeded, 100 runs each) — copies and drafted steps
+    the composed sampling decoder (seeded, 50 runs each) — copies and drafted steps
     interleaved, the check's statics at T > 0."""
     p = pair if kind == "draft" else feature_pair
-    temperature, n, k = 1.0, 100, 4
+    temperature, n, k = 1.0, 50, 4
     cfg = DecodeConfig(k_config=(3, 1), lookup=k, lookup_min_ngram=1, temperature=temperature,
                        max_new_tokens=30, eos_token_ids=())
     dec = MCSDDecoder(p, cfg, "static:1")
