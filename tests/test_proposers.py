@@ -1,7 +1,8 @@
 """The proposers' bookkeeping, one call each, on stand-ins for the decoder: `PromptLookup.update`
-tells a copy history that the stopper drafted only past the first depth it always has, and
+tells a copy history that the stopper drafted only past the layers the draft did not propose,
 `WidthCut.propose` cuts only drafted rows, and cuts every per-node tensor of their first layer
-(a cut layer's node rows are the first w of the uncut's)."""
+(a cut layer's node rows are the first w of the uncut's), and each proposer returns proposals
+without changing the drafted trees it reads."""
 
 from __future__ import annotations
 
@@ -9,26 +10,27 @@ from types import SimpleNamespace
 
 import torch
 
-from mcsd_runtime.decode.proposers import PromptLookup, WidthCut
-from mcsd_runtime.decode.state import Drafted, DraftLayer
+from mcsd_runtime.decode.proposers import PromptLookup, Proposing, WidthCut
+from mcsd_runtime.decode.state import Drafted, DraftLayer, Proposal
 from mcsd_runtime.stop.copy_length import CopyHistory
 from mcsd_runtime.stop.features import TOP_K_MASS
 
 V = 16
 
 
-def lookup(lo: int) -> PromptLookup:
-    dec = SimpleNamespace(config=SimpleNamespace(), copy_length=None, chain=None,
+def lookup(chain=None) -> PromptLookup:
+    dec = SimpleNamespace(config=SimpleNamespace(), copy_length=None, chain=chain,
                           pair=SimpleNamespace(vocab_size=V))
-    return PromptLookup(dec, beside_draft=True, lo=lo)
+    return PromptLookup(dec, beside_draft=True)
 
 
 def drafted_value(lo: int, depth: int, copied: bool = False) -> float:
-    """The copy history's running value of drafted steps after one step of a row."""
+    """The copy history's running value of drafted steps after one step of a row whose first
+    `lo` layers the draft did not propose."""
     st = SimpleNamespace(copy_history=CopyHistory())
-    draft = SimpleNamespace(depth=depth, copied=copied)
+    draft = SimpleNamespace(depth=depth, copied=copied, roots=lo)
     verdict = SimpleNamespace(accepted=min(depth, 1), conf=[0.9, 0.8, 0.7])
-    lookup(lo).update(st, draft, verdict, committed=[5, 6, 7])
+    lookup().update(st, draft, verdict, committed=[5, 6, 7])
     return st.copy_history.draft_value
 
 
@@ -57,9 +59,16 @@ def test_width_cut_cuts_drafted_depth_one_rows_and_every_per_node_tensor():
     dec = SimpleNamespace(width=SimpleNamespace(choose=lambda top: w),
                           widths={1: "tree of 1", 2: "tree of 2", 3: "tree of 3"},
                           config=SimpleNamespace(k_config=(k, 1)))
-    WidthCut(dec).propose(d)
-    assert d.cut == {0: "tree of 2", 2: "tree of 2"}  # not the copied row 1, not row 3 (depth 2)
-    assert d.layers[1] == before[1] and d.layers[3] == before[3]
+    proposals = WidthCut(dec).propose(Proposing(d, torch.zeros(4, 0), [0] * 4))
+    # not the copied row 1, not row 3 (depth 2)
+    assert [p is not None for p in proposals] == [True, False, True, False]
+    assert [p.tt for p in proposals if p is not None] == ["tree of 2", "tree of 2"]
+    ids = lambda layers: [[id(layer) for layer in row] for row in layers]  # noqa: E731
+    assert ids(d.layers) == ids(before) and d.trees == {}  # the drafted trees it read: unchanged
+    for i, p in enumerate(proposals):
+        if p is not None:
+            d.take(i, p)
+    assert d.trees == {0: "tree of 2", 2: "tree of 2"} and d.depths == [1, 1, 1, 2]
     for i in (0, 2):
         cut, full = d.layers[i][0], before[i][0]
         assert cut.tokens.tolist() == full.tokens[:w].tolist()
@@ -71,3 +80,28 @@ def test_width_cut_cuts_drafted_depth_one_rows_and_every_per_node_tensor():
         static = torch.zeros(w, 3, dtype=torch.float64)
         assert torch.equal(cut.node_features(static),
                            full.node_features(torch.zeros(k, 3, dtype=torch.float64))[:w])
+
+
+def test_lookup_proposes_each_planned_chain_on_its_tree():
+    chains = torch.tensor([[3, 4, 5], [0, 0, 0], [7, 8, 0]])
+    d = Drafted(layers=[[], [], []], depths=[0, 2, 0], pending=[1] * 3, pending_base=0,
+                copied=[False] * 3, depth=2)
+    on_draft_tree = lookup().propose(Proposing(d, chains, [3, 0, 2]))
+    assert on_draft_tree[1] is None
+    assert [[int(layer.tokens) for layer in p.layers] for p in on_draft_tree if p] == [
+        [3, 4, 5], [7, 8]]
+    assert all(p.copied and p.tt is None for p in on_draft_tree if p)
+    assert d.depths == [0, 2, 0] and d.copied == [False] * 3  # nothing changed by proposing
+    for i, p in enumerate(on_draft_tree):
+        if p is not None:
+            d.take(i, p)
+    assert d.depths == [3, 2, 2] and d.copied == [True, False, True]
+    assert d.depth == 3  # the draft's tree now reaches the longest chain
+    own = lookup(chain="chain tree").propose(Proposing(d, chains, [3, 0, 2]))
+    d2 = Drafted(layers=[[], [], []], depths=[0, 2, 0], pending=[1] * 3, pending_base=0,
+                 copied=[False] * 3, depth=2)
+    for i, p in enumerate(own):
+        if p is not None:
+            d2.take(i, p)
+    assert d2.trees == {0: "chain tree", 2: "chain tree"} and d2.depth == 2
+    assert isinstance(own[0], Proposal)

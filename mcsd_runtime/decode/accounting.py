@@ -3,9 +3,9 @@ trajectory and stopper, the proposers that learn (`update`), the batch's and the
 statistics, the row's step record, and `generate`'s `on_commit` hook hear how the step went,
 in that order.
 
-A target-initialized tree's roots are the target's (`proposers.TargetInit`): to the stopper and
-to the statistics its drafted depth is one less, and its roots are not drafted tokens. A copied
-chain (prompt lookup) is no draft to the stopper: a step without one.
+Layers the draft did not propose (`Draft.roots`: target-initialized roots) are not drafted: to
+the stopper and the statistics the drafted depth leaves them out, and so do the drafted tokens.
+A copied chain (prompt lookup) is no draft to the stopper: a step without one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mcsd_runtime.decode.cache import RowCache
-from mcsd_runtime.decode.proposers import PromptLookup, TargetInit
+from mcsd_runtime.decode.proposers import Proposer
 from mcsd_runtime.decode.state import (
     DecodeStats,
     Draft,
@@ -33,13 +33,13 @@ CommitHook = Callable[[list[int]], "int | None"]
 
 
 class Accounts:
-    """Accounts for one engine's steps into `stats` (the batch's) and each row's own: `lookup`
-    and `init` the proposers that learn from a step (`init` None unless target-initialized),
-    `on_commit` `generate`'s hook."""
+    """Accounts for one engine's steps into `stats` (the batch's) and each row's own:
+    `proposers` learn from each row's step (`update`, in order), `on_commit` is `generate`'s
+    hook."""
 
-    def __init__(self, dec: Decoding, stats: DecodeStats, lookup: PromptLookup,
-                 init: TargetInit | None, on_commit: CommitHook | None) -> None:
-        self.dec, self.stats, self.lookup, self.init = dec, stats, lookup, init
+    def __init__(self, dec: Decoding, stats: DecodeStats, proposers: list[Proposer],
+                 on_commit: CommitHook | None) -> None:
+        self.dec, self.stats, self.proposers = dec, stats, proposers
         self.on_commit, self.tree, self.pair = on_commit, dec.tree, dec.pair
 
     def account(self, rows: list[Row], outcomes: list, timing: Timing, tc: RowCache,
@@ -82,15 +82,16 @@ class Accounts:
         """Tell the recorder, the trajectory, the stopper and each of `stats` how the step
         went."""
         s, c = draft.depth, draft.size
-        roots = self.tree.sizes[0] if self.init is not None and s else 0  # the target's
-        drafted_depth = s - 1 if roots else s
+        drafted_depth = max(0, s - draft.roots)
+        roots = draft.tt.tree.cum[s - drafted_depth]  # tokens the draft did not propose
         if self.dec.recorder is not None:
             self.dec.recorder.on_step(self.trace(st, draft, v, row))
         # the stopper did not draft a copied chain: to it, a step without a draft
         own, accepted = (0, 0) if draft.copied else (drafted_depth, v.accepted)
         st.trajectory.update(accepted, len(committed), own)
         st.stopper.update(own, accepted)
-        self.lookup.update(st, draft, v, committed)
+        for proposer in self.proposers:
+            proposer.update(st, draft, v, committed)
         for counts in stats:
             counts.lookup_steps += draft.copied
             counts.drafted_tokens += c - roots
@@ -111,7 +112,7 @@ class Accounts:
         if self.dec.needs_hidden and s:
             model = self.pair.draft
             hidden = torch.cat([
-                h if (h := layer.hidden()) is not None else  # target-init roots: zeros
+                h if (h := layer.hidden()) is not None else  # roots the draft did not propose
                 torch.zeros(layer.prob.shape[0], model.config.hidden_size, dtype=model.dtype,
                             device=model.device)
                 for layer in layers])

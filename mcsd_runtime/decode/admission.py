@@ -3,7 +3,7 @@ Each new row gets its own generator (seeded like `generate`) and stopper (the de
 batch of one, a copy in a batch), then the new prompts are prefilled together, right-padded,
 into both models' caches. Both take each prompt but its last token, which stays pending; the
 target takes that one too when it supplies the first token (AR: `first_token` commits it as a
-step would) or the first roots (target-init: `proposers.TargetInit.after_prefill`). A feature
+step would; a subclass may read the prefill's logits otherwise: `after_prefill`). A feature
 draft reads the target's state one position back, so the target's prefill states go into the
 draft's.
 """
@@ -20,7 +20,7 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.accounting import Accounts
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import Forward
-from mcsd_runtime.decode.proposers import PromptLookup, TargetInit
+from mcsd_runtime.decode.proposers import PromptLookup
 from mcsd_runtime.decode.state import (
     DecodeStats,
     Row,
@@ -38,26 +38,25 @@ if TYPE_CHECKING:
 
 class Admission:
     """Admits prompts for one engine: `forward` its timed forward, `stopper` the batch's
-    stopper, `init` the target-initialized roots if any, `features` a feature draft; prefill
-    seconds and calls go into `stats` (the batch's) and each row's own."""
+    stopper, `features` a feature draft; prefill seconds and calls go into `stats` (the
+    batch's) and each row's own."""
 
     def __init__(self, dec: Decoding, forward: Forward, stopper: Stopper, batch_size: int,
-                 init: TargetInit | None, features: bool, lookup: PromptLookup,
-                 accounts: Accounts, stats: DecodeStats) -> None:
+                 features: bool, lookup: PromptLookup, accounts: Accounts,
+                 stats: DecodeStats) -> None:
         self.dec, self.forward, self.stopper, self.batch_size = dec, forward, stopper, batch_size
-        self.init, self.features, self.lookup = init, features, lookup
+        self.features, self.lookup = features, lookup
         self.accounts, self.stats = accounts, stats
         self.cfg, self.tree, self.pair = dec.config, dec.tree, dec.pair
         self.dev, self.dtype = dec.pair.device, dec.pair.dtype
         # the target takes the whole prompt at the prefill when it supplies the first token (AR)
-        # or the first roots (target-init)
-        self.target_takes_prompt = init is not None or not self.tree.depth
+        self.target_takes_prompt = not self.tree.depth
 
     def admit(self, take: list[int], prompts: list[list[int]], seeds: list[int],
               tc: RowCache, dc: RowCache) -> list[Row]:
         """Prefill the prompts `take` and append their rows to the batch's caches. Both models
         take each prompt but its last token, which stays pending; the target takes that one too
-        when it must supply the first token (AR) or the first roots (target-init)."""
+        when it must supply the first token (`target_takes_prompt`)."""
         t0 = time.perf_counter()
         rows = [self.new_row(i, prompts[i], seeds[i], t0) for i in take]
         ids = [prompts[i] for i in take]
@@ -84,11 +83,14 @@ class Admission:
         for i, r in enumerate(rows):
             r.stats.prefill_time = dt
             r.stats.target_time, r.stats.draft_time = timing.target, timing.draft
-            if self.init is not None:
-                self.init.after_prefill(r, logits[i])
-            elif not self.tree.depth:
-                self.first_token(r, logits[i])
+            self.after_prefill(r, None if logits is None else logits[i])
         return rows
+
+    def after_prefill(self, r: Row, logits: torch.Tensor | None) -> None:
+        """A new row after its prefill (`logits` [V] at its last token when the target took
+        it): AR commits its first token."""
+        if not self.tree.depth:
+            self.first_token(r, logits)
 
     def new_row(self, index: int, ids: list[int], seed: int, t0: float) -> Row:
         gen = torch.Generator(self.dev)
@@ -96,7 +98,7 @@ class Admission:
         # a batch of one asks the decoder's own stopper; rows of a batch, their own copies
         stopper = self.stopper if self.batch_size == 1 else copy.copy(self.stopper)
         stopper.reset()
-        st = RowState(committed=list(ids), n_prompt=len(ids), t_cache=None, d_cache=None,
+        st = RowState(committed=list(ids), n_prompt=len(ids),
                       t_pending=[], d_pending=[], generator=gen, stopper=stopper,
                       copy_history=self.lookup.history())
         return Row(index, st, admitted=t0)

@@ -28,6 +28,7 @@ from mcsd_runtime.decode.state import (
     StepTrace,
     causal_bias,
 )
+from mcsd_runtime.decode.target_init import TargetInitEngine
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_messages, is_messages
@@ -130,7 +131,7 @@ class MCSDDecoder:
         keeps only that many of them and ends the generation (stopping criteria, streaming)."""
         ids = self.encode(prompt)
         seed = self.config.seed if seed is None else seed
-        return Engine(self, 1, on_commit).run([ids], [seed]).results[0]
+        return self.engine(1, on_commit).run([ids], [seed]).results[0]
 
     @torch.inference_mode()
     def generate_batch(self, prompts: Sequence[PromptInput], batch_size: int = 8,
@@ -154,7 +155,13 @@ class MCSDDecoder:
         seeds = [self.config.seed] * len(ids) if seeds is None else [int(s) for s in seeds]
         if len(seeds) != len(ids):
             raise MCSDError(f"{len(seeds)} seeds for {len(ids)} prompts: give one per prompt")
-        return Engine(self, batch_size).run(ids, seeds, on_result)
+        return self.engine(batch_size).run(ids, seeds, on_result)
+
+    def engine(self, batch_size: int, on_commit: CommitHook | None = None) -> Engine:
+        """The step engine of one `generate` / `generate_batch` call: the lossless one, or
+        target-initialized candidates' own (`init="target"`)."""
+        cls = TargetInitEngine if self.config.init == "target" else Engine
+        return cls(self, batch_size, on_commit)
 
     # ----------------------------------------------------------------- shared by the engine
     def probs(self, logits: torch.Tensor) -> torch.Tensor:

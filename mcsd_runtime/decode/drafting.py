@@ -8,8 +8,8 @@ while the stopper's `batch_continue` or any row's own stopper says so; `batch_de
 each row where its own stopper does. Sampled rows draw with their own generator up to their own
 depth and from a spare generator past it.
 
-Target-initialized candidates (`proposers.TargetInit`) supply the first layer instead of the
-draft and go into the draft with the pending tokens.
+The first layer comes from `first_layer` (the draft's proposals at each row's last pending
+token); a subclass may supply it otherwise (`target_init.InitDrafter`).
 """
 
 from __future__ import annotations
@@ -30,19 +30,18 @@ from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.stop.features import TOP_K_MASS
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.proposers import TargetInit
     from mcsd_runtime.decode.state import Decoding, Row, Timing
 
 
 
 class TreeDrafter:
     """Drafts every row's tree, depth by depth, for one engine: `forward` is the engine's timed
-    forward, `stopper` the batch's stopper (asked first in max mode), `init` the target-
-    initialized roots if any; `features`: a feature draft (reads the target's states)."""
+    forward, `stopper` the batch's stopper (asked first in max mode); `features`: a feature
+    draft (reads the target's states); `ragged`: depth forwards take only the rows drafting."""
 
     def __init__(self, dec: Decoding, forward: Forward, stopper: Stopper, batch_size: int,
-                 init: TargetInit | None, features: bool, ragged: bool = False) -> None:
-        self.dec, self.forward, self.stopper, self.init = dec, forward, stopper, init
+                 features: bool, ragged: bool = False) -> None:
+        self.dec, self.forward, self.stopper = dec, forward, stopper
         self.ragged = ragged  # depth forwards take only the rows still drafting
         # a budget across the batch chooses every row's depths (`batch_extend`, `batch_verify`)
         self.extend = getattr(stopper, "batch_extend", None)
@@ -65,16 +64,7 @@ class TreeDrafter:
                     ragged=self.ragged)
         if max(caps) <= 0:
             return d
-        if self.init is not None:
-            first = [self.init.propose(rows[0].st)]
-        else:
-            d.pending = self.feeds(rows, caps)
-            q, hidden = self.feed_pending(rows, dc, inputs, timing, d.pending)
-            for r, n in zip(rows, d.pending, strict=True):
-                if n or not self.ragged:
-                    r.st.d_pending, r.st.d_feats = [], []
-            d.fed = True
-            first = self.propose(q[:, None], hidden, 1, None, rows, caps)
+        first = self.first_layer(rows, inputs, caps, dc, d, timing)
         d.cache_base = dc.length
         self.add_layers(d.layers, tokens, first)
         depth = 1
@@ -96,6 +86,18 @@ class TreeDrafter:
         if self.extend is not None:
             self.verify_budget(rows, d, depth, caps, open_rows)
         return d
+
+    def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: RowCache,
+                    d: Drafted, timing: Timing) -> list[DraftLayer]:
+        """Depth 1 of every row: its pending draft tokens go through the draft (`feeds`), which
+        proposes at the last of them."""
+        d.pending = self.feeds(rows, caps)
+        q, hidden = self.feed_pending(rows, dc, inputs, timing, d.pending)
+        for r, n in zip(rows, d.pending, strict=True):
+            if n or not self.ragged:
+                r.st.d_pending, r.st.d_feats = [], []
+        d.fed = True
+        return self.propose(q[:, None], hidden, 1, None, rows, caps)
 
     def verify_budget(self, rows: list[Row], d: Drafted, depth: int, caps: list[int],
                       open_rows: list[bool]) -> None:
@@ -149,9 +151,6 @@ class TreeDrafter:
         [rows, n, V] (and hidden states): the next depth's proposals. A ragged forward takes
         only the rows still `drafting`; the others' q is uniform (their deeper nodes are never
         verified)."""
-        if depth == 1 and self.init is not None:  # the roots go in with the pending tokens
-            d.fed = True
-            return self.init.feed_roots(rows[0], tokens, inputs, dc, d, timing)
         nodes = self.tree.depth_slice(depth)
         # a feature draft reads, at each node, the state its parent's proposal came from
         prev = torch.stack([rl[depth - 1].hidden() for rl in d.layers]) if self.features else None

@@ -22,7 +22,7 @@ A step, over every row of the batch at once (`Engine.step`, one numbered phase e
 
 Cache convention: each model's cache holds the committed tokens except its *pending* ones, which
 it takes in first at its next forward. The target's pending token is the previous step's bonus
-token (none with target-initialized candidates); the draft may also lag by accepted nodes of the
+token; the draft may also lag by accepted nodes of the
 last depth, which it never forwarded. Caches are `RowCache`s: a row keeps its committed prefix,
 the rest is masked and compacted away after every step. A finished row (EOS, max_new_tokens)
 leaves, and the next queued prompt is prefilled into the free slot (continuous batching,
@@ -59,11 +59,13 @@ Host syncs per step, each marked `# sync:`: the verdicts of all rows (one copy),
 stopper reads to decide (`DraftFrontier`). On a GPU with `DecodeConfig(profile=True)` forwards are
 also synchronized to be timed.
 
-Proposers other than the draft's depths (`mcsd_runtime.decode.proposers`): prompt lookup's
-chains (`PromptLookup`), a learned width's cut of the first depth (`WidthCut`) and target-
-initialized candidates (the paper's, NOT lossless: `init="target"`, `TargetInit`): the target
-supplies the first layer from its own distribution, so it takes the whole prompt at the prefill
-and has no pending root; only batches of one use it.
+Proposers other than the draft's depths (`mcsd_runtime.decode.proposers`, one interface): prompt
+lookup's chains (`PromptLookup`) and a learned width's cut of the first depth (`WidthCut`). Each
+returns each row's proposal, which the row then verifies (`Drafted.take`).
+
+Target-initialized candidates (the paper's, NOT lossless: `init="target"`) have an engine of
+their own (`target_init.TargetInitEngine`, chosen by `MCSDDecoder.engine`), whose phases
+override this one's where the target supplies the first layer; nothing here knows of them.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
-from mcsd_runtime.decode.proposers import PromptLookup, TargetInit, WidthCut
+from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
 from mcsd_runtime.decode.ragged import Ragged, ragged_layout
 from mcsd_runtime.decode.state import (
     DecodeStats,
@@ -132,9 +134,6 @@ class Engine:
         # forward, and the draft takes each accepted token again with the target's state
         self.features = bool(self.tree.depth) and bool(
             getattr(self.pair.draft, "is_feature_draft", False))
-        self.init = (TargetInit(dec, self.forward, batch_size, self.features)
-                     if self.cfg.init == "target" else None)
-        self.lo = int(self.init is not None)  # the target's tree starts at node 1 (no root)
         self.ragged = ragged_layout(dec, batch_size)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
         self.stats = DecodeStats()
@@ -143,15 +142,19 @@ class Engine:
         # ...and, trained beside a draft, weighs copying against the stopper's drafted step
         beside_draft = (self.wants_conf and dec.copy_length.draft_costs is not None
                         and self.tree.depth > 0 and not isinstance(self.stopper, NoDraftStopper))
-        self.lookup = PromptLookup(dec, beside_draft, self.lo)
-        self.width = WidthCut(dec)
-        self.drafter = TreeDrafter(dec, self.forward, self.stopper, batch_size, self.init,
-                                   self.features, self.ragged)
-        self.accounts = Accounts(dec, self.stats, self.lookup, self.init, on_commit)
-        self.admission = Admission(dec, self.forward, self.stopper, batch_size, self.init,
-                                   self.features, self.lookup, self.accounts, self.stats)
-        self.verifier = Verifier(self.cfg, dec.probs, self.init, dec.recorder is not None,
-                                 self.wants_conf)
+        self.lookup = PromptLookup(dec, beside_draft)
+        # after the draft's depths, in this order: prompt lookup's chains, the learned width
+        self.proposers: list[Proposer] = [self.lookup, WidthCut(dec)]
+        self.accounts = Accounts(dec, self.stats, [self.lookup], on_commit)
+        self.drafter, self.admission, self.verifier = self.phases()
+
+    def phases(self) -> tuple[TreeDrafter, Admission, Verifier]:
+        """The draft, admission and verify phases (a subclass's own: `target_init`)."""
+        dec, b = self.dec, self.batch_size
+        return (TreeDrafter(dec, self.forward, self.stopper, b, self.features, self.ragged),
+                Admission(dec, self.forward, self.stopper, b, self.features, self.lookup,
+                          self.accounts, self.stats),
+                Verifier(self.cfg, dec.probs, dec.recorder is not None, self.wants_conf))
 
     # ------------------------------------------------------------------ the loop
     def run(self, prompts: list[list[int]], seeds: list[int],
@@ -212,7 +215,7 @@ class Engine:
 
         # 2. one target forward over every row's pending root and tree
         target_base = tc.length
-        counts = None if self.lo else [1 + dr.size for dr in drafts]  # each row's own tokens
+        counts = [1 + dr.size for dr in drafts]  # each row's own tokens
         out = self.forward(self.pair.target, tc, *self.tree_inputs(tokens, inputs, d, drafts),
                            None, timing, hidden=self.features, counts=counts)
 
@@ -229,25 +232,27 @@ class Engine:
     def plan(self, rows: list[Row]) -> tuple[list[int], list[list[int]], list[int]]:
         """Each row's remaining token budget, the chain prompt lookup copies for it (or []) and
         the depth its tree may reach (0: verify no tree)."""
-        tree, lo = self.tree, self.lo
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
         # a row whose context repeats itself verifies what followed before (prompt lookup)
         copied = [self.lookup.plan(r.st, m - 1) for r, m in zip(rows, remaining, strict=True)]
-        # a step commits up to s + 1 tokens (s with target-init): never draft past the budget
-        caps = [max(0, min(tree.depth, m - 1 + lo)) for m in remaining]
-        if self.init is None:  # a row whose stopper drafts nothing this step verifies no tree
-            starts = [StepStart(tree.depth, r.st.trajectory.values(), c, len(r.st.d_pending),
-                                r.st)
-                      if c and not look else None
-                      for c, r, look in zip(caps, rows, copied, strict=True)]
-            plan = getattr(self.stopper, "batch_plan", None)  # a budget across the batch
-            votes = plan(starts) if plan is not None else None
-            if votes is None:
-                votes = [s is not None and r.st.stopper.should_draft(s)
-                         for s, r in zip(starts, rows, strict=True)]
-            caps = [c if v else 0 for c, v in zip(caps, votes, strict=True)]
-        return remaining, copied, caps
+        return remaining, copied, self.caps(rows, remaining, copied)
+
+    def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:
+        """The depth each row may draft: a step commits up to s + 1 tokens, so never past the
+        row's budget; 0 for a row that copies, or whose stopper (or the batch's budget) drafts
+        nothing this step."""
+        depth = self.tree.depth
+        caps = [max(0, min(depth, m - 1)) for m in remaining]
+        starts = [StepStart(depth, r.st.trajectory.values(), c, len(r.st.d_pending), r.st)
+                  if c and not look else None
+                  for c, r, look in zip(caps, rows, copied, strict=True)]
+        plan = getattr(self.stopper, "batch_plan", None)  # a budget across the batch
+        votes = plan(starts) if plan is not None else None
+        if votes is None:
+            votes = [s is not None and r.st.stopper.should_draft(s)
+                     for s, r in zip(starts, rows, strict=True)]
+        return [c if v else 0 for c, v in zip(caps, votes, strict=True)]
 
     def propose(self, rows: list[Row], inputs: torch.Tensor, at: int, copied: list[list[int]],
                 caps: list[int], dc: RowCache, timing: Timing,
@@ -260,12 +265,16 @@ class Engine:
         tokens = torch.zeros(len(rows), width, dtype=torch.long, device=self.dev)
         tokens[:, 0] = inputs[:, 1]
         d = self.drafter.draft(rows, tokens, inputs, caps, dc, timing)
-        self.lookup.propose(d, tokens, inputs[:, at:], [len(c) for c in copied])
-        self.width.propose(d)
+        step = Proposing(d, inputs[:, at:], [len(c) for c in copied])
+        for proposer in self.proposers:
+            for i, proposal in enumerate(proposer.propose(step)):
+                if proposal is not None:
+                    d.take(i, proposal)
+                    nodes = torch.cat([layer.tokens for layer in proposal.layers])
+                    tokens[i, 1 : 1 + nodes.shape[0]] = nodes
         # each row's tree: the draft's, a copied chain's own (`Decoding.chain`) or a cut width's
-        chain = self.dec.chain or tt
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
-                        d.copied[i], chain if d.copied[i] else d.cut.get(i, tt))
+                        d.copied[i], d.trees.get(i, tt))
                   for i in range(len(rows))]
         return tokens, d, drafts
 
@@ -274,14 +283,13 @@ class Engine:
                     tc: RowCache, dc: RowCache) -> list[tuple[Draft, Verdict, list[int]]]:
         """Commit each row's verdict and keep, in both caches, the entries of what it
         committed. Returns each row's (draft, verdict, committed tokens)."""
-        lo = self.lo
         keep_t, keep_d, outcomes = [], [], []
         for i, r in enumerate(rows):
             v = verdicts[i]
             new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i])
             if self.features:  # the new pending tokens' states: the root's, then the path's
                 r.st.d_feats.append(out.hidden[i, [0, *path]])
-            keep_t.append([target_base] * (1 - lo) + [target_base + j - lo for j in path])
+            keep_t.append(self.target_keep(target_base, path))
             keep_d.append(self.draft_keep(d, i, path))
             outcomes.append((drafts[i], v, new))
         tc.compact(keep_t)
@@ -289,16 +297,20 @@ class Engine:
             dc.compact(keep_d)
         return outcomes
 
+    def target_keep(self, base: int, path: list[int]) -> list[int]:
+        """The target cache slots a row keeps of the step's forward (which began at `base`):
+        its root's and its accepted path's."""
+        return [base] + [base + j for j in path]
+
     def tree_inputs(self, tokens: torch.Tensor, inputs: torch.Tensor, d: Drafted,
                     drafts: list[Draft]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The target's ids, positions and tree mask [rows or 1, n, n] for every row's root and
         tree: the draft's tree's slice when all rows lie on it, else each row's own tree,
         padded (a padding slot sees the root only and nobody sees it)."""
-        lo, tt = self.lo, self.tt
+        tt = self.tt
         if all(dr.tt is tt for dr in drafts):
             c = 1 + self.tree.cum[d.depth]
-            return (tokens[:, lo:c], inputs[:, :1] + tt.depth[lo:c][None],
-                    tt.bias[lo:c, lo:c][None])
+            return tokens[:, :c], inputs[:, :1] + tt.depth[:c][None], tt.bias[:c, :c][None]
         w = 1 + max(dr.size for dr in drafts)
         offsets = torch.zeros(len(drafts), w, dtype=torch.long, device=self.dev)
         block = torch.full((len(drafts), w, w), torch.finfo(self.dtype).min, dtype=self.dtype,
@@ -339,11 +351,10 @@ class Engine:
         EOS, and set both models' pending tokens (`forwarded`: the deepest depth the draft has
         seen). When clipped, the caches keep the committed part of the path and its last token
         becomes the pending one. Returns the committed tokens and the path the caches keep."""
-        lo = self.lo
-        new = [v.tokens[j] for j in v.path] + ([] if lo else [v.bonus])
+        path, bonus = v.path, self.bonus(v)
+        new = [v.tokens[j] for j in path] + bonus
         new = new[: min(remaining, self.cfg.commit_limit or remaining)]
-        path, bonus = v.path, [] if lo else [v.bonus]
-        if not lo and len(new) <= len(path):
+        if bonus and len(new) <= len(path):
             path, bonus = path[: len(new) - 1], [new[-1]]
         for i, t in enumerate(new):
             if t in self.dec.eos:
@@ -356,9 +367,11 @@ class Engine:
         st.t_pending = bonus
         if self.tree.depth:
             st.d_pending += [v.tokens[j] for j in path if draft.tt.depths[j] > forwarded] + bonus
-        if self.init is not None:
-            self.init.update(st, draft, v, new)
         return new, path
+
+    def bonus(self, v: Verdict) -> list[int]:
+        """The token a row commits after its accepted path: the target's next one."""
+        return [v.bonus]
 
     # ------------------------------------------------------------------ forwards, results
     def forward(self, model, cache: RowCache | SlotRowCache, ids: torch.Tensor,

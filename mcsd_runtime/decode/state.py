@@ -1,7 +1,7 @@
 """The decoder's data: its configuration, what it returns (results, statistics, step records, the
 traces recorders see), and the per-sequence state of one step (the drafted tree, the verdict,
-the frontier stoppers see). Shared by the one-sequence loop (`decoder`) and the batched one
-(`batch`)."""
+the frontier stoppers see, the proposals of the proposers). Read by the step engine
+(`mcsd_runtime.decode.engine`) and its phases."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from mcsd_runtime import metrics
 from mcsd_runtime.constants import BATCH_LAYOUTS, DEFAULT_K_CONFIG, GRAPHS, INITS, VERIFIERS
@@ -211,8 +210,6 @@ class Recorder(Protocol):
 class RowState:
     committed: list[int]
     n_prompt: int
-    t_cache: DynamicCache | None  # None in a batch (the batch's RowCaches hold every row)
-    d_cache: DynamicCache | None
     t_pending: list[int]
     d_pending: list[int]
     root_probs: torch.Tensor | None = None  # target-init: target distribution at the root
@@ -277,6 +274,7 @@ class Draft:
     cache_base: int = 0  # draft cache length where depth-1 nodes start
     copied: bool = False  # a prompt-lookup chain, not drafted
     tt: TreeTensors | None = None  # the tree it lies on (a copied chain's own, or the draft's)
+    roots: int = 0  # leading layers the draft did not propose (target-initialized roots)
 
     @property
     def depth(self) -> int:
@@ -402,7 +400,8 @@ class Drafted:
     forwarded: int = 0  # deepest depth whose nodes went through the draft
     fed: bool = False  # the pending draft tokens went through the draft this step
     copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
-    cut: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its cut width's tree
+    trees: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its own tree, if not
+    # the draft's (a copied chain's, a cut width's)
     refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
     ragged: bool = False  # depth forwards took only the rows still drafting
     reach: list[int] = field(default_factory=list)  # per row: drafted depth (>= verified depth)
@@ -416,6 +415,26 @@ class Drafted:
             return self.forwarded
         drafted = self.reach[i] if self.reach else self.depths[i]
         return max(0, min(self.forwarded, drafted - 1))
+
+    def take(self, i: int, proposal: Proposal) -> None:
+        """Row i verifies `proposal` in place of what the draft gave it."""
+        self.layers[i], self.depths[i] = proposal.layers, len(proposal.layers)
+        self.copied[i] = proposal.copied
+        if proposal.tt is not None:
+            self.trees[i] = proposal.tt
+        else:  # it lies in the draft's tree, which the target's forward slices to the batch depth
+            self.depth = max(self.depth, len(proposal.layers))
+
+
+@dataclass
+class Proposal:
+    """One row's tree from a proposer (`mcsd_runtime.decode.proposers`): its layers (the
+    tokens, one layer per depth), on its own tree `tt` (None: the draft's), `copied` when it is
+    a prompt-lookup chain rather than a draft."""
+
+    layers: list[DraftLayer]
+    tt: TreeTensors | None = None
+    copied: bool = False
 
 
 class Decoding(Protocol):
