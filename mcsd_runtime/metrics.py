@@ -24,6 +24,13 @@ def oracle_share(ours: float, base: float, oracle: float) -> float | None:
     return (ours - base) / (oracle - base) if oracle > base else None
 
 
+def geomean(values: list[float]) -> float:
+    """The geometric mean of positive `values`."""
+    import numpy as np
+
+    return float(np.exp(np.log(values).mean()))
+
+
 def mean_ci(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
     """Mean of `values` with its 95% bootstrap CI (percentile, resampled with replacement,
     seeded); Nones when empty."""

@@ -16,8 +16,8 @@ from dataclasses import replace
 import numpy as np
 
 from collect.outputs import Trace
-from mcsd_runtime import metrics
 from mcsd_runtime.lookup import Match, find_match
+from mcsd_runtime.metrics import geomean, oracle_share
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import copy_outcome, step_outcome
 from mcsd_runtime.stop.copy_length import CopyHistory, drafted_step, features
@@ -192,24 +192,16 @@ def replay_report(policy, speeds: dict[str, dict[str, list[float]]],
         row = {"domain": name, "trained": name in trained, "prompts": len(sp["learned"]),
                "learned_vs_ar": ours, "best_static": best, "best_static_vs_ar": gms[best],
                "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
-               "oracle_share": share(ours, gms[deploy], oracle),
+               "oracle_share": oracle_share(ours, gms[deploy], oracle),
                "vs_deploy": paired_speedup(sp["learned"], sp[deploy]),
                "vs_best_static": paired_speedup(sp["learned"], sp[best])}
         if "draft" in sp:
             row["draft_vs_ar"] = geomean(sp["draft"])
             row["oracle_choices_vs_ar"] = geomean(sp["oracle_choices"])
-            row["oracle_choices_share"] = share(ours, gms[deploy], row["oracle_choices_vs_ar"])
+            row["oracle_choices_share"] = oracle_share(ours, gms[deploy],
+                                                       row["oracle_choices_vs_ar"])
         rows.append(row)
     return rows
-
-
-def geomean(values: list[float]) -> float:
-    return float(np.exp(np.log(values).mean()))
-
-
-def share(ours: float, deploy: float, oracle: float) -> float | None:
-    """The share of the oracle's gain over the deploy static that `ours` takes."""
-    return metrics.oracle_share(ours, deploy, oracle)
 
 
 def print_report(report: list[dict], rate: float, mix: dict | None = None) -> None:

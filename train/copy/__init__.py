@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.metrics import geomean, oracle_share
 from replay.copy import (
     BESIDE,
     DEPLOY,
     draft_step_costs,
-    geomean,
     print_report,
     replay_report,
     replay_speeds,
-    share,
     static_name,
     step_costs,
 )
@@ -146,11 +145,11 @@ def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, l
     learned, static = geomean(pooled["learned"]), geomean(pooled[deploy])
     oracle = geomean(pooled["oracle"])
     mix = {"outputs": len(train), "learned_vs_ar": learned, "deploy_vs_ar": static,
-           "oracle_vs_ar": oracle, "oracle_share": share(learned, static, oracle),
+           "oracle_vs_ar": oracle, "oracle_share": oracle_share(learned, static, oracle),
            "folds": folds, "out_of_fold_vs_ar": None, "out_of_fold_share": None}
     if "oracle_choices" in pooled:
         mix["oracle_choices_vs_ar"] = geomean(pooled["oracle_choices"])
-        mix["oracle_choices_share"] = share(learned, static, mix["oracle_choices_vs_ar"])
+        mix["oracle_choices_share"] = oracle_share(learned, static, mix["oracle_choices_vs_ar"])
     if folds:
         try:
             speed = fitting.out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
@@ -158,7 +157,7 @@ def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, l
         except MCSDError:
             return mix
         mix["out_of_fold_vs_ar"] = geomean(speed)
-        mix["out_of_fold_share"] = share(mix["out_of_fold_vs_ar"], static, oracle)
+        mix["out_of_fold_share"] = oracle_share(mix["out_of_fold_vs_ar"], static, oracle)
     return mix
 
 
