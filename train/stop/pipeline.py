@@ -309,16 +309,56 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
                              collected_prompt_format(manifests))
     stopper = stopper_from(spec, out)
     latency = stopper_latency(stopper, prep.n_inputs if config.hidden else None, fp, prep.k_config)
+    decision_s = _decision_seconds(config, latency, measured)
+
+    sequences = sequence_ids(prep.df)
+    keys = {k: set(sequences[m].unique()) for k, m in prep.masks.items()}
+    val, test = data.subset(keys["val"]), data.subset(keys["test"])
+    curve, chosen, no_skip = _choose_threshold(val, stopper, profile, config, decision_s)
+    # the expected-throughput rule on calibrated scores, with the same skips and without; it
+    # replaces the threshold only where it replays faster on validation prompts (ties: the
+    # threshold)
+    calibration = fit_calibration(stopper.node_scores(prep.x["val"]),
+                                  prep.parts["val"]["label_hard"].to_numpy())
+    chosen, by_rule, rates = _choose_rule(val, stopper, profile, chosen, no_skip, calibration,
+                                          config, decision_s)
+    peers = _tune_peers(val, profile, data.depth)
+    learned = {f"learned({rule}{tail})": setting  # both rules
+               for rules, tail in ((by_rule, ""), (no_skip, ", no skip"))
+               for rule, setting in rules.items()}
+    results = _replay_splits({"val": val, "test": test}, peers, learned, chosen, spec, out,
+                             profile, calibration, decision_s)
+    headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
+    log(_replay_line(headline, chosen, data.mode))
+    _warn_if_a_peer_wins(results, headline, log)
+    test_scores = stopper.node_scores(prep.x["test"])
+    choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
+                    peers, results, headline, calibration=calibration, rates=rates,
+                    ece=ece_by_depth(prep.parts["test"]["depth"].to_numpy(),
+                                     prep.parts["test"]["label_hard"].to_numpy(), test_scores,
+                                     calibration))
+    for b in config.batch_sizes[1:]:
+        choice.batches[b] = choose_batch(choice, stopper, out, b, config, log)
+    return choice
+
+
+def _decision_seconds(config: TrainConfig, latency: dict, measured: bool) -> float:
+    """Seconds the replay charges per stopper decision: `decision_us` (default: the benchmarked
+    latency, in the decoder where measured there), and none on a relative profile."""
     # decisions cost real seconds: only added to a measured (seconds) profile; `decision_us`
     # overrides the benchmark (e.g. a per-decision cost measured inside the decoder)
     decision_us = config.decision_us
     if decision_us is None:
         decision_us = latency.get("in_decoder_us") or latency["median_us"]
-    decision_s = decision_us * 1e-6 if measured else 0.0
+    return decision_us * 1e-6 if measured else 0.0
 
-    sequences = sequence_ids(prep.df)
-    keys = {k: set(sequences[m].unique()) for k, m in prep.masks.items()}
-    val, test = data.subset(keys["val"]), data.subset(keys["test"])
+
+def _choose_threshold(val: R.ReplayData, stopper: LearnedStopper, profile: CostProfile,
+                      config: TrainConfig, decision_s: float
+                      ) -> tuple[list[dict], dict, dict[str, dict]]:
+    """The validation sweep over aggregations, thresholds and min_depths, and the best setting
+    of the threshold rule: its depth gate, then its skips; also that setting without skips,
+    as {"threshold": setting} (`_choose_rule` adds the no-skip expected-rate setting)."""
     curve = R.sweep(val, stopper, profile, config.aggregations or tuple(AGGREGATIONS),
                     decision_s=decision_s, progress=config.progress)
     chosen = max(curve, key=lambda c: (c[METRIC], c["tau"])) | {"min_depth_gate": 0.0}
@@ -329,11 +369,18 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     no_skip = {"threshold": chosen}
     chosen = max([chosen, *R.sweep_skips(val, stopper, profile, chosen, decision_s=decision_s)],
                  key=lambda c: c[METRIC])
-    # the expected-throughput rule on calibrated scores, with the same skips and without; it
-    # replaces the threshold only where it replays faster on validation prompts (ties: the
-    # threshold)
-    calibration = fit_calibration(stopper.node_scores(prep.x["val"]),
-                                  prep.parts["val"]["label_hard"].to_numpy())
+    return curve, chosen, no_skip
+
+
+def _choose_rule(val: R.ReplayData, stopper: LearnedStopper, profile: CostProfile,
+                 chosen: dict, no_skip: dict[str, dict], calibration: Calibration,
+                 config: TrainConfig, decision_s: float
+                 ) -> tuple[dict, dict[str, dict], list[dict]]:
+    """The expected-rate rule swept beside the threshold setting `chosen` (with its skips) and
+    beside the one in `no_skip` (without; its best point is added to `no_skip`), the faster
+    rule on validation prompts kept, then online recalibration where asked for and faster
+    (ties: off). Returns the setting, the settings by rule (with skips) and the rule's
+    replayed points."""
     rates = []
     by_rule = {"threshold": chosen}
     for rules, base in ((by_rule, chosen), (no_skip, no_skip["threshold"])):
@@ -348,25 +395,39 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     online = R.sweep_online(val, stopper, profile, chosen, decision_s=decision_s,
                             calibration=calibration) if config.online else []
     chosen = max([chosen | {"online_strength": 0.0}, *online], key=lambda c: c[METRIC])
+    return chosen, by_rule, rates
+
+
+def _tune_peers(val: R.ReplayData, profile: CostProfile, depth: int) -> dict[str, str]:
+    """Each built-in stopper's spec at its best threshold on validation prompts (`PEER_GRID`),
+    and the deployed static depth switched off where acceptance drops (TensorRT-LLM, vLLM)."""
     peers = {}
     for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
         best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
         peers[name] = f"{name}:{best}"
     # the deployed static depth, switched off where acceptance drops (TensorRT-LLM, vLLM)
     deploy = int(deploy_static({k: R.replay(val, k, profile).as_dict()
-                                for k in (f"static:{d}" for d in range(1, data.depth + 1))})
+                                for k in (f"static:{d}" for d in range(1, depth + 1))})
                  .split(":")[1])
     peers["switch"] = R.tune_switch(val, profile, deploy)
+    return peers
+
+
+def _replay_splits(parts: dict[str, R.ReplayData], peers: dict[str, str],
+                   learned: dict[str, dict], chosen: dict, spec: ArtifactSpec, out: Path,
+                   profile: CostProfile, calibration: Calibration, decision_s: float
+                   ) -> dict[str, dict]:
+    """Every method replayed on each split (name -> data): the baselines, the tuned `peers`,
+    each `learned` setting (name -> setting) and the `chosen` one (`learned`); on exact test
+    replay also the oracle bounds. Returns split -> method -> ReplayResult.as_dict()."""
     results = {}
-    for split, part in (("val", val), ("test", test)):
+    for split, part in parts.items():
         base = R.baselines(part, profile)
         base |= {f"{p}(tuned)": R.replay(part, p, profile) for p in peers.values()}
-        for rules, tail in ((by_rule, ""), (no_skip, ", no skip")):  # both rules
-            for rule, setting in rules.items():
-                name = f"learned({rule}{tail})"
-                base[name] = R.replay(part, stopper_from(spec, out,
-                                                         **_spec_fields(setting, calibration)),
-                                      profile, name=name, decision_s=decision_s)
+        for name, setting in learned.items():
+            base[name] = R.replay(part, stopper_from(spec, out,
+                                                     **_spec_fields(setting, calibration)),
+                                  profile, name=name, decision_s=decision_s)
         final = stopper_from(spec, out, **_spec_fields(chosen, calibration))
         base["learned"] = R.replay(part, final, profile, name="learned", decision_s=decision_s)
         results[split] = {k: v.as_dict() for k, v in base.items()}
@@ -374,8 +435,14 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
             results[split]["oracle-bound"] = {METRIC: R.oracle_bound(part, profile, 1)}
             results[split]["oracle-bound(drafting)"] = {
                 METRIC: R.oracle_bound(part, profile, 1, skip=False)}
-    headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
-    log(f"replay ({data.mode}, {headline['units']}): learned {headline['learned_value']:.4g} vs "
+    return results
+
+
+def _replay_line(headline: dict, chosen: dict, mode: str) -> str:
+    """The log line of the replay's verdict: the learned stopper against the best static and
+    the oracle, and the setting chosen."""
+    return (
+        f"replay ({mode}, {headline['units']}): learned {headline['learned_value']:.4g} vs "
         f"best static {headline['best_static']} {headline['best_static_value']:.4g}, oracle "
         f"{headline['oracle_value']:.4g}: {headline['oracle_gain_captured']:.1%} of the "
         f"oracle's gain{_drafting_text(headline)}; aggregation {chosen['aggregation']}, threshold "
@@ -388,16 +455,6 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
            if chosen["rule"] == "expected-rate" else "")
         + "; online recalibration "
         + (f"strength {chosen['online_strength']:g}" if chosen["online_strength"] else "off"))
-    _warn_if_a_peer_wins(results, headline, log)
-    test_scores = stopper.node_scores(prep.x["test"])
-    choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
-                    peers, results, headline, calibration=calibration, rates=rates,
-                    ece=ece_by_depth(prep.parts["test"]["depth"].to_numpy(),
-                                     prep.parts["test"]["label_hard"].to_numpy(), test_scores,
-                                     calibration))
-    for b in config.batch_sizes[1:]:
-        choice.batches[b] = choose_batch(choice, stopper, out, b, config, log)
-    return choice
 
 
 def check_batch_sizes(config: TrainConfig, profile: CostProfile | None) -> None:
