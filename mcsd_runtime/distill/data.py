@@ -25,8 +25,10 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -376,14 +378,7 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
     store = DataStore(folder)
     start = time.perf_counter()
     has_chat = user_prefix(tokenizer) is not None
-    texts: list[str] = []
-    if recipe.prompts:
-        if not has_chat:
-            raise MCSDError("--prompts needs a target with a chat template; this one has none")
-        from mcsd_runtime.prompts.sets import load_prompts
-
-        texts = [p.text for p in load_prompts(recipe.prompts, limit=recipe.prompt_limit or None,
-                                              seed=recipe.seed)]
+    texts = _prompt_texts(recipe, has_chat)
     size = recipe.gen_batch
     wanted = {"heldout": recipe.heldout_conversations, "chat": recipe.conversations} \
         if has_chat else {}
@@ -391,40 +386,13 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
     prompt_stream = "prompts-" + hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
     jobs += [Job(prompt_stream, b, "prompt", tuple(texts[i : i + size]))
              for b, i in enumerate(range(0, len(texts), size))]
-    text_streams = {}
-    for role, split, n_tokens in (("text", "train", recipe.text_tokens),
-                                  ("heldout-text", "eval", recipe.heldout_text_tokens)):
-        text_streams[role] = []
-        if n_tokens > 0:
-            window = min(TEXT_WINDOW, recipe.seq_len)
-            with working(f"reading {n_tokens} tokens of stdlib {split} text", disable=not
-                         progress_on):
-                windows = text_windows(tokenizer, split, n_tokens, window)
-            stream = f"{role}-{windows.shape[0]}x{window}"
-            text_streams[role] = [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
-                                  for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]
-            jobs += text_streams[role]
+    text_streams = _text_jobs(tokenizer, recipe, progress_on)
+    jobs += [j for js in text_streams.values() for j in js]
     total = sum(wanted.values()) + len(texts) + sum(
         j.windows.shape[0] for j in jobs if j.kind == "text")
-    bar = progress(total=total, desc="generating data", unit="seq", disable=not progress_on)
-    chats: dict[str, list[Sequence]] = {}
-    try:
-        run_jobs(jobs, model, tokenizer, recipe, store, bar, workers, target_folder)
-        for _ in range(64):  # a stream short of sequences (dropped queries): more batches
-            short = {}
-            for stream, n in wanted.items():
-                chats[stream], read = _collect(store, stream, n)
-                if len(chats[stream]) < n:
-                    short[stream] = (read, n - len(chats[stream]))
-            if not short:
-                break
-            more = [j for stream, (first, missing) in short.items()
-                    for j in _chat_jobs(stream, first, -(-missing // size) + 1)]
-            run_jobs(more, model, tokenizer, recipe, store, None, workers, target_folder)
-        else:
-            raise MCSDError("the target wrote too few usable queries: check its chat template")
-    finally:
-        bar.close()
+    chats = _generate(jobs, wanted, store, size, total, progress_on,
+                      lambda js, bar: run_jobs(js, model, tokenizer, recipe, store, bar, workers,
+                                               target_folder))
     prompted = [s for b in range(-(-len(texts) // size)) for s in store.load(prompt_stream, b)]
     text = {role: [s for j in js for s in store.load(j.stream, j.batch)]
             for role, js in text_streams.items()}
@@ -436,3 +404,63 @@ def generate_data(folder: Path, model, tokenizer, recipe, progress_on: bool = Tr
                        seconds=time.perf_counter() - start, has_chat=has_chat,
                        prompts=len(texts),
                        batch_seconds=sum(store.seconds(st, b) for st, b in used))
+
+
+def _prompt_texts(recipe, has_chat: bool) -> list[str]:
+    """The instructions of the recipe's prompt set (none without one); MCSDError when the
+    target has no chat template to answer them in."""
+    if not recipe.prompts:
+        return []
+    if not has_chat:
+        raise MCSDError("--prompts needs a target with a chat template; this one has none")
+    from mcsd_runtime.prompts.sets import load_prompts
+
+    return [p.text for p in load_prompts(recipe.prompts, limit=recipe.prompt_limit or None,
+                                         seed=recipe.seed)]
+
+
+def _text_jobs(tokenizer, recipe, progress_on: bool) -> dict[str, list[Job]]:
+    """The jobs scoring the recipe's stdlib text, by role: `text` (the train split) and
+    `heldout-text` (the eval split); a role of no tokens has none."""
+    text_streams: dict[str, list[Job]] = {}
+    for role, split, n_tokens in (("text", "train", recipe.text_tokens),
+                                  ("heldout-text", "eval", recipe.heldout_text_tokens)):
+        text_streams[role] = []
+        if n_tokens > 0:
+            window = min(TEXT_WINDOW, recipe.seq_len)
+            with working(f"reading {n_tokens} tokens of stdlib {split} text", disable=not
+                         progress_on):
+                windows = text_windows(tokenizer, split, n_tokens, window)
+            stream = f"{role}-{windows.shape[0]}x{window}"
+            text_streams[role] = [Job(stream, b, "text", windows=windows[i : i + TEXT_CHUNK])
+                                  for b, i in enumerate(range(0, windows.shape[0], TEXT_CHUNK))]
+    return text_streams
+
+
+def _generate(jobs: list[Job], wanted: dict[str, int], store: DataStore, size: int, total: int,
+              progress_on: bool, run: Callable[[list[Job], Any], None]
+              ) -> dict[str, list[Sequence]]:
+    """Run `jobs` (through `run(jobs, bar)`) behind a progress bar of `total` sequences, then
+    more batches of `size` queries for each chat stream short of its `wanted` sequences
+    (dropped queries); returns the chat streams' sequences. MCSDError when the target keeps
+    writing too few usable queries."""
+    bar = progress(total=total, desc="generating data", unit="seq", disable=not progress_on)
+    chats: dict[str, list[Sequence]] = {}
+    try:
+        run(jobs, bar)
+        for _ in range(64):  # a stream short of sequences (dropped queries): more batches
+            short = {}
+            for stream, n in wanted.items():
+                chats[stream], read = _collect(store, stream, n)
+                if len(chats[stream]) < n:
+                    short[stream] = (read, n - len(chats[stream]))
+            if not short:
+                break
+            more = [j for stream, (first, missing) in short.items()
+                    for j in _chat_jobs(stream, first, -(-missing // size) + 1)]
+            run(more, None)
+        else:
+            raise MCSDError("the target wrote too few usable queries: check its chat template")
+    finally:
+        bar.close()
+    return chats
