@@ -35,13 +35,21 @@ def data(rows):
     return R.ReplayData(rows)
 
 
-def planted(rows: pd.DataFrame, shuffle: bool = False) -> pd.DataFrame:
+@pytest.fixture(scope="module")
+def labelled(rows):
+    """The rows with their training labels (`add_labels`), labelled once for the module."""
+    return add_labels(rows)
+
+
+def planted(rows: pd.DataFrame, shuffle: bool = False,
+            labelled: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rows with a signal planted in hidden state component 0: the hard label plus noise
     (`shuffle`: the same values across the wrong rows). A random tiny pair's own hidden states
     carry almost none (held-out ROC-AUC about 0.52, as with shuffled ones), so only a planted
-    signal shows that hidden states reach the model aligned with their rows' labels."""
+    signal shows that hidden states reach the model aligned with their rows' labels.
+    `labelled`: `add_labels(rows)`, where already at hand."""
     rng = np.random.default_rng(0)
-    label = add_labels(rows)["label_hard"].to_numpy()
+    label = (add_labels(rows) if labelled is None else labelled)["label_hard"].to_numpy()
     signal = 4.0 * (label - 0.5) + rng.normal(0, 0.5, len(label))
     if shuffle:
         rng.shuffle(signal)
@@ -51,7 +59,7 @@ def planted(rows: pd.DataFrame, shuffle: bool = False) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def artifacts(rows, tmp_path_factory):
+def artifacts(rows, labelled, tmp_path_factory):
     """One trained artifact per model kind (each fit takes seconds); mlp-hidden on `planted`
     hidden states."""
     from train.stop.trainer import train_stopper
@@ -61,7 +69,8 @@ def artifacts(rows, tmp_path_factory):
         warnings.simplefilter("ignore")
         for model, label in (("lightgbm", "hard"), ("mlp", "hard"), ("mlp-hidden", "soft")):
             folder = tmp_path_factory.mktemp(model)
-            summary = train_stopper(planted(rows) if model == "mlp-hidden" else rows,
+            summary = train_stopper(planted(rows, labelled=labelled) if model == "mlp-hidden"
+                                    else rows,
                                     [{"pair": small_pair().fingerprint}], folder,
                                     model=model, label=label, profile=PROFILE, max_epochs=8,
                                     aggregations=("max", "sum"), log=lambda *_: None,
@@ -70,8 +79,8 @@ def artifacts(rows, tmp_path_factory):
     return out
 
 
-def test_labels_hard_and_soft(rows):
-    df = add_labels(rows)
+def test_labels_hard_and_soft(labelled):
+    df = labelled
     # per step and depth d < L, exactly one frontier node is positive; none for d >= L
     dec = df[df["decision"]]
     pos = dec.groupby(["prompt_id", "step", "depth"])["label_hard"].sum()
@@ -157,7 +166,7 @@ def test_exact_replay_matches_decoder_for_learned_stopper(data, rows, artifacts,
             < R.replay(data, "static:4").drafted_depth)
 
 
-def test_a_stopper_trained_on_node_features_never_reads_the_runs_history(data, rows,
+def test_a_stopper_trained_on_node_features_never_reads_the_runs_history(data, rows, labelled,
                                                                           artifacts, tmp_path):
     """`features="node"`: the model and stopper.json hold the node features only, its scores do
     not move with the trajectory columns (those of the all-features model do), and replay still
@@ -172,7 +181,7 @@ def test_a_stopper_trained_on_node_features_never_reads_the_runs_history(data, r
     spec = json.loads((tmp_path / "stopper.json").read_text())
     assert tuple(spec["feature_names"]) == FEATURE_SETS["node"]
     node, full = load_stopper(tmp_path), load_stopper(artifacts["lightgbm"][0])
-    x = add_labels(rows)[list(DECISION_FEATURES)].to_numpy(np.float32)
+    x = labelled[list(DECISION_FEATURES)].to_numpy(np.float32)
     moved = x.copy()
     cols = [DECISION_FEATURES.index(n) for n in TRAJECTORY_FEATURES]
     moved[:, cols] = np.random.default_rng(0).uniform(0, 30, (len(x), len(cols)))
