@@ -148,11 +148,11 @@ def test_prepare_labels_and_splits_by_prompt(prep):
     assert set(np.unique(prep.y["train"])) == {0.0, 1.0}
 
 
-def test_prepare_options(manifests):
+def test_prepare_options(prep, manifests):
     rows = dense_rows()
     stored = prepare(rows, manifests, replace(CONFIG, trajectory="stored"), quiet)
     assert np.array_equal(stored.df["prev_accepted"], rows["prev_accepted"])
-    walked = prepare(rows, manifests, CONFIG, quiet)
+    walked = prep  # the default options: the module's own preparation
     assert not np.array_equal(walked.df["prev_accepted"], rows["prev_accepted"])
     other = prepare(rows, manifests, replace(CONFIG, seed=1), quiet)
     assert not all(np.array_equal(other.masks[k], walked.masks[k]) for k in other.masks)
