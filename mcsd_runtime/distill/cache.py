@@ -15,7 +15,6 @@ the data fields of the recipe only), so drafts of several recipes share one gene
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import sys
 import time
@@ -88,7 +87,7 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
     generates the data there in this process and the draft trains there; the recipe, and so
     the draft's hash, is the same wherever it is built (the card records the device)."""
     from mcsd_runtime.backend.device import pick_device
-    from mcsd_runtime.toy.build import _make_tmp, build_then_install
+    from mcsd_runtime.toy.build import build_then_install, make_tmp
 
     recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
     device = pick_device(device)
@@ -107,7 +106,7 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
               + ("" if out is not None else f" (the cache: {CACHE_HELP})")
               + f"; data in {data_folder}"
               + ("" if device.type == "cpu" else f"; on {device}"), flush=True)
-    tmp = _make_tmp(dest)
+    tmp = make_tmp(dest)
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -179,30 +178,57 @@ def summary(root: Path, card: dict) -> str:
 
 def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp: dict,
                 data_folder: Path, progress: bool, device: torch.device) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    from mcsd_runtime.backend.layers import check_layer_ids, cut_draft, target_layer_indices
-    from mcsd_runtime.distill.data import end_ids, generate_data
-    from mcsd_runtime.distill.feature import (
-        attach_feature_input,
-        save_feature_draft,
-        with_feature_input,
-    )
-    from mcsd_runtime.distill.feature_train import distill_features
-    from mcsd_runtime.distill.head import (
-        attach_reduced_head,
-        head_of,
-        pick_vocab,
-        reduced_head_from,
-        save_reduced_head,
-    )
-    from mcsd_runtime.distill.metrics import coverage
-    from mcsd_runtime.distill.train import distill
-    from mcsd_runtime.paths import file_sha256
-    from mcsd_runtime.progress import working
-    from mcsd_runtime.toy.build import _params, build_machine
+    """Distil the draft of `recipe` from the target at `folder` into `tmp` (its data generated
+    into or read from `data_folder`), measure it as saved and write its card; returns the
+    card."""
+    from mcsd_runtime.distill.head import head_of
+    from mcsd_runtime.toy.build import _params, build_machine, write_card
 
     start = time.perf_counter()
+    target, draft, data, layer_ids, pad, train_seconds = _distil_into(
+        tmp, recipe, folder, data_folder, progress, device)
+    reduced = head_of(draft)
+    context = (data.heldout_chat or data.heldout_text or data.train)[0].tokens[:LATENCY_CONTEXT]
+    chat, text, (t_ms, d_ms) = _measure(draft, target, data, recipe, pad, context, progress)
+    counts = data.counts()
+    card = {
+        "format": CARD_FORMAT,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": hash12,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "build_machine": {**build_machine(recipe.precision, torch.get_num_threads()),
+                          "threads": torch.get_num_threads(), "device": _device_name(device)},
+        "target": {"folder": str(folder), "fingerprint": fp,
+                   "layers": target.config.num_hidden_layers,
+                   "params": _params(target), "latency_ms_1thread": round(t_ms, 3)},
+        "draft": {"layer_ids": layer_ids, "params": _params(draft),
+                  "vocab": reduced.ids.numel() if reduced is not None else None,
+                  "latency_ms_1thread": round(d_ms, 3)},
+        "data": {"folder": str(data_folder), "has_chat_template": data.has_chat,
+                 "prompt_set_instructions": data.prompts, "counts": counts,
+                 "note": _data_note(data, counts)},
+        "metrics": _metrics(data, chat, text, reduced, recipe),
+        "cost_ratio_1thread": round(d_ms / t_ms, 4),
+        "latency_note": (f"median ms of a one-token forward with a KV cache of "
+                         f"{int(context.numel())} tokens, fp32, one thread, target and draft "
+                         f"alternating, on the build machine"),
+        "seconds": {"data": round(data.seconds, 1),
+                    "data_batches_one_thread": round(data.batch_seconds, 1),
+                    "train": round(train_seconds, 1),
+                    "build": round(time.perf_counter() - start, 1)},
+    }
+    return write_card(tmp, card, CARD_NAME)
+
+
+def _distil_into(tmp: Path, recipe: DistillRecipe, folder: Path, data_folder: Path,
+                 progress: bool, device: torch.device) -> tuple:
+    """Load the target at `folder`, generate (or read) its data, distil the draft of `recipe`
+    and save it into `tmp/draft`; returns (target, the draft as saved and reloaded, the data,
+    the layers kept, the padding id, the training seconds)."""
+    from mcsd_runtime.backend.layers import check_layer_ids, target_layer_indices
+    from mcsd_runtime.distill.data import generate_data
+    from mcsd_runtime.progress import working
+
     with working(f"loading the target {folder.name}", file=sys.stdout, disable=not progress):
         target, tokenizer = load_target(folder)
     n_layers = target.config.num_hidden_layers
@@ -213,6 +239,26 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
                          workers=torch.get_num_threads() if device.type == "cpu" else 1,
                          target_folder=folder)
     target.cpu()
+    draft, head, pad, train_seconds = _train_draft(target, tokenizer, data, recipe, layer_ids,
+                                                   progress, device)
+    out = tmp / "draft"
+    _save_draft(draft, head, tokenizer, out, recipe)
+    del draft, head
+    return target, _load_draft(out), data, layer_ids, pad, train_seconds
+
+
+def _train_draft(target, tokenizer, data, recipe: DistillRecipe, layer_ids: list[int],
+                 progress: bool, device: torch.device) -> tuple:
+    """The draft of `recipe` cut from `target` (its layers `layer_ids`), with its reduced head
+    (None for the full one), distilled on `data`; returns (draft, head, padding id, training
+    seconds)."""
+    from mcsd_runtime.backend.layers import cut_draft
+    from mcsd_runtime.distill.data import end_ids
+    from mcsd_runtime.distill.feature import with_feature_input
+    from mcsd_runtime.distill.feature_train import distill_features
+    from mcsd_runtime.distill.head import pick_vocab, reduced_head_from
+    from mcsd_runtime.distill.train import distill
+
     stops = end_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     draft = cut_draft(target, layer_ids)
@@ -228,8 +274,16 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
                                          device)
     else:
         train_seconds = distill(draft, head, data.train, recipe, pad, progress, device)
+    return draft, head, pad, train_seconds
+
+
+def _save_draft(draft, head, tokenizer, out: Path, recipe: DistillRecipe) -> None:
+    """Save the trained draft (on the CPU), the target's tokenizer and a reduced head to
+    `out`."""
+    from mcsd_runtime.distill.feature import save_feature_draft
+    from mcsd_runtime.distill.head import save_reduced_head
+
     draft.cpu()
-    out = tmp / "draft"
     if recipe.features:
         save_feature_draft(draft, out)
     else:
@@ -237,51 +291,35 @@ def _build_into(tmp: Path, recipe: DistillRecipe, hash12: str, folder: Path, fp:
     tokenizer.save_pretrained(out)
     if head is not None:
         save_reduced_head(head, out)
-    del draft, head
-    draft = attach_feature_input(attach_reduced_head(
+
+
+def _load_draft(out: Path):
+    """The draft saved in `out`, loaded as users load it (fp32, eval mode, with its reduced
+    head and feature input)."""
+    from transformers import AutoModelForCausalLM
+
+    from mcsd_runtime.distill.feature import attach_feature_input
+    from mcsd_runtime.distill.head import attach_reduced_head
+
+    return attach_feature_input(attach_reduced_head(
         AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32), out), out).eval()
-    reduced = head_of(draft)
-    context = (data.heldout_chat or data.heldout_text or data.train)[0].tokens[:LATENCY_CONTEXT]
-    chat, text, (t_ms, d_ms) = _measure(draft, target, data, recipe, pad, context, progress)
-    counts = data.counts()
-    card = {
-        "format": CARD_FORMAT,
-        "recipe": recipe.to_dict(),
-        "recipe_hash": hash12,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "build_machine": {**build_machine(recipe.precision, torch.get_num_threads()),
-                          "threads": torch.get_num_threads(), "device": _device_name(device)},
-        "target": {"folder": str(folder), "fingerprint": fp, "layers": n_layers,
-                   "params": _params(target), "latency_ms_1thread": round(t_ms, 3)},
-        "draft": {"layer_ids": layer_ids, "params": _params(draft),
-                  "vocab": reduced.ids.numel() if reduced is not None else None,
-                  "latency_ms_1thread": round(d_ms, 3)},
-        "data": {"folder": str(data_folder), "has_chat_template": data.has_chat,
-                 "prompt_set_instructions": data.prompts, "counts": counts,
-                 "note": _data_note(data, counts)},
-        "metrics": {"heldout_chat": chat, "heldout_text": text,
-                    "vocab_coverage_chat": coverage(
-                        reduced.ids if reduced is not None else None, data.heldout_chat),
-                    "note": "agreement of the draft's argmax (top-1) and top-4 with the "
-                            "target's argmax, teacher-forced on held-out sequences never "
-                            "trained on: the target's own greedy chat answers to self-written "
-                            "queries, and stdlib text" + (
-                                "; a feature draft reads the target's state one position back "
-                                "(top1, top4: depth 1 of a step) or its own (top1_own: what "
-                                "depth 2 and beyond read)" if recipe.features else "")},
-        "cost_ratio_1thread": round(d_ms / t_ms, 4),
-        "latency_note": (f"median ms of a one-token forward with a KV cache of "
-                         f"{int(context.numel())} tokens, fp32, one thread, target and draft "
-                         f"alternating, on the build machine"),
-        "seconds": {"data": round(data.seconds, 1),
-                    "data_batches_one_thread": round(data.batch_seconds, 1),
-                    "train": round(train_seconds, 1),
-                    "build": round(time.perf_counter() - start, 1)},
-        "files": {p.relative_to(tmp).as_posix(): file_sha256(p)
-                  for p in sorted(tmp.rglob("*")) if p.is_file()},
-    }
-    (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
-    return card
+
+
+def _metrics(data, chat: dict, text: dict, reduced, recipe: DistillRecipe) -> dict:
+    """The card's `metrics`: the draft's held-out agreement on chat and text, and what share
+    of held-out chat tokens its reduced head covers."""
+    from mcsd_runtime.distill.metrics import coverage
+
+    return {"heldout_chat": chat, "heldout_text": text,
+            "vocab_coverage_chat": coverage(
+                reduced.ids if reduced is not None else None, data.heldout_chat),
+            "note": "agreement of the draft's argmax (top-1) and top-4 with the "
+                    "target's argmax, teacher-forced on held-out sequences never "
+                    "trained on: the target's own greedy chat answers to self-written "
+                    "queries, and stdlib text" + (
+                        "; a feature draft reads the target's state one position back "
+                        "(top1, top4: depth 1 of a step) or its own (top1_own: what "
+                        "depth 2 and beyond read)" if recipe.features else "")}
 
 
 def _measure(draft, target, data, recipe: DistillRecipe, pad: int, context: torch.Tensor,

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -111,7 +112,7 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
     if progress:
         print(f"building the toy pair ({recipe.preset}, seed {recipe.seed}) into {dest}"
               + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
-    tmp = _make_tmp(dest)
+    tmp = make_tmp(dest)
     card = build_then_install(tmp, dest, lambda: _build_into(tmp, recipe, progress))
     if progress:
         print(summary(dest, card), flush=True)
@@ -231,21 +232,14 @@ def _measure(target, draft, windows: torch.Tensor, context: torch.Tensor,
 
 
 def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
+    """Train the pair of `recipe` into `folder`, measure it as saved and write its card;
+    returns the card."""
     from transformers import AutoModelForCausalLM
 
-    from mcsd_runtime.toy.tokenizer import train_tokenizer
-    from mcsd_runtime.toy.training import TRAIN_THREADS, eval_windows, token_stream, train_pair
+    from mcsd_runtime.toy.training import TRAIN_THREADS, eval_windows, train_pair
 
     start = time.perf_counter()
-    texts = split_texts("train")
-    if recipe.max_train_chars:
-        texts = _limit_chars(texts, recipe.max_train_chars)
-    with working(f"training the tokenizer ({recipe.vocab_size} tokens) on "
-                 f"{sum(map(len, texts)) / 1e6:.1f} M characters of stdlib code",
-                 file=sys.stdout, disable=not progress):
-        tokenizer = train_tokenizer(texts, recipe.vocab_size)
-        stream = token_stream(texts, tokenizer)
-        heldout = token_stream(split_texts("eval"), tokenizer)
+    texts, tokenizer, stream, heldout = _tokenize(recipe, progress)
     target, draft, seconds = train_pair(recipe, tokenizer, stream, progress)
     for sub, model in (("target", target), ("draft", draft)):
         model.save_pretrained(folder / sub)
@@ -255,19 +249,15 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
     target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
     windows = eval_windows(heldout, recipe.seq_len, recipe.eval_windows, tokenizer.bos_token_id)
-    metrics, (t1_ms, d1_ms), (t_ms, d_ms) = _measure(target, draft, windows,
-                                                     heldout[:LATENCY_CONTEXT], progress)
-    import lightning
-    import transformers
-
+    metrics, one_thread, threads = _measure(target, draft, windows, heldout[:LATENCY_CONTEXT],
+                                            progress)
     card = {
         "format": CARD_FORMAT,
         "recipe": recipe.to_dict(),
         "recipe_hash": recipe.hash12(),
         "code_version": TOY_CODE_VERSION,
         "stdlib": stdlib_version(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "lightning": lightning.__version__},
+        "versions": _versions(),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "build_machine": build_machine(recipe.precision, TRAIN_THREADS),
         "reproducibility_note": REPRODUCIBILITY_NOTE,
@@ -275,6 +265,45 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
                    "train_chars": sum(map(len, texts))},
         "train_seconds": {k: round(v, 1) for k, v in seconds.items()},
         "build_seconds": round(time.perf_counter() - start, 1),
+        **_pair_fields(target, draft, metrics, one_thread, threads),
+    }
+    return write_card(folder, card, CARD_NAME)
+
+
+def _tokenize(recipe: Recipe, progress: bool) -> tuple[list[str], Any, torch.Tensor,
+                                                       torch.Tensor]:
+    """The stdlib training texts of `recipe`, the tokenizer trained on them, and the token
+    streams of the training and held-out splits."""
+    from mcsd_runtime.toy.tokenizer import train_tokenizer
+    from mcsd_runtime.toy.training import token_stream
+
+    texts = split_texts("train")
+    if recipe.max_train_chars:
+        texts = _limit_chars(texts, recipe.max_train_chars)
+    with working(f"training the tokenizer ({recipe.vocab_size} tokens) on "
+                 f"{sum(map(len, texts)) / 1e6:.1f} M characters of stdlib code",
+                 file=sys.stdout, disable=not progress):
+        tokenizer = train_tokenizer(texts, recipe.vocab_size)
+        stream = token_stream(texts, tokenizer)
+        heldout = token_stream(split_texts("eval"), tokenizer)
+    return texts, tokenizer, stream, heldout
+
+
+def _versions() -> dict[str, str]:
+    """The versions of torch, transformers and lightning that built a pair."""
+    import lightning
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "lightning": lightning.__version__}
+
+
+def _pair_fields(target: torch.nn.Module, draft: torch.nn.Module, metrics: dict,
+                 one_thread: tuple[float, float], threads: tuple[float, float]) -> dict:
+    """The card's measurements of a pair: held-out metrics, and the (target, draft) latencies
+    in ms on one thread and on the threads set, with their ratios."""
+    (t1_ms, d1_ms), (t_ms, d_ms) = one_thread, threads
+    return {
         "heldout_eval_tokens": metrics["tokens"],
         "target": {"params": _params(target), "heldout_nll": round(metrics["target_nll"], 4),
                    "latency_ms": round(t_ms, 3), "latency_ms_1thread": round(t1_ms, 3)},
@@ -289,10 +318,15 @@ def _build_into(folder: Path, recipe: Recipe, progress: bool) -> dict:
                          f"{torch.get_num_threads()} torch threads (latency_ms) and with one "
                          "thread (latency_ms_1thread; robust when other processes share the "
                          "CPU)"),
-        "files": {p.relative_to(folder).as_posix(): file_sha256(p)
-                  for p in sorted(folder.rglob("*")) if p.is_file()},
     }
-    (folder / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def write_card(folder: Path, card: dict, name: str) -> dict:
+    """`card` with a SHA-256 of every file in `folder` (its last field, `files`), written to
+    `folder/name` as indented JSON; returns it."""
+    card["files"] = {p.relative_to(folder).as_posix(): file_sha256(p)
+                     for p in sorted(folder.rglob("*")) if p.is_file()}
+    (folder / name).write_text(json.dumps(card, indent=2) + "\n")
     return card
 
 
@@ -385,7 +419,7 @@ def _broken(root: str | Path, what: str) -> str:
             f"`mcsd toy build --force` (same preset/--out) or delete the folder")
 
 
-def _make_tmp(dest: Path) -> Path:
+def make_tmp(dest: Path) -> Path:
     """A fresh temporary folder next to `dest` (MCSDError if that location is not writable)."""
     return tmp_beside(dest, "the toy pair",
                       "choose a writable folder with --out (or set MCSD_CACHE)")

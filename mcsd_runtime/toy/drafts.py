@@ -11,11 +11,11 @@ and the target's recipe hash; the card's target digest catches a target rebuilt 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,7 +24,6 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
     check_files,
-    file_sha256,
     legacy_models_dir,
     models_dir,
     read_card_file,
@@ -91,7 +90,7 @@ def build_draft(name: str, target_seed: int = 0, *, recipe: DraftRecipe | None =
     if progress:
         print(f"distilling the toy draft {recipe.name!r} from {target_root / 'target'} into "
               f"{dest}" + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
-    tmp = pair_build._make_tmp(dest)
+    tmp = pair_build.make_tmp(dest)
     card = pair_build.build_then_install(
         tmp, dest, lambda: _build_into(tmp, recipe, hash12, target_root, target_card, progress))
     if progress:
@@ -191,40 +190,22 @@ def list_drafts(target_seed: int = 0) -> list[tuple[str, DraftRecipe, Path | Non
 
 def _build_into(folder: Path, recipe: DraftRecipe, hash12: str, target_root: Path,
                 target_card: dict, progress: bool) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Distil the draft of `recipe` from the toy target in `target_root` into `folder`,
+    measure it as saved and write its card; returns the card."""
+    from transformers import AutoModelForCausalLM
 
-    from mcsd_runtime.toy.corpus import split_texts
-    from mcsd_runtime.toy.training import (
-        TRAIN_THREADS,
-        eval_windows,
-        heldout_metrics,
-        token_stream,
-        torch_threads,
-    )
+    from mcsd_runtime.toy.training import TRAIN_THREADS, torch_threads
 
     start = time.perf_counter()
     pair_recipe = target_card["recipe"]
-    tokenizer = AutoTokenizer.from_pretrained(target_root / "target")
-    target = AutoModelForCausalLM.from_pretrained(target_root / "target",
-                                                  dtype=torch.float32).eval()
-    texts = split_texts("train")
-    if pair_recipe["max_train_chars"]:
-        texts = pair_build._limit_chars(texts, pair_recipe["max_train_chars"])
-    stream = token_stream(texts, tokenizer)
+    tokenizer, target, stream = _load_target(target_root, pair_recipe)
     with torch_threads(TRAIN_THREADS):
         draft, seconds = _distil(recipe, target, tokenizer, stream, progress)
     draft.save_pretrained(folder / "draft")
     tokenizer.save_pretrained(folder / "draft")
     del draft
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
-    heldout = token_stream(split_texts("eval"), tokenizer)
-    windows = eval_windows(heldout, pair_recipe["seq_len"], pair_recipe["eval_windows"],
-                           tokenizer.bos_token_id)
-    context = heldout[:pair_build.LATENCY_CONTEXT]
-    with torch_threads(1), working(f"measuring the draft: held-out loss on {len(windows)} "
-                                   f"windows, latency", file=sys.stdout, disable=not progress):
-        metrics = heldout_metrics(target, draft, windows)
-        t_ms, d_ms = pair_build.decode_latency_ms(target, draft, context)
+    metrics, (t_ms, d_ms) = _measure(target, draft, tokenizer, pair_recipe, progress)
     card = {
         "format": CARD_FORMAT,
         "recipe": recipe.to_dict(),
@@ -249,11 +230,43 @@ def _build_into(folder: Path, recipe: DraftRecipe, hash12: str, target_root: Pat
         "latency_note": (f"median ms of a one-token forward with a KV cache of "
                          f"{pair_build.LATENCY_CONTEXT} tokens, fp32, one thread, target and "
                          f"draft alternating, on the build machine"),
-        "files": {p.relative_to(folder).as_posix(): file_sha256(p)
-                  for p in sorted(folder.rglob("*")) if p.is_file()},
     }
-    (folder / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
-    return card
+    return pair_build.write_card(folder, card, CARD_NAME)
+
+
+def _load_target(target_root: Path, pair_recipe: dict) -> tuple[Any, torch.nn.Module,
+                                                                  torch.Tensor]:
+    """The toy pair's tokenizer and target (fp32, eval mode) from `target_root`, and the token
+    stream of the training split its recipe `pair_recipe` trained on."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mcsd_runtime.toy.corpus import split_texts
+    from mcsd_runtime.toy.training import token_stream
+
+    tokenizer = AutoTokenizer.from_pretrained(target_root / "target")
+    target = AutoModelForCausalLM.from_pretrained(target_root / "target",
+                                                  dtype=torch.float32).eval()
+    texts = split_texts("train")
+    if pair_recipe["max_train_chars"]:
+        texts = pair_build._limit_chars(texts, pair_recipe["max_train_chars"])
+    return tokenizer, target, token_stream(texts, tokenizer)
+
+
+def _measure(target: torch.nn.Module, draft: torch.nn.Module, tokenizer, pair_recipe: dict,
+             progress: bool) -> tuple[dict, tuple[float, float]]:
+    """The draft's held-out metrics beside the target on the pair's evaluation windows, and
+    the one-thread latencies (ms) of a target and a draft forward."""
+    from mcsd_runtime.toy.corpus import split_texts
+    from mcsd_runtime.toy.training import eval_windows, heldout_metrics, token_stream, torch_threads
+
+    heldout = token_stream(split_texts("eval"), tokenizer)
+    windows = eval_windows(heldout, pair_recipe["seq_len"], pair_recipe["eval_windows"],
+                           tokenizer.bos_token_id)
+    context = heldout[:pair_build.LATENCY_CONTEXT]
+    with torch_threads(1), working(f"measuring the draft: held-out loss on {len(windows)} "
+                                   f"windows, latency", file=sys.stdout, disable=not progress):
+        metrics = heldout_metrics(target, draft, windows)
+        return metrics, pair_build.decode_latency_ms(target, draft, context)
 
 
 def _distil(recipe: DraftRecipe, target, tokenizer, stream: torch.Tensor,
