@@ -21,7 +21,10 @@ from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 
-VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 1000
+# draws per chi-square test: under every configuration decoded below, a broken verifier (the
+# residual drawn from p, or zero-probability candidates accepted) is rejected at p < 1e-20 at
+# this many seeds
+VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 500
 # a broken verifier's samples: rejected far below ALPHA already at this many (every biased
 # arm here had p <= 1e-12 at 300 seeds; the seeds are fixed, so the outcome is too)
 N_BIASED = 300
@@ -191,6 +194,19 @@ def exact_joint(pair, temperature: float, prompt: list[int] = PROMPT) -> torch.T
     return (first[:, None] * second).flatten()
 
 
+def first_tokens(n: int):
+    """An `on_commit` hook that ends a generation once it has committed `n` tokens (keeping the
+    step's tokens): the steps that decide those tokens are the ones taken without it, with the
+    same draws, and the steps after them are not decoded."""
+    seen = [0]
+
+    def hook(tokens: list[int]) -> int | None:
+        seen[0] += len(tokens)
+        return len(tokens) if seen[0] >= n else None
+
+    return hook
+
+
 def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
                    n: int = N_SAMPLES, prompt: list[int] = PROMPT, stopper: str | None = None,
                    copy_length: CopyLength | None = None, width=None,
@@ -200,7 +216,7 @@ def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
                       copy_length=copy_length, width=width)
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(n):
-        x1, x2 = dec.generate(prompt, seed=seed).token_ids[:2]
+        x1, x2 = dec.generate(prompt, seed=seed, on_commit=first_tokens(2)).token_ids[:2]
         counts[x1 * VOCAB + x2] += 1
     return counts
 
