@@ -349,11 +349,11 @@ def run(args: argparse.Namespace) -> int:
 
     decision = resolve(args)
     if decision == "copy":
-        from train.copy import CopyTrainer
+        from train.copy.trainer import CopyTrainer
 
         return train(CopyTrainer(args), args.force)
     if decision == "width":
-        from train.width import WidthTrainer
+        from train.width.trainer import WidthTrainer
 
         return train(WidthTrainer(args), args.force)
     if decision == "budget":

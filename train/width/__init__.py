@@ -1,0 +1,5 @@
+"""`mcsd train --decision width`: a learned width of the first depth (`train.width.trainer`)."""
+
+from train.width.trainer import WidthTrainer
+
+__all__ = ["WidthTrainer"]
