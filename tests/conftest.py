@@ -1,19 +1,25 @@
 """Shared fixtures: tiny random Llama pairs built in memory (float64 so that tree attention and
 incremental decoding agree to the last bit and greedy comparisons are exact).
 
-Under pytest-xdist (`make test` runs two workers) every worker is its own process: it builds the
-session fixtures below once for itself, into its own base temporary folder (`tmp_path_factory`
-gives each worker a folder of its own), so two workers never write the same toy pair; the tiny
-pair's build takes seconds. No fixture here writes to the user cache ($MCSD_CACHE)."""
+Under pytest-xdist (`make test` runs two workers) every worker is its own process. What takes
+seconds to build and is only read afterwards (the tiny toy pair, `shared_build`'s values) is
+built once per run: the first worker to ask builds it into the run's base temporary folder,
+which the workers share, under a file lock, and the others wait for it and read it back. No
+fixture here writes to the user cache ($MCSD_CACHE)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
+from filelock import FileLock
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mcsd_runtime.models.pair import Pair
@@ -67,10 +73,37 @@ def pair() -> Pair:
     return make_pair()
 
 
-@pytest.fixture(scope="session")
-def toy_tiny_build(tmp_path_factory) -> tuple[Path, str]:
-    """The tiny toy pair, built once per test session, and its build's stdout (a log: not a
-    terminal), with a progress line at every training step."""
+T = TypeVar("T")
+_RUN_FOLDER: list[Path] = []  # set by `run_folder`: the folder the run's workers share
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_folder(tmp_path_factory) -> Path | None:
+    """Under pytest-xdist, the run's base temporary folder (each worker's own lies inside it);
+    None in a run of one process."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return None
+    _RUN_FOLDER[:] = [tmp_path_factory.getbasetemp().parent]
+    return _RUN_FOLDER[0]
+
+
+def shared_build(name: str, build: Callable[[], T]) -> T:
+    """`build()`, once per run: under pytest-xdist the first worker to ask pickles it into the
+    run's shared folder (`name`.pkl, under a file lock) and the others load that; otherwise (or
+    asked before the session's fixtures start) built here. For values no test changes."""
+    if not _RUN_FOLDER:
+        return build()
+    path = _RUN_FOLDER[0] / f"{name}.pkl"
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            value = build()
+            path.with_suffix(".tmp").write_bytes(pickle.dumps(value))
+            path.with_suffix(".tmp").replace(path)
+            return value
+    return pickle.loads(path.read_bytes())
+
+
+def _build_toy_tiny(out: Path) -> tuple[Path, str]:
     from mcsd_runtime.toy import build as toy_build
     from mcsd_runtime.toy import build_pair
     from mcsd_runtime.toy import training as toy_train
@@ -79,8 +112,26 @@ def toy_tiny_build(tmp_path_factory) -> tuple[Path, str]:
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(log):
         mp.setattr(toy_train, "PROGRESS_INTERVAL", 0.0)
         mp.setattr(toy_build, "LATENCY_MAX_SECONDS", 0.5)  # the card's latency: not under test
-        root = build_pair("tiny", out=tmp_path_factory.mktemp("toy") / "tiny")
+        root = build_pair("tiny", out=out)
     return root, log.getvalue()
+
+
+@pytest.fixture(scope="session")
+def toy_tiny_build(tmp_path_factory, run_folder) -> tuple[Path, str]:
+    """The tiny toy pair, built once per test run (under xdist: by the first worker that needs
+    it, into the folder the workers share; the others wait for it), and its build's stdout (a
+    log: not a terminal), with a progress line at every training step. Tests only read it."""
+    if run_folder is None:
+        return _build_toy_tiny(tmp_path_factory.mktemp("toy") / "tiny")
+    root, log_file = run_folder / "toy" / "tiny", run_folder / "toy-tiny.log"
+    with FileLock(str(run_folder / "toy-tiny.lock")):
+        if not log_file.exists():  # written once the build is complete
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)  # what a failed build left
+            root, log = _build_toy_tiny(root)
+            log_file.write_bytes(log.encode())  # bytes: the log's characters exactly
+    return root, log_file.read_bytes().decode()
 
 
 @pytest.fixture(scope="session")

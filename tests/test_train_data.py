@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from collect.schema import prompt_hash
-from conftest import make_pair
+from conftest import make_pair, shared_build
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.stop.features import FEATURE_NAMES
 from mcsd_runtime.tree import Tree
@@ -64,7 +64,13 @@ def small_pair():
 
 @functools.cache
 def dense_rows(run_id: str = "run0", k_config=K_CONFIG) -> pd.DataFrame:
-    """A dense greedy collection: a full tree drafted and verified at every AR position."""
+    """A dense greedy collection: a full tree drafted and verified at every AR position (made
+    once per test run: `conftest.shared_build`)."""
+    tree = str(Tree(k_config).k_config).replace("/", "_")
+    return shared_build(f"dense-rows-{run_id}-{tree}", lambda: _dense_rows(run_id, k_config))
+
+
+def _dense_rows(run_id: str, k_config) -> pd.DataFrame:
     pair = small_pair()
     frames = []
     for i, ids in enumerate(prompts()):
