@@ -325,7 +325,7 @@ def copy_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
     """`outputs_check` of `ar`, each static (`lookup:K:N`, or `lookup:K:N+static:1`) and the
     learned copy length (`statics[0]` the deploy); with `tree` (a policy trained beside a
     draft), `static:1` and the composed policy on it."""
-    from mcsd_runtime.decode.state import DecodeConfig
+    from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.evaluate.runners import build_method, learned_lookup_decoder
 
     n_tokens = len(next(t for outs in traces.values() for t in outs).tokens)
@@ -360,7 +360,7 @@ def width_check(pair, policy: WidthPolicy, traces: dict[str, list[Trace]],
     from dataclasses import replace
 
     from mcsd_runtime.decode.decoder import MCSDDecoder
-    from mcsd_runtime.decode.state import DecodeConfig
+    from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.evaluate.runners import build_method
     from mcsd_runtime.stop.builtin import make_stopper
     from replay.width import WidthReplay, learned, static

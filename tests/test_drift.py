@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_pair
 from mcsd_runtime.decode.decoder import ARDecoder
-from mcsd_runtime.decode.state import DecodeConfig
+from mcsd_runtime.decode.records import DecodeConfig
 from mcsd_runtime.evaluate.divergence import top2_margin
 from mcsd_runtime.evaluate.drift import DriftRow, drift_table, measure_drift, summarize
 

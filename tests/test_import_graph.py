@@ -224,3 +224,27 @@ def test_moved_cost_modules_still_import_with_a_warning(old, monkeypatch):
         module = importlib.import_module(f"mcsd_runtime.costmodel.{old}")
     new = importlib.import_module(f"mcsd_runtime.pricing.{old}")
     assert all(getattr(module, name) is getattr(new, name) for name in new.__all__)
+
+
+def test_the_split_decoder_records_still_import_from_state_with_a_warning(monkeypatch):
+    """`mcsd_runtime.decode.state` split into `records` (public) and `step_state` (the step's);
+    the old module hands on the same objects, with a deprecation warning, for one release, and
+    nothing in the project imports it any more."""
+    import importlib
+    import sys
+
+    from mcsd_runtime.decode import records, step_state
+
+    monkeypatch.delitem(sys.modules, "mcsd_runtime.decode.state", raising=False)
+    with pytest.warns(DeprecationWarning, match="decode.records"):
+        state = importlib.import_module("mcsd_runtime.decode.state")
+    assert state.DecodeConfig is records.DecodeConfig and state.Drafted is step_state.Drafted
+    for new in (records, step_state):
+        names = [n for n, v in vars(new).items()
+                 if getattr(v, "__module__", None) == new.__name__ and not n.startswith("_")]
+        assert all(getattr(state, n) is getattr(new, n) for n in names), new.__name__
+    root = Path(__file__).resolve().parents[1]
+    users = [str(p.relative_to(root)) for d in ("mcsd_runtime", "collect", "train", "replay")
+             for p in (root / d).rglob("*.py")
+             if "decode.state import" in p.read_text() and p.name != "state.py"]
+    assert users == []

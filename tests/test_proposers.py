@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from mcsd_runtime.decode.proposers import PromptLookup, Proposing, WidthCut
-from mcsd_runtime.decode.state import Drafted, DraftLayer, Proposal
+from mcsd_runtime.decode.step_state import Drafted, DraftLayer, Proposal
 from mcsd_runtime.stop.copy_length import CopyHistory
 from mcsd_runtime.stop.features import TOP_K_MASS
 

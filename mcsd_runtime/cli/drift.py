@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mcsd_runtime.decode.state import DecodeConfig
+    from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.evaluate.drift import drift_table, measure_drift, summarize
     from mcsd_runtime.models.pair import load_pair
     from mcsd_runtime.paths import atomic_write_text

@@ -24,7 +24,7 @@ from mcsd_runtime.metrics import paired_speedup
 
 def chain_mask(context: int, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     """[1, 1, n, context + n]: every new token sees the cache and the new tokens up to itself."""
-    from mcsd_runtime.decode.state import causal_bias
+    from mcsd_runtime.decode.records import causal_bias
 
     mask = torch.zeros(1, 1, n, context + n, dtype=dtype, device=device)
     mask[0, 0, :, context:] = causal_bias(n, dtype, device)

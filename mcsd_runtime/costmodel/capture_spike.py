@@ -26,7 +26,7 @@ from transformers import StaticCache
 
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import FixedForwards, call_model
-from mcsd_runtime.decode.state import causal_bias
+from mcsd_runtime.decode.records import causal_bias
 
 
 def _timed(fn, repeats: int, device: torch.device) -> float:

@@ -71,7 +71,7 @@ def fill_cache(model, rows: int, context: int, width: int, gen: torch.Generator)
     the engine's `call_model`."""
     from mcsd_runtime.decode.cache import RowCache
     from mcsd_runtime.decode.graphs import attention, call_model
-    from mcsd_runtime.decode.state import causal_bias
+    from mcsd_runtime.decode.records import causal_bias
 
     dev, dtype = model.device, model.dtype
     ids = torch.randint(0, model.config.vocab_size, (rows, context + width), generator=gen)
@@ -94,7 +94,7 @@ def timed_forward(f: FilledCache, width: int, layout=None) -> tuple[float, torch
     the engine runs it (`call_model` over a `RowCache`); the cache is cut back to its context
     after."""
     from mcsd_runtime.decode.graphs import attention, call_model
-    from mcsd_runtime.decode.state import causal_bias
+    from mcsd_runtime.decode.records import causal_bias
 
     model, cache, dev = f.model, f.cache, f.model.device
     mask = cache.mask(causal_bias(width, model.dtype, dev)[None], model.dtype)

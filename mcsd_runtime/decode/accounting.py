@@ -17,17 +17,11 @@ import torch
 
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.proposers import Proposer
-from mcsd_runtime.decode.state import (
-    DecodeStats,
-    Draft,
-    RowState,
-    StepRecord,
-    StepTrace,
-    Verdict,
-)
+from mcsd_runtime.decode.records import DecodeStats, StepRecord, StepTrace
+from mcsd_runtime.decode.step_state import Draft, RowState, Verdict
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.state import Decoding, Row, Timing
+    from mcsd_runtime.decode.step_state import Decoding, Row, Timing
 
 CommitHook = Callable[[list[int]], "int | None"]
 

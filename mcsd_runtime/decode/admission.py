@@ -21,18 +21,13 @@ from mcsd_runtime.decode.accounting import Accounts
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.proposers import PromptLookup
-from mcsd_runtime.decode.state import (
-    DecodeStats,
-    Row,
-    RowState,
-    StepRecord,
-    Timing,
-)
+from mcsd_runtime.decode.records import DecodeStats, StepRecord
+from mcsd_runtime.decode.step_state import Row, RowState, Timing
 from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.transfer import upload
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.state import Decoding
+    from mcsd_runtime.decode.step_state import Decoding
 
 
 

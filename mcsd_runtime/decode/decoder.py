@@ -17,17 +17,16 @@ import torch
 
 from mcsd_runtime.decode.engine import BatchResult, CommitHook, Engine
 from mcsd_runtime.decode.graphs import make_forwards
-from mcsd_runtime.decode.state import (
+from mcsd_runtime.decode.records import (
     DecodeConfig,
     DecodeStats,
-    DraftFrontier,
-    DraftLayer,
     GenerationResult,
     Recorder,
     StepRecord,
     StepTrace,
     causal_bias,
 )
+from mcsd_runtime.decode.step_state import DraftFrontier, DraftLayer
 from mcsd_runtime.decode.target_init import TargetInitEngine
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair

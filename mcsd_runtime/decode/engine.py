@@ -84,17 +84,8 @@ from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
 from mcsd_runtime.decode.ragged import Ragged, ragged_layout
-from mcsd_runtime.decode.state import (
-    DecodeStats,
-    Decoding,
-    Draft,
-    Drafted,
-    GenerationResult,
-    Row,
-    RowState,
-    Timing,
-    Verdict,
-)
+from mcsd_runtime.decode.records import DecodeStats, GenerationResult
+from mcsd_runtime.decode.step_state import Decoding, Draft, Drafted, Row, RowState, Timing, Verdict
 from mcsd_runtime.decode.verifying import Verifier
 from mcsd_runtime.stop.builtin import NoDraftStopper
 from mcsd_runtime.stop.contract import StepStart

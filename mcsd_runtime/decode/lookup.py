@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mcsd_runtime.decode.state import DraftLayer
+from mcsd_runtime.decode.step_state import DraftLayer
 
 
 def chain_layers(tokens: torch.Tensor, vocab_size: int) -> list[DraftLayer]:

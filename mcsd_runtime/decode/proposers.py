@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from mcsd_runtime.decode.lookup import chain_layers
-from mcsd_runtime.decode.state import Draft, Proposal, RowState, Verdict
+from mcsd_runtime.decode.step_state import Draft, Proposal, RowState, Verdict
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.lookup import propose as propose_chain
 from mcsd_runtime.stop.copy_length import CopyHistory, features
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.state import Decoding, Drafted
+    from mcsd_runtime.decode.step_state import Decoding, Drafted
 
 
 @dataclass

@@ -25,13 +25,13 @@ from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.engine import Engine
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.proposers import Proposer
-from mcsd_runtime.decode.state import Draft, Drafted, DraftLayer, RowState, Verdict
+from mcsd_runtime.decode.step_state import Draft, Drafted, DraftLayer, RowState, Verdict
 from mcsd_runtime.decode.verifying import Verifier
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import Tree
 
 if TYPE_CHECKING:
-    from mcsd_runtime.decode.state import Decoding, Row, Timing
+    from mcsd_runtime.decode.step_state import Decoding, Row, Timing
 
 
 class TargetInit(Proposer):

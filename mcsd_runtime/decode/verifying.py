@@ -17,7 +17,8 @@ from collections.abc import Callable
 import torch
 
 from mcsd_runtime.decode import verify as V
-from mcsd_runtime.decode.state import DecodeConfig, Draft, DraftLayer, RowState, Verdict
+from mcsd_runtime.decode.records import DecodeConfig
+from mcsd_runtime.decode.step_state import Draft, DraftLayer, RowState, Verdict
 from mcsd_runtime.tree import Tree
 
 CONF_SCALE = 1_000_000  # probabilities travel to the host with the verdicts as integers

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from mcsd_runtime.decode.decoder import ARDecoder, MCSDDecoder
-from mcsd_runtime.decode.state import DecodeConfig
+from mcsd_runtime.decode.records import DecodeConfig
 from mcsd_runtime.evaluate.divergence import first_difference, top2_margin
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.progress import Progress

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mcsd_runtime.decode.state import DecodeConfig
+from mcsd_runtime.decode.records import DecodeConfig
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.stop.artifact import ArtifactSpec
 from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec

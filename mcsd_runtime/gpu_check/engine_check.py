@@ -99,7 +99,7 @@ def _row(pair, method: str, graphs: str, k_config, ids, tokens: int, repeats: in
 def layouts() -> list[str]:
     """The batch layouts this decoder has: padded always, ragged once `DecodeConfig` has a
     `batch_layout` field."""
-    from mcsd_runtime.decode.state import DecodeConfig
+    from mcsd_runtime.decode.records import DecodeConfig
 
     names = {f.name for f in dataclasses.fields(DecodeConfig)}
     return ["padded", "ragged"] if "batch_layout" in names else ["padded"]
