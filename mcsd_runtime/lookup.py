@@ -2,7 +2,7 @@
 output so far), `max_ngram` tokens down to `min_ngram`, is looked up in the context before it; the
 tokens that followed its latest earlier occurrence are proposed as a chain (as in prompt lookup
 decoding and vLLM's n-gram proposer). Verification treats them as drawn from a one-hot
-distribution, so greedy and sampled decoding stay lossless (`decode.lookup.chain_layers`
+distribution, so greedy and sampled decoding stay lossless (`decode.proposers.chain_layers`
 makes the chain the draft layers the engine verifies)."""
 
 from __future__ import annotations

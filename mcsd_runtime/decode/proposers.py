@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mcsd_runtime.decode.lookup import chain_layers
-from mcsd_runtime.decode.step_state import Draft, Proposal, RowState, Verdict
+from mcsd_runtime.decode.step_state import Draft, DraftLayer, Proposal, RowState, Verdict
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.lookup import propose as propose_chain
 from mcsd_runtime.stop.copy_length import CopyHistory, features
@@ -57,10 +56,22 @@ class Proposer:
         """Learn from a row's step: its tree, its verdict and the tokens it committed."""
 
 
+def chain_layers(tokens: torch.Tensor, vocab_size: int) -> list[DraftLayer]:
+    """A copied chain (`tokens` [n] on the device) as the draft layers the engine verifies: one
+    depth per token, each proposed by a one-hot float32 distribution (q(x) = 1, as the
+    verifiers read it), so greedy and sampled decoding stay lossless."""
+    n = tokens.shape[0]
+    one_hot = torch.zeros(n, vocab_size, dtype=torch.float32, device=tokens.device)
+    one_hot.scatter_(1, tokens[:, None], 1.0)
+    ones, zeros = one_hot.new_ones(1), one_hot.new_zeros(1)
+    return [DraftLayer(tokens[i : i + 1], one_hot[i : i + 1], None, ones, zeros, None)
+            for i in range(n)]
+
+
 class PromptLookup(Proposer):
-    """Prompt lookup's chains (`mcsd_runtime.decode.lookup`), of a length `DecodeConfig.lookup`
-    caps or a learned copy length (`policy`) chooses; `chain`: the tree a copied chain lies on
-    when the draft's first depths are not a chain (`Decoding.chain`)."""
+    """Prompt lookup's chains (`mcsd_runtime.lookup` finds them; `chain_layers`), of a length
+    `DecodeConfig.lookup` caps or a learned copy length (`policy`) chooses; `chain`: the tree a
+    copied chain lies on when the draft's first depths are not a chain (`Decoding.chain`)."""
 
     def __init__(self, dec: Decoding, beside_draft: bool) -> None:
         self.cfg, self.policy, self.chain = dec.config, dec.copy_length, dec.chain

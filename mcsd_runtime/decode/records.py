@@ -37,7 +37,7 @@ class DecodeConfig:
     # (`mcsd_runtime.decode.ragged`: a row that drafts or verifies less costs less), "padded"
     # every row to the batch's widest (the reference); batches of one are the same either way
     batch_layout: str = "padded"
-    # prompt lookup (`mcsd_runtime.decode.lookup`): up to `lookup` tokens copied from the
+    # prompt lookup (`mcsd_runtime.decode.proposers`): up to `lookup` tokens copied from the
     # context where its last lookup_min_ngram..lookup_max_ngram tokens occurred before; a step
     # with such a match verifies them instead of asking the stopper (0: off); unless the tree's
     # first `lookup` depths are a chain, the copied chain is verified on a chain tree of its own
