@@ -101,8 +101,13 @@ def test_pricing_reads_the_measured_points():
     assert p.ragged_target(4, 2) == pytest.approx(at1 + (1 / 3) * (at4 - at1))
     # B=8 has no points: the padded curve at tokens / rows, as before
     assert p.ragged_target(16, 8) == pytest.approx(p.target(2, 8))
-    # a ragged step prices its forwards by them too
-    assert p.ragged_step_seconds(_chain(2), [(1, 2, 2)] * 4) < CostProfile(
+    # a ragged step prices its forwards by them too, where the engine packs them (one row of
+    # four verifies, the others send their root only: 6 tokens of a 3-wide grid of 4 rows)
+    uneven = [(1, 2, 2)] + [(1, 0, 0)] * 3
+    assert p.ragged_step_seconds(_chain(2), uneven) < CostProfile(
+        **PADDED).ragged_step_seconds(_chain(2), uneven)
+    # ...and equal rows run padded, as the engine runs them: the measured points are not read
+    assert p.ragged_step_seconds(_chain(2), [(1, 2, 2)] * 4) == CostProfile(
         **PADDED).ragged_step_seconds(_chain(2), [(1, 2, 2)] * 4)
 
 

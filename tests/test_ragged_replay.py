@@ -211,3 +211,25 @@ def test_measured_ragged_forwards_scale_with_the_draft_and_drop_under_the_affine
     fitted = affine_profile(measured, 8)
     assert fitted.ragged == {}
     assert fitted.ragged_target(8, 4) == affine_profile(PROFILE, 8).ragged_target(8, 4)
+
+
+def test_each_forward_is_priced_as_the_engine_runs_it():
+    """Packed where `step_model.packs` says the engine packs (real tokens at most 3/4 of the
+    grid), else padded at the widest row: a packed curve dearer than the padded one (as measured
+    on a CPU) never prices a forward the engine runs padded."""
+    dear = replace(PROFILE, ragged={4: RaggedCosts(target=[[4, 9.0], [32, 9.0]],
+                                                   draft=[[1, 9.0], [32, 9.0]])})
+    equal = [(1, 2, 2)] * 4  # 3 tokens each: the padded grid itself
+    assert dear.ragged_step_seconds(_tree(2), equal) == PROFILE.ragged_step_seconds(
+        _tree(2), equal)
+    assert dear.as_run("target_s", [3, 3, 3, 3]) == PROFILE.target(3, 4)
+    assert dear.as_run("target_s", [3, 1, 1, 1]) == 9.0  # 6 of 12: packed
+    assert dear.as_run("target_s", [3, 3, 3, 1]) == PROFILE.target(3, 4)  # 10 of 12: padded
+    assert dear.as_run("draft_s", [0, 0, 0, 0]) == 0.0
+    assert PROFILE.as_run("target_s", [5]) == PROFILE.target(5, 1)  # one row: never packed
+
+
+def _tree(depth: int):
+    from mcsd_runtime.tree import Tree, parse_k_config
+
+    return Tree(parse_k_config(",".join(["1"] * depth)))

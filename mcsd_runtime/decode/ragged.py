@@ -36,15 +36,10 @@ import warnings
 
 import torch
 
+from mcsd_runtime.pricing.step_model import RAGGED_FILL, packs
 from mcsd_runtime.transfer import upload
 
 RAGGED_BUCKET = 8  # a fixed-shape ragged forward's packed tokens: a multiple of this
-# A forward is packed only when its real tokens fill at most this share of the padded grid:
-# packing costs a few index copies per layer, and on a small model whose forward is bound by
-# fixed costs it saves little (the toy pair's target at B=8: 1.08x the padded forward for rows
-# of 3 and 4 tokens, 25 of 32; 0.90x for 12 of 40; SmolLM2's shape: 0.89x for 24 of 40, 0.75x
-# for 12 of 40; `mcsd ragged-bench`, docs/results-batches.md)
-RAGGED_FILL = 0.75
 
 
 class Ragged:
@@ -90,7 +85,7 @@ class Ragged:
     def needed(counts: list[int], width: int) -> bool:
         """Whether a forward of these counts is worth packing: its real tokens fill at most
         `RAGGED_FILL` of the padded grid."""
-        return sum(counts) <= RAGGED_FILL * len(counts) * width
+        return packs(counts, width, RAGGED_FILL)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """[rows, width, ...] -> [1, size, ...]: the real slots, row after row (then the

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.pricing.step_model import step_forwards
+from mcsd_runtime.pricing.step_model import packs, step_forwards
 
 __all__ = ["FORMAT", "VERSION", "BatchCosts", "CostProfile", "RaggedCosts"]
 
@@ -308,14 +308,26 @@ class CostProfile:
         than i, each feeding its `step_model.step_forwards` tokens (the first its pending
         ones), over the batch's caches; the target's every row's bonus token and verified
         nodes (`tree.cum`); plus the per-step overhead and the per-depth one for each draft
-        forward, at the batch's rows."""
+        forward, at the batch's rows. Each forward is priced as the engine runs it
+        (`as_run`): packed where `step_model.packs`, else padded at its widest row."""
         step, depth = self.overheads(len(rows))
-        cost = step + self.ragged_target(sum(1 + tree.cum[v] for _, _, v in rows), len(rows))
+        cost = step + self.as_run("target_s", [1 + tree.cum[v] for _, _, v in rows])
         forwards = [step_forwards(tree, d, p).draft for p, d, _ in rows]
         for i in range(max((d for _, d, _ in rows), default=0)):
-            fed = [f[i] for f in forwards if len(f) > i]
-            cost += self.ragged_draft(sum(fed), len(rows), first=not i) + depth
+            fed = [f[i] if len(f) > i else 0 for f in forwards]
+            cost += self.as_run("draft_first_s" if not i else "draft_s", fed) + depth
         return cost
+
+    def as_run(self, name: str, counts: list[int]) -> float:
+        """Seconds of one forward of curve `name` (target_s, draft_s, draft_first_s) whose rows
+        carry `counts` tokens, as the engine runs it: packed (`ragged_target`, `ragged_draft`)
+        where `step_model.packs` says so, else padded, every row at the widest row's tokens."""
+        width = max(counts, default=0)
+        if not width:
+            return 0.0
+        if packs(counts, width):
+            return self._ragged(name, sum(counts), len(counts))
+        return self._latency(name, width, len(counts))
 
     def overheads(self, rows: int = 1) -> tuple[float, float]:
         """The decoder's seconds per step and per drafted depth outside forwards at `rows`

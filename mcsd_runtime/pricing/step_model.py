@@ -32,6 +32,21 @@ FIRST_PENDING = 1  # a sequence starts with the prompt's last token pending (pre
 # that draft nothing add one pending token each)
 PENDING_STATES = (1, 2)
 
+# A batch forward is packed (ragged: only each row's own tokens go through the model) only when
+# its real tokens fill at most this share of the padded grid: packing costs a few index copies
+# per layer, and on a small model whose forward is bound by fixed costs it saves little (the toy
+# pair's target at B=8: 1.08x the padded forward for rows of 3 and 4 tokens, 25 of 32; 0.90x for
+# 12 of 40; SmolLM2's shape: 0.89x for 24 of 40, 0.75x for 12 of 40; `mcsd ragged-bench`,
+# docs/results-batches.md). The engine (`decode.ragged.Ragged.needed`) and the prices
+# (`CostProfile.ragged_step_seconds`) both follow `packs`.
+RAGGED_FILL = 0.75
+
+
+def packs(counts: list[int], width: int, fill: float = RAGGED_FILL) -> bool:
+    """Whether a forward of rows carrying `counts` tokens on a grid `width` wide is packed:
+    more than one row, and real tokens filling at most `fill` of the grid."""
+    return len(counts) > 1 and sum(counts) <= fill * len(counts) * width
+
 
 @dataclass(frozen=True)
 class StepForwards:
