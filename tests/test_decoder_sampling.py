@@ -26,8 +26,8 @@ from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 # this many seeds
 VOCAB, PROMPT, N_SAMPLES = 6, [1, 4, 2], 500
 # a broken verifier's samples: rejected far below ALPHA already at this many (every biased
-# arm here had p <= 1e-12 at 300 seeds; the seeds are fixed, so the outcome is too)
-N_BIASED = 300
+# arm here had p < 1e-8 at 200 seeds; the seeds are fixed, so the outcome is too)
+N_BIASED = 200
 ALPHA = 1e-3
 
 
