@@ -13,6 +13,7 @@ from test_copy_length import feature_pair as feature_pair_fixture
 from test_decoder_sampling import (
     ALPHA,
     DRAFTS,
+    N_BIASED,
     PROMPT,
     exact_joint,
     micro_pair,
@@ -147,14 +148,15 @@ def test_degenerate_draft_check_fails_on_a_biased_verifier(draft_kind, monkeypat
     the rule verifies one candidate, the unguarded verifier's failure cannot arise)."""
     pair = micro_pair(draft_kind)
     monkeypatch.setattr(V, "verify_children", residual_from_p)
-    counts = sampled_counts(pair, "mcss", (3,), 1.0, stopper="static:1", width=MICRO)
+    counts = sampled_counts(pair, "mcss", (3,), 1.0, stopper="static:1", width=MICRO,
+                            n=N_BIASED)
     assert p_value(counts, exact_joint(pair, 1.0)) < ALPHA
 
 
 def test_sampled_check_fails_on_a_biased_verifier(monkeypatch):
     pair = make_pair(vocab=6, seed=3, noise=0.5, init_range=0.5)
     monkeypatch.setattr(V, "verify_children", residual_from_p)
-    counts = sampled_counts(pair, "mcss", (3,), stopper="static:1", width=MICRO)
+    counts = sampled_counts(pair, "mcss", (3,), stopper="static:1", width=MICRO, n=N_BIASED)
     assert p_value(counts, exact_joint(pair, 1.0)) < ALPHA
 
 
