@@ -176,6 +176,8 @@ def test_sampling_with_a_feature_draft_follows_the_target(draft_kind, monkeypatc
     from test_decoder_sampling import (
         ALPHA,
         DRAFTS,
+        N_BIASED,
+        N_SAMPLES,
         exact_joint,
         micro_pair,
         p_value,
@@ -200,5 +202,6 @@ def test_sampling_with_a_feature_draft_follows_the_target(draft_kind, monkeypatc
     if broken:
         monkeypatch.setattr(V, "verify_children", residual_from_p)
     pair = Pair(base.target, draft.eval())
-    counts = sampled_counts(pair, "mcss", k_config, temperature)
+    counts = sampled_counts(pair, "mcss", k_config, temperature,
+                            n=N_BIASED if broken else N_SAMPLES)
     assert (p_value(counts, exact_joint(pair, temperature)) > ALPHA) != broken
