@@ -74,11 +74,11 @@ def pair() -> Pair:
 
 
 T = TypeVar("T")
-_RUN_FOLDER: list[Path] = []  # set by `run_folder`: the folder the run's workers share
+_RUN_FOLDER: list[Path] = []  # set by `shared_run_folder`: the folder the run's workers share
 
 
 @pytest.fixture(scope="session", autouse=True)
-def run_folder(tmp_path_factory) -> Path | None:
+def shared_run_folder(tmp_path_factory) -> Path | None:
     """Under pytest-xdist, the run's base temporary folder (each worker's own lies inside it);
     None in a run of one process."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
@@ -117,14 +117,14 @@ def _build_toy_tiny(out: Path) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="session")
-def toy_tiny_build(tmp_path_factory, run_folder) -> tuple[Path, str]:
+def toy_tiny_build(tmp_path_factory, shared_run_folder) -> tuple[Path, str]:
     """The tiny toy pair, built once per test run (under xdist: by the first worker that needs
     it, into the folder the workers share; the others wait for it), and its build's stdout (a
     log: not a terminal), with a progress line at every training step. Tests only read it."""
-    if run_folder is None:
+    if shared_run_folder is None:
         return _build_toy_tiny(tmp_path_factory.mktemp("toy") / "tiny")
-    root, log_file = run_folder / "toy" / "tiny", run_folder / "toy-tiny.log"
-    with FileLock(str(run_folder / "toy-tiny.lock")):
+    root, log_file = shared_run_folder / "toy" / "tiny", shared_run_folder / "toy-tiny.log"
+    with FileLock(str(shared_run_folder / "toy-tiny.lock")):
         if not log_file.exists():  # written once the build is complete
             import shutil
 
