@@ -11,16 +11,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from mcsd_runtime.errors import MCSDError
 
 CACHE_HELP = "$MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd"
+
+T = TypeVar("T")
 
 
 def cache_root() -> Path:
@@ -83,6 +87,59 @@ def tmp_beside(dest: Path, what: str, remedy: str) -> Path:
                else err.strerror or str(err))
         raise MCSDError(f"cannot write {what} to {dest}: {why}; {remedy}") from None
     return tmp
+
+
+def install_folder(staging: Path, dest: Path, what: str = "the finished build",
+                   keep: Callable[[Path], bool] | None = None) -> None:
+    """Rename the complete folder `staging` to `dest`, so that `dest` never holds half a build.
+
+    Without `keep`, whatever is at `dest` (a folder or a file) is replaced: it is moved aside,
+    `staging` renamed into place, then the old one deleted; if the rename fails the old one is
+    put back. With `keep`, an empty folder at `dest` is replaced, and if the rename fails
+    because `keep(dest)` holds (another process finished the same build first) that folder is
+    kept. `staging` is removed on failure; MCSDError `cannot move WHAT to DEST: WHY`.
+    """
+    old = None
+    try:
+        if keep is not None and dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()
+        elif keep is None and (dest.exists() or dest.is_symlink()):
+            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+            _remove(old)
+            os.replace(dest, old)
+        os.replace(staging, dest)
+    except OSError as err:
+        if old is not None and old.exists() and not dest.exists():
+            os.replace(old, dest)
+        _remove(staging)
+        if keep is None or not keep(dest):
+            raise MCSDError(f"cannot move {what} to {dest}: {err}") from None
+        return
+    if old is not None:
+        _remove(old)
+
+
+def build_folder(dest: Path, what: str, remedy: str, build: Callable[[Path], T],
+                 keep: Callable[[Path], bool] | None = None) -> T:
+    """`build(staging)` writes a folder into a fresh staging folder beside `dest` (`tmp_beside`,
+    whose MCSDError names `remedy`), which then replaces `dest` (`install_folder`); returns what
+    `build` returns. The staging folder is removed whatever happens."""
+    staging = tmp_beside(dest, what, remedy)
+    try:
+        result = build(staging)
+        install_folder(staging, dest, what, keep)
+    finally:
+        _remove(staging)
+    return result
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder tree or a file, if there (errors ignored)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def read_card_file(root: str | Path, name: str, fmt: str, kind: str,
