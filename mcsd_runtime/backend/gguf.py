@@ -16,9 +16,7 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import json
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -26,11 +24,11 @@ from mcsd_runtime.backend.compat import hf_progress_bars_off
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
+    build_folder,
     check_files,
     file_sha256,
     models_dir,
     read_card_file,
-    tmp_beside,
 )
 
 CARD_NAME = "card.json"
@@ -109,14 +107,12 @@ def convert_gguf(gguf: Path, dest: Path, source: dict, progress: bool = True) ->
     if progress:
         print(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB) once into {dest} "
               f"(the cache: {CACHE_HELP})", flush=True)
-    tmp = tmp_beside(dest, "the converted model", "set MCSD_CACHE to a writable folder")
-    try:
-        with hf_progress_bars_off():
-            card = _convert_into(tmp, gguf, source)
-        _install(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # transformers' per-shard bars are noise here; a conversion another process finished
+    # first (its card written last) is kept
+    with hf_progress_bars_off():
+        card = build_folder(dest, "the converted model", "set MCSD_CACHE to a writable folder",
+                            lambda tmp: _convert_into(tmp, gguf, source),
+                            keep=lambda d: (d / CARD_NAME).is_file())
     if progress:
         print(f"converted in {card['conversion_seconds']:.0f} s ({card['params'] / 1e6:.0f} M "
               f"parameters, {card['architecture']}, license {card['license']})", flush=True)
@@ -244,15 +240,3 @@ def _plain_copy(loaded):
 def _broken(root: str | Path, what: str) -> str:
     return (f"the converted GGUF model at {root} is incomplete or damaged: {what}. Delete that "
             f"folder (rm -r {root}); the next load converts the GGUF file again")
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Rename the finished folder into place; if another process got there first, keep its."""
-    try:
-        if dest.is_dir() and not any(dest.iterdir()):
-            dest.rmdir()
-        os.replace(tmp, dest)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (dest / CARD_NAME).is_file():
-            raise MCSDError(f"cannot move the converted model to {dest}: {err}") from None

@@ -22,13 +22,22 @@ from pathlib import Path
 
 import torch
 
+from mcsd_runtime.backend.compat import hf_progress_bars_off
 from mcsd_runtime.distill.recipe import DistillRecipe, get_recipe
 from mcsd_runtime.distill.target import fingerprint, load_target, resolve_target
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import CACHE_HELP, cache_root, check_files, models_dir, read_card_file
+from mcsd_runtime.paths import (
+    CACHE_HELP,
+    build_folder,
+    cache_root,
+    check_files,
+    models_dir,
+    read_card_file,
+)
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-distilled-draft"
+REMEDY = "choose a writable folder with --out (or set MCSD_CACHE)"  # an unwritable build folder
 LATENCY_CONTEXT = 128  # tokens of KV cache behind the one-token forwards of the card
 
 
@@ -87,7 +96,6 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
     generates the data there in this process and the draft trains there; the recipe, and so
     the draft's hash, is the same wherever it is built (the card records the device)."""
     from mcsd_runtime.backend.device import pick_device
-    from mcsd_runtime.toy.build import build_then_install, make_tmp
 
     recipe = (get_recipe(recipe) if isinstance(recipe, str) else recipe).resolved()
     device = pick_device(device)
@@ -106,13 +114,13 @@ def build_draft(target: str | Path, recipe: DistillRecipe | str = "default",
               + ("" if out is not None else f" (the cache: {CACHE_HELP})")
               + f"; data in {data_folder}"
               + ("" if device.type == "cpu" else f"; on {device}"), flush=True)
-    tmp = make_tmp(dest)
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        card = build_then_install(tmp, dest, lambda: _build_into(
-            tmp, recipe, hash12, folder, fp, data_folder, progress, device))
+        with hf_progress_bars_off():  # transformers' per-shard bars: noise in a build
+            card = build_folder(dest, "the distilled draft", REMEDY, lambda tmp: _build_into(
+                tmp, recipe, hash12, folder, fp, data_folder, progress, device))
     finally:
         torch.set_num_threads(before)
     if progress:

@@ -15,11 +15,9 @@ import datetime as _dt
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +27,12 @@ from mcsd_runtime.backend.compat import hf_progress_bars_off
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
+    build_folder,
     check_files,
     file_sha256,
     legacy_models_dir,
     models_dir,
     read_card_file,
-    tmp_beside,
 )
 from mcsd_runtime.progress import working
 from mcsd_runtime.toy.corpus import split_texts, stdlib_version
@@ -49,6 +47,7 @@ from mcsd_runtime.toy.spec import is_toy_spec, parse_toy_spec
 
 CARD_NAME = "card.json"
 CARD_FORMAT = "mcsd-toy-pair"
+REMEDY = "choose a writable folder with --out (or set MCSD_CACHE)"  # an unwritable build folder
 LATENCY_CONTEXT = 128
 LATENCY_MAX_SECONDS = 8.0  # per thread setting; background load can make steps very slow
 REPRODUCIBILITY_NOTE = (
@@ -112,25 +111,12 @@ def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 
     if progress:
         print(f"building the toy pair ({recipe.preset}, seed {recipe.seed}) into {dest}"
               + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
-    tmp = make_tmp(dest)
-    card = build_then_install(tmp, dest, lambda: _build_into(tmp, recipe, progress))
+    with hf_progress_bars_off():  # transformers' per-shard bars: noise in a build
+        card = build_folder(dest, "the toy pair", REMEDY,
+                            lambda tmp: _build_into(tmp, recipe, progress))
     if progress:
         print(summary(dest, card), flush=True)
     return dest
-
-
-def build_then_install(tmp: Path, dest: Path, build: Callable[[], dict]) -> dict:
-    """Run `build()`, which writes a model folder into `tmp` and returns its card, with
-    transformers' per-shard progress bars off, then move `tmp` to `dest`; `tmp` is removed if
-    anything fails."""
-    try:
-        with hf_progress_bars_off():
-            card = build()
-        _install(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return card
 
 
 def toy_pair_dirs(preset: str = "default", seed: int = 0) -> tuple[Path, Path]:
@@ -417,25 +403,3 @@ def _params(model: torch.nn.Module) -> int:
 def _broken(root: str | Path, what: str) -> str:
     return (f"the toy pair at {root} is incomplete or damaged: {what}. Rebuild it with "
             f"`mcsd toy build --force` (same preset/--out) or delete the folder")
-
-
-def make_tmp(dest: Path) -> Path:
-    """A fresh temporary folder next to `dest` (MCSDError if that location is not writable)."""
-    return tmp_beside(dest, "the toy pair",
-                      "choose a writable folder with --out (or set MCSD_CACHE)")
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Move the finished build into place, replacing an old folder (if `force`) last."""
-    old = None
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-        os.replace(dest, old)
-    try:
-        os.replace(tmp, dest)
-    except OSError as err:
-        if old is not None:
-            os.replace(old, dest)
-        raise MCSDError(f"cannot move the finished build to {dest}: {err}") from None
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 
+from mcsd_runtime.backend.compat import hf_progress_bars_off
 from mcsd_runtime.backend.layers import copy_target_layers, target_layer_indices
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import (
     CACHE_HELP,
+    build_folder,
     check_files,
     legacy_models_dir,
     models_dir,
@@ -90,9 +92,9 @@ def build_draft(name: str, target_seed: int = 0, *, recipe: DraftRecipe | None =
     if progress:
         print(f"distilling the toy draft {recipe.name!r} from {target_root / 'target'} into "
               f"{dest}" + ("" if out is not None else f" (the cache: {CACHE_HELP})"), flush=True)
-    tmp = pair_build.make_tmp(dest)
-    card = pair_build.build_then_install(
-        tmp, dest, lambda: _build_into(tmp, recipe, hash12, target_root, target_card, progress))
+    with hf_progress_bars_off():  # transformers' per-shard bars: noise in a build
+        card = build_folder(dest, "the toy draft", pair_build.REMEDY, lambda tmp: _build_into(
+            tmp, recipe, hash12, target_root, target_card, progress))
     if progress:
         print(draft_summary(dest, card), flush=True)
     return dest
