@@ -15,8 +15,8 @@ import pyarrow as pa
 import torch
 
 from collect.schema import prompt_hash, row_schema
+from mcsd_runtime.decisions.features import NODE_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.decode.decoder import StepTrace
-from mcsd_runtime.stop.features import NODE_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.tree import Tree, parse_k_config
 
 _N = len(NODE_FEATURES)

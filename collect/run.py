@@ -27,12 +27,12 @@ from collect.schema import ROW_SCHEMA_VERSION
 from collect.store import now
 from mcsd_runtime import metrics
 from mcsd_runtime.cli.args import set_threads
+from mcsd_runtime.decisions.features import FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.decode.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import check_chat, encode_prompt, prompt_format
 from mcsd_runtime.prompts.sets import Prompt
-from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
 
 DEFAULT_SHARD_ROWS = 1 << 18
 

@@ -1,8 +1,8 @@
 """Columns of a collected row (one per drafted node) and of a run's manifest.
 
-Feature columns are exactly `mcsd_runtime.stop.features.FEATURE_NAMES` (float32), so a feature is
-defined once. Trajectory features are those of the collection run's own trajectory; replay
-recomputes them along its own.
+Feature columns are exactly `mcsd_runtime.decisions.features.FEATURE_NAMES` (float32), so a
+feature is defined once. Trajectory features are those of the collection run's own trajectory;
+replay recomputes them along its own.
 
 Row schema versions: 2 added `prompt_hash` (rows of version 1 lack it; they still load).
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.decisions.features import FEATURE_NAMES, SCHEMA_VERSION
 
 ROW_SCHEMA_VERSION = 2
 

@@ -11,6 +11,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` imports on use
+    from mcsd_runtime.decisions.builtin import Stopper as Stopper
+    from mcsd_runtime.decisions.builtin import make_stopper as make_stopper
+    from mcsd_runtime.decisions.features import FEATURE_NAMES as FEATURE_NAMES
+    from mcsd_runtime.decisions.features import NODE_FEATURES as NODE_FEATURES
+    from mcsd_runtime.decisions.features import SCHEMA_VERSION as SCHEMA_VERSION
+    from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES as TRAJECTORY_FEATURES
+    from mcsd_runtime.decisions.learned import check_pair as check_pair
+    from mcsd_runtime.decisions.learned import load_stopper as load_stopper
+    from mcsd_runtime.decisions.manifest import load_decision as load_decision
     from mcsd_runtime.decode.decoder import ARDecoder as ARDecoder
     from mcsd_runtime.decode.decoder import DecodeConfig as DecodeConfig
     from mcsd_runtime.decode.decoder import GenerationResult as GenerationResult
@@ -20,26 +29,17 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time `__getattr__` 
     from mcsd_runtime.integrations.hf import mcsd_generate as mcsd_generate
     from mcsd_runtime.models.pair import Pair as Pair
     from mcsd_runtime.models.pair import load_pair as load_pair
-    from mcsd_runtime.stop.builtin import Stopper as Stopper
-    from mcsd_runtime.stop.builtin import make_stopper as make_stopper
-    from mcsd_runtime.stop.decision import load_decision as load_decision
-    from mcsd_runtime.stop.features import FEATURE_NAMES as FEATURE_NAMES
-    from mcsd_runtime.stop.features import NODE_FEATURES as NODE_FEATURES
-    from mcsd_runtime.stop.features import SCHEMA_VERSION as SCHEMA_VERSION
-    from mcsd_runtime.stop.features import TRAJECTORY_FEATURES as TRAJECTORY_FEATURES
-    from mcsd_runtime.stop.learned import check_pair as check_pair
-    from mcsd_runtime.stop.learned import load_stopper as load_stopper
 
 _EXPORTS = {
     "ARDecoder": "decode.decoder", "DecodeConfig": "decode.decoder",
     "GenerationResult": "decode.decoder", "MCSDDecoder": "decode.decoder",
     "StepTrace": "decode.decoder", "MCSDError": "errors",
-    "FEATURE_NAMES": "stop.features", "NODE_FEATURES": "stop.features",
-    "SCHEMA_VERSION": "stop.features", "TRAJECTORY_FEATURES": "stop.features",
-    "check_pair": "stop.learned", "load_stopper": "stop.learned",
-    "Pair": "models.pair", "load_pair": "models.pair", "Stopper": "stop.builtin",
-    "make_stopper": "stop.builtin", "mcsd_generate": "integrations.hf",
-    "load_decision": "stop.decision",
+    "FEATURE_NAMES": "decisions.features", "NODE_FEATURES": "decisions.features",
+    "SCHEMA_VERSION": "decisions.features", "TRAJECTORY_FEATURES": "decisions.features",
+    "check_pair": "decisions.learned", "load_stopper": "decisions.learned",
+    "Pair": "models.pair", "load_pair": "models.pair", "Stopper": "decisions.builtin",
+    "make_stopper": "decisions.builtin", "mcsd_generate": "integrations.hf",
+    "load_decision": "decisions.manifest",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -39,7 +39,7 @@ ax.set_xlabel("accepted length L"); ax.set_ylabel("steps")
 print("mean L:", steps.mean())"""),
         ("md", "## Acceptance against each feature\n\nShare of nodes on the accepted path, by "
                "decile of the feature."),
-        ("code", """from mcsd_runtime.stop.features import NODE_FEATURES
+        ("code", """from mcsd_runtime.decisions.features import NODE_FEATURES
 
 fig, axes = plt.subplots(2, 5, figsize=(16, 6))
 for ax, name in zip(axes.flat, NODE_FEATURES):

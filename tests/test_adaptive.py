@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from mcsd_runtime.stop.features import ACCEPT_PRIOR, RECENT_DECAY, TRAJECTORY_FEATURES, Trajectory
-from mcsd_runtime.stop.learned import drafts_without_deciding
+from mcsd_runtime.decisions.features import (
+    ACCEPT_PRIOR,
+    RECENT_DECAY,
+    TRAJECTORY_FEATURES,
+    Trajectory,
+)
+from mcsd_runtime.decisions.learned import drafts_without_deciding
 
 RATE, RECENT = (TRAJECTORY_FEATURES.index(n) for n in ("accept_rate", "accept_rate_recent"))
 A0, N0 = ACCEPT_PRIOR
@@ -68,7 +73,7 @@ def test_decision_cost_is_measured_on_the_collections_own_small_pair(toy_tiny, t
     """Replay charges a decision what it costs between the pair's own forwards (their caches
     evicted), as a median; a pair that is not a local folder falls back to a random one."""
     from mcsd_runtime.costmodel.decision_cost import small_local_pair, stopper_latency
-    from mcsd_runtime.stop.builtin import make_stopper
+    from mcsd_runtime.decisions.builtin import make_stopper
 
     fp = {"target": str(toy_tiny / "target"), "draft": str(toy_tiny / "draft")}
     assert small_local_pair(fp) is not None

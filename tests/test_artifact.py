@@ -1,5 +1,5 @@
-"""`stopper.json` as a typed contract (`mcsd_runtime.stop.artifact.ArtifactSpec`): artifacts written
-before the contract existed still load, and a bad field is named."""
+"""`stopper.json` as a typed contract (`mcsd_runtime.decisions.artifact.ArtifactSpec`): artifacts
+written before the contract existed still load, and a bad field is named."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mcsd_runtime.decisions.artifact import FILE, ArtifactSpec
+from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.features import DECISION_FEATURES
+from mcsd_runtime.decisions.learned import LearnedStopper, load_stopper
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.artifact import FILE, ArtifactSpec
-from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.features import DECISION_FEATURES
-from mcsd_runtime.stop.learned import LearnedStopper, load_stopper
 
 # written by `train_stopper` at commit b8df3aa (stopper.json an untyped dict), on the dense rows
 # of test_train_data

@@ -7,10 +7,10 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from mcsd_runtime.costmodel.step_breakdown import shaped_pair
+from mcsd_runtime.decisions.builtin import make_stopper
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.attention import check_attention, packed_sdpa_forward, register
-from mcsd_runtime.stop.builtin import make_stopper
 
 
 class Heads(torch.nn.Module):

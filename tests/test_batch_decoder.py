@@ -30,13 +30,13 @@ from test_decoder_sampling import (
 )
 
 from conftest import make_pair
+from mcsd_runtime.decisions.artifact import ArtifactSpec, BatchSetting
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
+from mcsd_runtime.decisions.features import DECISION_FEATURES, SCHEMA_VERSION
+from mcsd_runtime.decisions.learned import stopper_from
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
-from mcsd_runtime.stop.learned import stopper_from
 
 CASES = [((4, 2, 2, 1), "static"), ((4, 2, 2, 1), "heuristic"), ((2, 3), "static:1"),
          ((1, 1, 1, 1), "confidence:0.3"), ((3, 1, 1, 1, 1, 1), "cumprod:0.8")]

@@ -11,13 +11,13 @@ import pytest
 from test_train_data import dense_rows
 
 import replay as R
+from mcsd_runtime.decisions.artifact import ArtifactSpec
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
+from mcsd_runtime.decisions.features import NODE_FEATURES, Trajectory
+from mcsd_runtime.decisions.learned import load_stopper, stopper_from
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.pricing.step_model import FIRST_PENDING, step_forwards, step_outcome
-from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from mcsd_runtime.stop.features import NODE_FEATURES, Trajectory
-from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from mcsd_runtime.tree import Tree
 from replay.data import NO_NODES, _Frontier
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from test_decoder_greedy import prompts, reference
 
+from mcsd_runtime.decisions.builtin import StopperBase
+from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop.builtin import StopperBase
-from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
 
 TOKENS = TRAJECTORY_FEATURES.index("tokens_generated")
 MAX_NEW = 20

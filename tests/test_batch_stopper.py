@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from mcsd_runtime.decisions.artifact import FILE, ArtifactSpec, BatchSetting
+from mcsd_runtime.decisions.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.decisions.learned import LearnedStopper, load_stopper
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.artifact import FILE, ArtifactSpec, BatchSetting
-from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
-from mcsd_runtime.stop.learned import LearnedStopper, load_stopper
 
 OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 TABLE = {"8": {"threshold": 0.3, "aggregation": "sum", "row_aggregation": "mean",
@@ -159,7 +159,7 @@ def test_a_row_in_its_no_decision_zone_keeps_the_batch_drafting():
 def test_an_unreachable_threshold_is_a_static_depth_without_a_model_call():
     """Frontier scores lie in [0, 1], so a threshold above 1 (above the number of rows for a
     sum) stops at min_depth without scoring: a static depth that costs no decision."""
-    from mcsd_runtime.stop.aggregation import reachable
+    from mcsd_runtime.decisions.aggregation import reachable
 
     assert reachable("max", 1.0, 8) and not reachable("mean", 1.01, 8)
     assert reachable("sum", 3.0, 3) and not reachable("sum", 3.5, 3)
@@ -195,8 +195,8 @@ def hidden_artifact(folder: Path, hidden_size: int) -> None:
     scaled so that its node scores spread over (0, 1)."""
     from safetensors.torch import save_file
 
-    from mcsd_runtime.stop.features import SCHEMA_VERSION
-    from mcsd_runtime.stop.learned import DecisionMLP
+    from mcsd_runtime.decisions.features import SCHEMA_VERSION
+    from mcsd_runtime.decisions.learned import DecisionMLP
 
     torch.manual_seed(0)
     net = DecisionMLP(hidden_size, (16,))
@@ -232,7 +232,7 @@ def node_scorer(kind: str, folder: Path):
 
         booster = lightgbm.Booster(model_file=str(folder / "model.txt"))
         return lambda f: booster.predict(f.decision_features())
-    from mcsd_runtime.stop.learned import load_mlp
+    from mcsd_runtime.decisions.learned import load_mlp
 
     net = load_mlp(folder)
 

@@ -12,8 +12,8 @@ from test_train_data import dense_rows, small_pair
 
 import replay as R
 from mcsd_runtime.cli import build_parser, run_parser
+from mcsd_runtime.decisions.learned import load_stopper
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.learned import load_stopper
 from train.cli import register
 from train.stop.trainer import train_stopper
 

@@ -1,4 +1,4 @@
-"""The verification budget's two decisions (mcsd_runtime.stop.budget): plain floats in, rows'
+"""The verification budget's two decisions (mcsd_runtime.decisions.budget): plain floats in, rows'
 counts out."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcsd_runtime.stop.budget import draft_rows, verify_counts
+from mcsd_runtime.decisions.budget import draft_rows, verify_counts
 
 
 def affine(floor: float, per_token: float):
@@ -112,7 +112,7 @@ def test_draft_rows_feeds_and_ranks():
 
 
 def test_budget_module_stays_plain_python():
-    src = Path(__file__).resolve().parents[1] / "mcsd_runtime" / "stop" / "budget.py"
+    src = Path(__file__).resolve().parents[1] / "mcsd_runtime" / "decisions" / "budget.py"
     tree = ast.parse(src.read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}

@@ -14,6 +14,7 @@ from tokenizers import processors
 from transformers import AutoTokenizer
 
 from mcsd_runtime import cli
+from mcsd_runtime.decisions.artifact import ArtifactSpec
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
@@ -26,7 +27,6 @@ from mcsd_runtime.prompts.chat import (
     template_hash,
 )
 from mcsd_runtime.prompts.domains import Prompt
-from mcsd_runtime.stop.artifact import ArtifactSpec
 
 # Llama-2/3 style: the template writes the BOS itself (and the toy tokenizer adds one too).
 LLAMA_STYLE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n"

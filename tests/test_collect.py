@@ -23,10 +23,10 @@ from collect.schema import IDENTITY, prompt_hash, row_schema
 from collect.store import LOCK, run_lock, shard_paths, write_shard
 from conftest import make_pair
 from mcsd_runtime.cli import main as mcsd
+from mcsd_runtime.decisions.features import FEATURE_NAMES
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.sets import Prompt
-from mcsd_runtime.stop.features import FEATURE_NAMES
 
 K = (3, 2, 1)
 

@@ -12,12 +12,12 @@ import pytest
 
 from collect.outputs import Trace, draft_hits, drafted_traces, target_traces
 from mcsd_runtime.cli import main
+from mcsd_runtime.decisions.copy_length import FEATURES, CopyLength
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 from replay.copy import Replay, copy_all, never, step_costs
 from train.copy.fit import fit
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from mcsd_runtime.decisions.copy_length import CopyLength
+from mcsd_runtime.decisions.learned import LearnedStopper
+from mcsd_runtime.decisions.manifest import load_decision, read_decision, write_manifest
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.copy_length import CopyLength
-from mcsd_runtime.stop.decision import load_decision, read_decision, write_manifest
-from mcsd_runtime.stop.learned import LearnedStopper
-from mcsd_runtime.stop.width import WidthPolicy
 from train.decision import train
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"

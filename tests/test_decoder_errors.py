@@ -7,9 +7,9 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import make_pair, tiny_llama
 from mcsd_runtime import MCSDError
+from mcsd_runtime.decisions.builtin import make_stopper
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.models.pair import Pair, check_same_vocab
-from mcsd_runtime.stop.builtin import make_stopper
 
 
 def test_mismatched_model_vocab():

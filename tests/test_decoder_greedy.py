@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import make_pair
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 
 K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,), (2, 3), (3, 1, 1, 1, 1, 1), "4,1/1,1,1", "3,2/2,1,1"]
 STOPPERS = ["static", "static:2", "confidence:0.2", "entropy:0.45:0.1", "cumprod:0.9",

@@ -17,9 +17,9 @@ from scipy.stats import chisquare
 
 from conftest import make_pair
 from mcsd_runtime.constants import VERIFIERS
+from mcsd_runtime.decisions.copy_length import FEATURES, CopyLength
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 
 # draws per chi-square test: under every configuration decoded below, a broken verifier (the
 # residual drawn from p, or zero-probability candidates accepted) is rejected at p < 1e-20 at

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from test_decoder_greedy import prompts
 
+from mcsd_runtime.decisions import device_scoring
+from mcsd_runtime.decisions.artifact import ArtifactSpec
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
+from mcsd_runtime.decisions.expected_rate import Calibration
+from mcsd_runtime.decisions.learned import stopper_from
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop import device
-from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from mcsd_runtime.stop.expected_rate import Calibration
-from mcsd_runtime.stop.learned import stopper_from
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa"
 
@@ -88,7 +88,7 @@ def test_online_recalibration_decides_on_the_host():
 
 
 def test_the_comparison_catches_a_wrong_device_rule(pair, monkeypatch):
-    monkeypatch.setitem(device.DEVICE_AGGREGATIONS, "sum",
-                        device.DEVICE_AGGREGATIONS["mean"])
+    monkeypatch.setitem(device_scoring.DEVICE_AGGREGATIONS, "sum",
+                        device_scoring.DEVICE_AGGREGATIONS["mean"])
     got = decisions(pair, learned("lightgbm", threshold=0.08, aggregation="sum"))
     assert any(d != h for d, h in got)

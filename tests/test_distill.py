@@ -15,6 +15,7 @@ from conftest import fake_cpu_flags, make_pair
 from mcsd_runtime import cli
 from mcsd_runtime.backend.layers import cut_draft
 from mcsd_runtime.cli.draft import register as draft_register
+from mcsd_runtime.decisions.features import node_features
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.distill import cache as distill_cache
 from mcsd_runtime.distill import data as distill_data
@@ -32,7 +33,6 @@ from mcsd_runtime.distill.recipe import DATA_FIELDS, PRESETS, get_recipe
 from mcsd_runtime.distill.target import fingerprint, load_target
 from mcsd_runtime.distill.train import distill
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import node_features
 from mcsd_runtime.toy import build as toy_build
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}"

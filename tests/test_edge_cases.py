@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_decision import _Trainer
 
+from mcsd_runtime.decisions.device_scoring import interpolate
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.step_model import step_outcome
-from mcsd_runtime.stop.device import interpolate
 from train.decision import refuse_existing, train
 
 

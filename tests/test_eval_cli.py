@@ -33,7 +33,7 @@ def test_labels_spell_out_defaults():
 
 
 def test_a_trained_stoppers_tree_is_the_default(monkeypatch, tmp_path):
-    from mcsd_runtime.stop.artifact import ArtifactSpec
+    from mcsd_runtime.decisions.artifact import ArtifactSpec
 
     trees = {"a": [1, 1, 1], "b": [1, 1, 1], "c": [2, 1]}
     spec = ArtifactSpec.read(Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm")

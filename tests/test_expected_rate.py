@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mcsd_runtime.decisions.artifact import FILE, ArtifactSpec
+from mcsd_runtime.decisions.expected_rate import Calibration, marginal_seconds, rate_thresholds
+from mcsd_runtime.decisions.features import DECISION_FEATURES
+from mcsd_runtime.decisions.learned import load_stopper, stopper_from
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.artifact import FILE, ArtifactSpec
-from mcsd_runtime.stop.expected_rate import Calibration, marginal_seconds, rate_thresholds
-from mcsd_runtime.stop.features import DECISION_FEATURES
-from mcsd_runtime.stop.learned import load_stopper, stopper_from
 from mcsd_runtime.tree import Tree
 from train.stop.calibrate import ece_by_depth, expected_calibration_error, fit_calibration
 

@@ -1,4 +1,4 @@
-"""The decision-feature layout, named once in `mcsd_runtime.stop.features`: the decoder's host
+"""The decision-feature layout, named once in `mcsd_runtime.decisions.features`: the decoder's host
 rows (`host_nodes` -> `decision_matrix`) and replay's stored node rows (`decision_from_nodes`)
 give the same DECISION_FEATURES, column by column, as the full feature matrix."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mcsd_runtime.stop import features as F
+from mcsd_runtime.decisions import features as F
 
 
 def test_decoder_and_replay_decision_features_are_the_full_matrix_columns():

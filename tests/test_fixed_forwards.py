@@ -10,12 +10,12 @@ from test_copy_length import feature_pair as feature_pair_fixture
 from test_decoder_greedy import prompts, reference
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.decode.cache import SlotRowCache
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards, make_forwards, row_bucket
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
-from mcsd_runtime.stop.width import WidthPolicy
 
 feature_pair = feature_pair_fixture
 BUCKET = 8  # small spans, so that a decode crosses several of them

@@ -1,5 +1,5 @@
-"""LightGBM's trees as tensor operations (`mcsd_runtime.stop.forest`) predict what LightGBM's own
-library predicts, at split thresholds, zeros and NaNs included, for a trained stopper too."""
+"""LightGBM's trees as tensor operations (`mcsd_runtime.decisions.forest`) predict what LightGBM's
+own library predicts, at split thresholds, zeros and NaNs included, for a trained stopper too."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from mcsd_runtime.stop.forest import TensorForest
-from mcsd_runtime.stop.lightgbm_native import NativeBooster
+from mcsd_runtime.decisions.forest import TensorForest
+from mcsd_runtime.decisions.lightgbm_native import NativeBooster
 
 FIXTURE = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm" / "model.txt"
 

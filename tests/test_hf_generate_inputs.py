@@ -13,11 +13,11 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from mcsd_runtime.backend.compat import cache_kwargs
+from mcsd_runtime.decisions.artifact import FORMAT
+from mcsd_runtime.decisions.features import DECISION_FEATURES, SCHEMA_VERSION
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.integrations.hf import generate as mcsd_generate
-from mcsd_runtime.stop.artifact import FORMAT
-from mcsd_runtime.stop.features import DECISION_FEATURES, SCHEMA_VERSION
 
 PROMPT = [5, 9, 2]
 K = (2, 2, 1)

@@ -21,12 +21,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "mcsd_runtime.progress", "mcsd_runtime.metrics", "mcsd_runtime.transfer",
                 "mcsd_runtime.extras", "mcsd_runtime.tree", "mcsd_runtime.lookup")),
     # what a step costs: its forwards' rules and the profile that prices them, read by the
-    # decisions that weigh tokens against seconds (stop.verify_budget) and everything above
+    # decisions that weigh tokens against seconds (decisions.verify_budget) and everything above
     ("prices", ("mcsd_runtime.pricing",)),
     ("backend", ("mcsd_runtime.backend",)),
     ("toy", ("mcsd_runtime.toy",)),
     ("prompts", ("mcsd_runtime.prompts",)),
-    ("stop", ("mcsd_runtime.stop",)),
+    # the learned decisions and their contract; `stop` is its old name, kept one release
+    ("decisions", ("mcsd_runtime.decisions", "mcsd_runtime.stop")),
     ("distill", ("mcsd_runtime.distill",)),
     ("models", ("mcsd_runtime.models",)),
     ("decode", ("mcsd_runtime.decode",)),
@@ -186,7 +187,7 @@ def test_every_exception_still_stands():
 
 def test_no_import_circles():
     graph = import_graph()
-    assert {"mcsd_runtime.stop.builtin", "train.stop.models", "collect.run"} <= set(graph)
+    assert {"mcsd_runtime.decisions.builtin", "train.stop.models", "collect.run"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -248,3 +249,66 @@ def test_the_split_decoder_records_still_import_from_state_with_a_warning(monkey
              for p in (root / d).rglob("*.py")
              if "decode.state import" in p.read_text() and p.name != "state.py"]
     assert users == []
+
+
+def _forget(monkeypatch, *names: str) -> None:
+    """Drop `names` from sys.modules for this test (put back after it), so they import anew."""
+    import sys
+
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_the_old_decisions_package_imports_with_a_warning(monkeypatch):
+    """`mcsd_runtime.stop` was renamed `mcsd_runtime.decisions`: the old package still imports,
+    with a deprecation warning, and a name it never held is still not found."""
+    import importlib
+
+    _forget(monkeypatch, "mcsd_runtime.stop")
+    with pytest.warns(DeprecationWarning, match="mcsd_runtime.decisions"):
+        importlib.import_module("mcsd_runtime.stop")
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("mcsd_runtime.stop.no_such_module")
+
+
+RENAMED_DECISIONS = {"decision": "manifest", "device": "device_scoring"}
+
+
+@pytest.mark.parametrize("old", ["aggregation", "artifact", "budget", "builtin", "contract",
+                                 "copy_length", "decision", "device", "expected_rate", "features",
+                                 "forest", "learned", "lightgbm_native", "online", "skip",
+                                 "verify_budget", "width"])
+def test_every_old_decision_module_is_its_new_module(old, monkeypatch):
+    """Each module `mcsd_runtime.stop` held imports under its old name as the very module object
+    of its new one (so patching either patches both), warning once, when first imported."""
+    import importlib
+    import warnings
+
+    new = f"mcsd_runtime.decisions.{RENAMED_DECISIONS.get(old, old)}"
+    _forget(monkeypatch, "mcsd_runtime.stop", f"mcsd_runtime.stop.{old}")
+    with pytest.warns(DeprecationWarning, match=f"mcsd_runtime.stop.{old} moved to {new}"):
+        module = importlib.import_module(f"mcsd_runtime.stop.{old}")
+    assert module is importlib.import_module(new)
+    assert module.__spec__.name == new and module.__name__ == new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second import does not warn again
+        assert importlib.import_module(f"mcsd_runtime.stop.{old}") is module
+        from mcsd_runtime import stop
+
+        assert getattr(stop, old) is module
+    monkeypatch.setattr(module, "_patched_through_the_old_name", True, raising=False)
+    assert importlib.import_module(new)._patched_through_the_old_name
+
+
+
+def test_an_object_pickled_under_the_old_package_name_loads(monkeypatch):
+    """A pickle that names a class by its old module (`mcsd_runtime.stop.builtin.StaticStopper`)
+    loads the class under its new name."""
+    import pickle
+
+    from mcsd_runtime.decisions.builtin import StaticStopper
+
+    _forget(monkeypatch, "mcsd_runtime.stop", "mcsd_runtime.stop.builtin")
+    with pytest.warns(DeprecationWarning, match="mcsd_runtime.stop.builtin"):
+        loaded = pickle.loads(b"cmcsd_runtime.stop.builtin\nStaticStopper\n.")
+    assert loaded is StaticStopper

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from mcsd_runtime.decisions.features import DECISION_FEATURES, FEATURE_NAMES
+from mcsd_runtime.decisions.learned import NativeBooster, aggregate
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES
-from mcsd_runtime.stop.learned import NativeBooster, aggregate
 
 SCORES = np.array([0.2, 0.4, 0.9])
 PATH_PROBS = [0.5, 0.25, 0.25]  # the nodes' path probabilities under the draft

@@ -1,4 +1,4 @@
-"""Per-sequence recalibration of a learned stopper (`mcsd_runtime.stop.online`)."""
+"""Per-sequence recalibration of a learned stopper (`mcsd_runtime.decisions.online`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from mcsd_runtime.decisions.artifact import ArtifactSpec
+from mcsd_runtime.decisions.learned import stopper_from
+from mcsd_runtime.decisions.online import OnlineCalibration
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.learned import stopper_from
-from mcsd_runtime.stop.online import OnlineCalibration
 
 FIXTURE = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import torch
 
+from mcsd_runtime.decisions.copy_length import CopyHistory
+from mcsd_runtime.decisions.features import TOP_K_MASS
 from mcsd_runtime.decode.proposers import PromptLookup, Proposing, WidthCut
 from mcsd_runtime.decode.step_state import Drafted, DraftLayer, Proposal
-from mcsd_runtime.stop.copy_length import CopyHistory
-from mcsd_runtime.stop.features import TOP_K_MASS
 
 V = 16
 

@@ -27,6 +27,8 @@ from test_decoder_sampling import (
 from test_fixed_forwards import tiny
 
 from conftest import make_pair
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
+from mcsd_runtime.decisions.features import DECISION_FEATURES
 from mcsd_runtime.decode import ragged as R
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
@@ -34,8 +36,6 @@ from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.graphs import call_model
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.attention import NAME, register
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from mcsd_runtime.stop.features import DECISION_FEATURES
 
 
 def ragged_ready(pair):

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mcsd_runtime.decisions.features import NODE_FEATURES
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile, RaggedCosts
-from mcsd_runtime.stop.features import NODE_FEATURES
 from replay.data import ReplayData
 from replay.depth import replay
 from replay.ragged import (
@@ -167,7 +167,7 @@ def test_unknown_rules_and_collections_are_refused(data):
 
 def test_the_command_replays_a_collection_folder(tmp_path, capsys):
     from mcsd_runtime.cli import build_parser, run_parser
-    from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
+    from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
     from replay.ragged_cli import register
 
     df = chain_rows([1, 4, 2, 3, 0], new_tokens=12)

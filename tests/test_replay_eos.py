@@ -13,10 +13,10 @@ from test_train_data import prompts
 import replay as R
 from collect.run import CollectJob, collect_prompts
 from conftest import make_pair
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.prompts.sets import Prompt
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 from replay.runs import load_runs
 from train.stop.config import TrainConfig
 from train.stop.pipeline import choose, fit, prepare
@@ -103,7 +103,7 @@ def test_replay_matches_the_decoder_per_prompt_when_outputs_end_in_eos(eos_pair,
 
 def test_domain_check_replays_the_decoders_output_lengths(eos_pair, chosen, root):
     """`mcsd train --domains` replays another collection through the same lengths."""
-    from mcsd_runtime.stop.learned import stopper_from
+    from mcsd_runtime.decisions.learned import stopper_from
     from train.stop.domains import check_domain
 
     result = check_domain(root / "run", stopper_from(chosen.spec, root / "model"), "static:3",

@@ -20,9 +20,9 @@ from test_decoder_sampling import (
     sampled_counts,
 )
 
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
 
 # switch: no draft at the first step (the prior rate 0.5 < 0.6), a draft of 1 depth at the next
 ADAPTIVE = ["confidence:0.5", "heuristic:2", "cumprod:0.6", "entropy:0.6:0.3", "switch:0.6:1:1"]

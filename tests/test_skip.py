@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from mcsd_runtime.decisions.builtin import SwitchStopper, make_stopper
+from mcsd_runtime.decisions.contract import StepStart
+from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES, Trajectory
+from mcsd_runtime.decisions.skip import SkipGate, break_even_rate
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.builtin import SwitchStopper, make_stopper
-from mcsd_runtime.stop.contract import StepStart
-from mcsd_runtime.stop.features import TRAJECTORY_FEATURES, Trajectory
-from mcsd_runtime.stop.skip import SkipGate, break_even_rate
 from mcsd_runtime.tree import Tree
 
 RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")

@@ -11,7 +11,7 @@ import torch
 
 from mcsd_runtime.cli import main as mcsd
 from mcsd_runtime.costmodel import step_breakdown as sb
-from mcsd_runtime.stop.builtin import StaticStopper
+from mcsd_runtime.decisions.builtin import StaticStopper
 
 ARGS = ["--shape", "tiny", "--draft-layers", "1", "--device", "cpu", "--dtype", "fp32",
         "--k-config", "1,1", "--max-new-tokens", "8", "--prompt-count", "1",

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.evaluate.methods import check_method
-from mcsd_runtime.integrations.hf import _stopper
-from mcsd_runtime.stop.builtin import (
+from mcsd_runtime.decisions.builtin import (
     HeuristicStopper,
     StaticStopper,
     UnknownStopperError,
     make_stopper,
     parse_stopper_spec,
 )
+from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
+from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.evaluate.methods import check_method
+from mcsd_runtime.integrations.hf import _stopper
 
 ARTIFACT = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 

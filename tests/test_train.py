@@ -11,12 +11,12 @@ import pytest
 from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, small_pair
 
 import replay as R
+from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
+from mcsd_runtime.decisions.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
+from mcsd_runtime.decisions.learned import check_pair, load_stopper
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.builtin import StopperBase, make_stopper
-from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
-from mcsd_runtime.stop.learned import check_pair, load_stopper
 from mcsd_runtime.tree import parse_k_config
 from replay.runs import collected_k_config, prompt_groups, sequence_ids, split_prompts
 from train.stop.labels import add_labels
@@ -201,8 +201,8 @@ def test_online_recalibration_replays_as_the_decoder_decodes(data, artifacts):
     """With per-sequence recalibration on, replay and decoder still agree, at batch size 1 and
     for a batch of 3 (each row scaled by its own acceptances), and its decisions differ from
     the same stopper's without it."""
+    from mcsd_runtime.decisions.learned import stopper_from
     from mcsd_runtime.pricing.profile import BatchCosts
-    from mcsd_runtime.stop.learned import stopper_from
 
     folder, _ = artifacts["lightgbm"]
     spec = load_stopper(folder).spec
@@ -565,9 +565,9 @@ def test_the_expected_rate_rule_replays_as_the_decoder_decodes(data, artifacts):
     profile) drafts between static:1 and static:4 here, and replay equals the decoder; training
     replays both rules on validation, keeps the faster (ties: the threshold) and reports the
     calibration by depth."""
-    from mcsd_runtime.stop.artifact import ArtifactSpec
-    from mcsd_runtime.stop.expected_rate import Calibration, rate_thresholds
-    from mcsd_runtime.stop.learned import stopper_from
+    from mcsd_runtime.decisions.artifact import ArtifactSpec
+    from mcsd_runtime.decisions.expected_rate import Calibration, rate_thresholds
+    from mcsd_runtime.decisions.learned import stopper_from
 
     folder, summary = artifacts["lightgbm"]
 

@@ -9,7 +9,7 @@ import sys
 from test_train_data import dense_rows
 
 from mcsd_runtime.cli import build_parser, run_parser
-from mcsd_runtime.stop.features import FEATURE_SETS
+from mcsd_runtime.decisions.features import FEATURE_SETS
 from train.cli import register
 
 

@@ -11,8 +11,8 @@ import torch
 
 from collect.schema import prompt_hash
 from conftest import make_pair, shared_build
+from mcsd_runtime.decisions.features import FEATURE_NAMES
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
-from mcsd_runtime.stop.features import FEATURE_NAMES
 from mcsd_runtime.tree import Tree
 
 K_CONFIG = (4, 2, 2, 1)

@@ -13,11 +13,11 @@ import torch
 from test_train_data import K_CONFIG, N_PROMPTS, dense_rows, small_pair
 
 from mcsd_runtime.constants import STOPPER_KINDS
+from mcsd_runtime.decisions.artifact import ArtifactSpec
+from mcsd_runtime.decisions.features import DECISION_FEATURES
+from mcsd_runtime.decisions.learned import load_mlp, load_stopper
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.features import DECISION_FEATURES
-from mcsd_runtime.stop.learned import load_mlp, load_stopper
 from train.stop.config import TrainConfig, default_label
 from train.stop.pipeline import (
     PEER_GRID,

@@ -1,6 +1,6 @@
-"""The verification budget as a stopper (`stop.verify_budget`): in the decoder it takes the steps
-`replay.ragged` replays for the same rule (tokens, steps, drafted depths, verified tokens, batch
-steps), its rows stay the target's own, and a profile is required to name one."""
+"""The verification budget as a stopper (`decisions.verify_budget`): in the decoder it takes the
+steps `replay.ragged` replays for the same rule (tokens, steps, drafted depths, verified tokens,
+batch steps), its rows stay the target's own, and a profile is required to name one."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from test_train_data import MAX_NEW, dense_rows, prompts
 import replay.data as R
 from conftest import make_pair
 from mcsd_runtime.cli import build_parser, run_parser
+from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.features import NODE_FEATURES
+from mcsd_runtime.decisions.manifest import load_decision
+from mcsd_runtime.decisions.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
-from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.decision import load_decision
-from mcsd_runtime.stop.features import NODE_FEATURES
-from mcsd_runtime.stop.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
 from replay.ragged import Budget, ragged_replay
 from train.cli import register
 

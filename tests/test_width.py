@@ -1,4 +1,4 @@
-"""A learned width (`mcsd_runtime.stop.width`): the rule, its file, and the decoder that cuts a
+"""A learned width (`mcsd_runtime.decisions.width`): the rule, its file, and the decoder that cuts a
 drafted step's first depth to it — greedy output equal to the target's, batched too, sampled
 output following the target's distribution (and the check failing on a biased verifier)."""
 
@@ -25,12 +25,12 @@ from test_decoder_sampling import (
 from collect.outputs import Ranked, draft_ranks, target_traces
 from conftest import make_pair
 from mcsd_runtime.cli import main
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
 from replay.width import WidthReplay, learned, oracle, static
 from train.width.fit import fit

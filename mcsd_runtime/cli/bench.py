@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.decisions.builtin import make_stopper
+    from mcsd_runtime.decisions.learned import check_pair
     from mcsd_runtime.evaluate.bench import run_bench
     from mcsd_runtime.evaluate.methods import (
         check_method,
@@ -59,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from mcsd_runtime.evaluate.report import markdown_notes
     from mcsd_runtime.prompts.sets import load_prompts
-    from mcsd_runtime.stop.builtin import make_stopper
-    from mcsd_runtime.stop.learned import check_pair
 
     apply_threads(args)
     check_batch_size(args.batch_size)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.stop.builtin import Frontier, Stopper, StopperBase, make_stopper
-from mcsd_runtime.stop.features import TOP_K_MASS, Trajectory
+from mcsd_runtime.decisions.builtin import Frontier, Stopper, StopperBase, make_stopper
+from mcsd_runtime.decisions.features import TOP_K_MASS, Trajectory
 from mcsd_runtime.tree import Tree, TreeTensors
 
 

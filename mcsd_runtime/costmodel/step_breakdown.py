@@ -187,8 +187,8 @@ def shaped_pair(shape: str, draft_layers: int, device: str, dtype: torch.dtype, 
 
 def _decoder(pair, method: str, k_config: tuple[int, ...], max_new_tokens: int,
              profile: bool, graphs: str = "off"):
+    from mcsd_runtime.decisions.builtin import make_stopper
     from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
-    from mcsd_runtime.stop.builtin import make_stopper
 
     if method == "ar":
         return ARDecoder(pair, DecodeConfig(k_config=(), max_new_tokens=max_new_tokens,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mcsd_runtime.decisions.contract import Stopper
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.accounting import Accounts
 from mcsd_runtime.decode.cache import RowCache
@@ -23,7 +24,6 @@ from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.proposers import PromptLookup
 from mcsd_runtime.decode.records import DecodeStats, StepRecord
 from mcsd_runtime.decode.step_state import Row, RowState, Timing
-from mcsd_runtime.stop.contract import Stopper
 from mcsd_runtime.transfer import upload
 
 if TYPE_CHECKING:

@@ -15,6 +15,9 @@ from dataclasses import replace
 
 import torch
 
+from mcsd_runtime.decisions.builtin import Stopper, make_stopper
+from mcsd_runtime.decisions.copy_length import CopyLength
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.decode.engine import BatchResult, CommitHook, Engine
 from mcsd_runtime.decode.graphs import make_forwards
 from mcsd_runtime.decode.records import (
@@ -31,9 +34,6 @@ from mcsd_runtime.decode.target_init import TargetInitEngine
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_messages, is_messages
-from mcsd_runtime.stop.builtin import Stopper, make_stopper
-from mcsd_runtime.stop.copy_length import CopyLength
-from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree, TreeTensors
 
 # What `generate` decodes: a text, token ids, or chat messages ([{"role": ..., "content": ...}]).
@@ -50,9 +50,9 @@ class MCSDDecoder:
     def __init__(self, pair: Pair, config: DecodeConfig | None = None,
                  stopper: Stopper | str | None = None, recorder: Recorder | None = None,
                  copy_length: CopyLength | None = None, width: WidthPolicy | None = None) -> None:
-        """`copy_length`: a learned prompt-lookup copy length (`mcsd_runtime.stop.copy_length`)
+        """`copy_length`: a learned prompt-lookup copy length (`mcsd_runtime.decisions.copy_length`)
         choosing how much of each match to verify; needs `config.lookup` at least its
-        `max_copy`. `width`: a learned width (`mcsd_runtime.stop.width`) choosing how many of
+        `max_copy`. `width`: a learned width (`mcsd_runtime.decisions.width`) choosing how many of
         the first depth's candidates a step drafted to depth 1 verifies; needs the tree's first
         depth to draft its k."""
         self.pair = pair

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mcsd_runtime.decisions.contract import Stopper
+from mcsd_runtime.decisions.features import TOP_K_MASS
 from mcsd_runtime.decode import verify as V
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.step_state import Drafted, DraftFrontier, DraftLayer
-from mcsd_runtime.stop.contract import Stopper
-from mcsd_runtime.stop.features import TOP_K_MASS
 
 if TYPE_CHECKING:
     from mcsd_runtime.decode.step_state import Decoding, Row, Timing

@@ -39,7 +39,7 @@ the batch's depth, capped by its own token budget. After each depth the batch dr
 the stopper's `batch_continue(frontiers)` says so, or else if ANY row's own stopper (a copy of the
 given one) does. `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own
 stopper chooses. A batch of one asks the decoder's stopper itself, depth by depth. A stopper
-with the batch members of `mcsd_runtime.stop.contract` (a verification budget) chooses every
+with the batch members of `mcsd_runtime.decisions.contract` (a verification budget) chooses every
 row's tree across the batch instead: who drafts at all, who drafts each next depth, how much each
 verifies (`plan`, `drafting.TreeDrafter`).
 
@@ -77,6 +77,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mcsd_runtime.decisions.builtin import NoDraftStopper
+from mcsd_runtime.decisions.contract import StepStart
 from mcsd_runtime.decode.accounting import Accounts, CommitHook
 from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
@@ -87,8 +89,6 @@ from mcsd_runtime.decode.ragged import Ragged, ragged_layout
 from mcsd_runtime.decode.records import DecodeStats, GenerationResult
 from mcsd_runtime.decode.step_state import Decoding, Draft, Drafted, Row, RowState, Timing, Verdict
 from mcsd_runtime.decode.verifying import Verifier
-from mcsd_runtime.stop.builtin import NoDraftStopper
-from mcsd_runtime.stop.contract import StepStart
 from mcsd_runtime.transfer import upload
 
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mcsd_runtime.decisions.copy_length import CopyHistory, features
 from mcsd_runtime.decode.step_state import Draft, DraftLayer, Proposal, RowState, Verdict
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.lookup import propose as propose_chain
-from mcsd_runtime.stop.copy_length import CopyHistory, features
 
 if TYPE_CHECKING:
     from mcsd_runtime.decode.step_state import Decoding, Drafted
@@ -119,7 +119,7 @@ class PromptLookup(Proposer):
 
 
 class WidthCut(Proposer):
-    """A learned width of the first depth (`mcsd_runtime.stop.width`; None: no cut): `widths`
+    """A learned width of the first depth (`mcsd_runtime.decisions.width`; None: no cut): `widths`
     holds the first depth cut to w < k candidates, by w (`Decoding.widths`)."""
 
     def __init__(self, dec: Decoding) -> None:

@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from mcsd_runtime.decode.records import DecodeConfig, DecodeStats, Recorder, StepRecord
-from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import (
+from mcsd_runtime.decisions.features import (
     FEATURE_NAMES,
     TOP_K_MASS,
     TRAJECTORY_FEATURES,
@@ -24,14 +22,16 @@ from mcsd_runtime.stop.features import (
     node_features,
     with_trajectory,
 )
+from mcsd_runtime.decode.records import DecodeConfig, DecodeStats, Recorder, StepRecord
+from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import TreeTensors
 
 if TYPE_CHECKING:  # what the engine reads of the decoder (`Decoding`)
+    from mcsd_runtime.decisions.contract import Stopper
+    from mcsd_runtime.decisions.copy_length import CopyLength
+    from mcsd_runtime.decisions.width import WidthPolicy
     from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards
     from mcsd_runtime.models.pair import Pair
-    from mcsd_runtime.stop.contract import Stopper
-    from mcsd_runtime.stop.copy_length import CopyLength
-    from mcsd_runtime.stop.width import WidthPolicy
     from mcsd_runtime.tree import Tree
 
 
@@ -275,7 +275,7 @@ class Decoding(Protocol):
     eos: set[int]
     sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
     copy_length: CopyLength | None  # a learned prompt-lookup copy length
-    width: WidthPolicy | None  # a learned width of the first depth (`mcsd_runtime.stop.width`)
+    width: WidthPolicy | None  # a learned width of the first depth (`mcsd_runtime.decisions.width`)
     widths: dict[int, TreeTensors]  # the first depth cut to w < k candidates, by w
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor: ...

@@ -9,10 +9,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mcsd_runtime.decisions.artifact import ArtifactSpec
+from mcsd_runtime.decisions.builtin import (
+    BUILTIN,
+    UnknownStopperError,
+    make_stopper,
+    parse_stopper_spec,
+)
 from mcsd_runtime.decode.records import DecodeConfig
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.builtin import BUILTIN, UnknownStopperError, make_stopper, parse_stopper_spec
 from mcsd_runtime.tree import parse_k_config
 
 # no batches
@@ -126,12 +131,12 @@ def check_method(name: str) -> None:
             check_method(look[2])
         return
     if kind == WIDTH:
-        from mcsd_runtime.stop.width import WidthPolicy, parse_width
+        from mcsd_runtime.decisions.width import WidthPolicy, parse_width
 
         WidthPolicy.load(parse_width(name))
         return
     if (learned := parse_learned_lookup(name)) is not None:
-        from mcsd_runtime.stop.copy_length import read_spec
+        from mcsd_runtime.decisions.copy_length import read_spec
 
         spec = read_spec(learned[0])
         if learned[1] is not None:

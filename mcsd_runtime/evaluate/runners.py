@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime import metrics
+from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.learned import check_pair, training_temperatures
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import (
@@ -28,8 +30,6 @@ from mcsd_runtime.evaluate.methods import (
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_prompt as chat_encode
-from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.learned import check_pair, training_temperatures
 from mcsd_runtime.tree import parse_k_config
 
 
@@ -310,9 +310,9 @@ def _warn_temperature_once(who: str, trained: list[float], temperature: float, e
 
 def stopper_and_width(spec: str | None, pair: Pair, temperature: float = 0.0):
     """The stopper a spec names and the learned width it verifies with: `width:PATH` is the
-    first depth (`static:1`) cut to the width PATH chooses (`mcsd_runtime.stop.width`); any
+    first depth (`static:1`) cut to the width PATH chooses (`mcsd_runtime.decisions.width`); any
     other spec its stopper at full width (None: the target alone)."""
-    from mcsd_runtime.stop.width import WidthPolicy, parse_width
+    from mcsd_runtime.decisions.width import WidthPolicy, parse_width
 
     if (folder := parse_width(spec)) is not None:
         width = WidthPolicy.load(folder)
@@ -340,7 +340,7 @@ def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path,
     """A learned copy length (`lookup-learned:PATH[+STOPPER]`): where the context repeats
     itself it copies as many tokens as it chooses, else (or choosing none) the target decodes
     alone, or STOPPER drafts on --k-config."""
-    from mcsd_runtime.stop.copy_length import CopyLength
+    from mcsd_runtime.decisions.copy_length import CopyLength
 
     policy = CopyLength.load(folder)
     _warn_temperature_once(f"{folder} was trained on outputs at", [policy.temperature],

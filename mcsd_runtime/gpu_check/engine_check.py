@@ -141,9 +141,9 @@ def mlp_artifact(folder: Path, k_config: tuple[int, ...] | None = None, seed: in
     what a trained one's cost; what they decide does not matter here)."""
     from safetensors.torch import save_file
 
-    from mcsd_runtime.stop.artifact import ArtifactSpec
-    from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
-    from mcsd_runtime.stop.learned import DecisionMLP
+    from mcsd_runtime.decisions.artifact import ArtifactSpec
+    from mcsd_runtime.decisions.features import FEATURE_NAMES, SCHEMA_VERSION
+    from mcsd_runtime.decisions.learned import DecisionMLP
 
     torch.manual_seed(seed)
     net = DecisionMLP(len(FEATURE_NAMES), (64, 64))

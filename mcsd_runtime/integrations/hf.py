@@ -38,12 +38,12 @@ from transformers.generation import (
 )
 
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
+from mcsd_runtime.decisions.artifact import description_file
+from mcsd_runtime.decisions.builtin import Stopper, make_stopper, parse_stopper_spec
+from mcsd_runtime.decisions.learned import check_pair
 from mcsd_runtime.decode.decoder import DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair, check_same_vocab
-from mcsd_runtime.stop.artifact import description_file
-from mcsd_runtime.stop.builtin import Stopper, make_stopper, parse_stopper_spec
-from mcsd_runtime.stop.learned import check_pair
 
 _HINTS = {"TopKLogitsWarper": "pass top_k=0 (the generation config's default is 50)",
           "TopPLogitsWarper": "pass top_p=1.0"}

@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mcsd_runtime.decisions.features import column
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import column
 
 _LOG_PATH = column("log_path_prob")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
 
 _RECENT_RATE = TRAJECTORY_FEATURES.index("accept_rate_recent")
 DEFAULT_PROBE = 8

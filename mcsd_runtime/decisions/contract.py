@@ -34,7 +34,7 @@ members let a stopper decide for the batch (`StopperBase` gives both defaults):
   so.
 
 Three optional members let a stopper choose each row's tree across the batch (a verification
-budget, `mcsd_runtime.stop.verify_budget`); the decoder asks them at every batch size, one
+budget, `mcsd_runtime.decisions.verify_budget`); the decoder asks them at every batch size, one
 included, and where one answers None it asks the members above:
 
 - `batch_plan(starts) -> list[bool] | None`: before a step, one entry per row of the batch: a
@@ -53,7 +53,7 @@ from the tensors it drafted with, offline replay from collected rows; both compu
 when asked, so stoppers that ignore them cost nothing.
 
 The built-in stoppers and the spec strings that name them live in
-`mcsd_runtime.stop.builtin`; learned ones in `mcsd_runtime.stop.learned`.
+`mcsd_runtime.decisions.builtin`; learned ones in `mcsd_runtime.decisions.learned`.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from mcsd_runtime.decisions.features import DECISION_FEATURES, FEATURE_NAMES
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES
 
 MEMBERS = ("reset", "should_draft", "should_continue", "update", "check_tree", "needs_hidden",
            "for_batch", "batch_continue")

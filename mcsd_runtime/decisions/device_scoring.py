@@ -2,9 +2,9 @@
 to decide where the draft's distributions already are.
 
 - `DeviceScorer`: the node scores of the stopper's model on a device. It keeps a copy of the
-  MLP there, or the LightGBM trees as tensors (`mcsd_runtime.stop.forest`), one per device.
+  MLP there, or the LightGBM trees as tensors (`mcsd_runtime.decisions.forest`), one per device.
 - `interpolate`: a `Calibration`'s knots applied as `np.interp` does them.
-- `DEVICE_AGGREGATIONS`: the frontier aggregations of `mcsd_runtime.stop.aggregation`, written
+- `DEVICE_AGGREGATIONS`: the frontier aggregations of `mcsd_runtime.decisions.aggregation`, written
   over tensors, on the `FEATURE_NAMES` columns that `Frontier.features()` serves.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.stop.features import FEATURE_NAMES
-from mcsd_runtime.stop.forest import TensorForest
+from mcsd_runtime.decisions.features import FEATURE_NAMES
+from mcsd_runtime.decisions.forest import TensorForest
 
 _LOG_PATH = FEATURE_NAMES.index("log_path_prob")
 

@@ -1,13 +1,13 @@
 """The built-in early-stop policies, and stopper specs: the strings that name a stopper, parsed
 in one place with one set of rules (`make_stopper`, `parse_stopper_spec`).
 
-Every stopper keeps the contract of `mcsd_runtime.stop.contract` (`Stopper`, `Frontier`,
+Every stopper keeps the contract of `mcsd_runtime.decisions.contract` (`Stopper`, `Frontier`,
 `StopperBase`; importable from here too). A spec is one of
 
 - `NAME[:P[:P]]`: a built-in of `BUILTIN` with its numeric parameters (`static:4`,
   `confidence:0.4`, `heuristic`, `switch:0.6:2`);
 - `stopper:PATH`, or a bare PATH that is a folder: a trained stopper's artifact folder, which must
-  hold `stopper.json` (`mcsd_runtime.stop.learned`).
+  hold `stopper.json` (`mcsd_runtime.decisions.learned`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from mcsd_runtime.decisions.artifact import ArtifactSpec
+from mcsd_runtime.decisions.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
+from mcsd_runtime.decisions.learned import stopper_from
+from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
+from mcsd_runtime.decisions.verify_budget import load_budget, online_budget, survival_budget
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.artifact import ArtifactSpec
-from mcsd_runtime.stop.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
-from mcsd_runtime.stop.learned import stopper_from
-from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
-from mcsd_runtime.stop.verify_budget import load_budget, online_budget, survival_budget
 from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
@@ -134,7 +134,7 @@ class SwitchStopper(SkipsDrafts, StaticStopper):
     """A static depth with speculation switched off while it cannot pay (as TensorRT-LLM and
     vLLM do): `depth` depths (None: the whole tree) while the recent acceptance rate is at least
     `rate`, else no draft at all, drafting again after `probe` steps without one
-    (`mcsd_runtime.stop.skip.SkipGate`)."""
+    (`mcsd_runtime.decisions.skip.SkipGate`)."""
 
     def __init__(self, rate: float = 0.5, depth: int | None = None,
                  probe: int = DEFAULT_PROBE) -> None:
@@ -206,7 +206,7 @@ def stopper_help() -> str:
 
 
 LEARNED = "stopper"  # `stopper:PATH`
-BUDGET = "budget"  # `budget:PATH`: a learned verification budget (`stop.verify_budget`)
+BUDGET = "budget"  # `budget:PATH`: a learned verification budget (`decisions.verify_budget`)
 
 
 class UnknownStopperError(MCSDError):
@@ -283,7 +283,8 @@ def make_stopper(spec: str | Stopper | None,
     missing = [m for m in MEMBERS if not hasattr(stopper, m)]
     if missing:
         raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
-                        f"{', '.join(missing)}; subclass mcsd_runtime.stop.contract.StopperBase")
+                        f"{', '.join(missing)}; subclass "
+                        "mcsd_runtime.decisions.contract.StopperBase")
     if k_config is not None:
         stopper.check_tree(parse_k_config(k_config))
     return stopper

@@ -1,16 +1,16 @@
 """Learned stoppers at inference: load an artifact folder, score the frontier's nodes, aggregate
 the node scores into one continue-probability, compare it with the artifact's threshold.
 
-An artifact folder holds `stopper.json` (`mcsd_runtime.stop.artifact.ArtifactSpec`: kind, feature
-schema, aggregation, threshold, pair fingerprint, the k-config it was trained on, metrics) and
-the model: `model.txt` (LightGBM) or `model.safetensors` plus `config.json` (MLP). `train`
-writes them; this module only reads them, so the runtime never imports `train`. The MLP module
-is defined here and `train` imports it.
+An artifact folder holds `stopper.json` (`mcsd_runtime.decisions.artifact.ArtifactSpec`: kind,
+feature schema, aggregation, threshold, pair fingerprint, the k-config it was trained on,
+metrics) and the model: `model.txt` (LightGBM) or `model.safetensors` plus `config.json`
+(MLP). `train` writes them; this module only reads them, so the runtime never imports `train`.
+The MLP module is defined here and `train` imports it.
 
 Node score: the model's estimate that the node is on the accepted path *and* the accepted path
-continues past it (the label `train` fits); `stop.aggregation` turns the frontier's node
+continues past it (the label `train` fits); `decisions.aggregation` turns the frontier's node
 scores into one. An artifact with `depth_thresholds` decides by the expected-throughput rule
-(`stop.expected_rate`): node scores mapped through its `calibration`, summed (P(L > depth)),
+(`decisions.expected_rate`): node scores mapped through its `calibration`, summed (P(L > depth)),
 against the threshold of the depth just drafted.
 
 In a batch, `for_batch(B)` gives the stopper the setting `stopper.json` holds for B rows (its
@@ -35,15 +35,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from mcsd_runtime.decisions.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
+from mcsd_runtime.decisions.artifact import (
+    ArtifactSpec,
+    BatchSetting,
+    artifact_folder,
+    decision_subset,
+)
+from mcsd_runtime.decisions.contract import Frontier, StopperBase, decided
+from mcsd_runtime.decisions.device_scoring import DEVICE_AGGREGATIONS, DeviceScorer, interpolate
+from mcsd_runtime.decisions.features import DECISION_FEATURES, TRAJECTORY_FEATURES
+from mcsd_runtime.decisions.lightgbm_native import LightGBMError, NativeBooster
+from mcsd_runtime.decisions.online import OnlineCalibration
+from mcsd_runtime.decisions.skip import SkipGate, SkipsDrafts
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.aggregation import AGGREGATIONS, aggregate, batch_decision, reachable
-from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting, artifact_folder, decision_subset
-from mcsd_runtime.stop.contract import Frontier, StopperBase, decided
-from mcsd_runtime.stop.device import DEVICE_AGGREGATIONS, DeviceScorer, interpolate
-from mcsd_runtime.stop.features import DECISION_FEATURES, TRAJECTORY_FEATURES
-from mcsd_runtime.stop.lightgbm_native import LightGBMError, NativeBooster
-from mcsd_runtime.stop.online import OnlineCalibration
-from mcsd_runtime.stop.skip import SkipGate, SkipsDrafts
 from mcsd_runtime.tree import k_text, parse_k_config
 
 __all__ = ["AGGREGATIONS", "DecisionMLP", "LearnedStopper", "NativeBooster", "aggregate",
@@ -135,7 +140,7 @@ def load_mlp(folder: Path) -> DecisionMLP:
 class LearnedStopper(SkipsDrafts, StopperBase):
     """Continue while the aggregated node score of the frontier is >= `threshold`."""
 
-    decision = "stop"  # a `mcsd_runtime.stop.decision.Decision`
+    decision = "stop"  # a `mcsd_runtime.decisions.manifest.Decision`
 
     def __init__(self, spec: ArtifactSpec, model: Any, model_file: Path | None = None) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
@@ -149,7 +154,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         self.min_depth, self.min_depth_gate = spec.min_depth, spec.min_depth_gate
         # steps without a draft while the recent acceptance rate is below skip_rate (SkipGate)
         self.skip = SkipGate(spec.skip_rate, spec.skip_probe)
-        # scores scaled per sequence by the acceptances seen (0: off; stop.online)
+        # scores scaled per sequence by the acceptances seen (0: off; decisions.online)
         self.online_strength = spec.online_strength
         self.online = OnlineCalibration(self.online_strength)
         self.row_aggregation = "max"  # how a batch decision combines rows (for_batch sets it)

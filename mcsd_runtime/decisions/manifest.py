@@ -1,4 +1,5 @@
-"""One artifact kind for every learned decision, and the `Decision` protocol they share.
+"""One artifact kind for every learned decision, its manifest `decision.json`, and the `Decision`
+protocol they share.
 
 The decoder makes four choices a model can learn: how deep to draft (the depth stopper,
 `stopper:PATH`), whether to draft at all (the stopper's skip gate, in the same artifact), how
@@ -93,18 +94,18 @@ def load_decision(folder: str | Path) -> Decision:
     """The runtime object of the decision trained into `folder`."""
     kind = read_decision(folder)
     if kind == "stop":
-        from mcsd_runtime.stop.learned import load_stopper
+        from mcsd_runtime.decisions.learned import load_stopper
 
         return load_stopper(folder)
     if kind == "copy":
-        from mcsd_runtime.stop.copy_length import CopyLength
+        from mcsd_runtime.decisions.copy_length import CopyLength
 
         return CopyLength.load(folder)
     if kind == "budget":
-        from mcsd_runtime.stop.verify_budget import load_budget
+        from mcsd_runtime.decisions.verify_budget import load_budget
 
         return load_budget(folder)
-    from mcsd_runtime.stop.width import WidthPolicy
+    from mcsd_runtime.decisions.width import WidthPolicy
 
     return WidthPolicy.load(folder)
 

@@ -1,5 +1,5 @@
 """A verification budget across the batch, as a stopper: each row's tree chosen by expected
-committed tokens per second of the whole batch step (`mcsd_runtime.stop.budget`'s rule).
+committed tokens per second of the whole batch step (`mcsd_runtime.decisions.budget`'s rule).
 
 The decoder asks it through the stopper contract's batch members (`batch_plan`, `batch_extend`,
 `batch_verify`), at every batch size: before the step, which rows draft at all (their first
@@ -29,10 +29,10 @@ import math
 from pathlib import Path
 from typing import Protocol
 
+from mcsd_runtime.decisions.budget import draft_rows, verify_counts
+from mcsd_runtime.decisions.contract import Frontier, StopperBase
+from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.budget import draft_rows, verify_counts
-from mcsd_runtime.stop.contract import Frontier, StopperBase
-from mcsd_runtime.stop.features import TRAJECTORY_FEATURES
 
 ACCEPT_RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")
 PREV_ACCEPTED = TRAJECTORY_FEATURES.index("prev_accepted")
@@ -140,7 +140,7 @@ class OnlineAcceptance:
 class VerifyBudget(StopperBase):
     """The budget of the module docstring for `estimate` under `profile` (a `CostProfile`) at
     `batch_size` rows (`for_batch` gives each batch size its own). A learned one is a
-    `Decision` (`mcsd_runtime.stop.decision`): `load` reads its folder."""
+    `Decision` (`mcsd_runtime.decisions.manifest`): `load` reads its folder."""
 
     decision = "budget"
     temperature = 0.0  # of the outputs a learned one was trained on
@@ -307,11 +307,11 @@ def write_budget(folder: Path, calibration, profile_file: str, report: dict) -> 
 
 def load_budget(folder: str | Path) -> VerifyBudget:
     """The learned budget trained into `folder` (`mcsd train --decision budget`)."""
+    from mcsd_runtime.decisions.artifact import ArtifactSpec
+    from mcsd_runtime.decisions.expected_rate import Calibration
+    from mcsd_runtime.decisions.learned import stopper_from
     from mcsd_runtime.paths import read_card_file
     from mcsd_runtime.pricing.profile import CostProfile
-    from mcsd_runtime.stop.artifact import ArtifactSpec
-    from mcsd_runtime.stop.expected_rate import Calibration
-    from mcsd_runtime.stop.learned import stopper_from
 
     folder = Path(folder)
     data = read_card_file(folder, BUDGET_FILE, BUDGET_FORMAT, "budget", lambda root, what: (

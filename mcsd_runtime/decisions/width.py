@@ -45,7 +45,7 @@ METHOD = "width"  # `width:PATH`: depth 1 of --k-config, verifying the width PAT
 class WidthPolicy:
     """Chooses a drafted step's width from the draft's top-k probabilities (module docstring)."""
 
-    decision: ClassVar[str] = "width"  # a `mcsd_runtime.stop.decision.Decision`
+    decision: ClassVar[str] = "width"  # a `mcsd_runtime.decisions.manifest.Decision`
 
     k: int
     calibration: list[tuple[list[float], list[float]]]  # per rank: (q knots, P(hit) there)

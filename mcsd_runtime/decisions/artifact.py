@@ -1,15 +1,15 @@
 """`stopper.json`, the description of a trained stopper's artifact folder, as one typed contract.
 
-`ArtifactSpec` is read by the runtime (`mcsd_runtime.stop.learned`) and written by `train`; the
+`ArtifactSpec` is read by the runtime (`mcsd_runtime.decisions.learned`) and written by `train`; the
 reader owns the format. Fields, in file order:
 
     format            "mcsd-stopper"
     kind              the model: one of STOPPER_KINDS (its files: MODEL_FILES[kind])
-    schema_version    the feature schema it was trained on (mcsd_runtime.stop.features)
+    schema_version    the feature schema it was trained on (mcsd_runtime.decisions.features)
     feature_names     FEATURE_NAMES, or DECISION_FEATURES or a subset of them, in that order
     inputs            "features" or "hidden" (the draft's last hidden state)
     hidden_size       width of the hidden state (inputs "hidden"), else null
-    aggregation       how node scores become one frontier score (mcsd_runtime.stop.aggregation)
+    aggregation       how node scores become one frontier score (mcsd_runtime.decisions.aggregation)
     threshold         continue while the frontier score is >= it
     label, label_definition   what the model was fitted to (train.stop.config.LABEL_DOC)
     pair_fingerprint  the model pair of the training collection (mcsd_runtime.models.pair)
@@ -20,12 +20,12 @@ reader owns the format. Fields, in file order:
     min_depth         depths below it are drafted without asking the model (absent: 1)...
     min_depth_gate    ...while the recent acceptance rate is at least this (absent: 0, always)
     skip_rate         draft nothing for a step while the recent acceptance rate is below it
-                      (mcsd_runtime.stop.skip.SkipGate; absent: 0, a draft at every step)...
+                      (mcsd_runtime.decisions.skip.SkipGate; absent: 0, a draft at every step)...
     skip_probe        ...drafting again after this many steps without a draft (absent: 8);
                       both hold at every batch size
     online_strength   per-sequence recalibration of the continue-scores from the acceptances
-                      seen (mcsd_runtime.stop.online; the prior in tokens; absent: 0, off)
-    depth_thresholds  the expected-throughput rule (mcsd_runtime.stop.expected_rate): one
+                      seen (mcsd_runtime.decisions.online; the prior in tokens; absent: 0, off)
+    depth_thresholds  the expected-throughput rule (mcsd_runtime.decisions.expected_rate): one
                       threshold per depth 1 .. depth-1, in place of `threshold` (absent: the
                       single threshold), compared with the `sum` of...
     calibration       ...node scores mapped to probabilities through these isotonic knots
@@ -48,12 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from mcsd_runtime.constants import STOPPER_KINDS
+from mcsd_runtime.decisions.aggregation import check_aggregation, check_row_aggregation
+from mcsd_runtime.decisions.expected_rate import Calibration
+from mcsd_runtime.decisions.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
+from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import recorded_format
-from mcsd_runtime.stop.aggregation import check_aggregation, check_row_aggregation
-from mcsd_runtime.stop.expected_rate import Calibration
-from mcsd_runtime.stop.features import DECISION_FEATURES, FEATURE_NAMES, SCHEMA_VERSION
-from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate
 from mcsd_runtime.tree import parse_k_config
 
 FORMAT = "mcsd-stopper"
@@ -66,8 +66,9 @@ INPUTS = ("features", "hidden")
 @dataclass(frozen=True, kw_only=True)
 class BatchSetting:
     """How a learned stopper decides at one batch size: the node `aggregation` and `threshold`,
-    the `row_aggregation` of the asked rows' frontier scores (mcsd_runtime.stop.aggregation), and
-    `min_depth` / `min_depth_gate` as at the top level. Checked on construction."""
+    the `row_aggregation` of the asked rows' frontier scores
+    (mcsd_runtime.decisions.aggregation), and `min_depth` / `min_depth_gate` as at the top
+    level. Checked on construction."""
 
     threshold: float
     aggregation: str

@@ -93,7 +93,7 @@ def survival(booster, feats: list[float], n: int) -> np.ndarray:
 class CopyLength:
     """The policy: a model of P(accepted >= i), the profiled step costs and the rate."""
 
-    decision: ClassVar[str] = "copy"  # a `mcsd_runtime.stop.decision.Decision`
+    decision: ClassVar[str] = "copy"  # a `mcsd_runtime.decisions.manifest.Decision`
 
     booster: object  # `.predict(x [rows, len(FEATURES)]) -> probabilities`
     costs: list[float]  # seconds of a step verifying k copied tokens, k = 0..max_copy
@@ -149,7 +149,7 @@ class CopyLength:
     def load(cls, folder: str | Path) -> CopyLength:
         """The policy `mcsd train --decision copy` wrote to `folder`; MCSDError if it is not
         one."""
-        from mcsd_runtime.stop.learned import load_lightgbm
+        from mcsd_runtime.decisions.learned import load_lightgbm
 
         folder = Path(folder)
         spec = read_spec(folder)
