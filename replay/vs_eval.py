@@ -173,6 +173,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`mcsd replay`: its options checked, then `vs_eval`, printed (and written to --out)."""
     from mcsd_runtime.pricing.profile import CostProfile
 
     if not args.runs:
@@ -180,22 +181,31 @@ def run(args: argparse.Namespace) -> int:
     for path in [*args.runs, *args.evals]:
         if not Path(path).is_dir():
             raise MCSDError(f"no folder at {path}")
-    measured = [eval_records(Path(e)) for e in args.evals]
+    result = vs_eval([Path(r) for r in args.runs], [Path(e) for e in args.evals],
+                     CostProfile.load(args.cost_profile), args.base)
+    print(table(result, args.base))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def vs_eval(collections: list[Path], evals: list[Path], profile, base: str = "static:1"
+            ) -> dict[str, dict]:
+    """Every replayable method of the evaluation folders `evals` replayed on the dense
+    `collections` with the cost `profile`, against what the evaluations measured: per method,
+    `compare`'s ratios to `base` (MCSDError if `base` is not among the methods)."""
+    measured = [eval_records(e) for e in evals]
     methods = sorted({m for run in measured for ps in run.values() for s in ps.values()
                       for m in s})
     # transformers' own generate() (hf, hf-assisted, hf-static) and mcsd* replay nothing
     methods = [m for m in methods if m.split(":")[0] not in UNREPLAYED
                and not m.startswith("mcsd")]
-    if args.base not in methods:
-        raise MCSDError(f"--base {args.base} is not a method of the evaluations "
+    if base not in methods:
+        raise MCSDError(f"--base {base} is not a method of the evaluations "
                         f"({', '.join(methods)})")
-    trees = set().union(*(eval_trees(Path(e)) for e in args.evals))
-    result = compare(measured, replayed(args.runs, CostProfile.load(args.cost_profile), methods,
-                                        trees), args.base)
-    print(table(result, args.base))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    trees = set().union(*(eval_trees(e) for e in evals))
+    return compare(measured, replayed([str(c) for c in collections], profile, methods, trees),
+                   base)
 
 
 if __name__ == "__main__":

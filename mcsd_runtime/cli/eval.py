@@ -62,8 +62,10 @@ hf's, the report gives the first differing position and the target's top-2 logit
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mcsd_runtime.cli.args import (
     FROM_STOPPER,
@@ -85,6 +87,9 @@ from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.extras import require_toolkit
 from mcsd_runtime.prompts.chat import add_chat_arg
+
+if TYPE_CHECKING:
+    from mcsd_runtime.evaluate.multi_draft import DraftsRun
 
 DEFAULT_METHODS = "ar,hf,mcsd,mcsd-target-init,confidence,heuristic,hf-assisted"
 # A first try in about a minute on the tiny toy pair (a few on the default one); `make demo`
@@ -167,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     if args.drafts is not None:  # several drafts: mcsd_runtime.evaluate.multi_draft
         from mcsd_runtime.evaluate.multi_draft import run_drafts
 
-        return run_drafts(args, methods, base, settings_of=_settings, why=why)
+        return run_drafts(drafts_run(args), methods, base, why=why,
+                          settings_of=functools.partial(_settings, args, base=base))
     if args.runs:
         return combine_runs(args, methods)
     print(f"k-config {base.k_config} ({why})", flush=True)
@@ -181,6 +187,27 @@ def run(args: argparse.Namespace) -> int:
     if len(domains) > 1:
         return run_domains(args, methods, base, domains)
     return run_domain(args, methods, base, domains)
+
+
+def drafts_run(args: argparse.Namespace) -> DraftsRun:
+    """The `multi_draft.DraftsRun` of `--drafts` and the options it takes (MCSDError for those
+    it refuses: --runs, --draft, --batch-size above 1)."""
+    from mcsd_runtime.evaluate.multi_draft import DraftsRun, split_drafts
+
+    if args.runs:
+        raise MCSDError("--drafts decodes; --runs only combines finished runs: pass one")
+    drafts = split_drafts(args.drafts)
+    if args.draft is not None:
+        raise MCSDError(f"--draft {args.draft} and --drafts: list every draft in --drafts")
+    if args.batch_size != 1:
+        raise MCSDError("--drafts decodes one sequence at a time (mcsd-target-init has no "
+                        "batches): drop --batch-size")
+    return DraftsRun(target=args.target, drafts=tuple(drafts), prompts=args.prompts,
+                     out=args.out, limit=args.limit or None, seed=args.seed,
+                     by_category=args.by_category, device=args.device, dtype=args.dtype,
+                     attention=args.attention, chat=args.chat,
+                     allow_format_mismatch=args.allow_format_mismatch,
+                     reference=args.reference)
 
 
 def _resolve_methods(args: argparse.Namespace) -> tuple[list[str], tuple[int, ...], str]:

@@ -12,10 +12,10 @@ paper's comparison of target-initialized and lossless MCSD across draft models.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
@@ -23,6 +23,30 @@ from mcsd_runtime.evaluate import quality
 from mcsd_runtime.models.pair import Pair
 
 DRAFT_FREE = ("ar", "hf", "hf-static")  # by kind: `hf-static:eager` too
+
+
+@dataclass(frozen=True)
+class DraftsRun:
+    """What `run_drafts` decodes, as `mcsd eval --drafts` gives it: the target and its drafts
+    (`split_drafts`), the prompt sets (`prompts.sets.load_domains`: a `limit` sample of each by
+    `seed`, `by_category`), the output folder (None: a new one under `runs_dir()`), how the
+    pairs load (`device`, `dtype`, `attention`, as `models.pair.load_pair`), how prompts are
+    formatted (`chat`, `allow_format_mismatch`) and the method every other is compared with
+    (`reference`, named without a draft: the first draft's)."""
+
+    target: str
+    drafts: tuple[str, ...]
+    prompts: str
+    out: Path | None = None
+    limit: int | None = None
+    seed: int = 0
+    by_category: bool | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    attention: str = "mcsd_sdpa"
+    chat: str = "auto"
+    allow_format_mismatch: bool = False
+    reference: str | None = None
 
 
 def draft_free(method: str) -> bool:
@@ -51,23 +75,23 @@ def labelled(methods: list[str], drafts: list[str]) -> list[tuple[str, str, str]
     return out
 
 
-def load_pairs(args: argparse.Namespace, drafts: list[str]) -> dict[str, Pair]:
+def load_pairs(target: str, drafts: list[str], device: str = "auto", dtype: str = "auto",
+               attention: str = "mcsd_sdpa") -> dict[str, Pair]:
     """One pair per draft, all sharing the first one's target model (loaded once in effect)."""
     from mcsd_runtime.backend.device import command_dtype, pick_device
     from mcsd_runtime.models.pair import load_pair, pair_names
 
-    pick_device(args.device)
+    pick_device(device)
     # every name checked first; built on first use, as every command does (cli.args.pair_paths)
-    names = {d: pair_names(args.target, d, build=True) for d in drafts}
+    names = {d: pair_names(target, d, build=True) for d in drafts}
     pairs: dict[str, Pair] = {}
-    for d, (target, draft) in names.items():
-        pair = load_pair(target, draft, device=args.device,
-                         dtype=command_dtype(args.dtype, args.device),
-                         attn_implementation=args.attention)
+    for d, (target_dir, draft_dir) in names.items():
+        pair = load_pair(target_dir, draft_dir, device=device,
+                         dtype=command_dtype(dtype, device), attn_implementation=attention)
         if pairs:
             first = next(iter(pairs.values()))
-            pair = Pair(first.target, pair.draft, first.tokenizer, target_name=target,
-                        draft_name=draft)
+            pair = Pair(first.target, pair.draft, first.tokenizer, target_name=target_dir,
+                        draft_name=draft_dir)
         pairs[d] = pair
     return pairs
 
@@ -188,36 +212,28 @@ def markdown(rows: list[dict], cards: dict[str, dict | None]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_drafts(args: argparse.Namespace, methods: list[str], base,
+def run_drafts(run: DraftsRun, methods: list[str], base,
                settings_of: Callable[..., dict], why: str = "--k-config") -> int:
     """`mcsd eval --drafts`: one interleaved run per prompt set with every draft, each set's
-    report in its own subfolder (or in --out for one set), then drafts.md / drafts.json.
-    `settings_of(args, pair, base, prompts, n_prompts, prompt_format)` gives a run's settings
-    (eval's). A categorized prompt set gives one domain per category, as in eval."""
+    report in its own subfolder (or in `run.out` for one set), then drafts.md / drafts.json.
+    `settings_of(pair, prompts=, n_prompts=[, prompt_format=])` gives a run's settings (eval's).
+    A categorized prompt set gives one domain per category, as in eval."""
     from mcsd_runtime.evaluate.methods import check_prompt_formats
     from mcsd_runtime.evaluate.report import check_writable, short_table, write_outputs
     from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_domains
 
-    if args.runs:
-        raise MCSDError("--drafts decodes; --runs only combines finished runs: pass one")
-    drafts = split_drafts(args.drafts)
-    if args.draft is not None:
-        raise MCSDError(f"--draft {args.draft} and --drafts: list every draft in --drafts")
-    if getattr(args, "batch_size", 1) != 1:
-        raise MCSDError("--drafts decodes one sequence at a time (mcsd-target-init has no "
-                        "batches): drop --batch-size")
+    drafts = list(run.drafts)
     print(f"k-config {base.k_config} ({why})", flush=True)
-    sets = load_domains(args.prompts, limit=args.limit or None, seed=args.seed,
-                        by_category=getattr(args, "by_category", None))
-    out = args.out or runs_dir() / time.strftime("eval-drafts-%Y%m%d-%H%M%S")
+    sets = load_domains(run.prompts, limit=run.limit or None, seed=run.seed,
+                        by_category=run.by_category)
+    out = run.out or runs_dir() / time.strftime("eval-drafts-%Y%m%d-%H%M%S")
     check_writable(out)
-    pairs = load_pairs(args, drafts)
+    pairs = load_pairs(run.target, drafts, run.device, run.dtype, run.attention)
     first = next(iter(pairs.values()))
     formats = check_prompt_formats(methods, {n: p for n, (_, p) in sets.items()},
-                                   first.tokenizer, args.chat,
-                                   getattr(args, "allow_format_mismatch", False))
+                                   first.tokenizer, run.chat, run.allow_format_mismatch)
     runs = labelled(methods, drafts)
     greedy = base.temperature == 0
     by_domain = {}
@@ -225,19 +241,20 @@ def run_drafts(args: argparse.Namespace, methods: list[str], base,
         folder = out / name if len(sets) > 1 else out
         print(f"{name}: {len(prompts)} prompts x {len(runs)} methods "
               f"({len(drafts)} drafts)", flush=True)
-        records = run_once(pairs, prompts, methods, base, chat=args.chat)
-        rows = summarize(records, greedy=greedy, reference=args.reference and
-                         _reference_label(args.reference, drafts))
-        settings = settings_of(args, first, base, spec, len(prompts), formats[name])
+        records = run_once(pairs, prompts, methods, base, chat=run.chat)
+        rows = summarize(records, greedy=greedy, reference=run.reference and
+                         _reference_label(run.reference, drafts))
+        settings = settings_of(first, prompts=spec, n_prompts=len(prompts),
+                               prompt_format=formats[name])
         write_outputs(records, rows, folder, settings | {"drafts": drafts},
-                      tokenizer=next(iter(pairs.values())).tokenizer)
+                      tokenizer=first.tokenizer)
         print(short_table(rows), flush=True)
         by_domain[name] = records
     cards = {d: draft_card(p.draft_name) for d, p in pairs.items()}
     rows = draft_rows(by_domain, runs, greedy)
     text = markdown(rows, cards)
-    settings = settings_of(args, first, base, args.prompts,
-                           sum(len(p) for _, p in sets.values())) | {"drafts": drafts}
+    settings = settings_of(first, prompts=run.prompts,
+                           n_prompts=sum(len(p) for _, p in sets.values())) | {"drafts": drafts}
     (out / "drafts.json").write_text(json.dumps({"settings": settings, "cards": cards,
                                                  "rows": rows}, indent=1) + "\n")
     (out / "drafts.md").write_text(
