@@ -1,13 +1,16 @@
-"""The KV cache of a batch whose rows hold different numbers of tokens (one row included).
+"""The KV caches of a batch whose rows hold different numbers of tokens (one row included):
+`RowCache` on the eager path, described here, and `SlotRowCache`, the same contract over
+preallocated buffers for fixed-shape forwards (CUDA graphs).
 
-One `DynamicCache` holds every row ([rows, heads, length, head_dim] per layer). Between steps,
-row r's entries are the prefix `[0, lens[r])`; the slots after it (up to the longest row) are
-stale and masked. A forward appends the same number of slots to every row (padding included) and
-says which of them a row may attend to; `compact` then moves each row's kept entries (its
-accepted path) right after its prefix and cuts the cache to the longest row, so the cache never
-grows past the longest sequence. Entries keep the positions (RoPE) they were written with, so
-moving them changes nothing for attention. While every slot is valid (always at batch size 1),
-no validity mask is kept and the context part of the attention mask is a view of zeros.
+In a `RowCache` one `DynamicCache` holds every row ([rows, heads, length, head_dim] per layer).
+Between steps, row r's entries are the prefix `[0, lens[r])`; the slots after it (up to the
+longest row) are stale and masked. A forward appends the same number of slots to every row
+(padding included) and says which of them a row may attend to; `compact` then moves each row's
+kept entries (its accepted path) right after its prefix and cuts the cache to the longest row,
+so the cache never grows past the longest sequence. Entries keep the positions (RoPE) they were
+written with, so moving them changes nothing for attention. While every slot is valid (always at
+batch size 1), no validity mask is kept and the context part of the attention mask is a view of
+zeros.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def new_cache() -> DynamicCache:
     """An empty cache of plain `DynamicLayer`s (a `RowKV`). A buffered layer (appending into a
     preallocated buffer instead of concatenating) measured slower at batch size 1 on this
     project's CPU (0.87x tokens/s for AR, 0.97x for MCSD with the heuristic, toy:tiny,
-    interleaved in one process), so the one cache type uses plain layers."""
+    interleaved in one process), so `RowCache` (the eager path's cache, batch size 1
+    included) uses plain layers; `SlotRowCache` keeps its own buffers for fixed shapes."""
     return RowKV()
 
 
