@@ -99,15 +99,15 @@ def drafted_traces(pair, prompts: Sequence[list[int]], max_new_tokens: int, temp
     """Sampled outputs with `hits` for a policy beside a draft at `temperature` > 0: every token
     comes from a drafted step's verification at its position — `width` candidates drawn from
     the draft's distribution there and verified against the target's with `verify`, as the
-    decoder's first depth does (`decode.verify`) — and `hits` says whether a candidate was
-    accepted. Verification is lossless, so each output is a sample of the target's, and the
-    replay's copies read it as `target_traces`' (accepted when equal to the output's token);
-    each position's token and acceptance are jointly one draw of the decoder's drafted step
-    there. Seeded per prompt from `seed` and its tokens, as `target_traces`."""
+    decoder's first depth does (`decode.speculative_sampling`) — and `hits` says whether a
+    candidate was accepted. Verification is lossless, so each output is a sample of the
+    target's, and the replay's copies read it as `target_traces`' (accepted when equal to the
+    output's token); each position's token and acceptance are jointly one draw of the decoder's
+    drafted step there. Seeded per prompt from `seed` and its tokens, as `target_traces`."""
     from transformers import DynamicCache
 
     from mcsd_runtime.backend.compat import cache_kwargs
-    from mcsd_runtime.decode import verify as V
+    from mcsd_runtime.decode import speculative_sampling as V
     from mcsd_runtime.distill.feature import is_feature_draft
 
     if temperature <= 0:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 INITS = ("draft", "target")  # the tree's first layer: from the draft (lossless) or the target
-VERIFIERS = ("mcss", "mcss-replacement", "naive")  # see mcsd_runtime.decode.verify
+VERIFIERS = ("mcss", "mcss-replacement", "naive")  # see mcsd_runtime.decode.speculative_sampling
 GRAPHS = ("auto", "on", "off")  # captured forwards: see mcsd_runtime.decode.graphs
 BATCH_LAYOUTS = ("padded", "ragged")  # a batch's forwards: see mcsd_runtime.decode.ragged
 STOPPER_KINDS = ("lightgbm", "mlp", "mlp-hidden")  # learned stopper models (`stopper.json` kind)

@@ -34,7 +34,7 @@ from mcsd_runtime.decisions.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decisions.features import DECISION_FEATURES, SCHEMA_VERSION
 from mcsd_runtime.decisions.learned import stopper_from
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 

@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 from conftest import make_pair
 from mcsd_runtime.constants import VERIFIERS
 from mcsd_runtime.decisions.copy_length import FEATURES, CopyLength
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
 # draws per chi-square test: under every configuration decoded below, a broken verifier (the

@@ -186,7 +186,7 @@ def test_sampling_with_a_feature_draft_follows_the_target(draft_kind, monkeypatc
         shape_logits,
     )
 
-    from mcsd_runtime.decode import verify as V
+    from mcsd_runtime.decode import speculative_sampling as V
 
     base = micro_pair()
     draft = with_feature_input(cut_draft(base.target, [0, 1])).to(torch.float64)

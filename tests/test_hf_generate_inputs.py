@@ -15,7 +15,7 @@ from transformers import DynamicCache, GenerationConfig
 from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.decisions.artifact import FORMAT
 from mcsd_runtime.decisions.features import DECISION_FEATURES, SCHEMA_VERSION
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.integrations.hf import generate as mcsd_generate
 

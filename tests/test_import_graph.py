@@ -312,3 +312,19 @@ def test_an_object_pickled_under_the_old_package_name_loads(monkeypatch):
     with pytest.warns(DeprecationWarning, match="mcsd_runtime.stop.builtin"):
         loaded = pickle.loads(b"cmcsd_runtime.stop.builtin\nStaticStopper\n.")
     assert loaded is StaticStopper
+
+
+def test_the_old_verify_module_is_speculative_sampling_with_a_warning(monkeypatch):
+    """`mcsd_runtime.decode.verify` was renamed `speculative_sampling` (beside `verifying`, the
+    step's verify phase): the old name is the same module object, with a deprecation warning."""
+    import importlib
+
+    from mcsd_runtime.decode import speculative_sampling
+
+    _forget(monkeypatch, "mcsd_runtime.decode.verify")
+    with pytest.warns(DeprecationWarning, match="decode.speculative_sampling"):
+        old = importlib.import_module("mcsd_runtime.decode.verify")
+    assert old is speculative_sampling
+    from mcsd_runtime.decode import verify
+
+    assert verify is speculative_sampling

@@ -30,7 +30,7 @@ from conftest import make_pair
 from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decisions.features import DECISION_FEATURES
 from mcsd_runtime.decode import ragged as R
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.graphs import call_model

@@ -21,7 +21,7 @@ from test_decoder_sampling import (
 )
 
 from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 
 # switch: no draft at the first step (the prior rate 0.5 < 0.6), a draft of 1 depth at the next

@@ -26,7 +26,7 @@ from collect.outputs import Ranked, draft_ranks, target_traces
 from conftest import make_pair
 from mcsd_runtime.cli import main
 from mcsd_runtime.decisions.width import WidthPolicy
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import check_method, short_name

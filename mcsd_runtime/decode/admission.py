@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mcsd_runtime.decisions.contract import Stopper
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.accounting import Accounts
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import Forward

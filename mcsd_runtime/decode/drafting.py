@@ -20,7 +20,7 @@ import torch
 
 from mcsd_runtime.decisions.contract import Stopper
 from mcsd_runtime.decisions.features import TOP_K_MASS
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.step_state import Drafted, DraftFrontier, DraftLayer

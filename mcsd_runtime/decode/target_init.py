@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import RowCache
 from mcsd_runtime.decode.drafting import TreeDrafter

@@ -1,6 +1,6 @@
 """The verify phase of a step (`Verifier`): each row's tree against the target's logits on the
 device, then, from the step's one host copy, each row's verdict. The verifiers' rules are the
-pure functions of `mcsd_runtime.decode.verify`.
+pure functions of `mcsd_runtime.decode.speculative_sampling`.
 
 Greedy rows accept a node whose token is the target's argmax at its parent; sampled rows run
 the configured verifier depth by depth with the row's own generator. `distributions`, `admit`
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from mcsd_runtime.decode import verify as V
+from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.records import DecodeConfig
 from mcsd_runtime.decode.step_state import Draft, DraftLayer, RowState, Verdict
 from mcsd_runtime.tree import Tree
