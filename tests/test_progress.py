@@ -3,10 +3,13 @@ heartbeat that keeps a stage talking while its units take long (short intervals 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
+import threading
 import time
 
+import numpy as np
 import pytest
 
 from mcsd_runtime import progress as progress_module
@@ -165,3 +168,45 @@ def test_working_says_it_started_is_working_and_is_done():
         _wait_for(lambda: failed.getvalue().count("\n") >= 2)
         raise KeyError("x")
     assert failed.getvalue().splitlines()[-1].startswith("install: stopped, elapsed ")
+
+
+class TimedLog(io.StringIO):
+    """A log file (not a terminal) that notes when each line arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        self.times += [time.monotonic()] * text.count("\n")
+        return super().write(text)
+
+
+def _heartbeats() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "progress-heartbeat"}
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_long_call_beats_each_interval_into_a_log_and_leaves_no_thread(fails):
+    """A stage whose one call sleeps through several intervals: its start line at once, then a
+    line within each interval (the heartbeat checks CHECKS times per interval), then its end
+    line; on an exception too, after which no heartbeat thread is left running."""
+    interval, before, log = 0.3, _heartbeats(), TimedLog()
+    start = time.monotonic()
+    with pytest.raises(KeyError) if fails else contextlib.nullcontext(), working(
+            "fitting LightGBM on 1000 rows", file=log, min_interval=interval):
+        time.sleep(5 * interval)
+        if fails:
+            raise KeyError("boom")
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "fitting LightGBM on 1000 rows: started"
+    assert all(ln.startswith("fitting LightGBM on 1000 rows: working, elapsed ")
+               for ln in lines[1:-1]) and len(lines) >= 4
+    assert lines[-1].startswith(f"fitting LightGBM on 1000 rows: "
+                                f"{'stopped' if fails else 'done'}, elapsed ")
+    gaps = np.diff([start, *log.times[:-1]])
+    assert gaps.max() < interval * (1 + 1 / progress_module.CHECKS) + 0.4, gaps  # load: slack
+    assert _heartbeats() <= before
