@@ -12,8 +12,8 @@ import pytest
 from mcsd_runtime import cli
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.evaluate.eval_report import check_writable
 from mcsd_runtime.evaluate.methods import explicit_methods, tree_for
-from mcsd_runtime.evaluate.report import check_writable
 
 
 def test_labels_spell_out_defaults():

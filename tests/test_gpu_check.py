@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mcsd_runtime.costmodel import capture_spike
-from mcsd_runtime.gpu_check import engine_check, main, plan, report, staging
+from mcsd_runtime.gpu_check import check_report, engine_check, main, plan, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner
 
 
@@ -125,7 +125,7 @@ def _stages(flag: Path) -> list[plan.Stage]:
 
 def _run(tmp_path: Path, **kw) -> list[dict]:
     run = tmp_path / "run"
-    write = report.Writer(run, {"preset": "test", "started": "now"}, tmp_path / "out")
+    write = check_report.Writer(run, {"preset": "test", "started": "now"}, tmp_path / "out")
     records = Runner(_stages(tmp_path / "flag"), Options(run=run, quiet=True, **kw),
                      write).run()
     write(records)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_gpu_check import _wheel as make_wheel
 
-from mcsd_runtime.gpu_check import engine_check, figures, plan, report, staging
+from mcsd_runtime.gpu_check import check_report, engine_check, figures, plan, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner, reap_stale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +46,9 @@ def test_without_git_the_commit_comes_from_the_staged_file(tmp_path, monkeypatch
     (stage_dir / "call1" / staging.COMMIT).write_text('{"commit": "abc1234", "dirty": true}')
     assert staging.read_commit(stage_dir, tmp_path) == "abc1234+dirty"
     monkeypatch.setattr(staging, "STAGE_DIR", stage_dir)
-    monkeypatch.setattr(report, "read_commit", lambda: staging.read_commit(stage_dir, tmp_path))
-    meta = report.meta("gpu", plan.GPU, ["run"])
+    monkeypatch.setattr(check_report, "read_commit",
+                        lambda: staging.read_commit(stage_dir, tmp_path))
+    meta = check_report.meta("gpu", plan.GPU, ["run"])
     assert meta["commit"] == "abc1234+dirty" and meta["torch"]
 
 
@@ -100,13 +101,13 @@ def test_the_deadline_counts_from_the_device_commands_start(tmp_path):
 
 RUNNER = """
 import sys, pathlib
-from mcsd_runtime.gpu_check import plan, report
+from mcsd_runtime.gpu_check import check_report, plan
 from mcsd_runtime.gpu_check.runner import Options, Runner
 run, flag = pathlib.Path(sys.argv[1]), sys.argv[2]
 code = ("import pathlib, time, sys\\n"
         "while not pathlib.Path(sys.argv[1]).exists(): time.sleep(0.1)")
 stages = [plan.Stage("slow", 600, (), "", lambda r: [sys.executable, "-c", code, flag])]
-write = report.Writer(run, {"preset": "test", "started": "now"}, None)
+write = check_report.Writer(run, {"preset": "test", "started": "now"}, None)
 write(Runner(stages, Options(run=run, quiet=True), write).run())
 """
 

@@ -16,9 +16,9 @@ from mcsd_runtime.cli.bench import register as bench_register
 from mcsd_runtime.cli.eval import register as eval_register
 from mcsd_runtime.decode.decoder import DecodeConfig
 from mcsd_runtime.evaluate.divergence import first_difference, mark_divergences, top2_margin
+from mcsd_runtime.evaluate.eval_report import markdown_notes, markdown_table
 from mcsd_runtime.evaluate.loop import run_eval
 from mcsd_runtime.evaluate.record import Record
-from mcsd_runtime.evaluate.report import markdown_notes, markdown_table
 from mcsd_runtime.evaluate.stats import summarize
 from mcsd_runtime.prompts.sets import load_prompts
 

@@ -314,17 +314,22 @@ def test_an_object_pickled_under_the_old_package_name_loads(monkeypatch):
     assert loaded is StaticStopper
 
 
-def test_the_old_verify_module_is_speculative_sampling_with_a_warning(monkeypatch):
-    """`mcsd_runtime.decode.verify` was renamed `speculative_sampling` (beside `verifying`, the
-    step's verify phase): the old name is the same module object, with a deprecation warning."""
+
+# renamed modules whose old name is, for one release, the same module object (with a warning)
+ALIASED = {"mcsd_runtime.decode.verify": "mcsd_runtime.decode.speculative_sampling",
+           "mcsd_runtime.evaluate.report": "mcsd_runtime.evaluate.eval_report"}
+
+
+@pytest.mark.parametrize("old", sorted(ALIASED))
+def test_a_renamed_module_is_its_new_module_under_the_old_name(old, monkeypatch):
+    """`decode.verify` is `speculative_sampling` now (beside `verifying`, the step's verify
+    phase), `evaluate.report` is `eval_report` (beside `batch_report`, `domain_report`): the old
+    name is the same module object, with a deprecation warning naming the new one."""
     import importlib
 
-    from mcsd_runtime.decode import speculative_sampling
-
-    _forget(monkeypatch, "mcsd_runtime.decode.verify")
-    with pytest.warns(DeprecationWarning, match="decode.speculative_sampling"):
-        old = importlib.import_module("mcsd_runtime.decode.verify")
-    assert old is speculative_sampling
-    from mcsd_runtime.decode import verify
-
-    assert verify is speculative_sampling
+    new = importlib.import_module(ALIASED[old])
+    _forget(monkeypatch, old)
+    with pytest.warns(DeprecationWarning, match=ALIASED[old]):
+        assert importlib.import_module(old) is new
+    package, _, leaf = old.rpartition(".")
+    assert getattr(importlib.import_module(package), leaf) is new

@@ -53,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.decisions.builtin import make_stopper
     from mcsd_runtime.decisions.learned import check_pair
     from mcsd_runtime.evaluate.bench import run_bench
+    from mcsd_runtime.evaluate.eval_report import markdown_notes
     from mcsd_runtime.evaluate.methods import (
         check_method,
         check_prompt_formats,
         explicit_label,
         tree_for,
     )
-    from mcsd_runtime.evaluate.report import markdown_notes
     from mcsd_runtime.prompts.sets import load_prompts
 
     apply_threads(args)

@@ -247,8 +247,8 @@ def run_domain(args: argparse.Namespace, methods: list[str], base,
                domains: dict[str, tuple[str, list]]) -> int:
     """One interleaved run on the one domain of `domains`, written to --out with its summary
     printed."""
+    from mcsd_runtime.evaluate.eval_report import markdown_notes, short_table, write_outputs
     from mcsd_runtime.evaluate.loop import run_eval
-    from mcsd_runtime.evaluate.report import markdown_notes, short_table, write_outputs
     from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.evaluate.training_results import stopper_lines, stopper_results
 
@@ -292,7 +292,7 @@ def prompt_domains(args: argparse.Namespace) -> dict[str, tuple[str, list]]:
 
 def output_folder(args: argparse.Namespace) -> Path:
     """`--out` (default $MCSD_DATA/runs/eval-<time>), checked writable before any model loads."""
-    from mcsd_runtime.evaluate.report import check_writable
+    from mcsd_runtime.evaluate.eval_report import check_writable
     from mcsd_runtime.paths import runs_dir
 
     out = args.out or runs_dir() / time.strftime("eval-%Y%m%d-%H%M%S")
@@ -331,8 +331,8 @@ def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: l
     """One interleaved run per batch size (subfolders b1, b4, ...) on the one domain of
     `domains`, then the table across batch sizes (batches.md, batches.json)."""
     from mcsd_runtime.evaluate import batch_report
+    from mcsd_runtime.evaluate.eval_report import write_outputs
     from mcsd_runtime.evaluate.loop import run_eval
-    from mcsd_runtime.evaluate.report import write_outputs
     from mcsd_runtime.evaluate.stats import summarize
 
     heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
@@ -383,8 +383,8 @@ def run_domains(args: argparse.Namespace, methods: list[str], base,
     """One interleaved run per domain (a prompt set, or a category of one), each written to its
     own subfolder, then the table across domains (domains.md, domains.json)."""
     from mcsd_runtime.evaluate import domain_report
+    from mcsd_runtime.evaluate.eval_report import write_outputs
     from mcsd_runtime.evaluate.loop import run_eval
-    from mcsd_runtime.evaluate.report import write_outputs
     from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.evaluate.training_results import stopper_results
 

@@ -36,7 +36,7 @@ import os
 import sys
 from pathlib import Path
 
-from mcsd_runtime.gpu_check import plan, report, staging
+from mcsd_runtime.gpu_check import check_report, plan, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner
 
 DEFAULT_RUN = staging.ROOT / "data" / "runs" / "gpu-check"
@@ -138,7 +138,7 @@ def do_device_commands(args) -> int:
     """Print the two device calls: carry, command and timeout of each."""
     rel = staging.STAGE_DIR.relative_to(staging.ROOT)
     for call in (1, 2):
-        print(f"call {call}: run(command={report.device_command(call)!r}, "
+        print(f"call {call}: run(command={check_report.device_command(call)!r}, "
               f"carry=[\"{rel}/call{call}\"], timeout_s={plan.CALL_DEADLINES[call] + 30})")
     return 0
 
@@ -153,8 +153,8 @@ def do_run(args) -> int:
                    only=_names(args.only), skip=_names(args.skip), force=_names(args.force),
                    env=child_env(args.site), quiet=args.quiet, calls=set(args.call),
                    start=start_time())
-    meta = report.meta(preset, sizes, sys.argv)
-    write = report.Writer(run, meta, args.copy_to)
+    meta = check_report.meta(preset, sizes, sys.argv)
+    write = check_report.Writer(run, meta, args.copy_to)
     records = Runner(stages, opts, write).run()
     path = write(records)
     bad = [r["stage"] for r in records if r["status"] in ("failed", "timeout", "skipped")]
@@ -170,7 +170,7 @@ def do_stage(args) -> int:
               for spec in staging.DEVICE_WHEELS]
     manifest = staging.split(whole, extras, args.dir)
     base = staging.project_mib()
-    print(report.staging_text(manifest, base, args.dir))
+    print(check_report.staging_text(manifest, base, args.dir))
     return 0 if max(manifest["call_mib"]) + base <= staging.CALL_LIMIT_MIB else 1
 
 
