@@ -75,7 +75,7 @@ def add_collect_args(p: argparse.ArgumentParser) -> None:
 
 def add_record_args(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """`--save-hidden` and `--dense`: what the recorder keeps (collect, `python -m
-    collect.bench`)."""
+    collect.overhead`)."""
     g.add_argument("--save-hidden", action="store_true",
                    help="also store the draft's last hidden state per node (float16 list column)")
     g.add_argument("--dense", action="store_true",

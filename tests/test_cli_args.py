@@ -23,12 +23,12 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_every_command_has_the_same_threads_option():
-    from collect.bench import build_parser as collect_bench_parser
+    from collect.overhead import build_parser as collect_overhead_parser
 
     parsers = {name: p for name, p in _subcommands().items() if "--threads" in _options(p)}
     assert set(parsers) == {"attention-bench", "bench", "collect", "drift", "eval", "profile",
                             "ragged-bench", "step-breakdown", "train"}
-    parsers["collect.bench"] = collect_bench_parser()
+    parsers["collect.overhead"] = collect_overhead_parser()
     threads = {name: _options(p)["--threads"] for name, p in parsers.items()}
     assert {(a.default, a.type, a.help) for a in threads.values()} == {
         (1, int, threads["eval"].help)}
@@ -108,11 +108,11 @@ COMMANDS = ["bench", "collect", "eval", "profile", "train"]
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str]:
-    """`mcsd ARGV` (or `python -m collect.bench` for "collect.bench"): exit code and stderr."""
-    from collect.bench import main as collect_bench
+    """`mcsd ARGV` (or `python -m collect.overhead` for "collect.overhead"): exit code, stderr."""
+    from collect.overhead import main as collect_overhead
     from mcsd_runtime.cli import main
 
-    code = collect_bench(argv[1:]) if argv[0] == "collect.bench" else main(argv)
+    code = collect_overhead(argv[1:]) if argv[0] == "collect.overhead" else main(argv)
     return code, capsys.readouterr().err
 
 
@@ -129,7 +129,7 @@ def no_pair(monkeypatch):
     monkeypatch.setattr(build, "resolve_toy", refuse)
 
 
-@pytest.mark.parametrize("command", [*COMMANDS, "collect.bench"])
+@pytest.mark.parametrize("command", [*COMMANDS, "collect.overhead"])
 def test_negative_threads_is_a_clear_error(command, tmp_path, capsys, no_pair):
     before = torch.get_num_threads()
     try:
@@ -146,7 +146,7 @@ def _out(command: str, tmp_path) -> list[str]:
     return ["--out", str(tmp_path / "out")] if wants_out else []
 
 
-@pytest.mark.parametrize("command", ["bench", "collect", "eval", "profile", "collect.bench"])
+@pytest.mark.parametrize("command", ["bench", "collect", "eval", "profile", "collect.overhead"])
 @pytest.mark.parametrize(("device", "message"), [
     ("bogus", "unknown device 'bogus': use auto, cpu, cuda, cuda:N or mps"),
     ("cuda", "device 'cuda': this torch has no CUDA device"),

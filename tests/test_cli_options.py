@@ -179,9 +179,9 @@ def test_each_old_spelling_parses_as_the_new_one_with_a_note(old, new, capsys):
 
 
 def test_python_m_scripts_take_the_new_names_too(capsys):
-    from collect.bench import build_parser as collect_bench
+    from collect.overhead import build_parser as collect_overhead
 
-    assert collect_bench().parse_args(["--ignore-eos"]).eos == "ignore"
+    assert collect_overhead().parse_args(["--ignore-eos"]).eos == "ignore"
     assert "use --eos ignore" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the module is imported already

@@ -252,11 +252,13 @@ def test_the_split_decoder_records_still_import_from_state_with_a_warning(monkey
 
 
 def _forget(monkeypatch, *names: str) -> None:
-    """Drop `names` from sys.modules for this test (put back after it), so they import anew."""
+    """Drop `names` from sys.modules for this test, so they import anew; after it, each is back
+    as it was (absent ones absent again)."""
     import sys
 
     for name in names:
-        monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
 
 
 def test_the_old_decisions_package_imports_with_a_warning(monkeypatch):
@@ -317,14 +319,16 @@ def test_an_object_pickled_under_the_old_package_name_loads(monkeypatch):
 
 # renamed modules whose old name is, for one release, the same module object (with a warning)
 ALIASED = {"mcsd_runtime.decode.verify": "mcsd_runtime.decode.speculative_sampling",
-           "mcsd_runtime.evaluate.report": "mcsd_runtime.evaluate.eval_report"}
+           "mcsd_runtime.evaluate.report": "mcsd_runtime.evaluate.eval_report",
+           "collect.bench": "collect.overhead"}
 
 
 @pytest.mark.parametrize("old", sorted(ALIASED))
 def test_a_renamed_module_is_its_new_module_under_the_old_name(old, monkeypatch):
     """`decode.verify` is `speculative_sampling` now (beside `verifying`, the step's verify
-    phase), `evaluate.report` is `eval_report` (beside `batch_report`, `domain_report`): the old
-    name is the same module object, with a deprecation warning naming the new one."""
+    phase), `evaluate.report` is `eval_report` (beside `batch_report`, `domain_report`),
+    `collect.bench` is `collect.overhead` (what recording rows costs): the old name is the same
+    module object, with a deprecation warning naming the new one."""
     import importlib
 
     new = importlib.import_module(ALIASED[old])
@@ -333,3 +337,15 @@ def test_a_renamed_module_is_its_new_module_under_the_old_name(old, monkeypatch)
         assert importlib.import_module(old) is new
     package, _, leaf = old.rpartition(".")
     assert getattr(importlib.import_module(package), leaf) is new
+
+
+def test_the_old_collect_bench_command_runs_the_new_one_with_a_warning(monkeypatch, capsys):
+    """`python -m collect.bench` runs `python -m collect.overhead`, with a deprecation warning."""
+    import runpy
+    import sys
+
+    _forget(monkeypatch, "collect.bench")
+    monkeypatch.setattr(sys, "argv", ["collect.bench", "--help"])
+    with pytest.warns(DeprecationWarning, match="collect.overhead"), pytest.raises(SystemExit) as e:
+        runpy.run_module("collect.bench", run_name="__main__")
+    assert e.value.code == 0 and "python -m collect.overhead" in capsys.readouterr().out
