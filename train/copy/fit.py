@@ -15,6 +15,7 @@ import numpy as np
 
 from collect.outputs import Trace
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.progress import working
 from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 from replay.copy import Replay, copy_all, long_matches_only
 
@@ -27,13 +28,14 @@ def out_of_fold(traces: Sequence[Trace], costs: list[float], folds: int = 5, see
     dealt to `folds` folds at random): how the policy does on outputs it was not trained on."""
     fold = np.random.default_rng(seed).permutation(len(traces)) % folds
     speed = [0.0] * len(traces)
-    for f in range(folds):
-        policy, _, _ = fit([traces[i] for i in np.flatnonzero(fold != f)], costs, seed=seed,
-                           **fit_kwargs)
-        walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
-        for i in np.flatnonzero(fold == f):
-            replay = Replay(traces[i], policy.max_copy, policy.min_ngram, policy.max_ngram)
-            speed[i] = replay.speedup(policy.choose, costs, **walk)
+    with working(f"the copy length out of fold: {folds} fits on {len(traces)} outputs"):
+        for f in range(folds):
+            policy, _, _ = fit([traces[i] for i in np.flatnonzero(fold != f)], costs, seed=seed,
+                               progress=False, **fit_kwargs)
+            walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
+            for i in np.flatnonzero(fold == f):
+                replay = Replay(traces[i], policy.max_copy, policy.min_ngram, policy.max_ngram)
+                speed[i] = replay.speedup(policy.choose, costs, **walk)
     return speed
 
 
@@ -42,18 +44,21 @@ BEHAVIOUR = (copy_all(10**6), copy_all(2), long_matches_only(8, 3))
 
 def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngram: int = 4,
         seed: int = 0, n_estimators: int = 200, draft_costs: list[float] | None = None,
-        ) -> tuple[CopyLength, str, dict]:
+        progress: bool = True) -> tuple[CopyLength, str, dict]:
     """The policy trained on `traces` under `costs` (index k: a step copying k tokens), the
     model file's text and training facts; with `draft_costs` (the traces carrying `hits`),
-    beside a draft: copying nothing drafts, and the rate is tuned on walks that draft."""
+    beside a draft: copying nothing drafts, and the rate is tuned on walks that draft.
+    `progress`: each stage says it is alive on stderr (`mcsd_runtime.progress.working`)."""
     import lightgbm as lgb
 
     max_copy = len(costs) - 1
     replays = [Replay(t, max_copy, min_ngram, max_ngram) for t in traces]
     rows: list = []
-    for r in replays:
-        for rule in BEHAVIOUR:
-            r.walk(rule, costs, rows)
+    with working(f"walking {len(traces)} outputs under {len(BEHAVIOUR)} copy rules",
+                 disable=not progress):
+        for r in replays:
+            for rule in BEHAVIOUR:
+                r.walk(rule, costs, rows)
     if not rows or len({y for _, y in rows}) < 2:
         raise MCSDError("the outputs hold too few repeats to learn from (no prompt-lookup match, "
                         "or every copy accepted or none): use more prompts or longer outputs")
@@ -63,16 +68,20 @@ def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngr
     clf = lgb.LGBMClassifier(n_estimators=n_estimators, learning_rate=0.05, num_leaves=15,
                              min_child_samples=20, monotone_constraints=mono, random_state=seed,
                              n_jobs=1, verbose=-1)
-    clf.fit(x, y, feature_name=list(FEATURES))
+    with working(f"fitting the copy length's LightGBM ({n_estimators} trees) on {len(rows)} "
+                 f"rows", disable=not progress):
+        clf.fit(x, y, feature_name=list(FEATURES))
     booster = clf.booster_
     policy = CopyLength(booster, costs, 1 / costs[0], min_ngram, max_ngram)
     if draft_costs is not None:  # a drafted step's tokens before a row has drafted
         policy.draft_costs = list(draft_costs)
         policy.draft_prior = 1 + float(np.mean([h for t in traces for h in t.hits[:-1]]))
-    for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on the training outputs
-        seconds = sum(r.walk(policy.choose, costs, None, policy.draft_costs, policy.draft_prior)
-                      for r in replays)
-        policy.rate = sum(len(t.tokens) for t in traces) / seconds
+    with working(f"tuning the rate: {RATE_ROUNDS} walks of {len(traces)} outputs",
+                 disable=not progress):
+        for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on its outputs
+            seconds = sum(r.walk(policy.choose, costs, None, policy.draft_costs,
+                                 policy.draft_prior) for r in replays)
+            policy.rate = sum(len(t.tokens) for t in traces) / seconds
     text = booster.model_to_string()
     facts = {"rows": len(rows), "accept_share": float(y.mean()), "outputs": len(traces),
              "tokens": sum(len(t.tokens) for t in traces)}

@@ -15,6 +15,7 @@ import numpy as np
 
 from collect.outputs import Ranked
 from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.progress import working
 from mcsd_runtime.stop.width import WidthPolicy
 from replay.width import WidthReplay, learned, static
 
@@ -41,16 +42,18 @@ def fit(outs: Sequence[Ranked], profile: CostProfile, k: int,
     """A width policy for `outs` (training outputs) under `profile`, and training facts: the
     calibration, the step seconds per width and the rate, tuned from width k's throughput."""
     replay = WidthReplay(profile, k)
-    knots = calibrate(outs, k)
-    seconds = [replay.drafted[w][0] for w in range(k)]
-    rate = replay.rate(outs, static(k))
-    history = [rate]
-    for _ in range(rounds):
-        policy = WidthPolicy(k=k, calibration=knots, seconds=seconds, rate=rate)
-        rate = replay.rate(outs, learned(policy))
-        history.append(rate)
-    policy = WidthPolicy(k=k, calibration=knots, seconds=seconds, rate=rate)
     positions = int(sum(len(o.rank) for o in outs))
+    with working(f"calibrating {k} candidate ranks on {positions} positions"):
+        knots = calibrate(outs, k)
+    seconds = [replay.drafted[w][0] for w in range(k)]
+    with working(f"tuning the rate: {rounds + 1} replays of {len(outs)} outputs"):
+        rate = replay.rate(outs, static(k))
+        history = [rate]
+        for _ in range(rounds):
+            policy = WidthPolicy(k=k, calibration=knots, seconds=seconds, rate=rate)
+            rate = replay.rate(outs, learned(policy))
+            history.append(rate)
+    policy = WidthPolicy(k=k, calibration=knots, seconds=seconds, rate=rate)
     hits = np.concatenate([o.rank for o in outs])
     facts = {"outputs": len(outs), "positions": positions, "rates": history,
              "hit_rates": [float(np.mean((hits >= 0) & (hits < w))) for w in range(1, k + 1)]}
