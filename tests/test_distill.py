@@ -19,6 +19,7 @@ from mcsd_runtime.decisions.features import node_features
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.distill import cache as distill_cache
 from mcsd_runtime.distill import data as distill_data
+from mcsd_runtime.distill.agreement import agreement
 from mcsd_runtime.distill.head import (
     HEAD_FILE,
     ReducedHead,
@@ -28,7 +29,6 @@ from mcsd_runtime.distill.head import (
     reduced_head_from,
     save_reduced_head,
 )
-from mcsd_runtime.distill.metrics import agreement
 from mcsd_runtime.distill.recipe import DATA_FIELDS, PRESETS, get_recipe
 from mcsd_runtime.distill.target import fingerprint, load_target
 from mcsd_runtime.distill.train import distill
