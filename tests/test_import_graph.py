@@ -1,11 +1,14 @@
 """The project's layers, bottom to top (docs/layers.md says what lives on each): a module
 imports its own layer and those below it, never one above, and no imports close a circle,
-counting imports made inside functions (a lazy import is still a dependency)."""
+counting imports made inside functions (a lazy import is still a dependency). Renamed modules
+keep their old names one release, as the same module objects with a warning; and a module name
+that several modules bear is explained in docs/layers.md's "Repeated module names"."""
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -320,15 +323,18 @@ def test_an_object_pickled_under_the_old_package_name_loads(monkeypatch):
 # renamed modules whose old name is, for one release, the same module object (with a warning)
 ALIASED = {"mcsd_runtime.decode.verify": "mcsd_runtime.decode.speculative_sampling",
            "mcsd_runtime.evaluate.report": "mcsd_runtime.evaluate.eval_report",
-           "collect.bench": "collect.overhead"}
+           "collect.bench": "collect.overhead",
+           "mcsd_runtime.distill.metrics": "mcsd_runtime.distill.agreement"}
 
 
 @pytest.mark.parametrize("old", sorted(ALIASED))
 def test_a_renamed_module_is_its_new_module_under_the_old_name(old, monkeypatch):
     """`decode.verify` is `speculative_sampling` now (beside `verifying`, the step's verify
     phase), `evaluate.report` is `eval_report` (beside `batch_report`, `domain_report`),
-    `collect.bench` is `collect.overhead` (what recording rows costs): the old name is the same
-    module object, with a deprecation warning naming the new one."""
+    `collect.bench` is `collect.overhead` (what recording rows costs), `distill.metrics` is
+    `distill.agreement` (a draft's agreement with its target; `mcsd_runtime.metrics` is the
+    decoder's): the old name is the same module object, with a deprecation warning naming the
+    new one."""
     import importlib
 
     new = importlib.import_module(ALIASED[old])
@@ -349,3 +355,69 @@ def test_the_old_collect_bench_command_runs_the_new_one_with_a_warning(monkeypat
     with pytest.warns(DeprecationWarning, match="collect.overhead"), pytest.raises(SystemExit) as e:
         runpy.run_module("collect.bench", run_name="__main__")
     assert e.value.code == 0 and "python -m collect.overhead" in capsys.readouterr().out
+
+
+# --- repeated module names ---------------------------------------------------------------------
+
+LAYERS_DOC = ROOT / "docs" / "layers.md"
+NOT_NAMES = ("__init__.py", "__main__.py")  # every package has them
+
+
+def repeated_modules(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module file name that more than one module of PACKAGES bears: the modules' paths."""
+    seen: dict[str, set[str]] = {}
+    for pkg in PACKAGES:
+        for p in (root / pkg).rglob("*.py"):
+            if p.name not in NOT_NAMES:
+                seen.setdefault(p.name, set()).add(p.relative_to(root).as_posix())
+    return {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def listed_repeats(markdown: str) -> dict[str, set[str]]:
+    """The table under "## Repeated module names": each row's name (its first cell) and the
+    module paths its second cell names."""
+    section = markdown.split("## Repeated module names", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines()
+            if line.startswith("| `")]
+    return {cells[0].strip().strip("`"): set(re.findall(r"`([\w/]+\.py)`", cells[1]))
+            for cells in rows}
+
+
+def unexplained_repeats(repeats: dict[str, set[str]], listed: dict[str, set[str]]) -> list[str]:
+    """What the table fails to say: a repeated name it lacks or whose modules it gives wrong,
+    and a row whose name no longer repeats."""
+    wrong = [f"{name}: {sorted(paths)}, listed {sorted(listed.get(name, ()))}"
+             for name, paths in sorted(repeats.items()) if listed.get(name) != paths]
+    stale = [f"{name}: listed, but no longer repeated"
+             for name in sorted(set(listed) - set(repeats))]
+    return wrong + stale
+
+
+def test_a_planted_repeat_is_unexplained(tmp_path):
+    """A `report.py` planted in two packages fails while the table does not name it; a row whose
+    repeat is gone fails too."""
+    for rel in ("mcsd_runtime/evaluate/eval_report.py", "collect/report.py", "train/report.py",
+                "replay/width.py", "mcsd_runtime/decisions/width.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    table = ("## Repeated module names\n\n| name | modules | why |\n|---|---|---|\n"
+             "| `width.py` | `mcsd_runtime/decisions/width.py`, `replay/width.py` | why |\n")
+    repeats = repeated_modules(tmp_path)
+    assert repeats == {"report.py": {"collect/report.py", "train/report.py"},
+                       "width.py": {"mcsd_runtime/decisions/width.py", "replay/width.py"}}
+    assert [m.split(":")[0] for m in unexplained_repeats(repeats, listed_repeats(table))] == [
+        "report.py"]
+    (tmp_path / "mcsd_runtime/decisions/width.py").unlink()
+    assert [m.split(":")[0] for m in unexplained_repeats(repeated_modules(tmp_path),
+                                                         listed_repeats(table))] == [
+        "report.py", "width.py"]
+
+
+def test_every_repeated_module_name_is_explained_in_the_layers_doc():
+    """docs/layers.md lists each repeated module name with every module bearing it, and why the
+    folder makes each one's role plain."""
+    listed = listed_repeats(LAYERS_DOC.read_text())
+    assert all(listed.values()), "a row names no modules"
+    missing = unexplained_repeats(repeated_modules(), listed)
+    assert not missing, ("explain these in docs/layers.md's \"Repeated module names\" table, or "
+                         "rename them:\n" + "\n".join(missing))
