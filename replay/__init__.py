@@ -11,6 +11,9 @@ evaluation, and `replay.runs` reads collected runs.
   time, into a `ReplayResult`;
 - `replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
   `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
+- `replay.result`: one replayed comparison of a decision against the deployed static, the
+  best static, its peers and the oracle (`Comparison`), and the one writer of every decision's
+  report, the artifact's dicts and the printed table (`Report`);
 - `replay.sweeps`: the learned stopper over a grid of settings, scores cached
   (`MemoStopper`, `sweep`, `sweep_gates`, `sweep_skips`, `sweep_online`, `replay_setting`), the
   expected-throughput rule (`sweep_rates`), the tuned

@@ -20,9 +20,7 @@ which moves every method alike and leaves decisions unchanged) is divided out.
 
 from __future__ import annotations
 
-import math
 import random
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -87,7 +85,7 @@ def measure(decoders: dict, units: Sequence, decode: Callable, seed: int = 0,
 def divide_common(rows: dict, key: str = "error", out: str = "relative_error") -> float:
     """The geometric mean of `1 + rows[*][key]`, and each row's `out`: its error with that
     common factor divided out."""
-    common = math.exp(statistics.mean(math.log(1 + r[key]) for r in rows.values()))
+    common = metrics.geomean([1 + r[key] for r in rows.values()])
     for r in rows.values():
         r[out] = (1 + r[key]) / common - 1
     return common

@@ -17,10 +17,10 @@ import numpy as np
 
 from collect.outputs import Trace
 from mcsd_runtime.lookup import Match, find_match
-from mcsd_runtime.metrics import geomean, oracle_share
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import copy_outcome, step_outcome
 from mcsd_runtime.stop.copy_length import CopyHistory, drafted_step, features
+from replay.result import ABSENT, Column, Comparison, Report, ci, pct
 
 BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--k-config`)
 
@@ -176,70 +176,99 @@ def static_name(k: int, n: int, beside) -> str:
     return f"lookup:{k}:{n}" + (f"+{BESIDE}" if beside is not None else "")
 
 
-def replay_report(policy, speeds: dict[str, dict[str, list[float]]],
-                  trained: set[str]) -> list[dict]:
-    """Per domain, from its `replay_speeds`: geometric means over AR; the policy's paired
-    speedup over the deploy static and the domain's best static; the share of the oracle's
-    gain over the deploy static it takes."""
-    from mcsd_runtime.metrics import paired_speedup
-
-    deploy = static_name(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
-    rows = []
-    for name, sp in speeds.items():
-        gms = {m: geomean(v) for m, v in sp.items() if m.startswith("lookup:")}
-        best = max(gms, key=gms.get)
-        ours, oracle = geomean(sp["learned"]), geomean(sp["oracle"])
-        row = {"domain": name, "trained": name in trained, "prompts": len(sp["learned"]),
-               "learned_vs_ar": ours, "best_static": best, "best_static_vs_ar": gms[best],
-               "deploy": deploy, "deploy_vs_ar": gms[deploy], "oracle_vs_ar": oracle,
-               "oracle_share": oracle_share(ours, gms[deploy], oracle),
-               "vs_deploy": paired_speedup(sp["learned"], sp[deploy]),
-               "vs_best_static": paired_speedup(sp["learned"], sp[best])}
-        if "draft" in sp:
-            row["draft_vs_ar"] = geomean(sp["draft"])
-            row["oracle_choices_vs_ar"] = geomean(sp["oracle_choices"])
-            row["oracle_choices_share"] = oracle_share(ours, gms[deploy],
-                                                       row["oracle_choices_vs_ar"])
-        rows.append(row)
-    return rows
+def deploy_name(policy) -> str:
+    """The static a user deploys instead: `lookup:8:3` (capped at the policy's longest copy),
+    beside the draft where the policy was trained beside one."""
+    return static_name(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
 
 
-def print_report(report: list[dict], rate: float, mix: dict | None = None) -> None:
-    choices = "oracle_choices_vs_ar" in report[0]
-    print(f"replayed speed (tuned rate {rate:.1f} tokens/s); learned vs {report[0]['deploy']} "
-          f"and vs the domain's best static copy length, 95% CI:")
-    wide = max(len(r["best_static"]) for r in report)
-    print(f"{'domain':32} {'n':>3} {'vs AR':>6}  {'vs deploy':>21}  "
-          f"{'vs best static':>{24 + wide}}  {'oracle':>6} {'share':>6}"
-          + (f" {'oracle*':>7} {'share*':>6}" if choices else ""))
-    for r in sorted(report, key=lambda r: r["vs_best_static"]["geomean"]):
-        d, b = r["vs_deploy"], r["vs_best_static"]
-        label = r["domain"] + (" (trained)" if r["trained"] else "")
-        line = (f"{label:32} {r['prompts']:>3} {r['learned_vs_ar']:6.3f}  {d['geomean']:6.3f} "
-                f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]  {b['geomean']:6.3f} "
-                f"[{b['ci_low']:.3f}, {b['ci_high']:.3f}] {r['best_static']:>{wide}}  "
-                f"{r['oracle_vs_ar']:6.3f} {pct(r['oracle_share']):>6}")
-        if choices:
-            line += f" {r['oracle_choices_vs_ar']:7.3f} {pct(r['oracle_choices_share']):>6}"
-        print(line)
-    print("(vs AR: replayed speed over the target alone; oracle: the hindsight-best choice at "
-          "every step, over AR; share: of the oracle's gain over the deploy static, the "
-          "policy's" + ("; oracle*, share*: the same for an oracle that, as the policy, copies "
-                        "or drafts and never lets the target decode alone)" if choices else ")"))
-    if mix:
-        line = (f"training mix, {mix['outputs']} outputs pooled: learned {mix['learned_vs_ar']:.3f}"
-                f" AR, deploy {mix['deploy_vs_ar']:.3f}, oracle {mix['oracle_vs_ar']:.3f}; "
-                f"share {pct(mix['oracle_share'])}")
-        if "oracle_choices_vs_ar" in mix:
-            line += (f"; oracle* {mix['oracle_choices_vs_ar']:.3f}, share* "
-                     f"{pct(mix['oracle_choices_share'])}")
-        if mix["folds"]:
-            line += (f"; out of fold ({mix['folds']} folds) learned "
-                     f"{mix['out_of_fold_vs_ar']:.3f}, share {pct(mix['out_of_fold_share'])}"
-                     if mix["out_of_fold_vs_ar"] is not None else
-                     "; out of fold: a fold holds too few repeats to fit")
-        print(line)
+def compare(policy, costs: list[float], outs: list, domain: str, trained: bool) -> Comparison:
+    """One domain's `replay_speeds`, compared: speeds over AR, the deploy static, the domain's
+    best static copy length and the oracle."""
+    speeds = replay_speeds(policy, costs, outs)
+    return Comparison.of_outputs(domain, speeds, deploy_name(policy),
+                                 [m for m in speeds if m.startswith("lookup:")], trained=trained)
 
 
-def pct(share: float | None) -> str:
-    return "-" if share is None else f"{share:.0%}"
+def _choices(c: Comparison, share: bool = False):
+    """The oracle over the policy's own choices (copy or draft), or its share: beside a draft."""
+    if "oracle_choices" not in c.speeds:
+        return ABSENT
+    return c.share(oracle="oracle_choices") if share else c.speeds["oracle_choices"]
+
+
+# per domain: geometric means over AR; the policy's paired speedup over the deploy static and
+# the domain's best static; the share of the oracle's gain over the deploy static it takes
+DOMAINS = Report(
+    (Column("domain", lambda c: c.group), Column("trained", lambda c: c.trained),
+     Column("prompts", lambda c: c.n, "n", str),
+     Column("learned_vs_ar", Comparison.speed, "vs AR"),
+     Column("best_static", lambda c: c.best_static, "best static", str),
+     Column("best_static_vs_ar", lambda c: c.speeds[c.best_static]),
+     Column("deploy", lambda c: c.deployed),
+     Column("deploy_vs_ar", lambda c: c.speeds[c.deployed]),
+     Column("oracle_vs_ar", lambda c: c.speeds[c.oracle], "oracle"),
+     Column("oracle_share", lambda c: c.share(), "share", pct),
+     Column("vs_deploy", lambda c: c.paired(), "vs deploy", ci),
+     Column("vs_best_static", lambda c: c.paired(over=c.best_static), "vs best static", ci),
+     Column("draft_vs_ar", lambda c: c.speeds.get("draft", ABSENT), "draft"),
+     Column("oracle_choices_vs_ar", _choices, "oracle*"),
+     Column("oracle_choices_share", lambda c: _choices(c, share=True), "share*", pct)),
+    label=Column("label", lambda c: c.group + (" (trained)" if c.trained else ""), "domain"),
+    printed=("prompts", "learned_vs_ar", "vs_deploy", "vs_best_static", "best_static",
+             "draft_vs_ar", "oracle_vs_ar", "oracle_share", "oracle_choices_vs_ar",
+             "oracle_choices_share"),
+    order=lambda r: r["vs_best_static"]["geomean"])
+
+
+def _out_of_fold(c: Comparison, share: bool = False):
+    if "out of fold" not in c.speeds:
+        return None
+    return c.share("out of fold") if share else c.speeds["out of fold"]
+
+
+def _folded(c: Comparison, share: bool = False):
+    """The out-of-fold columns where folds were asked for."""
+    return _out_of_fold(c, share) if c.facts["folds"] else ABSENT
+
+
+# the training mix pooled: the policy, the deploy static and the oracle over AR, the policy's
+# share of the oracle's gain, and with folds the same for the policy out of fold
+MIX = Report(
+    (Column("outputs", lambda c: c.facts["outputs"]),
+     Column("learned_vs_ar", Comparison.speed, "vs AR"),
+     Column("deploy_vs_ar", lambda c: c.speeds[c.deployed], "deploy"),
+     Column("oracle_vs_ar", lambda c: c.speeds[c.oracle], "oracle"),
+     Column("oracle_share", lambda c: c.share(), "share", pct),
+     Column("folds", lambda c: c.facts["folds"]),
+     Column("out_of_fold_vs_ar", _out_of_fold),
+     Column("out_of_fold_share", lambda c: _out_of_fold(c, True)),
+     Column("oracle_choices_vs_ar", _choices, "oracle*"),
+     Column("oracle_choices_share", lambda c: _choices(c, share=True), "share*", pct),
+     Column("oof", _folded, "out of fold", recorded=False),
+     Column("oof_share", lambda c: _folded(c, True), "share (oof)", pct, recorded=False)),
+    label=Column("label", lambda c: f"{c.group}, {c.facts['outputs']} outputs pooled", ""))
+
+
+def write_report(policy, domains: list[Comparison], mix: Comparison
+                 ) -> tuple[list[dict], dict, str]:
+    """The artifact's records of the domains (`DOMAINS`) and of the training mix (`MIX`), and
+    the printed report."""
+    records, table = DOMAINS.write(domains)
+    (mixed,), mix_table = MIX.write([mix])
+    choices = "oracle_choices" in domains[0].speeds
+    lines = [f"replayed speed (tuned rate {policy.rate:.1f} tokens/s); learned vs "
+             f"{deploy_name(policy)} and vs the domain's best static copy length, 95% CI:",
+             table,
+             "(vs AR: replayed speed over the target alone; oracle: the hindsight-best choice "
+             "at every step, over AR; share: of the oracle's gain over the deploy static, the "
+             "policy's" + ("; draft: the draft alone; oracle*, share*: the same for an oracle "
+                           "that, as the policy, copies or drafts and never lets the target "
+                           "decode alone)" if choices else ")"),
+             mix_table]
+    if mixed["folds"] and mixed["out_of_fold_vs_ar"] is None:
+        lines.append("(out of fold: a fold holds too few repeats to fit)")
+    elif mixed["folds"]:
+        lines.append(f"(out of fold: each output replayed under the policy fitted on the other "
+                     f"{mixed['folds'] - 1} of {mixed['folds']} folds)")
+    return records, mixed, "\n".join(lines)

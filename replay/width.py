@@ -20,6 +20,7 @@ from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
+from replay.result import Column, Comparison, Report, ci, pct
 
 Rule = Callable[["Ranked", int], int]  # an output and a position -> a width in 1..k
 
@@ -76,36 +77,48 @@ def oracle(out: Ranked, t: int) -> int:
 
 
 # ------------------------------------------------------------------ the replay's report
-def replay_report(policy, replay, ranked: dict[str, list], trained: set[str]) -> list[dict]:
-    """Per category: the policy, each static width and the hindsight-best width, replayed and
-    paired per output against the widest static width (`metrics.paired_speedup`)."""
-    from mcsd_runtime.metrics import paired_speedup
-
-    report = []
-    for name, outs in ranked.items():
-        base = [replay.speed(o, static(policy.k)) for o in outs]
-        rules = {f"width {w}": static(w) for w in range(1, policy.k)} | {
-            "learned": learned(policy), "oracle": oracle}
-        row = {"domain": name, "trained": name in trained, "outputs": len(outs)}
-        for label, rule in rules.items():
-            walks = [replay.walk(o, rule) for o in outs]
-            row[label] = paired_speedup([tokens / sec for tokens, sec, _ in walks], base)
-            if label == "learned":
-                widths = [w for _, _, taken in walks for w in taken if w]
-                row["mean_width"] = sum(widths) / max(len(widths), 1)
-        report.append(row)
-    return report
+def compare(policy, replay: WidthReplay, outs: Sequence[Ranked], category: str,
+            trained: bool) -> Comparison:
+    """One category replayed output by output: each static width, the policy (with the mean
+    width it drafts) and the hindsight-best width, against the widest static width."""
+    rules = {f"width {w}": static(w) for w in range(1, policy.k + 1)} | {
+        "learned": learned(policy), "oracle": oracle}
+    outputs, widths = {}, []
+    for label, rule in rules.items():
+        walks = [replay.walk(o, rule) for o in outs]
+        outputs[label] = [tokens / seconds for tokens, seconds, _ in walks]
+        if label == "learned":
+            widths = [w for _, _, taken in walks for w in taken if w]
+    return Comparison.of_outputs(category, outputs, f"width {policy.k}", trained=trained,
+                                 facts={"mean_width": sum(widths) / max(len(widths), 1)})
 
 
-def print_report(report: list[dict], policy) -> None:
-    k = policy.k
-    print(f"replayed speed against width {k} (tuned rate {policy.rate:.1f} tokens/s), paired "
-          f"per output, 95% CI:")
-    cols = [f"width {w}" for w in range(1, k)] + ["learned", "oracle"]
-    print(f"{'category':30} {'n':>3} " + " ".join(f"{c:>22}" for c in cols) + "  mean width")
-    for r in sorted(report, key=lambda r: r["learned"]["geomean"]):
-        label = r["domain"] + (" (trained)" if r["trained"] else "")
-        cells = [f"{r[c]['geomean']:.3f} [{r[c]['ci_low']:.3f}, {r[c]['ci_high']:.3f}]"
-                 for c in cols]
-        print(f"{label:30} {r['outputs']:>3} " + " ".join(f"{c:>22}" for c in cells)
-              + f"  {r['mean_width']:.2f}")
+def _paired(method: str) -> Column:
+    return Column(method, lambda c: c.paired(method), method, ci)
+
+
+def report(k: int) -> Report:
+    """Per category: every static width narrower than `k`, the policy and the hindsight-best
+    width, paired per output against width `k` (`Comparison.paired`)."""
+    narrower = tuple(_paired(f"width {w}") for w in range(1, k))
+    return Report(
+        (Column("domain", lambda c: c.group), Column("trained", lambda c: c.trained),
+         Column("outputs", lambda c: c.n, "n", str), *narrower, _paired("learned"),
+         Column("mean_width", lambda c: c.facts["mean_width"], "mean width", "{:.2f}".format),
+         _paired("oracle"),
+         Column("share", lambda c: c.share(), "share", pct, recorded=False)),
+        label=Column("label", lambda c: c.group + (" (trained)" if c.trained else ""),
+                     "category"),
+        printed=("outputs", *(f"width {w}" for w in range(1, k)), "learned", "oracle",
+                 "share", "mean_width"),
+        order=lambda r: r["learned"]["geomean"])
+
+
+def write_report(policy, comparisons: list[Comparison]) -> tuple[list[dict], str]:
+    """The artifact's records of the categories' comparisons (`report`), and the printed
+    report."""
+    records, table = report(policy.k).write(comparisons)
+    return records, "\n".join([
+        f"replayed speed against width {policy.k} (tuned rate {policy.rate:.1f} tokens/s), "
+        f"paired per output, 95% CI:", table,
+        f"(share: of the hindsight-best width's gain over width {policy.k}, the policy's)"])

@@ -28,6 +28,7 @@ from pathlib import Path
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import working
+from replay.result import Column, Comparison, Report, pct
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig
 
@@ -103,16 +104,13 @@ class BudgetTrainer:
                      f"{len(val.prompts)} + {len(test.prompts)} prompts at batch sizes "
                      f"{','.join(map(str, sizes))}"):
             result = RG.compare(test, self.profile, sizes, fams, tune=val)
-        report = {b: summary(r) for b, r in result.items()}
+        records, text = REPORT.write([comparison(b, r) for b, r in result.items()])
         self.log(f"replayed on {len(test.prompts)} test prompts (settings of the training-free "
                  f"rules chosen on {len(val.prompts)} validation prompts):")
         self.log(RG.table(result))
-        for b, s in report.items():
-            self.log(f"B={b}: learned budget {s['vs_best_padded']:.3f}x the best padded "
-                     f"configuration ({s['best_padded']}), {s['vs_best_peer']:.3f}x the best "
-                     f"training-free rule ({s['best_peer']}), "
-                     f"{_pct(s['oracle_share'])} of the oracle's gain")
-        return {"batch_sizes": report, "replay": result}
+        self.log(text + "\n(tokens/s: the learned budget's; share: of the oracle's gain over "
+                 "the best padded configuration, the learned budget's)")
+        return {"batch_sizes": dict(zip(result, records, strict=True)), "replay": result}
 
     def write(self, data: Runs, fitted: Fitted, chosen: dict, folder: Path) -> str:
         from mcsd_runtime.stop.verify_budget import write_budget
@@ -141,29 +139,38 @@ def split_data(data: Runs):
     return whole.subset(keys["val"]), whole.subset(keys["test"])
 
 
-def summary(result: dict) -> dict:
-    """One batch size's headline: the learned budget against the best padded configuration
-    (AR or a padded static depth), the best training-free rule and the oracle."""
-    from mcsd_runtime.metrics import oracle_share
-
-    fams, ar = result["families"], result["ar"]
-    learned = fams["learned budget"]["tokens_per_s"]
-    padded = fams["padded static"]["tokens_per_s"]
-    best_padded, name = (padded, fams["padded static"]["best"]) if padded >= ar else (ar, "ar")
-    peer = max(PEERS, key=lambda n: fams[n]["tokens_per_s"])
+def comparison(batch_size: int, result: dict) -> Comparison:
+    """One batch size of `replay.ragged.compare`'s result, compared: the learned budget against
+    the best padded configuration (AR or a padded static depth, the deployed one), the best
+    training-free rule and the oracle."""
+    fams = result["families"]
+    speeds = {name: f["tokens_per_s"] for name, f in fams.items()} | {"ar": result["ar"]}
     # the bound: the better of the two hindsight rules (verify exactly what is accepted, or
     # the budget fed the truth, which also leaves out depths that do not pay for themselves)
-    oracle = max(fams["oracle"]["tokens_per_s"], fams["oracle-budget"]["tokens_per_s"])
-    return {"learned_tokens_per_s": learned, "best_padded": name,
-            "vs_best_padded": learned / best_padded,
-            "best_peer": f"{peer} ({fams[peer]['best']})",
-            "vs_best_peer": learned / fams[peer]["tokens_per_s"],
-            "oracle_vs_best_padded": oracle / best_padded,
-            "oracle_share": oracle_share(learned, best_padded, oracle)}
+    speeds["hindsight"] = max(speeds["oracle"], speeds["oracle-budget"])
+    padded = "padded static" if speeds["padded static"] >= speeds["ar"] else "ar"
+    return Comparison(f"B={batch_size}", speeds, padded,
+                      peer=max(PEERS, key=speeds.__getitem__), learned="learned budget",
+                      oracle="hindsight",
+                      facts={"settings": {n: f["best"] for n, f in fams.items()}})
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.0f}%"
+def _best_padded(c: Comparison) -> str:
+    return "ar" if c.deployed == "ar" else c.facts["settings"][c.deployed]
+
+
+# per batch size (`comparison`): the learned budget against the best padded configuration,
+# the best training-free rule and the oracle
+REPORT = Report(
+    (Column("learned_tokens_per_s", Comparison.speed, "tokens/s", "{:.0f}".format),
+     Column("best_padded", _best_padded, "best padded", str),
+     Column("vs_best_padded", lambda c: c.ratio(), "vs padded"),
+     Column("best_peer", lambda c: f"{c.peer} ({c.facts['settings'][c.peer]})", "best peer",
+            str),
+     Column("vs_best_peer", lambda c: c.ratio(over=c.peer), "vs peer"),
+     Column("oracle_vs_best_padded", lambda c: c.ratio(c.oracle), "oracle vs padded"),
+     Column("oracle_share", lambda c: c.share(), "share", pct)),
+    label=Column("label", lambda c: c.group, "learned budget"))
 
 
 def from_args(args) -> BudgetTrainer:

@@ -13,17 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.metrics import geomean, oracle_share
-from replay.copy import (
-    BESIDE,
-    DEPLOY,
-    draft_step_costs,
-    print_report,
-    replay_report,
-    replay_speeds,
-    static_name,
-    step_costs,
-)
+from replay.copy import BESIDE, DEPLOY, compare, draft_step_costs, step_costs, write_report
+from replay.result import Comparison
 from train.copy import fit as fitting
 from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
 
@@ -99,14 +90,15 @@ class CopyTrainer:
     def choose(self, data: Outputs, fitted: Fitted) -> dict:
         """The policy chooses by its tuned rate; this replays it (the report)."""
         policy, a = fitted.policy, self.args
-        speeds = {name: replay_speeds(policy, self.costs, outs)
-                  for name, outs in data.traces.items()}
-        report = replay_report(policy, speeds, set(data.train_domains))
+        domains = {name: compare(policy, self.costs, outs, name, name in data.train_domains)
+                   for name, outs in data.traces.items()}
         train = data.training()
-        mix = mix_report(policy, self.costs, train, [speeds[n] for n in data.train_domains],
-                         min(a.folds, len(train)), a.seed)
-        print_report(report, policy.rate, mix)
-        return {"report": report, "training_mix": mix}
+        mix = mix_comparison(policy, self.costs, train,
+                             [domains[n] for n in data.train_domains],
+                             min(a.folds, len(train)), a.seed)
+        report, mixed, text = write_report(policy, list(domains.values()), mix)
+        print(text)
+        return {"report": report, "training_mix": mixed}
 
     def write(self, data: Outputs, fitted: Fitted, chosen: dict, folder: Path) -> str:
         a = self.args
@@ -134,30 +126,21 @@ class CopyTrainer:
         return check
 
 
-def mix_report(policy, costs: list[float], train: list, speeds: list[dict[str, list[float]]],
-               folds: int, seed: int) -> dict:
-    """The training mix pooled (geometric means over its outputs, from the training domains'
-    `replay_speeds`): the policy, the deploy static and the oracle over AR, the policy's share
-    of the oracle's gain, and with `folds` the same for the policy out of fold
-    (`copy_length.out_of_fold`; None where a fold holds too few repeats to fit)."""
-    deploy = static_name(min(DEPLOY[0], policy.max_copy), DEPLOY[1], policy.draft_costs)
-    pooled = {m: [v for sp in speeds for v in sp[m]] for m in speeds[0]}
-    learned, static = geomean(pooled["learned"]), geomean(pooled[deploy])
-    oracle = geomean(pooled["oracle"])
-    mix = {"outputs": len(train), "learned_vs_ar": learned, "deploy_vs_ar": static,
-           "oracle_vs_ar": oracle, "oracle_share": oracle_share(learned, static, oracle),
-           "folds": folds, "out_of_fold_vs_ar": None, "out_of_fold_share": None}
-    if "oracle_choices" in pooled:
-        mix["oracle_choices_vs_ar"] = geomean(pooled["oracle_choices"])
-        mix["oracle_choices_share"] = oracle_share(learned, static, mix["oracle_choices_vs_ar"])
+def mix_comparison(policy, costs: list[float], train: list, domains: list[Comparison],
+                   folds: int, seed: int) -> Comparison:
+    """The training mix: the training `domains`' outputs pooled (`replay.copy.MIX`), and with
+    `folds` the policy's speed out of fold (`fit.out_of_fold`; left out where a fold holds too
+    few repeats to fit)."""
+    mix = Comparison.pooled("training mix", domains, facts={"outputs": len(train),
+                                                            "folds": folds})
     if folds:
         try:
             speed = fitting.out_of_fold(train, costs, folds, seed, min_ngram=policy.min_ngram,
-                                  max_ngram=policy.max_ngram, draft_costs=policy.draft_costs)
+                                        max_ngram=policy.max_ngram,
+                                        draft_costs=policy.draft_costs)
         except MCSDError:
             return mix
-        mix["out_of_fold_vs_ar"] = geomean(speed)
-        mix["out_of_fold_share"] = oracle_share(mix["out_of_fold_vs_ar"], static, oracle)
+        mix = mix.with_outputs({"out of fold": speed})
     return mix
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 import replay as R
+from mcsd_runtime.metrics import oracle_share
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.stop.features import DECISION_FEATURES
 from replay.runs import load_runs, output_lengths
@@ -59,7 +60,7 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
     if peer:
         peers["peer"] = R.replay(data, peer, profile).as_dict()
     value, best_value = learned[METRIC], statics[best][METRIC]
-    gain = oracle[METRIC] - best_value
+    captured = oracle_share(value, best_value, oracle[METRIC])
     return {
         "prompts": len(data.prompts), "replay_mode": data.mode,
         "metrics": report.classification_metrics(y, p),
@@ -73,7 +74,7 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
         "switch": switch,
         "learned_vs_peer": value / peers["peer"][METRIC] if peer else None, "peer": peer,
         "best_static_vs_ar": best_value / ar[METRIC],
-        "oracle_gain_captured": (value - best_value) / gain if gain > 0 else float("nan"),
+        "oracle_gain_captured": float("nan") if captured is None else captured,
         "heuristic_vs_best_static": heur[METRIC] / statics[best][METRIC],
         "oracle_vs_best_static": oracle[METRIC] / statics[best][METRIC],
         # the same bound over schedules that draft at every step: what depth decisions alone

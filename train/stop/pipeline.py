@@ -33,6 +33,7 @@ from mcsd_runtime.stop.expected_rate import Calibration
 from mcsd_runtime.stop.features import SCHEMA_VERSION
 from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
 from mcsd_runtime.stop.skip import DEFAULT_PROBE
+from replay.result import Comparison
 from replay.runs import (
     check_rows,
     collected_k_config,
@@ -239,48 +240,25 @@ def best_peer(results: dict[str, dict]) -> str | None:
     return max(tuned, key=lambda k: results[k][METRIC]).removesuffix("(tuned)") if tuned else None
 
 
+def _comparison(results: dict, split: str, facts: dict) -> Comparison:
+    """`split`'s replayed methods compared (`report.HEADLINE`): the learned stopper against the
+    split's best static, the oracle, AR and the built-in peer tuned fastest on validation."""
+    methods, peer = results[split], best_peer(results["val"])
+    best = deploy_static(methods)
+    return Comparison(split, {m: r.get(METRIC) for m, r in methods.items()}, best, best,
+                      peer=f"{peer}(tuned)" if peer else None, facts=facts)
+
+
 def _headline(results: dict, chosen: dict, mode: str, measured: bool, latency: dict,
-              decision_s: float) -> dict:
-    test = results["test"]
-    best_static = deploy_static(test)
-    b, o, s = test[best_static][METRIC], test["oracle"][METRIC], test["learned"][METRIC]
-    peer = best_peer(results["val"])  # what a user would deploy instead, chosen on validation
-    p = test[f"{peer}(tuned)"][METRIC] if peer else 0.0
-    return {"metric": METRIC, "units": "tokens/s" if measured else "relative (no profile)",
-            "replay_mode": mode, "best_static": best_static, "best_static_value": b,
-            "oracle_value": o, "learned_value": s, "speedup_vs_best_static": s / b if b else 0,
-            "oracle_gain_captured": (s - b) / (o - b) if o > b else float("nan"),
-            "aggregation": chosen["aggregation"], "threshold": chosen["threshold"],
-            "min_depth": chosen["min_depth"], "min_depth_gate": chosen["min_depth_gate"],
-            "skip_rate": chosen.get("skip_rate", 0.0),
-            "skip_probe": chosen.get("skip_probe", DEFAULT_PROBE),
-            "rule": chosen.get("rule", "threshold"), "rate": chosen.get("rate"),
-            "online_strength": chosen.get("online_strength", 0.0),
-            "threshold_rule_value": test.get("learned(threshold)", {}).get(METRIC),
-            "expected_rate_rule_value": test.get("learned(expected-rate)", {}).get(METRIC),
-            "learned_vs_ar": s / test["ar"][METRIC] if test.get("ar", {}).get(METRIC) else None,
-            "best_peer": peer, "learned_vs_best_peer": s / p if p else None,
-            "decision_latency_us": latency["median_us"],
-            "replay_decision_us": decision_s * 1e6} | _drafting_bound(test, b, s)
-
-
-def _drafting_text(headline: dict) -> str:
-    if "drafting_bound_value" not in headline:
-        return ""
-    return (f" ({headline['drafting_gain_captured']:.1%} of what depth decisions alone can "
-            f"add, up to {headline['drafting_bound_value']:.4g})")
-
-
-def _drafting_bound(test: dict, best: float, learned: float) -> dict:
-    """The optimum over schedules that draft at every step (exact replay only) and the share of
-    its gain over the best static the learned stopper replays: what depth decisions alone can
-    reach, where the `oracle`'s gain also counts steps it skips."""
-    bound = test.get("oracle-bound(drafting)", {}).get(METRIC)
-    if bound is None:
-        return {}
-    return {"drafting_bound_value": bound,
-            "drafting_gain_captured": ((learned - best) / (bound - best) if bound > best
-                                       else float("nan"))}
+              decision_s: float, batch_size: int | None = None) -> tuple[dict, str]:
+    """The headline (metrics.json: the test prompts' comparison, `report.HEADLINE`) and the
+    printed table of the validation and test prompts'."""
+    facts = {"metric": METRIC, "units": "tokens/s" if measured else "relative (no profile)",
+             "mode": mode, "chosen": chosen, "latency_us": latency["median_us"],
+             "decision_s": decision_s} | ({"batch_size": batch_size} if batch_size else {})
+    (_, headline), table = report.HEADLINE.write([_comparison(results, split, facts)
+                                                  for split in ("val", "test")])
+    return headline, table
 
 
 def _warn_if_a_peer_wins(results: dict, headline: dict, log: Log) -> None:
@@ -328,8 +306,8 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
                for rule, setting in rules.items()}
     results = _replay_splits({"val": val, "test": test}, peers, learned, chosen, spec, out,
                              profile, calibration, decision_s)
-    headline = _headline(results, chosen, data.mode, measured, latency, decision_s)
-    log(_replay_line(headline, chosen, data.mode))
+    headline, table = _headline(results, chosen, data.mode, measured, latency, decision_s)
+    log(_replay_line(headline, table, chosen, data.mode))
     _warn_if_a_peer_wins(results, headline, log)
     test_scores = stopper.node_scores(prep.x["test"])
     choice = Choice(spec, data, keys, profile, measured, latency, decision_s, curve, chosen,
@@ -438,14 +416,15 @@ def _replay_splits(parts: dict[str, R.ReplayData], peers: dict[str, str],
     return results
 
 
-def _replay_line(headline: dict, chosen: dict, mode: str) -> str:
-    """The log line of the replay's verdict: the learned stopper against the best static and
-    the oracle, and the setting chosen."""
+def _replay_line(headline: dict, table: str, chosen: dict, mode: str) -> str:
+    """The log of the replay's verdict: the learned stopper against the best static and the
+    oracle (`report.HEADLINE`'s table), and the setting chosen."""
     return (
-        f"replay ({mode}, {headline['units']}): learned {headline['learned_value']:.4g} vs "
-        f"best static {headline['best_static']} {headline['best_static_value']:.4g}, oracle "
-        f"{headline['oracle_value']:.4g}: {headline['oracle_gain_captured']:.1%} of the "
-        f"oracle's gain{_drafting_text(headline)}; aggregation {chosen['aggregation']}, threshold "
+        f"replay ({mode}, {headline['units']}):\n{table}\n(share: of the oracle's gain over the "
+        f"best static, the learned stopper's; drafting, share*: the same for the optimum over "
+        f"schedules that draft at every step, what depth decisions alone can add; best peer: "
+        f"the built-in stopper tuned fastest on validation prompts)\n"
+        f"chosen: aggregation {chosen['aggregation']}, threshold "
         f"{chosen['threshold']:g}, decisions from depth {chosen['min_depth']} while the recent "
         f"acceptance rate is >= {chosen['min_depth_gate']:g}, else from depth 1; no draft "
         f"while the recent acceptance rate is below {chosen['skip_rate']:g} (probing every "
@@ -513,18 +492,12 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
         results[split] = {k: v.as_dict() for k, v in base.items()}
         if part.mode == "exact":
             results[split]["oracle-bound"] = {METRIC: R.oracle_bound(part, profile, b)}
-    headline = _headline(results, chosen, choice.data.mode, choice.measured, choice.latency,
-                         choice.decision_s) | {"batch_size": b,
-                                               "row_aggregation": chosen["row_aggregation"]}
-    if "oracle-bound" in results["test"]:
-        headline["oracle_bound_value"] = results["test"]["oracle-bound"][METRIC]
-    log(f"batch {b}: learned {headline['learned_value']:.4g} vs best static "
-        f"{headline['best_static']} {headline['best_static_value']:.4g} (x"
-        f"{headline['speedup_vs_best_static']:.3f}), step lookahead (`oracle`, a hindsight "
-        f"heuristic below the optimum) {headline['oracle_value']:.4g}"
-        f"; rows {chosen['row_aggregation']} of {chosen['aggregation']}, threshold "
-        f"{chosen['threshold']:g}, min_depth {chosen['min_depth']} (gate "
-        f"{chosen['min_depth_gate']:g})")
+    headline, table = _headline(results, chosen, choice.data.mode, choice.measured,
+                                choice.latency, choice.decision_s, batch_size=b)
+    log(f"batch {b} ({headline['units']}; oracle: the step lookahead, a hindsight heuristic "
+        f"below the optimum):\n{table}\nbatch {b} chosen: rows {chosen['row_aggregation']} of "
+        f"{chosen['aggregation']}, threshold {chosen['threshold']:g}, min_depth "
+        f"{chosen['min_depth']} (gate {chosen['min_depth_gate']:g})")
     return {"curve": curve, "chosen": chosen, "setting": setting, "peers": peers,
             "results": results, "headline": headline}
 

@@ -1,4 +1,5 @@
-"""Metrics (scikit-learn) and plots (matplotlib, PNG) of a trained stopper."""
+"""Metrics (scikit-learn) and plots (matplotlib, PNG) of a trained stopper, and the layout of
+its replayed headline (`HEADLINE`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from mcsd_runtime.stop.features import DECISION_FEATURES
+from mcsd_runtime.stop.skip import DEFAULT_PROBE
+from replay.result import ABSENT, Column, Comparison, Report, nan_if_none, pct
 
 
 def classification_metrics(y_hard: np.ndarray, p: np.ndarray, y_soft: np.ndarray | None = None,
@@ -65,6 +68,75 @@ def permutation_importance(model, x: np.ndarray, y_hard: np.ndarray, names=DECIS
                   scoring=lambda _, xs, ys: roc_auc_score(ys, model.predict(xs)))
     return {"roc_auc_drop": dict(zip(names, map(float, res.importances_mean),
                                      strict=True))}
+
+
+# ------------------------------------------------------------------ the replayed headline
+DRAFTING = "oracle-bound(drafting)"  # the optimum over schedules that draft at every step
+
+
+def _chosen(key: str, *default):
+    """A column of the chosen setting's `key` (`facts["chosen"]`)."""
+    return lambda c: c.facts["chosen"].get(key, *default) if default else c.facts["chosen"][key]
+
+
+def _batch(value):
+    """A column recorded at batch sizes above 1 only (`facts["batch_size"]`)."""
+    return lambda c: value(c) if "batch_size" in c.facts else ABSENT
+
+
+def _drafting(c: Comparison, share: bool = False):
+    """Where replayed (exact test replay), the optimum of depth decisions alone and the share of
+    its gain over the best static the learned stopper takes: the rest of the oracle's gain needs
+    skipping steps."""
+    if c.speeds.get(DRAFTING) is None:
+        return ABSENT
+    return nan_if_none(c.share(oracle=DRAFTING)) if share else c.speeds[DRAFTING]
+
+
+def _vs_peer(c: Comparison) -> float | None:
+    return c.ratio(over=c.peer) if c.peer else None
+
+
+def _g4(v: float) -> str:
+    return f"{v:.4g}"
+
+
+# a split's comparison (`pipeline._comparison`): the learned stopper against the best static
+# (deployed) and the oracle, the chosen setting, the rules' values, AR, the best tuned peer
+# (chosen on validation prompts), the decision's cost; at batch sizes above 1 the batch setting
+HEADLINE = Report(
+    (Column("metric", lambda c: c.facts["metric"]), Column("units", lambda c: c.facts["units"]),
+     Column("replay_mode", lambda c: c.facts["mode"]),
+     Column("best_static", lambda c: c.best_static, "best static", str),
+     Column("best_static_value", lambda c: c.speeds[c.best_static], "value", _g4),
+     Column("oracle_value", lambda c: c.speeds[c.oracle], "oracle", _g4),
+     Column("learned_value", Comparison.speed, "learned", _g4),
+     Column("speedup_vs_best_static", lambda c: r if (r := c.ratio()) is not None else 0,
+            "vs best static"),
+     Column("oracle_gain_captured", lambda c: nan_if_none(c.share()), "share", pct),
+     *(Column(k, _chosen(k)) for k in ("aggregation", "threshold", "min_depth",
+                                       "min_depth_gate")),
+     Column("skip_rate", _chosen("skip_rate", 0.0)),
+     Column("skip_probe", _chosen("skip_probe", DEFAULT_PROBE)),
+     Column("rule", _chosen("rule", "threshold")), Column("rate", _chosen("rate", None)),
+     Column("online_strength", _chosen("online_strength", 0.0)),
+     Column("threshold_rule_value", lambda c: c.speeds.get("learned(threshold)")),
+     Column("expected_rate_rule_value", lambda c: c.speeds.get("learned(expected-rate)")),
+     Column("learned_vs_ar", lambda c: c.ratio(over="ar"), "vs AR"),
+     Column("best_peer", lambda c: c.peer.removesuffix("(tuned)") if c.peer else None,
+            "best peer", str),
+     Column("learned_vs_best_peer", _vs_peer, "vs peer"),
+     Column("decision_latency_us", lambda c: c.facts["latency_us"]),
+     Column("replay_decision_us", lambda c: c.facts["decision_s"] * 1e6),
+     Column("drafting_bound_value", _drafting, "drafting", _g4),
+     Column("drafting_gain_captured", lambda c: _drafting(c, share=True), "share*", pct),
+     Column("batch_size", _batch(lambda c: c.facts["batch_size"])),
+     Column("row_aggregation", _batch(_chosen("row_aggregation"))),
+     Column("oracle_bound_value", _batch(lambda c: c.speeds.get("oracle-bound", ABSENT)))),
+    label=Column("label", lambda c: c.group, "split"),
+    printed=("best_static", "best_static_value", "learned_value", "speedup_vs_best_static",
+             "oracle_value", "oracle_gain_captured", "drafting_bound_value",
+             "drafting_gain_captured", "learned_vs_ar", "best_peer", "learned_vs_best_peer"))
 
 
 IMPORTANCE_TITLES = {"gain": "total gain in training (LightGBM)",

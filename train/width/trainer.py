@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
-from replay.width import print_report, replay_report
 from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
 
 
@@ -77,12 +76,13 @@ class WidthTrainer:
 
     def choose(self, data: Ranked, fitted) -> list[dict]:
         """The policy chooses by its tuned rate; this replays it (the report)."""
-        from replay.width import WidthReplay
+        from replay.width import WidthReplay, compare, write_report
 
         policy, _ = fitted
-        report = replay_report(policy, WidthReplay(data.outputs.profile, self.k), data.ranked,
-                               set(data.outputs.train_domains))
-        print_report(report, policy)
+        replay, trained = WidthReplay(data.outputs.profile, self.k), data.outputs.train_domains
+        report, text = write_report(policy, [compare(policy, replay, outs, name, name in trained)
+                                             for name, outs in data.ranked.items()])
+        print(text)
         return report
 
     def write(self, data: Ranked, fitted, chosen: list[dict], folder: Path) -> str:

@@ -1,0 +1,186 @@
+"""One replayed comparison, and the one writer of its report, for every decision.
+
+A `Comparison` is what one group (a domain, a category, a split, a batch size) replayed: each
+method's speed (tokens/s, or speed over AR) beside the learned decision's, which of them is the
+static a user deploys, the best static, the best training-free peer and the hindsight oracle,
+facts of the group (its chosen setting, a mean width), and, where methods were replayed output
+by output, every output's speed. A method's speed over outputs is their geometric mean
+(`metrics.geomean`); paired ratios with confidence intervals are `metrics.paired_speedup`; the
+learned decision's share of the oracle's gain over the deployed static is `metrics.oracle_share`.
+Nothing else in `replay` or `train` computes these.
+
+A `Report` writes comparisons through `Column`s: each column a value of a comparison, its key in
+the artifact's dict and its heading in the printed table (either may be left out). Every
+decision (`train.stop.report.HEADLINE`, `replay.copy.DOMAINS` and `MIX`, `replay.width.REPORT`,
+`train.budget.trainer.REPORT`) lays its comparisons out so, keeping its artifact's own keys,
+and records and prints them through `Report.write`:
+
+    records, table = report.write(comparisons)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mcsd_runtime import metrics
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()  # a column's value where the group has none: left out of the record
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One group's replayed speeds: the learned decision (`learned`), the `deployed` static, the
+    `best_static`, the best `peer` and the `oracle` among `speeds`; `outputs`: each method's
+    speed on every output, where it was replayed output by output."""
+
+    group: str
+    speeds: dict[str, float]
+    deployed: str
+    best_static: str | None = None
+    peer: str | None = None
+    outputs: dict[str, list[float]] = field(default_factory=dict)
+    trained: bool = False  # the group holds training prompts
+    facts: dict[str, Any] = field(default_factory=dict)
+    learned: str = "learned"
+    oracle: str = "oracle"
+
+    @classmethod
+    def of_outputs(cls, group: str, outputs: dict[str, list[float]], deployed: str,
+                   statics: Iterable[str] = (), **kw) -> Comparison:
+        """From every method's speed on each output: its speed the geometric mean; the best
+        static the fastest of `statics` (the first of equals), else the deployed one."""
+        speeds = {m: metrics.geomean(v) for m, v in outputs.items()}
+        statics = list(statics)
+        best = max(statics, key=speeds.__getitem__) if statics else deployed
+        return cls(group, speeds, deployed, best, outputs=outputs, **kw)
+
+    @classmethod
+    def pooled(cls, group: str, parts: Sequence[Comparison], **kw) -> Comparison:
+        """`parts`' outputs pooled into one group, the same methods deployed and compared."""
+        first = parts[0]
+        outputs = {m: [v for p in parts for v in p.outputs[m]] for m in first.outputs}
+        return cls.of_outputs(group, outputs, first.deployed, learned=first.learned,
+                              oracle=first.oracle, **kw)
+
+    def with_outputs(self, outputs: dict[str, list[float]]) -> Comparison:
+        """This comparison with more methods, replayed output by output."""
+        return replace(self, speeds=self.speeds | {m: metrics.geomean(v)
+                                                   for m, v in outputs.items()},
+                       outputs=self.outputs | outputs)
+
+    @property
+    def n(self) -> int:
+        """Outputs replayed (of the learned decision)."""
+        return len(self.outputs[self.learned])
+
+    def speed(self, method: str | None = None) -> float | None:
+        return self.speeds.get(method or self.learned)
+
+    def ratio(self, method: str | None = None, over: str | None = None) -> float | None:
+        """`method`'s speed (default: the learned decision's) over `over`'s (default: the
+        deployed static's); None where `over` has none."""
+        den = self.speeds.get(over or self.deployed)
+        return self.speeds[method or self.learned] / den if den else None
+
+    def share(self, method: str | None = None, oracle: str | None = None,
+              base: str | None = None) -> float | None:
+        """`metrics.oracle_share` of `method` (default: learned) against `oracle` (default:
+        the oracle) over `base` (default: the deployed static)."""
+        return metrics.oracle_share(self.speeds[method or self.learned],
+                                    self.speeds[base or self.deployed],
+                                    self.speeds[oracle or self.oracle])
+
+    def paired(self, method: str | None = None, over: str | None = None) -> dict:
+        """`metrics.paired_speedup` of `method` over `over` output by output (defaults as
+        `ratio`)."""
+        return metrics.paired_speedup(self.outputs[method or self.learned],
+                                      self.outputs[over or self.deployed])
+
+
+# ------------------------------------------------------------------ cells of the table
+def number(v: float) -> str:
+    return f"{v:.3f}"
+
+
+def pct(share: float | None) -> str:
+    """A share as a percentage; "-" where there is none (NaN too)."""
+    return "-" if share is None or share != share else f"{share:.0%}"
+
+
+def ci(p: dict) -> str:
+    """A `metrics.paired_speedup` as `geomean [low, high]`."""
+    return f"{p['geomean']:.3f} [{p['ci_low']:.3f}, {p['ci_high']:.3f}]"
+
+
+def nan_if_none(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
+@dataclass(frozen=True)
+class Column:
+    """A value of a comparison: `key` in the artifact's dict (unless not `recorded`), under
+    `header` in the printed table (unless None), printed by `cell`."""
+
+    key: str
+    value: Callable[[Comparison], Any]
+    header: str | None = None
+    cell: Callable[[Any], str] = number
+    recorded: bool = True
+
+
+@dataclass(frozen=True)
+class Report:
+    """A decision's layout of its comparisons (module docstring). `label`: the first printed
+    column (None: none); `printed`: the printed columns' keys in order (default: every column
+    with a header, in order), a column left out where no group has it; `order`: sorts the
+    printed rows by their values (the records keep the groups' order)."""
+
+    columns: tuple[Column, ...]
+    label: Column | None = None
+    printed: tuple[str, ...] = ()
+    order: Callable[[dict], Any] | None = None
+
+    def values(self, comparison: Comparison) -> dict[str, Any]:
+        return {c.key: c.value(comparison) for c in self.columns}
+
+    def record(self, comparison: Comparison) -> dict[str, Any]:
+        """The artifact's dict of one comparison."""
+        return self._record(self.values(comparison))
+
+    def write(self, comparisons: Sequence[Comparison]) -> tuple[list[dict], str]:
+        """The artifact's dicts of `comparisons`, and their printed table."""
+        rows = [self.values(c) for c in comparisons]
+        labels = [self.label.value(c) for c in comparisons] if self.label else None
+        return [self._record(r) for r in rows], self._table(rows, labels)
+
+    def _record(self, values: dict) -> dict:
+        return {c.key: values[c.key] for c in self.columns
+                if c.recorded and values[c.key] is not ABSENT}
+
+    def _table(self, rows: list[dict], labels: list[str] | None) -> str:
+        by_key = {c.key: c for c in self.columns}
+        keys = self.printed or tuple(c.key for c in self.columns if c.header is not None)
+        cols = [by_key[k] for k in keys if any(r[k] is not ABSENT for r in rows)]
+        order = sorted(range(len(rows)), key=lambda i: self.order(rows[i])) if self.order \
+            else range(len(rows))
+        lines = [[c.header or "" for c in cols],
+                 *([_cell(c, rows[i][c.key]) for c in cols] for i in order)]
+        widths = [max(len(line[j]) for line in lines) for j in range(len(cols))]
+        names = ([self.label.header or "", *(labels[i] for i in order)] if labels is not None
+                 else [""] * len(lines))
+        wide = max(map(len, names))
+        return "\n".join((f"{name:{wide}}  " if wide else "")
+                         + "  ".join(f"{v:>{w}}" for v, w in zip(line, widths, strict=True))
+                         for name, line in zip(names, lines, strict=True))
+
+
+def _cell(column: Column, value: Any) -> str:
+    return "-" if value is ABSENT or value is None else column.cell(value)
