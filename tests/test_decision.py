@@ -66,6 +66,9 @@ class _Trainer:
         if name == self.fail:
             raise MCSDError(f"{name} failed")
 
+    def decode(self):
+        return f"mcsd eval --methods width:{self.out}"
+
     def prepare(self):
         self._stage("prepare")
         return "data"
@@ -81,9 +84,10 @@ class _Trainer:
     def write(self, data, fitted, chosen, folder):
         chosen.save(folder)
         self._stage("write")
-        return f"mcsd eval --methods width:{self.out}"
+        return "written"
 
-    def check(self, data, chosen):
+    def check(self, data, chosen, written):
+        assert written == "written"
         self._stage("check")
         return {"checked": True}
 

@@ -60,3 +60,46 @@ def test_cli_user_errors(tmp_path, capsys):
 def test_python_m_train_help():
     r = subprocess.run([sys.executable, "-m", "train", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--cost-profile" in r.stdout
+
+
+def test_each_decision_builds_its_config_from_the_options_given():
+    import argparse
+    from pathlib import Path
+
+    import pytest
+
+    from mcsd_runtime.cli.args import add_pair_args
+    from mcsd_runtime.errors import MCSDError
+    from train.budget.config import BudgetConfig
+    from train.cli import budget_config, copy_config, resolve, width_config
+    from train.copy.config import CopyConfig
+    from train.outputs import OutputsConfig
+    from train.width.config import WidthConfig
+
+    parser = build_parser([register])
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        args = parser.parse_args(["train", *argv, "--out", "o"])
+        resolve(args)
+        return args
+
+    outputs = OutputsConfig(prompts="p", cost_profile=Path("c"))
+    copy = ("--decision", "copy", "--prompts", "p", "--cost-profile", "c")
+    assert copy_config(parsed(*copy)) == CopyConfig(Path("o"), outputs, min_ngram=1)
+    assert copy_config(parsed(*copy, "--k-config", "4,1", "--limit", "3")) == CopyConfig(
+        Path("o"), OutputsConfig(prompts="p", cost_profile=Path("c"), limit=3), "4,1",
+        min_ngram=2)
+    width = width_config(parsed("--decision", "width", "--prompts", "p", "--cost-profile", "c"))
+    assert width == WidthConfig(Path("o"), outputs) and width.k == 4
+    assert budget_config(parsed("--decision", "budget", "--runs", "r", "--cost-profile", "c")
+                         ) == BudgetConfig(Path("o"), (Path("r"),))
+    for extra, message in ((("--min-ngram", "5"), "--min-ngram"),
+                           (("--check-prompts", "2"), "name them with --eval-prompts"),
+                           (("--limit", "0"), "must be positive")):
+        with pytest.raises(MCSDError, match=message):
+            copy_config(parsed(*copy, *extra))
+    # not given, the pair's options take OutputsConfig's defaults: the parser's own
+    pair = argparse.ArgumentParser()
+    add_pair_args(pair)
+    assert vars(pair.parse_args([])) == {name: getattr(OutputsConfig, name) for name in
+                                          ("target", "draft", "device", "dtype", "attention")}

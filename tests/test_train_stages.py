@@ -108,14 +108,13 @@ def test_train_stopper_checks_options_before_any_work(tmp_path):
 
 def test_cli_builds_the_config_and_reports_bad_options(tmp_path, capsys):
     from mcsd_runtime.cli import build_parser, run_parser
-    from train.cli import register, resolve
-    from train.stop.trainer import config_from_args
+    from train.cli import register, resolve, stop_config
 
     parser = build_parser([register])
 
     def config_of(args):
         resolve(args)
-        return config_from_args(args)
+        return stop_config(args)
 
     args = parser.parse_args(["train", "--data", "x", "--out", "y"])
     assert config_of(args) == replace(TrainConfig(), check_prompts=8)

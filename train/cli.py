@@ -36,6 +36,7 @@ does not take is refused. `mcsd train --decision D --help` shows D's own documen
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from mcsd_runtime.cli.args import (
@@ -54,14 +55,19 @@ from mcsd_runtime.cli.args import (
     add_seed_arg,
     add_temperature_arg,
     add_threads_arg,
+    parse_batch_sizes,
 )
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import add_chat_arg
 from replay.data import REPLAY_MODES
+from train.budget.config import BudgetConfig
+from train.copy.config import CopyConfig
+from train.outputs import OutputsConfig
 from train.stop.config import LABEL_DOC, TRAJECTORIES, TrainConfig, default_label
+from train.width.config import WidthConfig
 
-D = TrainConfig  # the defaults, read off its fields
+D = TrainConfig  # the defaults, read off its fields (and off CopyConfig and OutputsConfig)
 DECISIONS = ("stop", "copy", "width", "budget")
 STOP_DOC = """--decision stop fits a stopper's decision model on collected runs, chooses its
 aggregation and threshold by replayed throughput on validation prompts, and writes the artifact
@@ -74,24 +80,18 @@ it (`hard`), or the product of soft acceptance probabilities min(1, p/q) along t
 (`soft`). Without --cost-profile, throughput is relative (a draft forward costs 0.1 of a target
 forward); measure one with `mcsd profile`.
 """
-# the options some decisions do not take: dest -> the decisions that take it (every other option
-# is every decision's); such an option's parser default is None, resolved per decision by `resolve`
-OUTPUTS = ("copy", "width")  # trained on the target's own outputs of --prompts
-TAKES = {
-    **dict.fromkeys(("runs", "model", "val_frac", "test_frac", "trajectory", "features",
-                     "batch_size", "max_epochs"), ("stop", "budget")),
-    **dict.fromkeys(("label", "aggregations", "replay", "decision_us", "online", "domains",
-                     "bench_latency"), ("stop",)),
-    **dict.fromkeys(("target", "draft", "device", "dtype", "attention", "prompts",
-                     "eval_prompts", "limit", "eval_limit", "max_new_tokens", "eos", "traces",
-                     "chat", "k_config"), OUTPUTS),
-    **dict.fromkeys(("max_copy", "min_ngram", "temperature", "folds"), ("copy",)),
-}
-PER_DECISION = {"k_config": {"copy": None, "width": "4"}}
+# the options each decision takes beyond every decision's (`_add_common_args`), as its config
+# names them; one that the decision does not take is refused (`resolve`)
+OPTIONS = {"stop": TrainConfig.OPTIONS, "copy": CopyConfig.OPTIONS,
+           "width": WidthConfig.OPTIONS, "budget": BudgetConfig.OPTIONS}
+# dest -> the decisions that take it; such an option's parser default is None (not given), and
+# its decision's config gives the default (`stop_config`, `budget_config`, `copy_config`,
+# `width_config`)
+TAKES = {dest: tuple(d for d in DECISIONS if dest in OPTIONS[d])
+         for dest in dict.fromkeys(o for d in DECISIONS for o in OPTIONS[d])}
 CHECK_PROMPTS = {"stop": 8}  # --check-prompts by default (the others: 0)
 RENAMED = {"train-lookup": "copy", "train-width": "width"}  # removed commands (docs/cli.md)
-_DEFAULTS: dict[str, object] = {}  # dest -> the option's own default (`add_args` records it)
-_OPTIONS: dict[str, str] = {}  # dest -> its option string
+_OPTIONS: dict[str, str] = {}  # dest -> its option string (`add_args` records it)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -266,11 +266,13 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
                               "--temperature, each output is drawn through the first depth's "
                               "mcss verification; default: the target decodes such a step "
                               "alone); width: the first depth's candidates, the widest width "
-                              "(default 4: decode on a --k-config starting with it)")
+                              f"(default {WidthConfig.k_config}: decode on a --k-config starting "
+                              "with it)")
     add_renamed(g, "--beside-draft", "--k-config", "k_config")
     add_renamed(g, "--k", "--k-config", "k_config")
-    add_max_new_tokens_arg(g, 64, "output tokens per prompt (default 64)")
-    add_eos_arg(g, "ignore", renamed=("--stop-at-eos",),
+    add_max_new_tokens_arg(g, OutputsConfig.max_new_tokens,
+                           f"output tokens per prompt (default {OutputsConfig.max_new_tokens})")
+    add_eos_arg(g, OutputsConfig.eos, renamed=("--stop-at-eos",),
                 help="stop: end each output at EOS; ignore (default): run to --max-new-tokens, "
                      "as `mcsd eval --eos ignore` decodes")
     g.add_argument("--traces", type=Path, default=None,
@@ -283,25 +285,24 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 def _add_copy_args(p: argparse.ArgumentParser) -> None:
     """The group of --decision copy."""
     g = p.add_argument_group("--decision copy")
-    g.add_argument("--max-copy", type=int, default=15,
-                   help="most tokens copied in a step (default 15)")
+    g.add_argument("--max-copy", type=int, default=CopyConfig.max_copy,
+                   help=f"most tokens copied in a step (default {CopyConfig.max_copy})")
     g.add_argument("--min-ngram", type=int, default=None,
                    help="shortest match considered (default 1, the policy deciding which short "
                         "matches pay; 2 with --k-config, where a copy after a one-token match "
                         "rarely beats the draft)")
     add_temperature_arg(g, "the temperature the policy will decode at: outputs are sampled at it "
-                           "(default 0: greedy)")
-    g.add_argument("--folds", type=int, default=5,
+                           "(default 0: greedy)", default=CopyConfig.temperature)
+    g.add_argument("--folds", type=int, default=CopyConfig.folds,
                    help="also replay the training mix out of fold: a policy fitted on the other "
-                        "folds decides each output (default 5 folds; 0: skip)")
+                        f"folds decides each output (default {CopyConfig.folds} folds; 0: skip)")
 
 
 def _defer_defaults(p: argparse.ArgumentParser) -> None:
-    """Record the own default and option string of every option some decisions do not take
-    (`TAKES`), and set its parser default to None for `resolve` to fill in per decision."""
+    """Record the option string of every option some decisions do not take (`TAKES`), and set
+    its parser default to None: not given, it takes its decision's config default."""
     for action in p._actions:
         if action.dest in TAKES and action.help is not argparse.SUPPRESS:  # not an old spelling
-            _DEFAULTS.setdefault(action.dest, action.default)
             _OPTIONS.setdefault(action.dest, action.option_strings[0])
             action.default = None
 
@@ -313,23 +314,20 @@ def add_prompt_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     p.add_argument("--eval-prompts", default=None,
                    help="held-out prompt sets to report on, split by category (e.g. "
                         "inst-mix-eval); never trained on")
-    add_limit_arg(p, "prompts per set (default 40)", default=40)
-    p.add_argument("--eval-limit", type=int, default=10,
-                   help="held-out prompts per category (default 10)")
+    add_limit_arg(p, f"prompts per set (default {OutputsConfig.limit})",
+                  default=OutputsConfig.limit)
+    p.add_argument("--eval-limit", type=int, default=OutputsConfig.eval_limit,
+                   help=f"held-out prompts per category (default {OutputsConfig.eval_limit})")
 
 
 def resolve(args: argparse.Namespace) -> str:
-    """Fill in the options of `args.decision` (default stop) that were not given, with that
-    decision's defaults; MCSDError for an option given that the decision does not take."""
+    """`args.decision` (default stop) and its --check-prompts default filled in; MCSDError for an
+    option given that the decision does not take, or one it needs that is not given."""
     decision = args.decision = args.decision or "stop"
     for dest, takes in TAKES.items():
-        value = getattr(args, dest, None)
-        if decision not in takes:
-            if value not in (None, False):
-                raise MCSDError(f"{_OPTIONS[dest]} is an option of --decision "
-                                f"{' and '.join(takes)}, not of --decision {decision}")
-        elif value is None:
-            setattr(args, dest, PER_DECISION.get(dest, {}).get(decision, _DEFAULTS[dest]))
+        if decision not in takes and getattr(args, dest, None) not in (None, False):
+            raise MCSDError(f"{_OPTIONS[dest]} is an option of --decision "
+                            f"{' and '.join(takes)}, not of --decision {decision}")
     if args.check_prompts is None:
         args.check_prompts = CHECK_PROMPTS.get(decision, 0)
     needs = {"copy": ("cost_profile", "prompts"), "width": ("cost_profile", "prompts"),
@@ -337,37 +335,106 @@ def resolve(args: argparse.Namespace) -> str:
     for dest in needs.get(decision, ()):
         if getattr(args, dest) is None:
             raise MCSDError(f"--decision {decision} needs --{dest.replace('_', '-')}")
-    if decision == "budget" and args.check_prompts:
-        raise MCSDError("--decision budget has no --check-prompts: measure it end to end with "
-                        "`mcsd eval --methods budget:PATH --batch-layout ragged --batch-depth "
-                        "row --batch-size ...`")
     return decision
 
 
+def _given(args: argparse.Namespace, names) -> dict:
+    """The options among `names` given on the command line (`resolve`d): the others are None
+    (`_defer_defaults`) and left to their config's default."""
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def _node_model(args: argparse.Namespace, *more: str) -> dict:
+    """The TrainConfig fields that --decision stop and budget share, and `more`, as given."""
+    given = _given(args, ("model", "seed", "val_frac", "test_frac", "max_epochs", "trajectory",
+                          "features", "check_prompts", *more))
+    if args.batch_size is not None:
+        given["batch_sizes"] = parse_batch_sizes(args.batch_size, "--batch-size")
+    return given
+
+
+def stop_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of `mcsd train --decision stop`'s resolved arguments; MCSDError when one
+    is invalid."""
+    given = _node_model(args, "decision_us", "online")
+    given["label"] = args.label or default_label(given.get("model", D.model))
+    if args.aggregations is not None:
+        given["aggregations"] = tuple(a.strip() for a in args.aggregations.split(",")
+                                      if a.strip())
+    if args.replay is not None:
+        given["replay_mode"] = args.replay
+    return TrainConfig(**given)
+
+
+def budget_config(args: argparse.Namespace) -> BudgetConfig:
+    """The BudgetConfig of `mcsd train --decision budget`'s resolved arguments (the node model
+    trained on the hard label); MCSDError when one is invalid."""
+    return BudgetConfig(args.out, tuple(args.runs or ()),
+                        TrainConfig(label="hard", **_node_model(args)))
+
+
+def outputs_config(args: argparse.Namespace) -> OutputsConfig:
+    """The OutputsConfig of `mcsd train --decision copy|width`'s resolved arguments."""
+    return OutputsConfig(**_given(args, [f.name for f in fields(OutputsConfig)]))
+
+
+def copy_config(args: argparse.Namespace) -> CopyConfig:
+    """The CopyConfig of `mcsd train --decision copy`'s resolved arguments; MCSDError when one
+    is invalid."""
+    return CopyConfig(args.out, outputs_config(args), **_given(args, _own_fields(CopyConfig)))
+
+
+def width_config(args: argparse.Namespace) -> WidthConfig:
+    """The WidthConfig of `mcsd train --decision width`'s resolved arguments; MCSDError when one
+    is invalid."""
+    return WidthConfig(args.out, outputs_config(args), **_given(args, _own_fields(WidthConfig)))
+
+
+def _own_fields(config: type) -> list[str]:
+    return [f.name for f in fields(config) if f.name not in ("out", "outputs")]
+
+
 def run(args: argparse.Namespace) -> int:
+    from mcsd_runtime.cli.args import apply_threads
     from train.decision import train
+    from train.stop.trainer import bench, quiet_training
 
     decision = resolve(args)
-    if decision == "copy":
-        from train.copy.trainer import CopyTrainer
-
-        return train(CopyTrainer(args), args.force)
-    if decision == "width":
-        from train.width.trainer import WidthTrainer
-
-        return train(WidthTrainer(args), args.force)
-    if decision == "budget":
-        from train.budget.trainer import from_args as budget_from_args
-        from train.stop.trainer import quiet_training
-
-        trainer = budget_from_args(args)
-        with quiet_training():
-            return train(trainer, args.force)
-    from train.stop.trainer import bench, from_args, quiet_training
-
-    if not args.runs and args.bench_latency:
+    if decision == "stop" and not args.runs and args.bench_latency:
         return bench(args.out)
-    trainer = from_args(args)
+    apply_threads(args)
+    trainer = _trainer(decision, args)
+    if decision in ("copy", "width"):
+        return train(trainer, args.force)
     with quiet_training():
         train(trainer, args.force)
     return bench(args.out) if args.bench_latency else 0
+
+
+def _trainer(decision: str, args: argparse.Namespace):
+    """The decision's trainer over its config, built from the resolved `args` (MCSDError for
+    an invalid option, before any work)."""
+    if decision == "copy":
+        from train.copy.trainer import CopyTrainer
+
+        return CopyTrainer(copy_config(args))
+    if decision == "width":
+        from train.width.trainer import WidthTrainer
+
+        return WidthTrainer(width_config(args))
+    from mcsd_runtime.extras import require_toolkit
+    from mcsd_runtime.pricing.profile import CostProfile
+
+    require_toolkit("mcsd train")
+    if decision == "budget":
+        from train.budget.trainer import BudgetTrainer
+
+        config = budget_config(args)
+        return BudgetTrainer(config, CostProfile.load(args.cost_profile))
+    from train.stop.trainer import StopTrainer
+
+    if not args.runs:
+        raise MCSDError("--runs RUN_DIR is required (or --bench-latency with an existing --out)")
+    config = stop_config(args)
+    profile = CostProfile.load(args.cost_profile) if args.cost_profile else None
+    return StopTrainer(args.out, config, profile, runs=args.runs, domains=args.domains or ())

@@ -336,14 +336,20 @@ def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def pair_from_args(args: argparse.Namespace) -> Pair:
-    from mcsd_runtime.backend.device import command_dtype, pick_device
-    from mcsd_runtime.models.pair import load_pair
+    return load_command_pair(args.target, args.draft, args.device, args.dtype, args.attention)
 
-    pick_device(args.device)  # a bad --device fails before a toy pair is built
-    target, draft = pair_paths(args)
-    return load_pair(target, draft, device=args.device,
-                     dtype=command_dtype(args.dtype, args.device),
-                     attn_implementation=args.attention)
+
+def load_command_pair(target: str, draft: str | None, device: str, dtype: str,
+                      attention: str) -> Pair:
+    """The pair that `--target`, `--draft`, `--device`, `--dtype` and `--attention` name, built
+    on first use as a command builds it (`pair_paths`)."""
+    from mcsd_runtime.backend.device import command_dtype, pick_device
+    from mcsd_runtime.models.pair import load_pair, pair_names
+
+    pick_device(device)  # a bad --device fails before a toy pair is built
+    target, draft = pair_names(target, draft, build=True)
+    return load_pair(target, draft, device=device, dtype=command_dtype(dtype, device),
+                     attn_implementation=attention)
 
 
 def decode_config_from_args(args: argparse.Namespace, **override) -> DecodeConfig:

@@ -29,8 +29,8 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import working
 from replay.result import Column, Comparison, Report, pct
+from train.budget.config import BudgetConfig
 from train.stop import pipeline as P
-from train.stop.config import TrainConfig
 
 # the training-free rules beside it
 PEERS = ("ragged static", "cumprod", "survival", "survival-online")
@@ -39,12 +39,16 @@ PROFILE_FILE = "cost.json"
 
 @dataclass
 class Runs:
+    """The collected rows and their runs' manifests, prepared as for the stopper."""
+
     prep: P.Prepared
     manifests: list[dict]
 
 
 @dataclass
 class Fitted:
+    """The node model, its provisional spec and its calibration."""
+
     fit: P.Fit
     spec: object  # the node model's ArtifactSpec
     calibration: object  # its Calibration on validation prompts
@@ -52,25 +56,26 @@ class Fitted:
 
 
 class BudgetTrainer:
-    """`train.decision.Trainer` of the learned verification budget (module docstring)."""
+    """`train.decision.Trainer` of the learned verification budget (module docstring),
+    `Trainer[Runs, Fitted, dict, None]`; `profile` prices the replay and goes into the
+    artifact."""
 
     decision = "budget"
 
-    def __init__(self, out: str | Path, config: TrainConfig, profile: CostProfile,
-                 runs: list[Path], log=print) -> None:
-        if config.label != "hard":
-            raise MCSDError("the budget reads each node's hard label (P(it and its child are "
-                            "accepted)): train it with --label hard")
+    def __init__(self, config: BudgetConfig, profile: CostProfile, log=print) -> None:
         for b in config.batch_sizes:
             profile.check_rows(b)
-        self.out, self.config, self.profile, self.runs, self.log = (
-            Path(out), config, profile, runs, log)
+        self.out, self.config, self.profile, self.log = config.out, config, profile, log
+
+    def decode(self) -> str:
+        return (f"mcsd eval --methods budget:{self.out} --batch-layout ragged "
+                f"--batch-depth row --batch-size {','.join(map(str, self.config.batch_sizes))}")
 
     def prepare(self) -> Runs:
         from replay.runs import load_runs
 
-        df, manifests = load_runs(self.runs)
-        return Runs(P.prepare(df, manifests, self.config, self.log), manifests)
+        df, manifests = load_runs(list(self.config.runs))
+        return Runs(P.prepare(df, manifests, self.config.training, self.log), manifests)
 
     def fit(self, data: Runs, folder: Path) -> Fitted:
         from mcsd_runtime.stop.learned import stopper_from
@@ -81,8 +86,8 @@ class BudgetTrainer:
         if prep.k_config is None or any(k != 1 for k in prep.k_config):
             raise MCSDError(f"the budget replays chains: collect with a chain --k-config such as "
                             f"1,1,1,1,1,1 (these runs drafted {prep.k_config})")
-        fit = P.fit(prep, self.config, folder, self.log)
-        spec = P._provisional_spec(prep, self.config, pair_fingerprint(data.manifests),
+        fit = P.fit(prep, self.config.training, folder, self.log)
+        spec = P._provisional_spec(prep, self.config.training, pair_fingerprint(data.manifests),
                                    prep.k_config, collected_prompt_format(data.manifests))
         scores = stopper_from(spec, folder).node_scores(prep.x["val"])
         calibration = fit_calibration(scores, prep.parts["val"]["label_hard"].to_numpy())
@@ -112,17 +117,15 @@ class BudgetTrainer:
                  "the best padded configuration, the learned budget's)")
         return {"batch_sizes": dict(zip(result, records, strict=True)), "replay": result}
 
-    def write(self, data: Runs, fitted: Fitted, chosen: dict, folder: Path) -> str:
-        from mcsd_runtime.stop.verify_budget import write_budget
+    def write(self, data: Runs, fitted: Fitted, chosen: dict, folder: Path) -> None:
+        from mcsd_runtime.decisions.verify_budget import write_budget
 
         fitted.spec.write(folder)
         self.profile.save(folder / PROFILE_FILE)
         write_budget(folder, fitted.calibration, PROFILE_FILE, chosen["batch_sizes"])
         P.write_json(folder / "metrics.json", {"fit": fitted.fit.metrics, **chosen})
-        return (f"mcsd eval --methods budget:{self.out} --batch-layout ragged "
-                f"--batch-depth row --batch-size {','.join(map(str, self.config.batch_sizes))}")
 
-    def check(self, data: Runs, chosen: dict) -> dict | None:
+    def check(self, data: Runs, chosen: dict, written: None) -> dict | None:
         return None
 
 
@@ -171,24 +174,4 @@ REPORT = Report(
      Column("oracle_vs_best_padded", lambda c: c.ratio(c.oracle), "oracle vs padded"),
      Column("oracle_share", lambda c: c.share(), "share", pct)),
     label=Column("label", lambda c: c.group, "learned budget"))
-
-
-def from_args(args) -> BudgetTrainer:
-    """The trainer of parsed `mcsd train --decision budget` arguments."""
-    from mcsd_runtime.cli.args import apply_threads, parse_batch_sizes
-    from mcsd_runtime.extras import require_toolkit
-
-    require_toolkit("mcsd train")
-    apply_threads(args)
-    if not args.runs:
-        raise MCSDError("--runs RUN_DIR is required: dense collections of a chain tree "
-                        "(mcsd collect --dense --k-config 1,1,1,1,1,1)")
-    if not args.cost_profile:
-        raise MCSDError("--decision budget needs --cost-profile: a profile measured at every "
-                        "--batch-size (mcsd profile --batch-size 1,4,8,16)")
-    config = TrainConfig(model=args.model, label="hard", seed=args.seed, val_frac=args.val_frac,
-                         test_frac=args.test_frac, max_epochs=args.max_epochs,
-                         trajectory=args.trajectory, features=args.features, check_prompts=0,
-                         batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
-    return BudgetTrainer(args.out, config, CostProfile.load(args.cost_profile), args.runs)
 

@@ -1,5 +1,6 @@
 """`mcsd train --decision copy`: a learned prompt-lookup copy length (`train.copy.trainer`)."""
 
+from train.copy.config import CopyConfig
 from train.copy.trainer import CopyTrainer
 
-__all__ = ["CopyTrainer"]
+__all__ = ["CopyConfig", "CopyTrainer"]

@@ -6,6 +6,7 @@ builds its parser."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from mcsd_runtime.constants import STOPPER_KINDS
 from mcsd_runtime.errors import MCSDError
@@ -57,6 +58,14 @@ class TrainConfig:
     # what the model reads: a name of stop.features.FEATURE_SETS or comma-separated
     # DECISION_FEATURES (stop.features.parse_feature_set)
     features: str = "all"
+    # the `mcsd train` options that only some decisions take and --decision stop takes: these
+    # fields (`replay` is replay_mode, `batch_size` batch_sizes, `label` defaults by the
+    # model: `default_label`), and the run folders (`runs`), other domains (`domains`) and the
+    # latency benchmark (`bench_latency`) of the command
+    OPTIONS: ClassVar[tuple[str, ...]] = (
+        "runs", "model", "label", "val_frac", "test_frac", "aggregations", "replay",
+        "trajectory", "features", "decision_us", "batch_size", "online", "max_epochs",
+        "domains", "bench_latency")
 
     def __post_init__(self) -> None:
         if self.model not in STOPPER_KINDS:

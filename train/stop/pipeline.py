@@ -4,9 +4,9 @@ replay-chosen threshold and aggregation -> artifact folder -> end-to-end check.
 
     prep = prepare(df, manifests, config)             # labels, trajectory, split, arrays
     fitted = fit(prep, config, out)                   # model files in `out`, node-level metrics
-    choice = choose(prep, manifests, out, config)     # latency, replay sweep, peers, headline
+    choice = choose(prep, manifests, fitted.folder, config)  # latency, replay, peers, headline
     summary = write(prep, fitted, choice, manifests, out, config)  # plots, metrics, stopper.json
-    checks = replay_checks(choice, final, manifests, config, summary)  # decoded end to end
+    checks = replay_checks(choice, final, manifests, config)  # decoded end to end
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ class Fit:
     metrics: dict  # "test"/"val" -> report.classification_metrics
     calibration: dict  # on test
     importance: dict | None  # on test rows; None for mlp-hidden (its inputs are hidden states)
+    folder: Path  # where its model files are
 
 
 def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) -> Fit:
@@ -176,7 +177,7 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
     log(f"fit {fit_s:.1f}s; held-out ROC-AUC {metrics['test'].get('roc_auc', float('nan')):.3f} "
         f"PR-AUC {metrics['test'].get('pr_auc', float('nan')):.3f} "
         f"(positive rate {metrics['test']['positive_rate']:.3f})")
-    return Fit(model, fit_s, metrics, report.calibration(y_te_hard, p_te), importance)
+    return Fit(model, fit_s, metrics, report.calibration(y_te_hard, p_te), importance, out)
 
 
 # ------------------------------------------------------------------ 3. choose
@@ -572,9 +573,9 @@ def write(prep: Prepared, fitted: Fit, choice: Choice, manifests: list[dict], ou
 
 
 def replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
-                  config: TrainConfig, summary: dict, log: Log = print) -> None:
+                  config: TrainConfig, log: Log = print) -> dict:
     """The end-to-end check of replay against decoding (config.check_prompts test prompts) at
-    batch size 1 and each larger one, into `summary`."""
+    batch size 1 (`replay_check`) and each larger one (`batches`: by size, as a string)."""
     from replay.check import format_check
     from replay.check import stopper_check as end_to_end_check
 
@@ -585,7 +586,7 @@ def replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
     check = end_to_end_check(test, manifests, profile, stoppers, limit=config.check_prompts,
                              decision_s={"learned": choice.decision_s}, progress=config.progress)
     log(format_check(check))
-    summary["replay_check"] = check
+    checks: dict = {"replay_check": check, "batches": {}}
     row_s = choice.latency.get("batch_row_us", 0.0) * 1e-6
     for b in choice.batches:  # the same prompts decoded together, 3 rounds per size
         check = end_to_end_check(test, manifests, profile, stoppers, limit=config.check_prompts,
@@ -593,4 +594,5 @@ def replay_checks(choice: Choice, final: LearnedStopper, manifests: list[dict],
                                  decision_s={"learned": choice.decision_s},
                                  decision_row_s={"learned": row_s}, progress=config.progress)
         log(format_check(check))
-        summary["batches"][str(b)]["replay_check"] = check
+        checks["batches"][str(b)] = check
+    return checks

@@ -14,25 +14,27 @@ from typing import Any
 
 import pandas as pd
 
-from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from train.decision import run_stages
 from train.stop import pipeline as P
-from train.stop.config import TrainConfig, default_label
+from train.stop.config import TrainConfig
 
 
 @dataclass
 class Runs:
-    """The collected rows and their runs' manifests, prepared (`pipeline.prepare`)."""
+    """The collected rows and their runs' manifests, prepared (`pipeline.prepare`), and when
+    the run started (time.perf_counter(), for metrics.json's elapsed_s)."""
 
     prep: P.Prepared
     manifests: list[dict]
+    started: float
 
 
 class StopTrainer:
-    """`train.decision.Trainer` of the depth stopper: collected rows (`df` and `manifests`, or
-    the run folders `runs`) in, a stopper folder out. `domains`: run folders of other domains
-    replayed by the check (`train.stop.domains`)."""
+    """`train.decision.Trainer` of the depth stopper, `Trainer[Runs, pipeline.Fit,
+    pipeline.Choice, dict]` (write gives the summary, metrics.json): collected rows (`df` and
+    `manifests`, or the run folders `runs`) in, a stopper folder out. `domains`: run folders of
+    other domains replayed by the check (`train.stop.domains`)."""
 
     decision = "stop"
 
@@ -43,7 +45,9 @@ class StopTrainer:
         P.check_batch_sizes(config, profile)
         self.out, self.config, self.profile, self.log = Path(out), config, profile, log
         self.runs, self.df, self.manifests, self.domains = runs, df, manifests, domains
-        self.summary: dict = {}
+
+    def decode(self) -> str:
+        return f"mcsd eval --methods stopper:{self.out}"
 
     def prepare(self) -> Runs:
         from replay.runs import load_runs
@@ -51,59 +55,71 @@ class StopTrainer:
         df, manifests = self.df, self.manifests
         if df is None:
             df, manifests = load_runs(self.runs, hidden=self.config.hidden)
-        self.started = time.perf_counter()
-        return Runs(P.prepare(df, manifests or [], self.config, self.log), manifests or [])
+        started = time.perf_counter()
+        return Runs(P.prepare(df, manifests or [], self.config, self.log), manifests or [],
+                    started)
 
     def fit(self, data: Runs, folder: Path) -> P.Fit:
-        self.folder = folder
         return P.fit(data.prep, self.config, folder, self.log)
 
     def choose(self, data: Runs, fitted: P.Fit) -> P.Choice:
-        return P.choose(data.prep, data.manifests, self.folder, self.config, self.profile,
+        return P.choose(data.prep, data.manifests, fitted.folder, self.config, self.profile,
                         self.log)
 
-    def write(self, data: Runs, fitted: P.Fit, chosen: P.Choice, folder: Path) -> str:
-        self.summary = P.write(data.prep, fitted, chosen, data.manifests, folder, self.config,
-                               self.log, self.started)
-        self.log(f"decision latency {self.summary['latency']['median_us']:.0f} µs at frontier 16")
-        return f"mcsd eval --methods stopper:{self.out}"
+    def write(self, data: Runs, fitted: P.Fit, chosen: P.Choice, folder: Path) -> dict:
+        """The artifact's files; returns the summary (metrics.json)."""
+        summary = P.write(data.prep, fitted, chosen, data.manifests, folder, self.config,
+                          self.log, data.started)
+        self.log(f"decision latency {summary['latency']['median_us']:.0f} µs at frontier 16")
+        return summary
 
-    def check(self, data: Runs, chosen: P.Choice) -> dict | None:
+    def check(self, data: Runs, chosen: P.Choice, summary: dict) -> dict | None:
         """The end-to-end check (config.check_prompts, with a measured profile) and the other
-        domains' replay (`domains`), into metrics.json; None when neither ran."""
-        from mcsd_runtime.stop.learned import load_stopper
+        domains' replay (`domains`), added to metrics.json (`with_checks`); None when neither
+        ran."""
+        from mcsd_runtime.decisions.learned import load_stopper
 
-        c, summary = self.config, self.summary
+        c = self.config
         ran = {}
         if c.check_prompts and chosen.measured and not c.hidden:
-            P.replay_checks(chosen, load_stopper(self.out), data.manifests, c, summary, self.log)
-            ran["replay_check"] = summary["replay_check"]
-            ran["batches"] = {b: v["replay_check"] for b, v in summary.get("batches", {}).items()
-                              if "replay_check" in v}
+            ran |= P.replay_checks(chosen, load_stopper(self.out), data.manifests, c, self.log)
         if self.domains:
-            ran["domains"] = self._check_domains()
+            ran["domains"] = self._check_domains(summary)
         if ran:
-            P.write_json(self.out / "metrics.json", summary)
+            P.write_json(self.out / "metrics.json", with_checks(summary, ran))
         return ran or None
 
-    def _check_domains(self) -> dict:
-        """The stopper's figures on other domains, into the summary, with their reliability
-        plot."""
-        from mcsd_runtime.stop.learned import load_stopper
+    def _check_domains(self, summary: dict) -> dict:
+        """The stopper's figures on other domains (beside those of the training `summary`),
+        with their reliability plot."""
+        from mcsd_runtime.decisions.learned import load_stopper
         from train.stop import report
         from train.stop.domains import check_domains, format_domains
 
-        summary = self.summary
         domains = check_domains(self.domains, load_stopper(self.out), summary,
                                 self.profile or CostProfile.relative())
         self.log(format_domains(domains))
-        summary["domains"] = domains
         curves = {"training (test prompts)": summary["calibration"]}
         curves |= {f"{name} (ECE {d['ece']:.3f})": d["calibration"]
                    for name, d in domains.items()}
         report.plot_calibration(curves, "reliability of node scores by domain",
                                 self.out / "calibration_domains.png")
         return domains
+
+
+def with_checks(summary: dict, ran: dict) -> dict:
+    """The summary (metrics.json) with the checks that `StopTrainer.check` ran: the end-to-end
+    check at batch size 1 (`replay_check`) and at each larger one (in its `batches` entry), and
+    the other domains (`domains`)."""
+    summary = dict(summary)
+    if "replay_check" in ran:
+        if "batches" in summary:  # in place: its entries keep their order
+            summary["batches"] = {b: v | {"replay_check": ran["batches"][b]}
+                                  for b, v in summary["batches"].items()}
+        summary["replay_check"] = ran["replay_check"]
+    if "domains" in ran:
+        summary["domains"] = ran["domains"]
+    return summary
 
 
 def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
@@ -117,40 +133,8 @@ def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
     config = replace(config, **options) if config else TrainConfig(**options)
     trainer = StopTrainer(out, config, profile, log, df=df, manifests=manifests)
     trainer.out.mkdir(parents=True, exist_ok=True)
-    data, chosen, _ = run_stages(trainer, trainer.out)
-    trainer.check(data, chosen)
-    return trainer.summary
-
-
-def config_from_args(args) -> TrainConfig:
-    """The TrainConfig of parsed `mcsd train --decision stop` arguments, resolved
-    (`train.cli.resolve`); MCSDError when one is invalid."""
-    from mcsd_runtime.cli.args import parse_batch_sizes
-
-    aggs = (None if args.aggregations is None
-            else tuple(a.strip() for a in args.aggregations.split(",") if a.strip()))
-    return TrainConfig(model=args.model, label=args.label or default_label(args.model),
-                       seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac,
-                       aggregations=aggs, replay_mode=args.replay, max_epochs=args.max_epochs,
-                       trajectory=args.trajectory, decision_us=args.decision_us,
-                       check_prompts=args.check_prompts, online=args.online,
-                       features=args.features,
-                       batch_sizes=parse_batch_sizes(args.batch_size, "--batch-size"))
-
-
-def from_args(args) -> StopTrainer:
-    """The trainer of parsed `mcsd train --decision stop` arguments (MCSDError when one is
-    invalid)."""
-    from mcsd_runtime.cli.args import apply_threads
-    from mcsd_runtime.extras import require_toolkit
-
-    require_toolkit("mcsd train")
-    apply_threads(args)
-    if not args.runs:
-        raise MCSDError("--runs RUN_DIR is required (or --bench-latency with an existing --out)")
-    profile = CostProfile.load(args.cost_profile) if args.cost_profile else None
-    return StopTrainer(args.out, config_from_args(args), profile, runs=args.runs,
-                       domains=args.domains)
+    data, chosen, summary = run_stages(trainer, trainer.out)
+    return with_checks(summary, trainer.check(data, chosen, summary) or {})
 
 
 @contextlib.contextmanager
@@ -169,7 +153,7 @@ def quiet_training():
 def bench(out: Path) -> int:
     """Print the decision latency of the stopper in `out` at frontiers of 4, 16 and 64 nodes."""
     from mcsd_runtime.costmodel.decision_cost import bench_latency
-    from mcsd_runtime.stop.learned import load_stopper
+    from mcsd_runtime.decisions.learned import load_stopper
 
     stopper = load_stopper(out)
     size = stopper.spec.hidden_size if stopper.needs_hidden else None

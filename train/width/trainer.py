@@ -10,12 +10,15 @@ for.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mcsd_runtime.errors import MCSDError
-from train.outputs import Outputs, check_counts, load_profile, prepare_outputs
+from train.outputs import Outputs, load_profile, prepare_outputs
+from train.width.config import WidthConfig
+
+if TYPE_CHECKING:
+    from mcsd_runtime.decisions.width import WidthPolicy
 
 
 @dataclass
@@ -30,37 +33,30 @@ class Ranked:
 
 
 class WidthTrainer:
-    """`train.decision.Trainer` of the width."""
+    """`train.decision.Trainer` of the width: `Trainer[Ranked, tuple[WidthPolicy, dict],
+    list[dict], None]` (the policy and its training facts; the replayed report)."""
 
     decision = "width"
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, config: WidthConfig) -> None:
         from mcsd_runtime.extras import require_toolkit
-        from mcsd_runtime.tree import parse_k_config
 
         require_toolkit("mcsd train --decision width", "sklearn")
-        self.k = parse_k_config(args.k_config)[0]
-        check_counts(args)
-        if self.k < 2:
-            raise MCSDError("the first depth of --k-config must be at least 2 (one candidate "
-                            "leaves nothing to choose)")
-        if args.check_prompts < 0:
-            raise MCSDError("--check-prompts must be >= 0 (0: no check)")
-        if args.check_prompts and not args.eval_prompts:
-            raise MCSDError("--check-prompts decodes held-out prompts: name them with "
-                            "--eval-prompts")
-        self.args, self.out = args, args.out
+        self.config, self.out, self.k = config, config.out, config.k
+
+    def decode(self) -> str:
+        return f"mcsd eval --methods width:{self.out} --k-config {self.config.k_config}"
 
     def prepare(self) -> Ranked:
         from collect.outputs import draft_ranks
 
-        a, k = self.args, self.k
-        profile = load_profile(a, k + 1, f"verifying {k} candidates takes {k + 1}")
+        o, k = self.config.outputs, self.k
+        profile = load_profile(o, k + 1, f"verifying {k} candidates takes {k + 1}")
         if not any(" width " in name for name in profile.static.get("tokens_per_s", {})):
-            print(f"note: --cost-profile {a.cost_profile} timed forwards of 2..{k} tokens in "
+            print(f"note: --cost-profile {o.cost_profile} timed forwards of 2..{k} tokens in "
                   f"isolation, not in the decoder, and the widths trade exactly those: measure "
                   f"it with `mcsd profile --widths`", flush=True)
-        data = prepare_outputs(a, profile)
+        data = prepare_outputs(o, profile)
         ranked = {name: draft_ranks(data.pair, traces, k, desc=f"draft candidates: {name}")
                   for name, traces in data.traces.items()}
         data = Ranked(data, ranked)
@@ -69,12 +65,12 @@ class WidthTrainer:
               flush=True)
         return data
 
-    def fit(self, data: Ranked, folder: Path):
+    def fit(self, data: Ranked, folder: Path) -> tuple[WidthPolicy, dict]:
         from train.width.fit import fit
 
         return fit(data.training(), data.outputs.profile, self.k)
 
-    def choose(self, data: Ranked, fitted) -> list[dict]:
+    def choose(self, data: Ranked, fitted: tuple[WidthPolicy, dict]) -> list[dict]:
         """The policy chooses by its tuned rate; this replays it (the report)."""
         from replay.width import WidthReplay, compare, write_report
 
@@ -85,25 +81,26 @@ class WidthTrainer:
         print(text)
         return report
 
-    def write(self, data: Ranked, fitted, chosen: list[dict], folder: Path) -> str:
-        a, (policy, facts) = self.args, fitted
-        policy.trained = {"training": facts, "prompts": a.prompts, "target": a.target,
+    def write(self, data: Ranked, fitted: tuple[WidthPolicy, dict], chosen: list[dict],
+              folder: Path) -> None:
+        o, (policy, facts) = self.config.outputs, fitted
+        policy.trained = {"training": facts, "prompts": o.prompts, "target": o.target,
                           "draft": str(data.outputs.pair.draft_name),
-                          "profile": str(a.cost_profile), "max_new_tokens": a.max_new_tokens,
+                          "profile": str(o.cost_profile), "max_new_tokens": o.max_new_tokens,
                           "report": chosen}
         policy.save(folder)
-        return f"mcsd eval --methods width:{self.out} --k-config {a.k_config}"
 
-    def check(self, data: Ranked, chosen: list[dict]) -> dict | None:
-        if not self.args.check_prompts:
+    def check(self, data: Ranked, chosen: list[dict], written: None) -> dict | None:
+        c = self.config
+        if not c.check_prompts:
             return None
-        from mcsd_runtime.stop.width import WidthPolicy
+        from mcsd_runtime.decisions.width import WidthPolicy
         from replay.check import format_check, width_check
 
         out = data.outputs
         held = list(out.eval_domains)
         check = width_check(out.pair, WidthPolicy.load(self.out),
                             {n: out.traces[n] for n in held}, {n: data.ranked[n] for n in held},
-                            out.profile, self.args.check_prompts, self.args.seed, progress=True)
+                            out.profile, c.check_prompts, c.outputs.seed, progress=True)
         print(format_check(check))
         return check
