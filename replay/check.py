@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 from collect.outputs import Ranked, Trace
 from mcsd_runtime import metrics
+from mcsd_runtime.decisions.copy_length import CopyLength
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import progress as progress_bar
 from mcsd_runtime.prompts.chat import chat_mode_of, encode_prompt
 from mcsd_runtime.prompts.domains import Prompt
-from mcsd_runtime.stop.copy_length import CopyLength
-from mcsd_runtime.stop.width import WidthPolicy
 from replay import data as D
 from replay.copy import BESIDE, Replay, copy_all, never
 from replay.runs import sequence_parts
@@ -357,10 +357,10 @@ def width_check(pair, policy: WidthPolicy, traces: dict[str, list[Trace]],
     same steps."""
     from dataclasses import replace
 
+    from mcsd_runtime.decisions.builtin import make_stopper
     from mcsd_runtime.decode.decoder import MCSDDecoder
     from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.evaluate.runners import build_method
-    from mcsd_runtime.stop.builtin import make_stopper
     from replay.width import WidthReplay, learned, static
 
     k = policy.k

@@ -16,10 +16,10 @@ from dataclasses import replace
 import numpy as np
 
 from collect.outputs import Trace
+from mcsd_runtime.decisions.copy_length import CopyHistory, drafted_step, features
 from mcsd_runtime.lookup import Match, find_match
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import copy_outcome, step_outcome
-from mcsd_runtime.stop.copy_length import CopyHistory, drafted_step, features
 from replay.result import ABSENT, Column, Comparison, Report, ci, pct
 
 BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--k-config`)

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import (
+from mcsd_runtime.decisions.features import (
     FEATURE_NAMES,
     NODE_FEATURES,
     decision_from_nodes,
     with_trajectory,
 )
+from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import KConfig, Tree, parse_k_config
 from replay.runs import SEQUENCE_KEY, sequence_ids
 
@@ -45,7 +45,7 @@ class Prompt:
 
 
 class _Frontier:
-    """`mcsd_runtime.stop.contract.Frontier` served from collected rows. Replay's own stoppers
+    """`mcsd_runtime.decisions.contract.Frontier` served from collected rows. Replay's own stoppers
     also read `key` (prompt, position, depth) and `oracle_accepted` (the step's accepted
     length); `read` records whether the stopper looked at the nodes (a decision costs time only
     then)."""

@@ -35,6 +35,9 @@ import copy
 from dataclasses import asdict, dataclass
 
 from mcsd_runtime import metrics
+from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.contract import Stopper
+from mcsd_runtime.decisions.features import Trajectory
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import (
@@ -43,9 +46,6 @@ from mcsd_runtime.pricing.step_model import (
     step_forwards,
     step_outcome,
 )
-from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.contract import Stopper
-from mcsd_runtime.stop.features import Trajectory
 from mcsd_runtime.tree import Tree
 from replay.data import NO_NODES, Prompt, ReplayData, Step, _Frontier
 from replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan

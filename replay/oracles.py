@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from mcsd_runtime import metrics
+from mcsd_runtime.decisions.contract import StopperBase
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import (
@@ -24,7 +25,6 @@ from mcsd_runtime.pricing.step_model import (
     StepOutcome,
     step_outcome,
 )
-from mcsd_runtime.stop.contract import StopperBase
 from mcsd_runtime.tree import Tree
 from replay.data import Prompt, ReplayData, _Frontier
 

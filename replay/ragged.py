@@ -14,7 +14,7 @@ Rules (`make_rule`):
 - `static:S` — every row drafts and verifies min(S, its cap) (per-row static depth, ragged);
 - `cumprod:T` — each row runs its own `CumprodStopper` (draft one more depth while the path's
   draft probability is at least 1 - T) and verifies what it drafted;
-- `survival:Q` — the verification budget of `mcsd_runtime.stop.budget` with a node's survival
+- `survival:Q` — the verification budget of `mcsd_runtime.decisions.budget` with a node's survival
   the cumulative draft probability to the power Q; before depth 1 a row's predicted acceptance
   is its recent acceptance rate (`Trajectory`), before depth d > 1 the draft probability of its
   depth d - 1 token to the power Q;
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.contract import StepStart, StopperBase
+from mcsd_runtime.decisions.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
-from mcsd_runtime.stop.builtin import make_stopper
-from mcsd_runtime.stop.contract import StepStart, StopperBase
-from mcsd_runtime.stop.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
 from mcsd_runtime.tree import Tree
 from replay.data import ReplayData
 from replay.depth import ReplayResult, _frontier, _Row, replay
@@ -118,7 +118,7 @@ class Truth:
 
 
 class Budget:
-    """The verification budget (`mcsd_runtime.stop.verify_budget.VerifyBudget`) asked as the
+    """The verification budget (`mcsd_runtime.decisions.verify_budget.VerifyBudget`) asked as the
     decoder asks it, through its batch members, with the replayed rows' frontiers: the same
     decisions on the same steps, for any of its estimates (the truth included)."""
 

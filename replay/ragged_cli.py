@@ -10,7 +10,7 @@ setting, with its ratio to AR and to the best padded static depth:
   forward priced as rows x widest (`replay.depth`);
 - `ragged static`, `cumprod`, `survival`: per-row depths in ragged batches (a forward priced
   by its total tokens, `CostProfile.ragged_step_seconds`): the same depth for every row,
-  each row's own cumprod stopper, the verification budget of `mcsd_runtime.stop.budget` on
+  each row's own cumprod stopper, the verification budget of `mcsd_runtime.decisions.budget` on
   the cumulative draft probability;
 - `oracle-budget`: the budget rule fed the truth (survival 1 up to the accepted length);
 - `oracle`: each row verifies exactly what it will accept and drafts nothing when that is

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mcsd_runtime.decisions.features import FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import combine_formats
-from mcsd_runtime.stop.features import FEATURE_NAMES, SCHEMA_VERSION
 from mcsd_runtime.tree import KConfig, parse_k_config
 
 NEEDED = ("run_id", "prompt_id", "step", "position", "node", "parent", "init",

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from mcsd_runtime.decisions.contract import StopperBase
+from mcsd_runtime.decisions.expected_rate import Calibration, rate_thresholds
+from mcsd_runtime.decisions.learned import LearnedStopper
+from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.contract import StopperBase
-from mcsd_runtime.stop.expected_rate import Calibration, rate_thresholds
-from mcsd_runtime.stop.learned import LearnedStopper
-from mcsd_runtime.stop.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from replay.data import ReplayData, _Frontier
 from replay.depth import ReplayResult, replay
 
@@ -62,7 +62,7 @@ def row_thresholds(row_aggregation: str, batch_size: int, thresholds=THRESHOLDS)
 
 
 # skip rates tried for the chosen setting (0: a draft at every step), beside the profile's
-# break-even rate (`mcsd_runtime.stop.skip.break_even_rate`), and the probe intervals
+# break-even rate (`mcsd_runtime.decisions.skip.break_even_rate`), and the probe intervals
 SKIP_RATES = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 SKIP_PROBES = (4, 8, 16, 32, 64)
 
@@ -176,7 +176,7 @@ def sweep_online(data: ReplayData, learned, profile: CostProfile | None, chosen:
                  decision_s: float = 0.0, strengths=ONLINE_STRENGTHS,
                  calibration: Calibration | None = None) -> list[dict]:
     """Replay the chosen setting (threshold or expected-throughput rule, skips included) with
-    per-sequence recalibration (`mcsd_runtime.stop.online`) at every prior strength, at batch
+    per-sequence recalibration (`mcsd_runtime.decisions.online`) at every prior strength, at batch
     size 1."""
     cache: dict = {}
     keep = _kept(chosen, "aggregation", "threshold", "min_depth", "min_depth_gate", "skip_rate",
@@ -195,7 +195,7 @@ RATE_FACTORS = (0.8, 0.9, 1.1, 1.25)
 def sweep_rates(data: ReplayData, learned, profile: CostProfile | None, chosen: dict,
                 calibration: Calibration | None, decision_s: float = 0.0, iterations: int = 5,
                 factors=RATE_FACTORS) -> list[dict]:
-    """The expected-throughput rule (`mcsd_runtime.stop.expected_rate`: calibrated node scores
+    """The expected-throughput rule (`mcsd_runtime.decisions.expected_rate`: calibrated node scores
     summed, a threshold per depth of λ × the profile's marginal seconds) with `chosen`'s skip
     setting, at batch size 1: λ starts at autoregressive decoding's replayed throughput and
     becomes the rule's own throughput until it settles (Dinkelbach), then `factors` of the

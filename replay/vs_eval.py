@@ -62,7 +62,7 @@ def replay_method(spec: str):
     if spec == "ar":
         return NeverDraft(), 0.0
     if spec.startswith("stopper:"):
-        from mcsd_runtime.stop.learned import load_stopper
+        from mcsd_runtime.decisions.learned import load_stopper
 
         folder = Path(spec.partition(":")[2])
         metrics = folder / "metrics.json"

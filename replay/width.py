@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from collect.outputs import Ranked
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
-from mcsd_runtime.stop.width import WidthPolicy
 from mcsd_runtime.tree import Tree
 from replay.result import Column, Comparison, Report, ci, pct
 

@@ -131,7 +131,7 @@ def decision_doc(decision: str) -> str:
     if decision == "stop":
         return STOP_DOC
     if decision == "budget":
-        from mcsd_runtime.stop import verify_budget
+        from mcsd_runtime.decisions import verify_budget
         from train.budget import trainer
 
         return f"{trainer.__doc__}\n{verify_budget.__doc__}"
@@ -141,7 +141,7 @@ def decision_doc(decision: str) -> str:
         from train.copy import fit
 
         return f"{copy.__doc__}\n{fit.__doc__}\n{replay_copy.__doc__}"
-    from mcsd_runtime.stop import width as runtime_width
+    from mcsd_runtime.decisions import width as runtime_width
     from replay import width as replay_width
     from train import width
 
@@ -208,7 +208,7 @@ def _add_stop_model_args(g: argparse._ArgumentGroup) -> None:
                    help=f"test prompts (default {D.test_frac})")
     g.add_argument("--aggregations", default=D.aggregations,
                    help="frontier aggregations to try, comma-separated (default: all that "
-                        "mcsd_runtime.stop.learned.AGGREGATIONS defines)")
+                        "mcsd_runtime.decisions.learned.AGGREGATIONS defines)")
     g.add_argument("--replay", default=D.replay_mode, choices=REPLAY_MODES,
                    help="exact walk (dense greedy runs) or per-step estimate (default: "
                         f"{D.replay_mode})")
@@ -220,7 +220,7 @@ def _add_stop_model_args(g: argparse._ArgumentGroup) -> None:
                    help="what the model reads: all (default), node (the draft's features "
                         "only, not the run's history: tokens generated, previous and recent "
                         "acceptance), or comma-separated names of "
-                        "mcsd_runtime.stop.features.DECISION_FEATURES")
+                        "mcsd_runtime.decisions.features.DECISION_FEATURES")
 
 
 def _add_stop_replay_args(g: argparse._ArgumentGroup) -> None:
@@ -238,9 +238,9 @@ def _add_stop_replay_args(g: argparse._ArgumentGroup) -> None:
                        default=",".join(map(str, D.batch_sizes)))
     g.add_argument("--online", action="store_true",
                    help="also try per-sequence recalibration from the acceptances seen "
-                        "(mcsd_runtime.stop.online), kept where it replays faster on validation "
-                        "prompts (stopper.json `online_strength`; off by default: at parity end "
-                        "to end on the real pair)")
+                        "(mcsd_runtime.decisions.online), kept where it replays faster on "
+                        "validation prompts (stopper.json `online_strength`; off by default: at "
+                        "parity end to end on the real pair)")
     g.add_argument("--max-epochs", type=int, default=D.max_epochs,
                    help="MLP epochs cap (default: train.stop.config.MLP_EPOCHS)")
     g.add_argument("--domains", nargs="+", type=Path, default=[], metavar="RUN_DIR",

@@ -316,7 +316,7 @@ def _load_draft(out: Path):
 def _metrics(data, chat: dict, text: dict, reduced, recipe: DistillRecipe) -> dict:
     """The card's `metrics`: the draft's held-out agreement on chat and text, and what share
     of held-out chat tokens its reduced head covers."""
-    from mcsd_runtime.distill.metrics import coverage
+    from mcsd_runtime.distill.agreement import coverage
 
     return {"heldout_chat": chat, "heldout_text": text,
             "vocab_coverage_chat": coverage(
@@ -334,8 +334,8 @@ def _measure(draft, target, data, recipe: DistillRecipe, pad: int, context: torc
              progress: bool) -> tuple[dict, dict, tuple[float, float]]:
     """The draft's agreement with the target on the held-out chat and text, and the one-thread
     latencies (ms) of a target and a draft forward."""
+    from mcsd_runtime.distill.agreement import agreement
     from mcsd_runtime.distill.feature_train import feature_agreement
-    from mcsd_runtime.distill.metrics import agreement
     from mcsd_runtime.progress import working
     from mcsd_runtime.toy.build import decode_latency_ms
     from mcsd_runtime.toy.training import torch_threads

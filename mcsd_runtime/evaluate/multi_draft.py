@@ -218,8 +218,8 @@ def run_drafts(run: DraftsRun, methods: list[str], base,
     report in its own subfolder (or in `run.out` for one set), then drafts.md / drafts.json.
     `settings_of(pair, prompts=, n_prompts=[, prompt_format=])` gives a run's settings (eval's).
     A categorized prompt set gives one domain per category, as in eval."""
+    from mcsd_runtime.evaluate.eval_report import check_writable, short_table, write_outputs
     from mcsd_runtime.evaluate.methods import check_prompt_formats
-    from mcsd_runtime.evaluate.report import check_writable, short_table, write_outputs
     from mcsd_runtime.evaluate.stats import summarize
     from mcsd_runtime.paths import runs_dir
     from mcsd_runtime.prompts.sets import load_domains

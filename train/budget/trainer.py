@@ -1,5 +1,5 @@
 """`mcsd train --decision budget`: the verification budget of a ragged batch
-(`mcsd_runtime.stop.verify_budget`) with a learned node model, trained by the stages every
+(`mcsd_runtime.decisions.verify_budget`) with a learned node model, trained by the stages every
 decision runs (`train.decision`).
 
 - **prepare**: the collected runs (a dense greedy collection of a chain tree: the budget's
@@ -78,7 +78,7 @@ class BudgetTrainer:
         return Runs(P.prepare(df, manifests, self.config.training, self.log), manifests)
 
     def fit(self, data: Runs, folder: Path) -> Fitted:
-        from mcsd_runtime.stop.learned import stopper_from
+        from mcsd_runtime.decisions.learned import stopper_from
         from replay.runs import collected_prompt_format, pair_fingerprint
         from train.stop.calibrate import fit_calibration
 
@@ -95,8 +95,8 @@ class BudgetTrainer:
 
     def choose(self, data: Runs, fitted: Fitted) -> dict:
         """The replayed report (module docstring), printed."""
-        from mcsd_runtime.stop.learned import stopper_from
-        from mcsd_runtime.stop.verify_budget import LearnedSurvival
+        from mcsd_runtime.decisions.learned import stopper_from
+        from mcsd_runtime.decisions.verify_budget import LearnedSurvival
         from replay import ragged as RG
 
         stopper = stopper_from(fitted.spec, fitted.folder)

@@ -1,4 +1,4 @@
-"""Training a learned prompt-lookup copy length (`mcsd_runtime.stop.copy_length`).
+"""Training a learned prompt-lookup copy length (`mcsd_runtime.decisions.copy_length`).
 
 The model's rows come from walking each of the target's outputs (`collect.outputs`) under a few
 fixed copy rules (`replay.copy`: every length of each match visited, labelled "accepted at least
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from collect.outputs import Trace
+from mcsd_runtime.decisions.copy_length import FEATURES, CopyLength
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.progress import working
-from mcsd_runtime.stop.copy_length import FEATURES, CopyLength
 from replay.copy import Replay, copy_all, long_matches_only
 
 RATE_ROUNDS = 4

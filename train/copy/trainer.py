@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.progress import working
 from replay.copy import BESIDE, DEPLOY, compare, draft_step_costs, step_costs, write_report
 from replay.result import Comparison
 from train.copy import fit as fitting
@@ -102,8 +103,9 @@ class CopyTrainer:
     def choose(self, data: Priced, fitted: Fitted) -> dict:
         """The policy chooses by its tuned rate; this replays it (the report)."""
         policy, a = fitted.policy, self.config
-        domains = {name: compare(policy, data.costs, outs, name, name in data.train_domains)
-                   for name, outs in data.traces.items()}
+        with working(f"replaying the copy length and its peers on {len(data.traces)} sets"):
+            domains = {name: compare(policy, data.costs, outs, name, name in data.train_domains)
+                       for name, outs in data.traces.items()}
         train = data.training()
         mix = mix_comparison(policy, data.costs, train,
                              [domains[n] for n in data.train_domains],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcsd_runtime.stop.expected_rate import Calibration
+from mcsd_runtime.decisions.expected_rate import Calibration
 
 
 def fit_calibration(scores: np.ndarray, labels: np.ndarray) -> Calibration:

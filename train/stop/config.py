@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mcsd_runtime.constants import STOPPER_KINDS
+from mcsd_runtime.decisions.features import parse_feature_set
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.stop.features import parse_feature_set
 from replay.data import REPLAY_MODES
 
 LABEL_DOC = {
@@ -98,7 +98,8 @@ class TrainConfig:
             raise MCSDError(f"batch sizes must be positive integers, got {self.batch_sizes!r}")
         object.__setattr__(self, "batch_sizes", tuple(sorted({1, *sizes})))
         if self.aggregations is not None:
-            from mcsd_runtime.stop.aggregation import AGGREGATIONS  # imports torch: only when given
+            # imports torch: only when given
+            from mcsd_runtime.decisions.aggregation import AGGREGATIONS
 
             aggs = tuple(self.aggregations)
             bad = [a for a in aggs if a not in AGGREGATIONS]

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 import replay as R
+from mcsd_runtime.decisions.features import DECISION_FEATURES
 from mcsd_runtime.metrics import oracle_share
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.features import DECISION_FEATURES
 from replay.runs import load_runs, output_lengths
 from train.stop import labels as L
 from train.stop import report

@@ -21,8 +21,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES, Trajectory
 from mcsd_runtime.pricing.step_model import step_outcome
-from mcsd_runtime.stop.features import TRAJECTORY_FEATURES, Trajectory
 from replay.runs import SEQUENCE_KEY, sequence_ids
 
 DEPTH = "depth"  # the node-feature column

@@ -10,7 +10,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from mcsd_runtime.stop.learned import DecisionMLP
+from mcsd_runtime.decisions.learned import DecisionMLP
 from train.stop.config import MLP_HIDDEN, MLP_LR, MLP_WEIGHT_DECAY
 
 

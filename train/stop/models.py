@@ -2,7 +2,7 @@
 and a Trainer); their hyper-parameters live in `train.stop.config`.
 
 Each `fit_*` returns an object whose `save(folder)` writes the artifact's model files in the form
-`mcsd_runtime.stop.learned` reads back.
+`mcsd_runtime.decisions.learned` reads back.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsd_runtime.stop.features import DECISION_FEATURES
+from mcsd_runtime.decisions.features import DECISION_FEATURES
 from train.stop.config import (
     LGBM_PARAMS,
     LGBM_PATIENCE,

@@ -24,15 +24,15 @@ import pandas as pd
 
 import replay as R
 from mcsd_runtime.costmodel.decision_cost import stopper_latency
+from mcsd_runtime.decisions.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
+from mcsd_runtime.decisions.artifact import ArtifactSpec, BatchSetting
+from mcsd_runtime.decisions.expected_rate import Calibration
+from mcsd_runtime.decisions.features import SCHEMA_VERSION
+from mcsd_runtime.decisions.learned import LearnedStopper, load_stopper, stopper_from
+from mcsd_runtime.decisions.skip import DEFAULT_PROBE
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.stop.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
-from mcsd_runtime.stop.artifact import ArtifactSpec, BatchSetting
-from mcsd_runtime.stop.expected_rate import Calibration
-from mcsd_runtime.stop.features import SCHEMA_VERSION
-from mcsd_runtime.stop.learned import LearnedStopper, load_stopper, stopper_from
-from mcsd_runtime.stop.skip import DEFAULT_PROBE
 from replay.result import Comparison
 from replay.runs import (
     check_rows,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsd_runtime.stop.features import DECISION_FEATURES
-from mcsd_runtime.stop.skip import DEFAULT_PROBE
+from mcsd_runtime.decisions.features import DECISION_FEATURES
+from mcsd_runtime.decisions.skip import DEFAULT_PROBE
 from replay.result import ABSENT, Column, Comparison, Report, nan_if_none, pct
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.progress import working
 from train.decision import run_stages
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig
@@ -63,8 +64,9 @@ class StopTrainer:
         return P.fit(data.prep, self.config, folder, self.log)
 
     def choose(self, data: Runs, fitted: P.Fit) -> P.Choice:
-        return P.choose(data.prep, data.manifests, fitted.folder, self.config, self.profile,
-                        self.log)
+        with working(f"choosing the settings by replaying {len(data.prep.df)} collected rows"):
+            return P.choose(data.prep, data.manifests, fitted.folder, self.config,
+                            self.profile, self.log)
 
     def write(self, data: Runs, fitted: P.Fit, chosen: P.Choice, folder: Path) -> dict:
         """The artifact's files; returns the summary (metrics.json)."""

@@ -1,4 +1,4 @@
-"""Training a learned width (`mcsd_runtime.stop.width`) on the target's greedy outputs.
+"""Training a learned width (`mcsd_runtime.decisions.width`) on the target's greedy outputs.
 
 `fit` calibrates, per rank i, the chance that the i-th likeliest candidate is the output's token
 given the draft's probability of it (isotonic regression on the training outputs,
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from collect.outputs import Ranked
+from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import working
-from mcsd_runtime.stop.width import WidthPolicy
 from replay.width import WidthReplay, learned, static
 
 RATE_ROUNDS = 4

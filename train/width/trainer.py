@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mcsd_runtime.progress import working
 from train.outputs import Outputs, load_profile, prepare_outputs
 from train.width.config import WidthConfig
 
@@ -76,8 +77,10 @@ class WidthTrainer:
 
         policy, _ = fitted
         replay, trained = WidthReplay(data.outputs.profile, self.k), data.outputs.train_domains
-        report, text = write_report(policy, [compare(policy, replay, outs, name, name in trained)
-                                             for name, outs in data.ranked.items()])
+        with working(f"replaying the width and its peers on {len(data.ranked)} sets"):
+            compared = [compare(policy, replay, outs, name, name in trained)
+                        for name, outs in data.ranked.items()]
+        report, text = write_report(policy, compared)
         print(text)
         return report
 
