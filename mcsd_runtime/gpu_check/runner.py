@@ -112,12 +112,12 @@ def execute(argv: list[str], log_path: Path, timeout: float, env: dict[str, str]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **env},
                                 cwd=ROOT, process_group=0)
-        if pid_file is not None:
-            pid_file.write_text(_dumps({"pid": proc.pid, "pgid": proc.pid, "argv": argv}))
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, prefix, quiet),
                                 daemon=True)
-        pump.start()
-        try:
+        try:  # from here on, a SIGTERM (`Stopped`) anywhere stops the group
+            if pid_file is not None:
+                pid_file.write_text(_dumps({"pid": proc.pid, "pgid": proc.pid, "argv": argv}))
+            pump.start()
             code = proc.wait(timeout=max(timeout, 0.1))
         except subprocess.TimeoutExpired:
             _stop_group(proc)
@@ -128,7 +128,8 @@ def execute(argv: list[str], log_path: Path, timeout: float, env: dict[str, str]
         finally:
             if pid_file is not None:
                 pid_file.unlink(missing_ok=True)
-        pump.join(timeout=10)
+        if pump.is_alive():
+            pump.join(timeout=10)
     return code, time.monotonic() - t0
 
 
