@@ -8,6 +8,8 @@ import math
 import statistics
 from pathlib import Path
 
+from mcsd_runtime.metrics import geomean
+
 
 def read_json(path: Path) -> dict:
     """A JSON object from `path`, {} when missing, unreadable or not an object."""
@@ -105,7 +107,7 @@ def evaluation(folder: Path) -> dict:
         if isinstance(r.get("vs_ar"), int | float) and r["vs_ar"] > 0:
             by.setdefault(r["method"], []).append(r["vs_ar"])
     short = lambda m: m.replace(f"{folder.parent}/", "")  # noqa: E731 - labels without the run
-    vs_ar = {short(m): _round(math.exp(statistics.fmean(map(math.log, v))))
+    vs_ar = {short(m): _round(geomean(v))
              for m, v in by.items()}
     ar = [r.get("tokens_per_s_median") for s in sorted(folder.glob("*/summary.json"))
           for r in read_json(s).get("methods", []) if r.get("method") == "ar"]
