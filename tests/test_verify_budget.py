@@ -9,7 +9,7 @@ import math
 
 import pytest
 from test_ragged import ragged_ready
-from test_train_data import MAX_NEW, dense_rows, prompts
+from test_train_data import K_CONFIG, MAX_NEW, dense_rows, prompts
 
 import replay.data as R
 from conftest import make_pair
@@ -44,6 +44,13 @@ def pair():
     return ragged_ready(make_pair(noise=0.02))  # test_train_data's pair, on mcsd_sdpa
 
 
+@pytest.fixture(scope="module")
+def ar_outputs(pair) -> list[list[int]]:
+    """The AR decoder's greedy output of each of `prompts()` (what every budget must decode)."""
+    ar = ARDecoder(pair, DecodeConfig(max_new_tokens=MAX_NEW))
+    return [ar.generate(p).token_ids for p in prompts()]
+
+
 ESTIMATES = {"survival:1": lambda: DraftProbability(1.0),
              "survival:0.5": lambda: DraftProbability(0.5),
              "survival-online:0.2": lambda: OnlineAcceptance(0.2)}
@@ -51,7 +58,7 @@ ESTIMATES = {"survival:1": lambda: DraftProbability(1.0),
 
 @pytest.mark.parametrize("spec", list(ESTIMATES))
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_the_decoder_takes_the_replayed_steps(data, pair, spec, batch_size):
+def test_the_decoder_takes_the_replayed_steps(data, pair, ar_outputs, spec, batch_size):
     """The same rule (each a fresh estimate: the online one learns as it goes) in replay and
     in the decoder."""
     r = ragged_replay(data, Budget(ESTIMATES[spec]()), PROFILE, batch_size=batch_size)
@@ -69,8 +76,7 @@ def test_the_decoder_takes_the_replayed_steps(data, pair, spec, batch_size):
     assert r.accepted == out.stats.accepted_tokens
     # it decides: some steps draft nothing, some draft deep
     assert 0 < r.drafted_depth < r.steps * len(CHAIN)
-    ar = ARDecoder(pair, DecodeConfig(max_new_tokens=MAX_NEW))
-    assert [g.token_ids for g in out] == [ar.generate(p).token_ids for p in ps]
+    assert [g.token_ids for g in out] == [ar_outputs[i] for i in order]
 
 
 def test_a_budget_needs_a_cost_profile(tmp_path):
@@ -113,15 +119,18 @@ def test_the_online_estimate_learns_from_the_verdicts(data):
 
 
 # ------------------------------------------------------------------ the learned budget
-def run_folder(tmp_path, name: str, k_config) -> str:
+def run_folder(tmp_path, name: str, k_config, rows=None) -> str:
+    """A run folder of `rows` (by default a collection of its own, run id `name`)."""
     run = tmp_path / name
     run.mkdir()
-    dense_rows(name, k_config).drop(columns=["hidden"]).to_parquet(run / "rows.parquet")
+    rows = dense_rows(name, k_config) if rows is None else rows
+    rows.drop(columns=["hidden"]).to_parquet(run / "rows.parquet")
     (run / "manifest.json").write_text(json.dumps({"k_config": list(k_config)}))
     return str(run)
 
 
-def test_a_learned_budget_trains_decodes_and_replays_alike(tmp_path, data, pair, capsys):
+def test_a_learned_budget_trains_decodes_and_replays_alike(tmp_path, data, pair, ar_outputs,
+                                                          capsys):
     """`mcsd train --decision budget` writes a budget folder whose report compares it with the
     padded statics, the training-free rules and the oracles at each batch size; loaded back, it
     decodes losslessly and takes the steps its replay takes."""
@@ -154,8 +163,7 @@ def test_a_learned_budget_trains_decodes_and_replays_alike(tmp_path, data, pair,
         got.stats.new_tokens, len(steps), got.stats.target_calls, got.stats.draft_calls)
     assert r.target_tokens == sum(1 + s.tree_size for s in steps)
     assert 0 < r.drafted_depth < r.steps * len(CHAIN)
-    ar = ARDecoder(pair, DecodeConfig(max_new_tokens=MAX_NEW))
-    assert [g.token_ids for g in got] == [ar.generate(p).token_ids for p in ps]
+    assert [g.token_ids for g in got] == [ar_outputs[i] for i in order]
 
 
 def test_budget_training_refuses_what_it_cannot_train(tmp_path, capsys):
@@ -165,7 +173,8 @@ def test_budget_training_refuses_what_it_cannot_train(tmp_path, capsys):
     assert "needs --cost-profile" in capsys.readouterr().err
     profile = tmp_path / "cost.json"
     PROFILE.save(profile)
-    tree = run_folder(tmp_path, "tree", (4, 2, 2, 1))
+    # a tree's runs: the train tests' shared collection (K_CONFIG, not a chain)
+    tree = run_folder(tmp_path, "tree", K_CONFIG, dense_rows())
     assert run_parser(parser, [*base, "--runs", tree, "--cost-profile", str(profile),
                                "--batch-size", "4", "--threads", "1"]) == 2
     assert "chain" in capsys.readouterr().err
