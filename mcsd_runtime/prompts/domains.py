@@ -238,11 +238,13 @@ def _stdlib_prompts(split: str, source: str,
                  for line, text in cutter(read_source(file), file.rel))
 
 
-def _package_files(name: str) -> list[tuple[str, Path]]:
-    """(id prefix, path) of one installed package's .py files (tests left out), or none."""
+@lru_cache(maxsize=16)  # CODE_PACKAGES and more
+def _package_files(name: str) -> tuple[tuple[str, Path], ...]:
+    """(id prefix, path) of one installed package's .py files (tests left out), or none. Walked
+    once per process: every package-drawn prompt set lists the same files."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        return []
+        return ()
     root = Path(next(iter(spec.submodule_search_locations)))
     files = []
     for path in sorted(root.rglob("*.py")):
@@ -250,7 +252,7 @@ def _package_files(name: str) -> list[tuple[str, Path]]:
         if {"test", "tests", "testing"} & set(rel.split("/")[:-1]):
             continue
         files.append((f"{name}/{rel}", path))
-    return files
+    return tuple(files)
 
 
 def package_code_prompts() -> tuple[Prompt, ...]:
