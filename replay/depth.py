@@ -190,6 +190,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     tree, exact = data.tree, data.mode == "exact"
     queue = iter(data.prompts.values())
     rows: list[_Row] = []
+    step_prices: dict[tuple[int, int, int], tuple[float, int]] = {}  # (depth, pending, rows)
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
             row = _Row(p, stopper)
@@ -204,9 +205,12 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
         depth = (lookahead.depth(rows, tree, profile) if lookahead
                  else _batch_depth(stopper, rows, data.depth, res))
         pending = max(r.pending for r in rows)  # the first draft forward pads to it
-        forwards = step_forwards(tree, depth, pending)
-        res.cost_s += profile.step_seconds(tree, depth, pending, len(rows))
-        res.draft_forwards += len(forwards.draft)
+        key = (depth, pending, len(rows))  # a step's price and draft forwards, once per shape
+        if (price := step_prices.get(key)) is None:
+            price = step_prices[key] = (profile.step_seconds(tree, depth, pending, len(rows)),
+                                        len(step_forwards(tree, depth, pending).draft))
+        res.cost_s += price[0]
+        res.draft_forwards += price[1]
         res.batch_steps += 1
         for row in list(rows):
             row.commit(min(depth, row.cap), tree, exact, res, fed=depth > 0)
