@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import Cache, DynamicCache
 
-from mcsd_runtime.decode.ragged import layout_of
+from mcsd_runtime.decode.ragged import Ragged
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.transfer import upload
 
@@ -26,11 +26,13 @@ from mcsd_runtime.transfer import upload
 class RowKV(DynamicCache):
     """A `DynamicCache` that also takes a ragged forward's keys and values
     (`mcsd_runtime.decode.ragged`): packed [1, heads, total, dim], back into the rows' grid
-    before they are appended."""
+    before they are appended, while `ragged` holds the forward's layout (`ragged.packed_into`)."""
+
+    ragged: Ragged | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        ragged = layout_of(kwargs)
+        ragged = self.ragged
         if ragged is not None:
             key_states, value_states = ragged.unpack_heads(key_states), ragged.unpack_heads(
                 value_states)
@@ -303,7 +305,10 @@ class SlotRowCache(RowLengths):
 
 class SlotKV(Cache):
     """The transformers `Cache` a model writes a `SlotRowCache` through: each layer's new keys
-    and values go to the columns of `write_index`, and attention reads the first `span`."""
+    and values go to the columns of `write_index`, and attention reads the first `span`; a
+    ragged forward's arrive packed and go back into the grid (`RowKV`)."""
+
+    ragged: Ragged | None = None
 
     def __init__(self, slots: SlotRowCache) -> None:
         super().__init__(layers=[])
@@ -312,7 +317,7 @@ class SlotKV(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.slots
-        ragged = layout_of(kwargs)
+        ragged = self.ragged
         if ragged is not None:
             key_states, value_states = ragged.unpack_heads(key_states), ragged.unpack_heads(
                 value_states)

@@ -33,7 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mcsd_runtime.backend.compat import cache_kwargs
 from mcsd_runtime.decode.cache import RowCache, SlotRowCache
-from mcsd_runtime.decode.ragged import RAGGED_BUCKET, Ragged
+from mcsd_runtime.decode.ragged import RAGGED_BUCKET, Ragged, packed_into
 
 # told about every graph replay, which a model's forward hooks never see (a replay runs no
 # Python): objects with `replay_started(model, ids, cache)` and `replay_done(model, ids)`, e.g.
@@ -63,10 +63,11 @@ def call_model(model, cache: RowCache | SlotRowCache, ids: torch.Tensor, pos: to
     if ragged is not None:
         ids, pos = ragged.pack(ids), ragged.pack(pos)
         extra = {k: ragged.pack(v) for k, v in extra.items()} | {"ragged": ragged}
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                **cache_kwargs(model, cache.cache), use_cache=True,
-                logits_to_keep=0 if ragged is not None else keep,
-                output_hidden_states=hidden, **extra)
+    with packed_into(cache.cache, ragged):
+        out = model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                    **cache_kwargs(model, cache.cache), use_cache=True,
+                    logits_to_keep=0 if ragged is not None else keep,
+                    output_hidden_states=hidden, **extra)
     logits, states = out.logits, out.hidden_states[-1] if hidden else None
     if ragged is not None:
         logits = ragged.unpack(logits)[:, -keep:] if keep else ragged.unpack(logits)

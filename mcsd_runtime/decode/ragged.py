@@ -15,8 +15,10 @@ head cost `total` tokens. Only where rows must stay apart is the grid rebuilt:
   attends each row over its own cache and tree under the usual [rows, 1, width, keys] mask,
   and packs the outputs again.
 
-No modeling code is forked: the layout reaches the cache and the attention function as the
-keyword `ragged`, which transformers passes down from the model's forward. A padding slot's
+No modeling code is forked: the layout reaches the attention function as the keyword `ragged`,
+which transformers passes down from the model's forward, and the cache as its `ragged`
+attribute for the forward's duration (`packed_into`): transformers 5.24 hands a layer's keywords
+to `Cache.update`, 5.17-5.19 hand it none, so the attribute serves every release. A padding slot's
 keys and values are zeros that no real token sees: a tree's mask lets a node see its ancestors
 only, and compaction keeps only accepted paths. Attention itself stays padded (cheap next to
 the projections at decode sizes); the padding's queries are computed and dropped.
@@ -32,7 +34,9 @@ falls back to padded forwards otherwise (`supports_ragged`).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 
 import torch
 
@@ -105,11 +109,16 @@ class Ragged:
         return self.unpack(t.transpose(1, 2)).transpose(1, 2)
 
 
-def layout_of(kwargs: dict) -> Ragged | None:
-    """The `ragged` keyword a cache's `update` receives (transformers passes the attention
-    layer's keywords as `kwargs=`), or None."""
-    inner = kwargs.get("kwargs")
-    return inner.get("ragged") if isinstance(inner, dict) else kwargs.get("ragged")
+@contextlib.contextmanager
+def packed_into(cache, ragged: Ragged | None) -> Iterator[None]:
+    """The transformers cache `cache` (a `cache.RowKV` or `cache.SlotKV`) takes its layers' keys
+    and values in the `ragged` layout while the block runs (its `ragged` attribute; None:
+    padded)."""
+    cache.ragged = ragged
+    try:
+        yield
+    finally:
+        cache.ragged = None
 
 
 def supports_ragged(model) -> bool:
