@@ -23,6 +23,8 @@ EPILOG = """examples:
       (instruction prompts in the tokenizer's chat template: --chat auto, the default)
   mcsd collect --target meta-llama/Llama-2-7b-chat-hf --draft JackFram/llama-68m \\
       --prompts alpaca=alpaca.json --limit 250 --temperature 0.7 --devices 4 --save-hidden
+  mcsd collect --from-vllm-log responses.jsonl --out data/runs/trace-vllm
+      (what a vLLM server drafted and accepted per verify step: collect.traces.load_traces)
 
 Load the rows with collect.load_rows(DIR) (pandas), datasets.load_dataset("parquet",
 data_dir=DIR) or any Parquet reader; collect.load_manifest(DIR) gives the manifest."""
@@ -89,6 +91,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_collect_args(p)
+    g = p.add_argument_group("import a serving engine's trace (collect.vllm_log)")
+    g.add_argument("--from-vllm-log", metavar="FILE", default=None,
+                   help="instead of decoding, import a JSONL file of vLLM responses carrying "
+                        "metrics.speculative_decoding (server started with "
+                        "--per-request-spec-decode-metrics detailed) as an engine trace: one "
+                        "row per (request, verify step) in --out (default: "
+                        "$MCSD_DATA/runs/trace-vllm-<file name>)")
+    g.add_argument("--force", action="store_true",
+                   help="with --from-vllm-log: replace what --out holds")
     p.set_defaults(func=run)
 
 
@@ -149,6 +160,10 @@ def job_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "from_vllm_log", None):
+        from collect.vllm_log import run_from_args
+
+        return run_from_args(args)
     require_toolkit("mcsd collect")
     from collect.run import format_summary, run_job
 
