@@ -37,6 +37,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integrations", ("mcsd_runtime.integrations",)),
     ("costmodel", ("mcsd_runtime.costmodel",)),
     ("evaluate", ("mcsd_runtime.evaluate",)),
+    # what the toolkit reads from and writes for serving engines (vLLM, TensorRT-LLM, SGLang)
+    ("serving", ("mcsd_runtime.serving",)),
     ("commands", ("mcsd_runtime.cli", "mcsd_runtime.gpu_check", "mcsd_runtime.__main__",
                   "mcsd_runtime.__init__")),
     ("collect", ("collect",)),

@@ -11,6 +11,9 @@ write its artifact folder. `--decision` picks which of the decoder's choices is 
   width  the width of the draft's first depth: how many of its candidates a drafted step
          verifies, learned on the target's greedy outputs of --prompts; decode it as width:PATH
          on a --k-config whose first depth is the one it was trained for.
+  schedule the draft length K by batch size for a serving engine, chosen from acceptance
+         traces (--runs: engine traces or dense chain collections) at an engine profile's
+         step costs (--cost-profile); export it with `mcsd export FOLDER --engine vllm`.
 
 Every decision is trained by the same stages (`train.decision`): prepare the data, fit the
 model, choose its settings by replayed throughput, write the artifact folder (`decision.json`
@@ -64,11 +67,12 @@ from replay.data import REPLAY_MODES
 from train.budget.config import BudgetConfig
 from train.copy.config import CopyConfig
 from train.outputs import OutputsConfig
+from train.schedule.config import ScheduleConfig
 from train.stop.config import LABEL_DOC, TRAJECTORIES, TrainConfig, default_label
 from train.width.config import WidthConfig
 
 D = TrainConfig  # the defaults, read off its fields (and off CopyConfig and OutputsConfig)
-DECISIONS = ("stop", "copy", "width", "budget")
+DECISIONS = ("stop", "copy", "width", "budget", "schedule")
 STOP_DOC = """--decision stop fits a stopper's decision model on collected runs, chooses its
 aggregation and threshold by replayed throughput on validation prompts, and writes the artifact
 folder (stopper.json, the model, metrics.json, replay_curve.json/png, calibration.png and, except
@@ -83,7 +87,8 @@ forward); measure one with `mcsd profile`.
 # the options each decision takes beyond every decision's (`_add_common_args`), as its config
 # names them; one that the decision does not take is refused (`resolve`)
 OPTIONS = {"stop": TrainConfig.OPTIONS, "copy": CopyConfig.OPTIONS,
-           "width": WidthConfig.OPTIONS, "budget": BudgetConfig.OPTIONS}
+           "width": WidthConfig.OPTIONS, "budget": BudgetConfig.OPTIONS,
+           "schedule": ScheduleConfig.OPTIONS}
 # dest -> the decisions that take it; such an option's parser default is None (not given), and
 # its decision's config gives the default (`stop_config`, `budget_config`, `copy_config`,
 # `width_config`)
@@ -135,6 +140,10 @@ def decision_doc(decision: str) -> str:
         from train.budget import trainer
 
         return f"{trainer.__doc__}\n{verify_budget.__doc__}"
+    if decision == "schedule":
+        from train.schedule import acceptance, trainer
+
+        return f"{trainer.__doc__}\n{acceptance.__doc__}"
     if decision == "copy":
         from replay import copy as replay_copy
         from train import copy
@@ -155,6 +164,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     _add_stop_args(p)
     _add_output_args(p)
     _add_copy_args(p)
+    _add_schedule_args(p)
     _defer_defaults(p)
 
 
@@ -164,8 +174,9 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
                    help="show this help (after --decision D: D's own documentation) and exit")
     g = p.add_argument_group("every decision")
     g.add_argument("--decision", choices=DECISIONS, default=None,
-                   help="the learned decision: stop (default), copy, width or budget (the "
-                        "verification budget of a ragged batch)")
+                   help="the learned decision: stop (default), copy, width, budget (the "
+                        "verification budget of a ragged batch) or schedule (K by batch size "
+                        "for a serving engine)")
     add_out_arg(g, "artifact folder to write", required=True)
     add_force_arg(g, "replace an existing --out folder")
     add_cost_profile_arg(g, "forward-latency profile JSON of this pair on this machine (`mcsd "
@@ -298,6 +309,16 @@ def _add_copy_args(p: argparse.ArgumentParser) -> None:
                         f"folds decides each output (default {CopyConfig.folds} folds; 0: skip)")
 
 
+def _add_schedule_args(p: argparse.ArgumentParser) -> None:
+    """The group of --decision schedule (it also takes --runs, --batch-size and --test-frac)."""
+    g = p.add_argument_group("--decision schedule: K by batch size for a serving engine (it "
+                             "also takes --runs, --batch-size: where bands start, default the "
+                             "profile's concurrencies; and --test-frac)")
+    g.add_argument("--max-k", type=int, default=None, metavar="N",
+                   help="the largest K tried (default: the largest the profile measured and "
+                        "the traces drafted)")
+
+
 def _defer_defaults(p: argparse.ArgumentParser) -> None:
     """Record the option string of every option some decisions do not take (`TAKES`), and set
     its parser default to None: not given, it takes its decision's config default."""
@@ -326,12 +347,13 @@ def resolve(args: argparse.Namespace) -> str:
     decision = args.decision = args.decision or "stop"
     for dest, takes in TAKES.items():
         if decision not in takes and getattr(args, dest, None) not in (None, False):
-            raise MCSDError(f"{_OPTIONS[dest]} is an option of --decision "
-                            f"{' and '.join(takes)}, not of --decision {decision}")
+            listed = " and ".join(filter(None, (", ".join(takes[:-1]), takes[-1])))
+            raise MCSDError(f"{_OPTIONS[dest]} is an option of --decision {listed}, not of "
+                            f"--decision {decision}")
     if args.check_prompts is None:
         args.check_prompts = CHECK_PROMPTS.get(decision, 0)
     needs = {"copy": ("cost_profile", "prompts"), "width": ("cost_profile", "prompts"),
-             "budget": ("cost_profile",)}
+             "budget": ("cost_profile",), "schedule": ("cost_profile", "runs")}
     for dest in needs.get(decision, ()):
         if getattr(args, dest) is None:
             raise MCSDError(f"--decision {decision} needs --{dest.replace('_', '-')}")
@@ -364,6 +386,18 @@ def stop_config(args: argparse.Namespace) -> TrainConfig:
     if args.replay is not None:
         given["replay_mode"] = args.replay
     return TrainConfig(**given)
+
+
+def schedule_config(args: argparse.Namespace) -> ScheduleConfig:
+    """The ScheduleConfig of `mcsd train --decision schedule`'s resolved arguments; MCSDError
+    when one is invalid."""
+    if args.check_prompts:
+        raise MCSDError("--decision schedule has no --check-prompts: serve the exported table "
+                        "(`mcsd export`) in the engine and measure it there")
+    given = _given(args, ("max_k", "test_frac", "seed"))
+    if args.batch_size is not None:
+        given["batch_sizes"] = parse_batch_sizes(args.batch_size, "--batch-size")
+    return ScheduleConfig(args.out, tuple(args.runs or ()), args.cost_profile, **given)
 
 
 def budget_config(args: argparse.Namespace) -> BudgetConfig:
@@ -403,6 +437,12 @@ def run(args: argparse.Namespace) -> int:
     if decision == "stop" and not args.runs and args.bench_latency:
         return bench(args.out)
     apply_threads(args)
+    if decision == "schedule":
+        from mcsd_runtime.extras import require_toolkit
+        from train.schedule.trainer import ScheduleTrainer, run_schedule
+
+        require_toolkit("mcsd train --decision schedule", "pandas", "pyarrow")
+        return run_schedule(ScheduleTrainer(schedule_config(args)), args.force)
     trainer = _trainer(decision, args)
     if decision in ("copy", "width"):
         return train(trainer, args.force)

@@ -217,6 +217,15 @@ def add_force_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     parser.add_argument("--force", action="store_true", help=help)
 
 
+ENGINES = ("mcsd", "vllm")  # runtimes a command can decode with (mcsd_runtime.serving)
+
+
+def add_engine_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str) -> None:
+    """`--engine`: this toolkit's decoder (mcsd, the default) or vLLM's offline engine (vllm,
+    the [vllm] extra)."""
+    parser.add_argument("--engine", choices=ENGINES, default="mcsd", help=help)
+
+
 def add_json_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write the figures to this JSON file")

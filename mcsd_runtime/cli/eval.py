@@ -83,6 +83,7 @@ from mcsd_runtime.cli.args import (
     decode_config_from_args,
     pair_from_args,
 )
+from mcsd_runtime.cli.eval_vllm import add_vllm_args
 from mcsd_runtime.constants import DEFAULT_K_CONFIG
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.extras import require_toolkit
@@ -153,11 +154,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "samples; one sampled output's length in steps varies too much for a "
                         "comparison on a few prompts (default %(default)s)")
     add_threads_arg(p)
+    add_vllm_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     require_toolkit("mcsd eval", "matplotlib", "pandas")  # its tables and plots
+    if args.engine == "vllm":
+        from mcsd_runtime.cli.eval_vllm import run as run_vllm
+
+        return run_vllm(args, DEFAULT_METHODS, lambda: (output_folder(args), prompt_domains(args)))
+    if args.concurrency != "1":
+        raise MCSDError("--concurrency is for --engine vllm; our decoder batches with "
+                        "--batch-size")
 
     from mcsd_runtime.evaluate.loop import check_samples
 

@@ -176,6 +176,21 @@ def pair_names(target: str | Path, draft: str | Path | None = None,
     return target, _real_model(draft)
 
 
+def target_folder(target: str | Path, build: bool = False) -> str:
+    """The folder (or hub name) of `target` alone, as `pair_names` resolves it, without its
+    draft: what a runtime that brings its own drafting (vLLM) loads. The default toy pair is
+    built only if `build`."""
+    from mcsd_runtime.toy import is_toy_spec
+
+    target = str(target)
+    _check_exist(target, None)
+    if is_toy_spec(target):
+        from mcsd_runtime.toy.build import resolve_toy
+
+        return resolve_toy(target, build=build)[0]
+    return _real_model(target)
+
+
 def _check_exist(target: str, draft: str | None) -> None:
     """Refuse a missing GGUF file, or a local-looking path that does not exist, as target or
     draft (distilled drafts and named models are resolved later)."""

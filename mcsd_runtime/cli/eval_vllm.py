@@ -1,0 +1,150 @@
+"""`mcsd eval --engine vllm`: the options of `mcsd eval` that apply to vLLM, checked, and the run
+(`mcsd_runtime.serving.vllm_eval`)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mcsd_runtime.errors import MCSDError
+
+DEFAULT_VLLM_METHODS = "ar,ngram:2,ngram:4"
+DTYPES = {"auto": None, "fp32": "float32", "float32": "float32", "bf16": "bfloat16",
+          "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
+def add_vllm_args(p: argparse.ArgumentParser) -> None:
+    """`--engine` and `--concurrency` of `mcsd eval`."""
+    from mcsd_runtime.cli.args import add_engine_arg
+
+    g = p.add_argument_group("another runtime: vLLM (mcsd_runtime.serving)")
+    add_engine_arg(g, "mcsd: this toolkit's decoder (default); vllm: vLLM's offline engine (the "
+                      "[vllm] extra), one engine per method, all started before any timing, "
+                      "with the methods ar (vLLM plain), ngram:K[:MIN:MAX] (its prompt lookup), "
+                      "table:PATH (K by batch size from `mcsd train --decision schedule`) and "
+                      "proposer:PATH (prompt lookup under a learned copy length, as vLLM's "
+                      "custom proposer class); default methods "
+                      f"{DEFAULT_VLLM_METHODS}; speed is paired with vLLM's ar")
+    g.add_argument("--concurrency", default="1", metavar="C[,C...]",
+                   help="--engine vllm: requests in flight, e.g. 1,4,8,16: the prompts go in "
+                        "waves of C submitted together; throughput is a wave's generated "
+                        "tokens per wall second, paired per prompt at 1 and per wave above "
+                        "(default %(default)s)")
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """`--concurrency`: requests in flight, one count or several (1,4,8,16)."""
+    try:
+        values = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise MCSDError(f"--concurrency {text!r}: give counts such as 1 or 1,4,8,16") from None
+    if not values or values[0] < 1:
+        raise MCSDError(f"--concurrency {text!r}: give counts of at least 1, e.g. 1,4,8,16")
+    return tuple(values)
+
+
+def refuse_decoder_options(args: argparse.Namespace, default_methods: str) -> None:
+    """Options of our decoder that vLLM has no use for: refused rather than ignored."""
+    given = {"--drafts": args.drafts is not None, "--runs": bool(args.runs),
+             "--batch-size (use --concurrency)": str(args.batch_size) != "1",
+             "--samples": args.samples != 1, "--k-config": args.k_config is not None,
+             "--draft": args.draft is not None}
+    bad = [name for name, on in given.items() if on]
+    if bad:
+        raise MCSDError(f"--engine vllm does not take {', '.join(bad)}: vLLM drafts with the "
+                        f"methods of --methods (ar, ngram:K, table:PATH, proposer:PATH)")
+    if args.methods == default_methods:
+        args.methods = DEFAULT_VLLM_METHODS
+
+
+def vllm_dtype(dtype: str) -> str:
+    """`--dtype` as vLLM names it (auto: what our decoder would pick on this CPU)."""
+    if dtype not in DTYPES:
+        raise MCSDError(f"--dtype {dtype!r} with --engine vllm: use fp32, bf16 or fp16")
+    if DTYPES[dtype] is None:
+        from mcsd_runtime.backend.device import command_dtype
+
+        return str(command_dtype("auto", "cpu")).removeprefix("torch.")
+    return DTYPES[dtype]
+
+
+def run(args: argparse.Namespace, default_methods: str,
+        place: Callable[[], tuple[Path, dict]]) -> int:
+    """The whole `--engine vllm` evaluation (see `mcsd eval --help`); `place()` gives the
+    output folder, checked writable, and the prompt domains, as `mcsd eval` reads them."""
+    from mcsd_runtime.serving.vllm_engine import require_vllm
+    from mcsd_runtime.serving.vllm_eval import VllmRun
+    from mcsd_runtime.serving.vllm_methods import parse_methods
+
+    refuse_decoder_options(args, default_methods)
+    require_vllm()
+    methods = tuple(parse_methods(args.methods))
+    concurrency = parse_concurrency(args.concurrency)
+    out, domains = place()
+    from mcsd_runtime.models.pair import target_folder
+
+    model = target_folder(args.target, build=True)
+    tokenizer = _tokenizer(model)
+    eos = () if args.eos == "ignore" else tuple(_eos_ids(tokenizer))
+    run_ = VllmRun(model=model, methods=methods, concurrency=concurrency,
+                   dtype=vllm_dtype(args.dtype), temperature=args.temperature,
+                   max_new_tokens=args.max_new_tokens, ignore_eos=args.eos == "ignore",
+                   stop_token_ids=eos, seed=args.seed)
+    return _decode_domains(args, run_, domains, tokenizer, out)
+
+
+def _tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def _eos_ids(tokenizer) -> list[int]:
+    eos = tokenizer.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _decode_domains(args: argparse.Namespace, run, domains: dict, tokenizer, out: Path) -> int:
+    """Start the engines once, decode every domain at every concurrency, write the reports."""
+    from mcsd_runtime.prompts.chat import encode_prompt
+    from mcsd_runtime.serving.vllm_engine import sampling_params
+    from mcsd_runtime.serving.vllm_eval import run_waves, start_engines, stop_engines
+
+    params = sampling_params(run.temperature, run.max_new_tokens, run.ignore_eos, run.seed,
+                             list(run.stop_token_ids))
+    print(f"vLLM: {len(run.methods)} methods x concurrency {','.join(map(str, run.concurrency))}"
+          f" on {run.model} ({run.dtype})", flush=True)
+    engines = start_engines(run, log=lambda line: print(line, flush=True))
+    try:
+        for name, (spec, prompts) in domains.items():
+            encoded = [(p.id, encode_prompt(p, tokenizer, args.chat)) for p in prompts]
+            by_c = {c: run_waves(engines, encoded, c, params) for c in run.concurrency}
+            folder = out / name if len(domains) > 1 else out
+            _write(args, run, by_c, folder, tokenizer, spec, len(prompts))
+    finally:
+        stop_engines(engines)
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _write(args, run, by_c: dict, folder: Path, tokenizer, spec: str, n_prompts: int) -> None:
+    from mcsd_runtime.evaluate.eval_report import write_outputs
+    from mcsd_runtime.evaluate.stats import summarize
+    from mcsd_runtime.serving.vllm_engine import require_vllm
+    from mcsd_runtime.serving.vllm_eval import concurrency_rows, write_concurrency
+
+    greedy = run.temperature == 0
+    settings = {"engine": "vllm", "engine_version": require_vllm().__version__,
+                "target": run.model, "draft": "-", "prompts": spec, "n_prompts": n_prompts,
+                "chat": args.chat, "temperature": run.temperature, "k_config": "-",
+                "max_new_tokens": run.max_new_tokens, "seed": run.seed,
+                "ignore_eos": run.ignore_eos, "dtype": run.dtype,
+                "concurrency": list(run.concurrency),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for c, records in by_c.items():
+        rows = summarize(records, greedy=greedy, reference="ar")
+        write_outputs(records, rows, folder / f"c{c}", settings | {"batch_size": c},
+                      tokenizer=tokenizer)
+    print(write_concurrency(concurrency_rows(by_c, greedy), folder, settings))

@@ -1,0 +1,1 @@
+"""Serving engines (vLLM, TensorRT-LLM, SGLang): what the toolkit measures, reads and writes."""
