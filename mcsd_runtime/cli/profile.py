@@ -23,7 +23,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_forward_args(p)
     _add_decoder_run_args(p)
     add_threads_arg(p)
+    _add_engine_args(p)
     p.set_defaults(func=run)
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """`--engine vllm`: an engine profile (mcsd_runtime.serving.vllm_profile) instead."""
+    from mcsd_runtime.cli.args import add_engine_arg
+
+    g = p.add_argument_group(
+        "a serving engine's profile", "With --engine vllm, one vLLM engine times a step with C "
+        "requests in flight (C from --batch-size) each drafting exactly K tokens (K from "
+        "--draft-lengths), on --prompts in --dtype, decoding --max-new-tokens and a third of "
+        "them (prefills cancel out); the JSON is the engine profile `mcsd train --decision "
+        "schedule --cost-profile` reads.")
+    add_engine_arg(g, "mcsd: the decoder's cost profile (default); vllm: vLLM's engine profile")
+    g.add_argument("--draft-lengths", default="0,1,2,3,4", metavar="K[,K...]",
+                   help="--engine vllm: the draft lengths timed (0: no draft; default "
+                        "%(default)s)")
 
 
 def _add_forward_args(p: argparse.ArgumentParser) -> None:
@@ -95,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.extras import require_toolkit
     from mcsd_runtime.tree import Tree, parse_k_config
 
+    if args.engine == "vllm":
+        return _run_vllm(args)
     require_toolkit("mcsd profile", "scipy")  # the overhead fit
     (context, *more) = parse_counts(args.context, "--context")
     if more:
@@ -176,3 +195,32 @@ def _calibrate(args: argparse.Namespace, pair, profile: cost_profile.CostProfile
                        "max_new_tokens": args.max_new_tokens,
                        "prompt_format": prompt_format(prompts, pair.tokenizer, args.chat)}
     return profile
+
+
+def _run_vllm(args: argparse.Namespace) -> int:
+    """`mcsd profile --engine vllm`: the engine profile of --target (see the group's help)."""
+    from mcsd_runtime.cli.args import parse_batch_sizes, parse_counts
+    from mcsd_runtime.cli.eval_vllm import vllm_dtype
+    from mcsd_runtime.models.pair import target_folder
+    from mcsd_runtime.prompts.chat import encode_prompt
+    from mcsd_runtime.prompts.sets import load_prompts
+    from mcsd_runtime.serving.vllm_engine import require_vllm
+    from mcsd_runtime.serving.vllm_profile import measure
+
+    require_vllm()
+    ks = parse_counts(args.draft_lengths, "--draft-lengths", minimum=0)
+    sizes = sorted(set(parse_batch_sizes(args.batch_size, "--batch-size")))
+    if args.max_new_tokens < 6:
+        raise MCSDError("--max-new-tokens: profile at least 6 new tokens (a third of them is "
+                        "the short run)")
+    model = target_folder(args.target, build=True)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [encode_prompt(p, tokenizer, args.chat)
+               for p in load_prompts(args.prompts, limit=max(args.limit, 1))]
+    profile = measure(model, vllm_dtype(args.dtype), ks, sizes, prompts,
+                      long=args.max_new_tokens)
+    profile.save(args.out)
+    print(f"-> {args.out}")
+    return 0

@@ -9,7 +9,8 @@ builds it pulls in, which break `import vllm` there). One version is supported
 A script that starts an engine needs an `if __name__ == "__main__":` guard: vLLM spawns its
 engine and worker processes. `EngineConfig.in_process` keeps both inside the calling process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor): about 10 s to start instead of 30 s on
-a 2-core CPU, which the tests use; benchmarks run vLLM as a user does, in its own processes.
+a 2-core CPU, which the tests use (`MCSD_VLLM_IN_PROCESS=1` makes it every engine's default);
+benchmarks run vLLM as a user does, in its own processes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def require_vllm() -> Any:
     return vllm
 
 
+IN_PROCESS_ENV = "MCSD_VLLM_IN_PROCESS"  # 1: engines start inside the calling process
+
+
+def in_process_default() -> bool:
+    """Whether engines start in-process unless told (`MCSD_VLLM_IN_PROCESS=1`: tests, small
+    machines)."""
+    return os.environ.get(IN_PROCESS_ENV) == "1"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """One vLLM engine: the model folder, its dtype, the speculative config (None: plain) and
@@ -55,7 +65,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own
     seed: int = 0
     kv_cache_gib: float = 1.0
-    in_process: bool = False
+    in_process: bool = field(default_factory=in_process_default)
     env: dict = field(default_factory=dict)  # set while the engine starts (a proposer's path)
 
 

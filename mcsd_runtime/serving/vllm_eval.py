@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from mcsd_runtime.paths import atomic_write_text
 from mcsd_runtime.serving.vllm_engine import (
     EngineConfig,
     decode_wave,
+    in_process_default,
     sampling_params,
     start_engine,
     stop_engine,
@@ -47,7 +48,7 @@ class VllmRun:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
-    in_process: bool = False
+    in_process: bool = field(default_factory=in_process_default)
     max_model_len: int | None = None  # None: the model's own
 
 

@@ -58,13 +58,22 @@ def read_source(run: Path) -> tuple[pd.DataFrame, dict]:
                  for c in ("method", "engine")}
         return trace_steps(traces, str(run)), {"path": str(run), "kind": "engine-trace",
                                                "methods": named["method"],
-                                               "engines": named["engine"]}
+                                               "engines": named["engine"],
+                                               "speculative": _speculative(manifest)}
     if manifest.get("format") == "mcsd-collect-run":
         return collection_steps(run, manifest), {"path": str(run), "kind": "collection",
                                                  "methods": [], "engines": []}
     raise MCSDError(f"{run} is neither an engine trace folder (manifest.json with \"kind\": "
                     f"\"engine-trace\") nor a collection of `mcsd collect --dense --k-config "
                     f"1,1,1,1,1,1`: pass one of those to --runs")
+
+
+def _speculative(manifest: dict) -> dict | None:
+    """The speculative config a live trace ran (`mcsd collect --engine vllm` records it), else
+    None (an imported log does not say)."""
+    source = manifest.get("source")
+    found = source.get("speculative") if isinstance(source, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def _manifest(run: Path) -> dict:

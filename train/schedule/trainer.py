@@ -154,7 +154,7 @@ class ScheduleTrainer:
         p = data.profile
         return {"engine": p.engine, "engine_version": p.engine_version, "model": p.model,
                 "dtype": p.dtype, "method": p.method,
-                "cost_profile": str(self.config.cost_profile)}
+                "cost_profile": str(self.config.cost_profile)} | _ngram_sizes(data.sources)
 
     def _report(self, data: Data, fitted: Fitted, starts, groups: dict) -> dict[str, Any]:
         prompts = data.steps.groupby("split")["prompt"].nunique()
@@ -321,3 +321,16 @@ def _nan(x: float | None) -> float:
 
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+NGRAM_SIZES = ("prompt_lookup_min", "prompt_lookup_max")
+
+
+def _ngram_sizes(sources: list[dict]) -> dict[str, int]:
+    """The n-gram sizes every trace ran with, where all say and agree (so that a table serves
+    the matcher its acceptance was measured under); else none."""
+    sizes = {tuple((s.get("speculative") or {}).get(k) for k in NGRAM_SIZES) for s in sources}
+    if len(sizes) != 1:
+        return {}
+    (found,) = sizes
+    return dict(zip(NGRAM_SIZES, found, strict=True)) if None not in found else {}
