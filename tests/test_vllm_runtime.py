@@ -78,7 +78,8 @@ def test_the_profile_times_every_point(pipeline):
 def test_the_table_serves_in_vllm_and_changes_no_output(pipeline):
     exported = json.loads(pipeline["vllm.json"].read_text())
     table = exported["num_speculative_tokens_per_batch_size"]
-    assert table[0][0] == 1 and all(b[0] == a[1] + 1 for a, b in zip(table, table[1:]))
+    bands = list(zip(table, table[1:], strict=False))
+    assert table[0][0] == 1 and all(b[0] == a[1] + 1 for a, b in bands)
     rows = json.loads((pipeline["eval"] / "concurrency.json").read_text())["rows"]
     assert {(r["concurrency"], r["method"].split(":")[0]) for r in rows} == {
         (c, m) for c in (1, 2) for m in ("ar", "table")}
