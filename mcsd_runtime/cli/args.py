@@ -344,18 +344,23 @@ def pair_paths(args: argparse.Namespace) -> tuple[str, str]:
     return pair_names(args.target, args.draft, build=True)
 
 
-def pair_from_args(args: argparse.Namespace) -> Pair:
-    return load_command_pair(args.target, args.draft, args.device, args.dtype, args.attention)
+def pair_from_args(args: argparse.Namespace, draft_needed: bool = True) -> Pair:
+    return load_command_pair(args.target, args.draft, args.device, args.dtype, args.attention,
+                             draft_needed)
 
 
 def load_command_pair(target: str, draft: str | None, device: str, dtype: str,
-                      attention: str) -> Pair:
+                      attention: str, draft_needed: bool = True) -> Pair:
     """The pair that `--target`, `--draft`, `--device`, `--dtype` and `--attention` name, built
-    on first use as a command builds it (`pair_paths`)."""
+    on first use as a command builds it (`pair_paths`); without `draft_needed` and --draft, the
+    target alone (`models.pair.load_target`: nothing drafts, so no draft is built)."""
     from mcsd_runtime.backend.device import command_dtype, pick_device
-    from mcsd_runtime.models.pair import load_pair, pair_names
+    from mcsd_runtime.models.pair import load_pair, load_target, pair_names
 
     pick_device(device)  # a bad --device fails before a toy pair is built
+    if not draft_needed and draft is None:
+        return load_target(target, device=device, dtype=command_dtype(dtype, device),
+                           attn_implementation=attention, build=True)
     target, draft = pair_names(target, draft, build=True)
     return load_pair(target, draft, device=device, dtype=command_dtype(dtype, device),
                      attn_implementation=attention)

@@ -263,7 +263,7 @@ def run_domain(args: argparse.Namespace, methods: list[str], base,
 
     ((spec, prompts),) = domains.values()
     out = output_folder(args)
-    pair = pair_from_args(args)
+    pair = _pair(args, methods)
     fmt = check_formats(args, methods, pair, {spec: prompts})[spec]
     print(f"{len(methods)} methods x {len(prompts)} prompts x {base.max_new_tokens} tokens"
           + (f" x {args.samples} samples" if args.samples > 1 else ""), flush=True)
@@ -284,6 +284,13 @@ def run_domain(args: argparse.Namespace, methods: list[str], base,
         print(f"\nreplaced the earlier {', '.join(replaced)} in {out}")
     print(f"\nwrote {out}/report.md (every column, a legend, plots)")
     return 0
+
+
+def _pair(args: argparse.Namespace, methods: list[str]):
+    """The pair the methods decode with: the target alone where none of them drafts."""
+    from mcsd_runtime.evaluate.methods import needs_draft
+
+    return pair_from_args(args, draft_needed=needs_draft(methods))
 
 
 def prompt_domains(args: argparse.Namespace) -> dict[str, tuple[str, list]]:
@@ -347,7 +354,7 @@ def run_batch_sizes(args: argparse.Namespace, methods: list[str], base, sizes: l
     heuristic = args.heuristic or next((m for m in methods if m.startswith("heuristic")), None)
     ((spec, prompts),) = domains.values()
     out = output_folder(args)
-    pair = pair_from_args(args)
+    pair = _pair(args, methods)
     fmt = check_formats(args, methods, pair, {spec: prompts})[spec]
     greedy = base.temperature == 0
     by_batch = {}
@@ -399,7 +406,7 @@ def run_domains(args: argparse.Namespace, methods: list[str], base,
 
     deploy, heuristic = domain_baselines(args, methods)
     out = output_folder(args)
-    pair = pair_from_args(args)
+    pair = _pair(args, methods)
     formats = check_formats(args, methods, pair, {n: p for n, (_, p) in domains.items()})
     stoppers = stopper_results(methods)
     by_domain = {}

@@ -318,3 +318,17 @@ def decoder_twin(method: str, methods: list[str]) -> str | None:
         if name in methods:
             return name
     return None
+
+
+DRAFTLESS = ("ar", "hf", HF_STATIC)  # methods that never run a draft forward
+
+
+def needs_draft(methods: list[str]) -> bool:
+    """Whether any of `methods` runs the draft (AR, the target's generate() and prompt lookup
+    alone do not)."""
+    for m in methods:
+        kind = m.partition(":")[0]
+        if kind in DRAFTLESS or (kind == LOOKUP and "+" not in m):
+            continue
+        return True
+    return False

@@ -306,3 +306,19 @@ def load_pair(target: str | Path, draft: str | Path | None = None, device: str =
     t_model = _load_model(target, dev, dt, attn_implementation)
     d_model = _load_model(draft, dev, t_model.dtype, attn_implementation)
     return Pair(t_model, d_model, t_tok, target_name=target, draft_name=draft)
+
+
+NO_DRAFT = "none"  # draft_name of a pair loaded for methods that draft nothing
+
+
+def load_target(target: str | Path, device: str = "auto", dtype: str | torch.dtype = "auto",
+                attn_implementation: str = ATTENTION, build: bool = False) -> Pair:
+    """A pair of `target` alone, for methods that draft nothing (AR, generate(), prompt lookup
+    alone): its draft is the target itself, named `NO_DRAFT`, so that no draft is built or
+    loaded (a distilled draft takes minutes to tens of minutes to build)."""
+    check_attention(attn_implementation)
+    name = target_folder(target, build=build)
+    dev = pick_device(device)
+    dt = "auto" if dtype == "auto" else pick_dtype(dtype, dev)
+    model = _load_model(name, dev, dt, attn_implementation)
+    return Pair(model, model, _load_tokenizer(name), target_name=name, draft_name=NO_DRAFT)
