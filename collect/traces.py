@@ -108,13 +108,21 @@ def rows_from_metrics(request_id: str, prompt_id: str, metrics: Mapping[str, Any
                       run_id: str, method: str, engine: str = "vllm",
                       category: str | None = None, prompt_tokens: Sequence[int] | None = None,
                       prompt_hash: str | None = None,
-                      batch_sizes: Sequence[int | None] | None = None) -> list[dict[str, Any]]:
+                      batch_sizes: Sequence[int | None] | None = None,
+                      new_tokens: int | None = None) -> list[dict[str, Any]]:
     """The rows of one request from a `RequestSpecDecodeMetrics.to_dict()`-shaped payload
     (detailed level: per_step_accepted, per_step_drafted), in step order.
 
+    vLLM logs only the steps that verified a draft. With `new_tokens`, the request's generated
+    token count, the steps that drafted nothing (the n-gram matcher found no match) are added
+    after the logged ones, as rows with drafted = accepted = 0: new_tokens - 1 (the prefill's
+    token) less the tokens the logged steps committed. Without them a replay sees only the
+    steps that drafted and overstates what speculation buys.
+
     `prompt_hash` defaults to `collect.schema.prompt_hash(prompt_tokens)` when the prompt's token
     ids are given; `batch_sizes`, when the engine reports them, has one entry per step. A payload
-    whose request took no verify step gives no rows. MCSDError names what is wrong and the fix.
+    whose request took no verify step gives no rows but its undrafted ones. MCSDError names what
+    is wrong and the fix.
     """
     who = f"request {request_id}"
     if not isinstance(metrics, Mapping):
@@ -122,9 +130,7 @@ def rows_from_metrics(request_id: str, prompt_id: str, metrics: Mapping[str, Any
                         f"{type(metrics).__name__}, not an object; {DETAILED_HINT}")
     k = _count(metrics.get("num_spec_tokens"), "num_spec_tokens", who)
     per_step = _per_step(metrics, who)
-    if per_step is None:
-        return []
-    accepted, drafted = per_step
+    accepted, drafted = per_step if per_step is not None else ([], [])
     if batch_sizes is not None and len(batch_sizes) != len(accepted):
         raise MCSDError(f"{who}: {len(batch_sizes)} batch sizes for {len(accepted)} steps")
     if prompt_hash is None and prompt_tokens is not None:
@@ -134,9 +140,24 @@ def rows_from_metrics(request_id: str, prompt_id: str, metrics: Mapping[str, Any
     base = {"run_id": str(run_id), "request_id": str(request_id), "prompt_id": str(prompt_id),
             "prompt_hash": prompt_hash, "category": category, "engine": engine,
             "method": method, "num_spec_tokens": k}
-    return [base | {"step": step, "drafted": d, "accepted": a,
+    rows = [base | {"step": step, "drafted": d, "accepted": a,
                     "batch_size": None if batch_sizes is None else batch_sizes[step]}
             for step, (a, d) in enumerate(zip(accepted, drafted, strict=True))]
+    plain = _undrafted(new_tokens, accepted, who)
+    return rows + [base | {"step": len(rows) + i, "drafted": 0, "accepted": 0,
+                           "batch_size": None} for i in range(plain)]
+
+
+def _undrafted(new_tokens: int | None, accepted: Sequence[int], who: str) -> int:
+    """The steps that drafted nothing, of a request that generated `new_tokens` (0 unknown)."""
+    if new_tokens is None:
+        return 0
+    plain = new_tokens - 1 - len(accepted) - sum(accepted)
+    if plain < 0:
+        raise MCSDError(f"{who}: {new_tokens} generated tokens, but its verify steps alone "
+                        f"committed {len(accepted) + sum(accepted)} after the first: the "
+                        f"token count and the metrics are of different requests")
+    return plain
 
 
 # --- writing ------------------------------------------------------------------------------------

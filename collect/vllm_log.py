@@ -23,7 +23,9 @@ prompt and n == 1). Each request's rows take:
 - prompt_hash: of the prompt's token ids when the response holds them (a request with
   `"return_token_ids": true`: `prompt_token_ids` of a chat response, of a completion's choice),
   or when a completion request's `prompt` is a list of token ids;
-- method: the line's top-level `"method"` (vLLM's responses do not name it), else "unknown".
+- method: the line's top-level `"method"` (vLLM's responses do not name it), else "unknown";
+- the steps that drafted nothing (vLLM logs only those that verified a draft): placed from the
+  response's `usage.completion_tokens`, as rows with drafted = accepted = 0.
 
 The engine version comes from the responses' `system_fingerprint` (`vllm-<version>-...`) when
 all agree. Any bad line stops the import with its line number, what is missing and the fix,
@@ -87,6 +89,14 @@ def unwrap(obj: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, A
                         f", not a completion; drop failed requests from the log")
     request = obj.get("request")
     return response, request if isinstance(request, dict) else None
+
+
+def completion_tokens(response: dict[str, Any]) -> int | None:
+    """The response's generated tokens (`usage.completion_tokens`), which place the steps that
+    drafted nothing (`collect.traces.rows_from_metrics`); None where it does not say."""
+    usage = response.get("usage")
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def spec_metrics(response: dict[str, Any], where: str) -> dict[str, Any]:
@@ -203,7 +213,8 @@ class LogReader:
             rows = rows_from_metrics(rid, labels["prompt_id"], spec, run_id=self.run_id,
                                      method=labels["method"], engine=ENGINE,
                                      category=labels["category"],
-                                     prompt_tokens=prompt_tokens(response, request))
+                                     prompt_tokens=prompt_tokens(response, request),
+                                     new_tokens=completion_tokens(response))
         except MCSDError as err:
             raise MCSDError(f"{where}: {err}") from None
         self.lines_of[rid] = number
@@ -266,7 +277,7 @@ def format_summary(manifest: Mapping[str, Any]) -> str:
     """Requests, steps, mean accepted per step and acceptance rate of a trace's manifest."""
     counts, summary = manifest["counts"], manifest["summary"]
     line = (f"engine trace ({manifest['engine']} {manifest.get('engine_version') or ''}".rstrip()
-            + f"): {counts['requests']} requests, {counts['steps']} verify steps")
+            + f"): {counts['requests']} requests, {counts['steps']} steps")
     if counts["steps"]:
         line += (f", mean accepted per step {summary['mean_accepted']:.3f} of "
                  f"{summary['mean_drafted']:.3f} drafted, acceptance rate "

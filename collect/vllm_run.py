@@ -4,7 +4,8 @@ record what it drafted and accepted per request and verify step, as an engine tr
 
 The requests go in waves of `--batch-size` submitted together (`mcsd_runtime.serving.vllm_eval`,
 the same runner as `mcsd eval --engine vllm`). vLLM does not report the batch size of each step,
-so `batch_size` is left empty; the wave's size is in the manifest.
+so `batch_size` is left empty; the wave's size is in the manifest. The steps that drafted nothing
+(no n-gram match) are rows with drafted = 0 after the logged ones (`rows_from_metrics`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                                    "per_step_drafted": [d for d, _ in r.steps],
                                    "per_step_accepted": [a for _, a in r.steps]},
         run_id=run_id, method=kind, category=category[r.prompt_id],
-        prompt_tokens=ids[r.prompt_id])]
+        prompt_tokens=ids[r.prompt_id], new_tokens=r.new_tokens)]
     source = {"live": True, "target": model, "prompts": args.prompts, "limit": args.limit,
               "vllm_method": args.vllm_method, "speculative": method.speculative,
               "concurrency": wave, "dtype": run.dtype,
@@ -81,5 +82,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     write_traces(out, rows, {"engine": "vllm", "engine_version": vllm.__version__,
                              "method": kind, "run_id": run_id, "source": source,
                              "requests": len(records)}, force=getattr(args, "force", False))
-    print(f"{len(records)} requests, {len(rows)} verify steps -> {out}")
+    drafted = sum(row["drafted"] > 0 for row in rows)
+    print(f"{len(records)} requests, {len(rows)} steps ({drafted} drafted) -> {out}")
     return 0

@@ -230,12 +230,19 @@ def test_load_names_the_folder_and_what_it_is(tmp_path: Path) -> None:
 # --- mcsd collect --from-vllm-log ---------------------------------------------------------------
 
 
+UNDRAFTED = 2  # steps that drafted nothing in each `completion` fixture, per its usage
+
+
 def completion(rid: str, metrics: dict | None, **extra: Any) -> dict[str, Any]:
-    """A non-streamed /v1/completions response as the server returns it (nulls included)."""
+    """A non-streamed /v1/completions response as the server returns it (nulls included); its
+    usage counts the tokens of its verify steps and of UNDRAFTED steps that drafted nothing."""
+    accepted = (metrics or {}).get("per_step_accepted") or []
+    tokens = 1 + len(accepted) + sum(accepted) + UNDRAFTED
     return {"id": rid, "object": "text_completion", "created": 1, "model": "m",
             "choices": [{"index": 0, "text": "x", "finish_reason": "length",
                          "prompt_token_ids": None}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12},
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens,
+                      "total_tokens": 3 + tokens},
             "system_fingerprint": FINGERPRINT,
             "metrics": None if metrics is None else {"time_to_first_token_ms": None,
                                                      "speculative_decoding": metrics}} | extra
@@ -276,25 +283,29 @@ def test_import_a_vllm_log_through_the_cli(tmp_path: Path, capsys) -> None:
     out = tmp_path / "runs" / "trace"
     assert mcsd(["collect", "--from-vllm-log", str(log), "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "5 requests, 7 verify steps" in printed and "1 requests without a step" in printed
-    assert "mean accepted per step 2.143 of 3.714 drafted, acceptance rate 0.577" in printed
+    # the completions' usage places 2 undrafted steps each (cmpl-5's are its only ones); the
+    # chat response and the streamed chunk carry no usage: their verify steps alone
+    assert "5 requests, 13 steps" in printed and "without a step" not in printed
+    assert "mean accepted per step 1.154 of 2.000 drafted, acceptance rate 0.577" in printed
     df = load_traces(out)
     by_request = df.groupby("request_id", sort=False)
-    assert list(by_request.groups) == ["cmpl-1", "chatcmpl-2", "cmpl-3", "chatcmpl-4"]
-    assert by_request["accepted"].apply(list).tolist() == [[2, 1, 4], [0, 3], [1], [4]]
+    assert list(by_request.groups) == ["cmpl-1", "chatcmpl-2", "cmpl-3", "chatcmpl-4", "cmpl-5"]
+    assert by_request["accepted"].apply(list).tolist() == [
+        [2, 1, 4, 0, 0], [0, 3], [1, 0, 0], [4], [0, 0]]
+    assert by_request["drafted"].apply(list).tolist()[2] == [2, 0, 0]
     first = df.drop_duplicates("request_id").set_index("request_id")
-    assert first["prompt_id"].tolist() == ["cmpl-1", "chatcmpl-2", "q3", "chatcmpl-4"]
+    assert first["prompt_id"].tolist() == ["cmpl-1", "chatcmpl-2", "q3", "chatcmpl-4", "cmpl-5"]
     assert first["category"].tolist()[:2] == ["code", "chat"]
-    assert first["category"].isna().tolist()[2:] == [True, True]
-    assert first["method"].tolist() == ["ngram", "unknown", "unknown", "unknown"]
+    assert first["category"].isna().tolist()[2:] == [True, True, True]
+    assert first["method"].tolist() == ["ngram", "unknown", "unknown", "unknown", "unknown"]
     assert first.loc["chatcmpl-2", "prompt_hash"] == prompt_hash([7, 8, 9])
-    assert first["prompt_hash"].isna().tolist() == [True, False, True, True]
+    assert first["prompt_hash"].isna().tolist() == [True, False, True, True, True]
     assert set(df["run_id"]) == {"trace"} and set(df["engine"]) == {"vllm"}
     manifest = load_trace_manifest(out)
     assert manifest["engine_version"] == "0.32.0"
     assert manifest["method"] == ["ngram", "unknown"]
     assert manifest["source"]["path"] == str(log.resolve())
-    assert manifest["counts"]["requests"] == 5 and manifest["counts"]["steps"] == 7
+    assert manifest["counts"]["requests"] == 5 and manifest["counts"]["steps"] == 13
 
 
 def test_import_refuses_an_existing_folder_unless_forced(tmp_path: Path, capsys) -> None:
