@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_gpu_check import _wheel as make_wheel
 
-from mcsd_runtime.gpu_check import check_report, engine_check, figures, plan, staging
+from mcsd_runtime.gpu_check import check_report, engine_check, figures, lease, plan, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner, reap_stale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,16 +202,18 @@ def test_the_engine_check_writes_every_measurement_on_a_cpu(tmp_path):
     out = tmp_path / "engine.json"
     s = engine_check.Settings(shape="tiny", device="cpu", k_config="2,1", prompt_tokens=8,
                               tokens=4, repeats=1, batch_repeats=1, draft_layers=1, copy_mib=1,
-                              exact=True, exact_tokens=4)
+                              exact=True, exact_tokens=4, eager_tokens=4,
+                              eager_batch="1:padded,8:ragged")
     engine_check.measure(s, out, progress=lambda *a: None)
     got = json.loads(out.read_text())
+    assert list(got["phases"]) == list(lease.PHASES)  # the bound, captured, exact, then eager
     rows = [(r["method"], r["graphs"]) for r in got["rows"]]
-    assert rows[:2] == [("ar", "on"), ("static:1", "on")]  # captured before eager
-    assert set(rows) == {("ar", "on"), ("static:1", "on"), ("hf", "off"), ("ar", "off"),
-                         ("static:1", "off")}
+    assert rows == [("ar", "on"), ("static:1", "on"), ("hf", "off"), ("ar", "off"),
+                    ("static:1", "off")]
     assert all(r.get("path") in ("fixed", "eager") and not r.get("error") for r in got["rows"])
-    assert {(r["rows"], r["graphs"]) for r in got["batch"]} >= {(1, "on"), (8, "on"),
-                                                               (1, "off"), (8, "off")}
+    assert [(r["rows"], r["layout"], r["graphs"]) for r in got["batch"]] == [
+        (1, "padded", "on"), (8, "padded", "on"), (8, "ragged", "on"),  # B=1 is one layout
+        (1, "padded", "off"), (8, "ragged", "off")]  # the eager ones --eager-batch names
     assert got["decisions"]["mlp"]["median_us"] > 0 and "ar" in got["launches"]["on"]
     ragged = got["ragged_forward"]
     assert ragged["tokens"] == {"padded": 40, "ragged": 24} and ragged["max_logit_diff"] < 1e-3
@@ -220,3 +223,9 @@ def test_the_engine_check_writes_every_measurement_on_a_cpu(tmp_path):
     assert got["replay"]["unchanged"] and got["replay"]["second_differs"]
     assert got["uploads"]["values_equal"] and "probe" in got and "wall_s" in got
     assert got["goals"]["fp32_captured_equals_eager"]["reached"] is True
+    assert list(got["goals"]) == list(figures.GOALS)  # every goal, measured or not
+    assert got["goals"]["gpu_busy"]["value"] is None  # a CPU has no busy share
+    assert got["goals"]["ar_ms"]["reached"] is None and got["goals"]["ar_ms"]["value"] > 0
+    assert got["versions"]["torch"] == torch.__version__ and got["startup_s"] > 0
+    with pytest.raises(ValueError, match="ROWS:LAYOUT"):
+        engine_check.batch_rows("8:diagonal")

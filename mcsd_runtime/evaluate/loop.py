@@ -4,6 +4,7 @@ cancels out; then greedy outputs are compared with `hf`'s and every output's qua
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from mcsd_runtime.decode.decoder import DecodeConfig
@@ -14,6 +15,10 @@ from mcsd_runtime.evaluate.methods import check_batch_methods
 from mcsd_runtime.evaluate.record import Record
 from mcsd_runtime.evaluate.runners import build_method, encode_prompt
 from mcsd_runtime.models.pair import Pair
+
+# told about every record as soon as it is decoded (before quality is scored), e.g. the GPU
+# check's `eval_stage`, which appends each to a file so that a stopped evaluation keeps it
+RECORD_OBSERVERS: list[Callable[[Record], None]] = []
 
 
 def run_eval(pair: Pair, prompts, methods: list[str], base: DecodeConfig, chat: str = "auto",
@@ -79,6 +84,8 @@ def run_runners(pair: Pair, runners: dict, encoded: list[tuple[str, list[int]]],
                         rec.method, rec.prompt_id, rec.sample = name, pid, sample
                         rec.batch_id = f"batch{i:04d}" if batched else None
                         records.append(rec)
+                        for observer in RECORD_OBSERVERS:
+                            observer(rec)
             bar.set_postfix_str(f"{sum(r.new_tokens for r in records)} tokens")
             bar.update(len(batch))
     if greedy:

@@ -2,28 +2,33 @@
 
 `python -m mcsd_runtime.gpu_check.engine_check --shape llama2-7b --device cuda --out F.json`
 builds a random-weight pair of the shape on the device (`step_breakdown.shaped_pair`) and
-measures, in this order, each written into `F.json` as soon as it is measured (so a stage stopped
-at its budget keeps every row before it):
+measures, in this order (`lease.PHASES`), each written into `F.json` as soon as it is measured
+(so a stage stopped at its budget keeps every row before it), the seconds of each phase in
+`phases`:
 
 1. `bound`: the bandwidth bound of one target forward;
-2. `rows`, captured first (`graphs on`): AR and `static:1` on the tree (`4,2,2,1`), each row
-   saying which path ran (`path`: captured, fixed or eager) and where its step's time goes
-   (target and draft forward per call, the decoder's host work per step);
-3. `batch`: an AR decode step at B=8 against B=1, padded, and ragged where `DecodeConfig` has a
-   `batch_layout` field;
-4. `decisions`: a learned stopper's (a random MLP on the feature schema) cost per decision,
-   that is per drafted depth, inside the decoder on this pair; `ragged_forward`: the target's
-   forward at B=8 with half the rows carrying 1 token and half 5, ragged against padded
-   (`costmodel.ragged_bench.compare_layouts`, eager);
-5. `launches`: kernel launches, syncs and the GPU-busy share of an AR step, captured and eager;
-6. the eager rows (AR, `static:1`, and the target's own `generate()` as `hf`), then eager batches;
-7. with `--exact` (the SmolLM2 shape in the check): `exact`, the same pair in fp32, captured
+2. `captured`: `rows` AR and `static:1` on the tree (`4,2,2,1`) with `graphs on`, each row saying
+   which path ran (`path`: captured, fixed or eager) and where its step's time goes (target and
+   draft forward per call, the decoder's host work per step); `batch`: an AR decode step at B=1,
+   then at B=8 padded, and ragged where `DecodeConfig` has a `batch_layout` field (one row is
+   one layout: B=1 is measured once); `launches`: kernel launches, syncs and the GPU-busy share
+   of a captured AR step;
+3. with `--exact` (the SmolLM2 shape in the check): `exact`, the same pair in fp32, captured
    against eager, tokens and logits compared; `replay`, a replayed graph's outputs unchanged by
    the next replay of the same graph; `uploads`, host-to-device uploads that do not wait;
-8. `probe`: the eager forward probe (`step_breakdown.forward_probe`).
+4. `decisions`: a learned stopper's (a random MLP on the feature schema) cost per decision,
+   that is per drafted depth, inside the decoder on this pair;
+5. `ragged_forward`: the target's forward at B=8 with half the rows carrying 1 token and half
+   5, ragged against padded (`costmodel.ragged_bench.compare_layouts`, eager);
+6. everything eager: the target's own `generate()` as `hf` (`--repeats` runs: a goal's
+   reference), AR and `static:1` (`--eager-repeats` runs of `--eager-tokens`), the eager
+   launches, and the eager batch rows `--eager-batch` names (none in the GPU check: issue 52
+   measured them, and they do not fit the stage's budget);
+7. `probe`: the eager forward probe (`step_breakdown.forward_probe`).
 
-`goals` is rewritten with every write: what each of issue 52's figures reaches so far.
-A failure inside one measurement becomes that entry's `error`; the next one runs.
+`goals` is rewritten with every write: each of issue 52's and 57's figures (`GOALS`), its value
+so far (None until measured: the GPU-busy share is None on a CPU), the goal, and whether it is
+reached. A failure inside one measurement becomes that entry's `error`; the next one runs.
 """
 
 from __future__ import annotations
@@ -41,16 +46,11 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime.costmodel import step_breakdown as sb
+from mcsd_runtime.gpu_check.figures import AR_MS_GOAL_SHAPE, GOALS
 
 FORMAT = "mcsd-engine-check"
 BATCH = 8  # rows of the batched step, against 1
-GOALS = {  # issue 52's figures: (key in `goals`, comparison, bound)
-    "ar_vs_hf": (">=", 3.0), "ar_over_bound": ("<=", 2.0), "static1_over_ar": ("<=", 1.3),
-    "b8_over_b1": ("<=", 1.3), "gpu_busy": (">=", 0.8), "ar_ms": ("<=", 2.5),
-    "decision_ms_per_depth": ("<=", 0.1), "fp32_captured_equals_eager": ("==", True),
-    "ragged_over_padded": ("<=", 0.75)}  # issue 57's: B=8, half the rows 1 token, half 5
 RAGGED_COUNTS = [1] * (BATCH // 2) + [5] * (BATCH - BATCH // 2)
-AR_MS_GOAL_SHAPE = "smollm2"  # the shape whose AR step has a goal of its own (ar_ms)
 
 
 class Doc:
@@ -185,8 +185,9 @@ def _reached(value, goal: tuple[str, float]) -> bool | None:
 
 
 def goals(doc: dict) -> dict:
-    """Each of issue 52's figures measured so far (captured where both ran): its value, the
-    goal, and whether it is reached (None: not measured yet)."""
+    """Every one of issue 52's and 57's figures (`GOALS`, in its order): its value so far
+    (captured where both ran; None until measured), the goal, and whether it is reached (None:
+    not measured yet, or not a goal at this shape)."""
     rows, batch = doc.get("rows", []), doc.get("batch", [])
     ar, hf = _ms(rows, "ar", "on"), _ms(rows, "hf", "off")
     s1 = _ms(rows, "static:1", "on")
@@ -194,6 +195,7 @@ def goals(doc: dict) -> dict:
     b = {(r.get("rows"), r.get("layout")): r.get("step_ms") for r in batch
          if r.get("graphs") == "on" and isinstance(r.get("step_ms"), int | float)}
     layout = "ragged" if (BATCH, "ragged") in b else "padded"
+    one = b.get((1, layout)) or b.get((1, "padded"))  # one row is one layout
     busy = doc.get("launches", {}).get("on", {}).get("ar", {}).get("device_busy")
     mlp = doc.get("decisions", {}).get("mlp", {}).get("median_us")
     exact = doc.get("exact", {}).get("tokens")
@@ -201,19 +203,23 @@ def goals(doc: dict) -> dict:
         "ar_vs_hf": round(hf / ar, 3) if ar and hf else None,
         "ar_over_bound": round(ar / bound, 3) if ar and bound else None,
         "static1_over_ar": round(s1 / ar, 3) if ar and s1 else None,
-        "b8_over_b1": round(b[(BATCH, layout)] / b[(1, layout)], 3)
-        if b.get((BATCH, layout)) and b.get((1, layout)) else None,
+        "b8_over_b1": round(b[(BATCH, layout)] / one, 3) if b.get((BATCH, layout)) and one
+        else None,
         "gpu_busy": busy,
         "ar_ms": ar,
         "decision_ms_per_depth": round(mlp / 1e3, 4) if mlp is not None else None,
-        "ragged_over_padded": doc.get("ragged_forward", {}).get("ratio"),
         "fp32_captured_equals_eager": all(v.get("equal") for v in exact.values())
         if isinstance(exact, dict) and exact and all(isinstance(v, dict) for v in exact.values())
-        else None}
-    if doc.get("shape") != AR_MS_GOAL_SHAPE:
-        del values["ar_ms"]
-    return {k: {"value": v, "goal": " ".join(map(str, GOALS[k])),
-                "reached": _reached(v, GOALS[k])} for k, v in values.items()}
+        else None,
+        "ragged_over_padded": doc.get("ragged_forward", {}).get("ratio")}
+    out = {}
+    for key, value in values.items():
+        applies = key != "ar_ms" or doc.get("shape") == AR_MS_GOAL_SHAPE
+        out[key] = {"value": value, "goal": " ".join(map(str, GOALS[key])),
+                    "reached": _reached(value, GOALS[key]) if applies else None}
+        if not applies:
+            out[key]["note"] = f"a goal at the {AR_MS_GOAL_SHAPE} shape only"
+    return out
 
 
 @dataclasses.dataclass
@@ -225,11 +231,26 @@ class Settings:
     tokens: int = 64
     repeats: int = 3
     batch_repeats: int = 2
+    eager_repeats: int = 1  # runs of the eager AR and static:1 rows (no goal reads them)
+    eager_tokens: int = 32  # new tokens of those rows and of the eager launches
+    eager_batch: str = ""  # eager batch rows, ROWS:LAYOUT,... (e.g. 1:padded,8:ragged)
     draft_layers: int = 4
     copy_mib: int = 1024
     exact: bool = False
     exact_tokens: int = 32
     seed: int = 0
+
+
+def batch_rows(text: str) -> list[tuple[int, str]]:
+    """`ROWS:LAYOUT,...` as (rows, layout) pairs; ValueError when malformed."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        rows, sep, layout = item.partition(":")
+        if not sep or not rows.isdigit() or int(rows) < 1 or layout not in ("padded", "ragged"):
+            raise ValueError(f"--eager-batch takes ROWS:LAYOUT items (layout padded or "
+                             f"ragged), got {item!r}")
+        out.append((int(rows), layout))
+    return out
 
 
 def _prompts(pair, s: Settings, count: int) -> list[list[int]]:
@@ -238,24 +259,41 @@ def _prompts(pair, s: Settings, count: int) -> list[list[int]]:
             for _ in range(count)]
 
 
-def _graph_phase(doc: Doc, pair, s: Settings, graphs: str, ids, k_config) -> None:
-    """The rows, batches and launches of one graphs setting (with "off", `hf` first: the
-    eager reference of the captured AR row)."""
-    if graphs == "off":
-        doc.append("rows", {"method": "hf", "graphs": "off", **guarded(lambda: dataclasses.asdict(
-            sb.hf_row(pair, ids[:1], s.tokens, s.repeats)))})
-    for method in ("ar", "static:1"):
-        doc.append("rows", _row(pair, method, graphs, k_config, ids[:1], s.tokens, s.repeats))
-    for layout in layouts():
-        for rows in (1, BATCH):
-            got = guarded(lambda rows=rows, layout=layout: batch_step(
-                pair, rows, graphs, layout, ids, s.tokens, s.batch_repeats))
-            doc.append("batch", {"method": "ar", "rows": rows, "graphs": graphs,
-                                 "layout": layout, **got})
+def _batch(doc: Doc, pair, rows: int, graphs: str, layout: str, ids, s: Settings) -> None:
+    got = guarded(lambda: batch_step(pair, rows, graphs, layout, ids, s.tokens, s.batch_repeats))
+    doc.append("batch", {"method": "ar", "rows": rows, "graphs": graphs, "layout": layout, **got})
+
+
+def _launches(doc: Doc, pair, graphs: str, k_config, prompt: list[int], tokens: int) -> None:
     launches = doc.data.setdefault("launches", {})
-    launches[graphs] = {"ar": guarded(lambda: sb.launch_counts(pair, "ar", k_config, ids[0],
-                                                               s.tokens, graphs))}
+    launches[graphs] = {"ar": guarded(lambda: sb.launch_counts(pair, "ar", k_config, prompt,
+                                                               tokens, graphs)), "tokens": tokens}
     doc.write()
+
+
+def _captured_phase(doc: Doc, pair, s: Settings, ids, k_config) -> None:
+    """AR and `static:1` captured, the AR step at B=1 and at B=8 in each layout, the launches
+    and the GPU-busy share of a captured AR step."""
+    for method in ("ar", "static:1"):
+        doc.append("rows", _row(pair, method, "on", k_config, ids[:1], s.tokens, s.repeats))
+    for rows, layout in [(1, "padded"), *((BATCH, layout) for layout in layouts())]:
+        _batch(doc, pair, rows, "on", layout, ids, s)
+    _launches(doc, pair, "on", k_config, ids[0], s.tokens)
+
+
+def _eager_phase(doc: Doc, pair, s: Settings, ids, k_config) -> None:
+    """The target's own `generate()` (`hf`, the reference of a goal) first, then AR and
+    `static:1` eager, the eager launches and the eager batch rows `s.eager_batch` names."""
+    doc.append("rows", {"method": "hf", "graphs": "off", "tokens": s.tokens,
+                        **guarded(lambda: dataclasses.asdict(
+                            sb.hf_row(pair, ids[:1], s.tokens, s.repeats)))})
+    for method in ("ar", "static:1"):
+        doc.append("rows", {"tokens": s.eager_tokens, **_row(
+            pair, method, "off", k_config, ids[:1], s.eager_tokens, s.eager_repeats)})
+    _launches(doc, pair, "off", k_config, ids[0], s.eager_tokens)
+    for rows, layout in batch_rows(s.eager_batch):
+        if layout in layouts():
+            _batch(doc, pair, rows, "off", layout, ids, s)
 
 
 def _exact_phase(doc: Doc, s: Settings, device: str, k_config) -> None:
@@ -272,38 +310,65 @@ def _exact_phase(doc: Doc, s: Settings, device: str, k_config) -> None:
     doc.put("uploads", guarded(lambda: probes.uploads(pair.device)))
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (from /proc; None where there is none)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _head(s: Settings, pair, device, dtype, build_s: float) -> dict:
+    import platform
+
+    import transformers
+
+    return {"format": FORMAT, "version": 1, "shape": s.shape, "device": str(device),
+            "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "transformers": transformers.__version__,
+                         "cuda": torch.version.cuda},
+            "dtype": str(dtype).removeprefix("torch."), "target": pair.target_name,
+            "draft": pair.draft_name, "timer": sb.Clock(device).name,
+            "settings": dataclasses.asdict(s), "layouts": layouts(), "build_s": build_s,
+            "startup_s": process_age_s(), "phases": {}}
+
+
 def measure(s: Settings, out: Path | None, progress=print) -> dict:
-    """Every measurement of the module docstring, in its order, into `out` as it goes."""
+    """Every measurement of the module docstring, in its order (`lease.PHASES`), into `out`
+    as it goes, each phase's seconds in `phases`."""
     from mcsd_runtime.backend.device import pick_device
+    from mcsd_runtime.gpu_check.lease import PHASES
     from mcsd_runtime.models.pair import pick_dtype
     from mcsd_runtime.tree import parse_k_config
 
+    batch_rows(s.eager_batch)  # a malformed list fails before the pair is built
     device = pick_device(s.device)
     dtype = pick_dtype("auto", device)
     k_config = parse_k_config(s.k_config)
     t0 = time.perf_counter()
     pair = sb.shaped_pair(s.shape, s.draft_layers, str(device), dtype, s.seed)
-    doc = Doc(out, {"format": FORMAT, "version": 1, "shape": s.shape, "device": str(device),
-                    "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-                    "dtype": str(dtype).removeprefix("torch."), "target": pair.target_name,
-                    "draft": pair.draft_name, "timer": sb.Clock(device).name,
-                    "settings": dataclasses.asdict(s), "layouts": layouts(),
-                    "build_s": round(time.perf_counter() - t0, 2)})
+    doc = Doc(out, _head(s, pair, device, dtype, round(time.perf_counter() - t0, 2)))
     ids = _prompts(pair, s, BATCH)
-    doc.put("bound", guarded(lambda: sb.bandwidth_bound(pair, s.copy_mib)))
-    progress(f"bound: {json.dumps(doc.data['bound'])}")
-    steps = [("captured", lambda: _graph_phase(doc, pair, s, "on", ids, k_config)),
-             ("decisions", lambda: doc.put("decisions", decisions(pair, k_config, s.tokens,
-                                                                  s.seed))),
-             ("ragged", lambda: doc.put("ragged_forward", guarded(lambda: ragged_forward(
-                 pair, s.prompt_tokens, s.batch_repeats)))),
-             ("eager", lambda: _graph_phase(doc, pair, s, "off", ids, k_config))]
-    if s.exact:
-        steps.append(("exact", lambda: _exact_phase(doc, s, str(device), k_config)))
-    steps.append(("probe", lambda: doc.put("probe", guarded(
-        lambda: sb.forward_probe(pair, s.prompt_tokens, seed=s.seed)))))
-    for name, step in steps:
-        step()
+    steps = {
+        "bound": lambda: doc.put("bound", guarded(lambda: sb.bandwidth_bound(pair, s.copy_mib))),
+        "captured": lambda: _captured_phase(doc, pair, s, ids, k_config),
+        "exact": lambda: _exact_phase(doc, s, str(device), k_config),
+        "decisions": lambda: doc.put("decisions", decisions(pair, k_config, s.tokens, s.seed)),
+        "ragged": lambda: doc.put("ragged_forward", guarded(lambda: ragged_forward(
+            pair, s.prompt_tokens, s.batch_repeats))),
+        "eager": lambda: _eager_phase(doc, pair, s, ids, k_config),
+        "probe": lambda: doc.put("probe", guarded(
+            lambda: sb.forward_probe(pair, s.prompt_tokens, seed=s.seed)))}
+    for name in PHASES:
+        if name == "exact" and not s.exact:
+            continue
+        t1 = time.perf_counter()
+        steps[name]()
+        doc.data["phases"][name] = round(time.perf_counter() - t1, 2)
+        doc.write()
         reached = {k: v["value"] for k, v in doc.data["goals"].items()}
         progress(f"{name} done at {time.perf_counter() - t0:.1f} s; goals so far: "
                  f"{json.dumps(reached)}")
@@ -333,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         measure(Settings(**args), out)
-    except MCSDError as err:
+    except (MCSDError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -10,6 +10,13 @@ from pathlib import Path
 
 from mcsd_runtime.metrics import geomean
 
+GOALS = {  # issue 52's figures: (key in the engine check's `goals`, comparison, bound)
+    "ar_vs_hf": (">=", 3.0), "ar_over_bound": ("<=", 2.0), "static1_over_ar": ("<=", 1.3),
+    "b8_over_b1": ("<=", 1.3), "gpu_busy": (">=", 0.8), "ar_ms": ("<=", 2.5),
+    "decision_ms_per_depth": ("<=", 0.1), "fp32_captured_equals_eager": ("==", True),
+    "ragged_over_padded": ("<=", 0.75)}  # issue 57's: B=8, half the rows 1 token, half 5
+AR_MS_GOAL_SHAPE = "smollm2"  # the shape whose AR step has a goal of its own (ar_ms)
+
 
 def read_json(path: Path) -> dict:
     """A JSON object from `path`, {} when missing, unreadable or not an object."""
@@ -97,11 +104,15 @@ def copy_policy(folder: Path) -> dict:
 
 def evaluation(folder: Path) -> dict:
     """Each method's geometric-mean speedup over AR across the categories, and AR's median
-    tokens/s."""
+    tokens/s; from the records appended as they were decoded (`eval_stage`, marked `partial`)
+    when `mcsd eval` was stopped before it wrote its tables."""
     rows = read_json(folder / "domains.json").get("rows", [])
     if not rows:  # a single domain: its own summary
         rows = [{"method": r.get("method"), "vs_ar": r.get("geomean_vs_ar")}
                 for r in read_json(folder / "summary.json").get("methods", [])]
+    if not rows or _mtime(folder / "records.jsonl") > max(
+            _mtime(folder / "domains.json"), _mtime(folder / "summary.json")):
+        return partial_evaluation(folder / "records.jsonl", f"{folder.parent}/")
     by: dict[str, list[float]] = {}
     for r in rows:
         if isinstance(r.get("vs_ar"), int | float) and r["vs_ar"] > 0:
@@ -116,6 +127,50 @@ def evaluation(folder: Path) -> dict:
                        "ar_tokens_per_s": _round(statistics.median(ar), 1) if ar else None})
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _records(path: Path) -> list[dict]:
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for text in lines:
+        try:
+            row = json.loads(text)
+        except ValueError:
+            continue  # a line cut off mid-write
+        if isinstance(row, dict) and isinstance(row.get("tokens_per_s"), int | float):
+            out.append(row)
+    return out
+
+
+def partial_evaluation(path: Path, prefix: str = "") -> dict:
+    """From an evaluation's records so far (one JSON line each): each method's geometric mean
+    over the prompts decoded of its tokens/s over AR's on the same prompt, AR's median
+    tokens/s, and how many prompts AR finished; {} without any."""
+    rows = _records(path)
+    key = lambda r: (r.get("batch_id") or r.get("prompt_id"), r.get("sample", 0))  # noqa: E731
+    ar = {key(r): r["tokens_per_s"] for r in rows if r.get("method") == "ar"}
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        base = ar.get(key(r))
+        if r.get("method") != "ar" and base and r["tokens_per_s"] > 0:
+            by.setdefault(str(r["method"]).replace(prefix, ""), []).append(
+                r["tokens_per_s"] / base)
+    if not rows:
+        return {}
+    return _drop_none({"vs_ar": {m: _round(geomean(v)) for m, v in by.items()},
+                       "ar_tokens_per_s": _round(statistics.median(ar.values()), 1)
+                       if ar else None, "prompts_done": len(ar), "records": len(rows),
+                       "partial": True})
+
+
 def preflight(path: Path) -> dict:
     """The device, each package's version, and those that did not import."""
     p = read_json(path)
@@ -124,9 +179,18 @@ def preflight(path: Path) -> dict:
                        "unimportable": p.get("unimportable") or None, "commit": p.get("commit")})
 
 
+def goals(path: Path) -> dict:
+    """Every goal of `GOALS` from an engine check's JSON (value, goal, reached; None where not
+    measured yet or the file is not there)."""
+    got = read_json(path).get("goals", {})
+    return {k: {"value": None, "goal": " ".join(map(str, g)), "reached": None,
+                **(got.get(k) if isinstance(got.get(k), dict) else {})}
+            for k, g in GOALS.items()}
+
+
 def engine(path: Path) -> dict:
-    """The engine check's goals (value and whether reached), and ms per step of each row,
-    keyed by method, graphs setting and the path that actually ran."""
+    """The engine check's goals measured so far, ms per step of each row keyed by method,
+    graphs setting and the path that actually ran, and each finished phase's seconds."""
     data = read_json(path)
     steps = {f"{r.get('method')} {r.get('graphs')} ({r.get('path') or '?'})":
              ("error" if r.get("error") else r.get("step_ms")) for r in data.get("rows", [])}
@@ -134,4 +198,5 @@ def engine(path: Path) -> dict:
               ("error" if r.get("error") else r.get("step_ms")) for r in data.get("batch", [])}
     reached = {k: v.get("value") for k, v in data.get("goals", {}).items()}
     return _drop_none({"goals": _drop_none(reached), "ms_per_step": steps,
+                       "phases_s": data.get("phases") or None, "startup_s": data.get("startup_s"),
                        "complete": "wall_s" in data or None})

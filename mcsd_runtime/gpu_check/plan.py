@@ -9,12 +9,14 @@ parses each planned command with the `mcsd` parser, so a rename the plan missed 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcsd_runtime.gpu_check import figures as fig
+from mcsd_runtime.gpu_check import lease
 from mcsd_runtime.gpu_check.figures import read_json
 
 # ---------------------------------------------------------------------------------------------
@@ -58,6 +60,9 @@ class Sizes:
     breakdown_prompt_tokens: int
     breakdown_tokens: int
     breakdown_repeats: int
+    breakdown_eager_repeats: int  # runs of the eager AR and static:1 rows
+    breakdown_eager_tokens: int  # their new tokens
+    breakdown_eager_batch: str  # the eager batch rows, ROWS:LAYOUT,... ("": none)
     breakdown_copy_mib: int
     budgets: dict = field(default_factory=dict)  # stage -> seconds
 
@@ -80,39 +85,68 @@ class Sizes:
         return dataclasses.replace(self, budgets=budgets, **changes)
 
 
-# Seconds per stage on a lent H100/H200, from the H200 figures measured so far
-# (docs/results-gpu.md, issue 52) times 1.5 where the call allows, in two calls whose stages'
-# budgets, plus 25 s for `join` and the report, fit their deadlines: call 1 (the engine at
-# both shapes, no download) 235 s, call 2 (the real pair's pipeline) 430 s. With the machine's
-# start (1-2 min), the transfers and 30 idle seconds before it goes back, both fit 15 minutes.
-# - engine-*: the captured rows, the decisions and the launches come first (tens of seconds);
-#   the eager ones cost what issue 52 measured (7B: AR 25 ms, static 34 ms, B=8 92 ms a step,
-#   hf 26 ms a token; SmolLM2 22 and 29 ms) over (warm-up + 3 runs) x 2 (plain, timed
-#   forwards) x 64 steps: ~65 s at 7B, ~50 s at SmolLM2 plus its fp32 check. 7B: 65 x 1.5 =
-#   100; SmolLM2 85 (1.3x): rows are written as measured, eager `hf` first, so a stage cut off
-#   keeps every goal's captured row and the eager rows before the cut.
+# Call 2's seconds per stage on a lent H100/H200, from the H200 figures measured so far
+# (docs/results-gpu.md, issue 52) times 1.5; call 1's (the engine stages) follow from
+# `lease.engine_estimate` (`gpu_budgets`), which prices each of the stage's phases the same way
+# and counts the ragged rows. Each call's deadline is its budgets, its reserve (`join`, the
+# report) and 10 s of room; with the machine's start and the 30 s between the calls both fit
+# 15 minutes with a minute to spare (`lease`, tests/test_gpu_check_lease.py).
+# - engine-smollm2 (the first stage of call 1, 20 s more for a cold start) and engine-llama2-7b:
+#   56 and 70 s by the estimate, of which the eager rows AR 22.4 / 25 ms, static:1 29.3 / 34 ms,
+#   hf 22.4 / 25.7 ms a token take 14-17 s (hf 3 runs of 64 tokens, AR and static:1 a run of
+#   32 tokens, plain and timed) and the captured ones, priced at their goals and counting B=8
+#   padded and ragged, 13-25 s; the eager batch rows (B=1, and B=8 at 82-92 ms a step in both
+#   layouts: 36-40 s more) are left out. 1.5x: 85 + 20 and 105.
+# - preflight (call 2's first stage): the imports call 1 did not warm (lightning, sklearn,
+#   datasets, ...) and the device's start, written as they land: 25.
 # - target: the GGUF's conversion took 23 s on an H200, plus a cold import: 30 x 1.5 = 45.
 # - distill: the default recipe generated 576 conversations in 72 s (0.125 s each) and trained
 #   360 steps in 14 s; the device's recipe (features, 320 + 64 held-out conversations, 360
 #   steps) is 48 + 14 + 8 s of loading = 70 x 1.5 = 105.
 # - collect: the goal rate (1,000 tokens/s) over 128 x 64 tokens is 8 s, plus four processes'
 #   start (~20 s): 30 x 1.5 = 45. profile: 2 calibration prompts, ~23 s x 1.5 = 35.
-# - train-*: the CPU smoke's 28-41 s on 2 cores at toy sizes; a 16-core machine trains on more
-#   rows in less: 20, 25, 30.
+# - train-*: the CPU smoke's 28-41 s on 2 cores at toy sizes; with the device's 16 cores
+#   (`--threads` its cores) on more rows: 20, 25, 30.
 # - eval-*: 1 prompt per category x 6 x ~10 methods x 64 tokens; at the captured goal (5 ms a
-#   step) 20 s, plus loading: 30 x 1.5 = 45; at T=0.7 fewer methods: 35.
+#   step) 20 s, plus loading: 30 x 1.5 = 45; at T=0.7 fewer methods: 35. Each record is written
+#   as it is decoded (`eval_stage`), so a stopped evaluation keeps what it measured.
 # eval-static and the spikes (torch.compile: tens of seconds a shape) come after everything
 # else, each with its own hard limit, and run only if time is left.
-GPU_BUDGETS = {"preflight": 20, "engine-smollm2": 85, "engine-llama2-7b": 100,
-               "target": 45, "distill": 105, "collect": 45, "profile": 35,
-               "train-lightgbm": 20, "train-mlp": 25, "train-copy": 30, "eval-t0": 45,
-               "eval-t0.7": 35, "eval-static": 60, "spike-smollm2": 60, "spike-llama2-7b": 90}
-CALL_DEADLINES = {1: 235, 2: 430}  # seconds, `run --call N --deadline ...` on the device
-CALL_RESERVE_S = 25  # of a call's deadline: `join` before the stages, the report after
+PIPELINE_BUDGETS = {"preflight": 25, "target": 45, "distill": 105, "collect": 45, "profile": 35,
+                    "train-lightgbm": 20, "train-mlp": 25, "train-copy": 30, "eval-t0": 45,
+                    "eval-t0.7": 35, "eval-static": 60, "spike-smollm2": 60,
+                    "spike-llama2-7b": 90}
 START_ENV = "MCSD_CHECK_START"  # epoch seconds the device command started: the deadline's zero
 LATE = ("eval-static", "spike-")  # stages after everything else: run if time is left
 
-GPU = Sizes(
+
+def engine_run(s: Sizes, shape: str) -> lease.EngineRun:
+    """What `engine_cmd` runs at `shape`, in the estimate's terms."""
+    return lease.EngineRun(
+        tokens=s.breakdown_tokens, repeats=s.breakdown_repeats,
+        eager_repeats=s.breakdown_eager_repeats, eager_tokens=s.breakdown_eager_tokens,
+        eager_batch=tuple(int(x.split(":")[0]) for x in s.breakdown_eager_batch.split(",") if x),
+        exact=shape == s.exact_shape)
+
+
+def gpu_budgets(s: Sizes) -> dict[str, float]:
+    """Every stage's budget at `s`: the engine stages' from their estimate, the others'
+    `PIPELINE_BUDGETS`."""
+    shapes = [x for x in s.shapes.split(",") if x]
+    return {**{f"engine-{x}": lease.engine_budget(lease.SHAPES[x], engine_run(s, x), i == 0)
+               for i, x in enumerate(shapes)}, **PIPELINE_BUDGETS}
+
+
+def call_deadlines(s: Sizes) -> dict[int, int]:
+    """Each device call's deadline: its stages' budgets (the late ones run in what is left),
+    its reserve and room (`lease.call_deadline`)."""
+    calls = {1: [b for n, b in s.budgets.items() if n.startswith("engine-")],
+             2: [b for n, b in s.budgets.items()
+                 if not n.startswith(("engine-", *LATE))]}
+    return {call: lease.call_deadline(b, call) for call, b in calls.items()}
+
+
+_GPU = Sizes(
     target="smollm2", recipe="features", device="cuda", k_config="4,1/1,1,1,1,1",
     collect_prompts="inst-mix", collect_limit=128, tokens=64, processes=4, batch=8,
     profile_max_tokens=16, profile_rounds=3, profile_prompts="inst-mix", profile_limit=2,
@@ -122,7 +156,11 @@ GPU = Sizes(
     deploy="lookup:8:3+static:1", shapes="smollm2,llama2-7b", exact_shape="smollm2",
     distill_conversations=320, distill_steps=360, breakdown_draft_layers=4,
     breakdown_k_config="4,2,2,1", breakdown_prompt_tokens=256, breakdown_tokens=64,
-    breakdown_repeats=3, breakdown_copy_mib=1024, budgets=GPU_BUDGETS)
+    breakdown_repeats=3, breakdown_eager_repeats=1, breakdown_eager_tokens=32,
+    breakdown_eager_batch="", breakdown_copy_mib=1024)
+GPU = dataclasses.replace(_GPU, budgets=gpu_budgets(_GPU))
+GPU_BUDGETS = GPU.budgets
+CALL_DEADLINES = call_deadlines(GPU)  # seconds, `run --call N --deadline ...` on the device
 
 # the toy pair on this CPU: every stage at toy sizes, a few minutes in all
 SMOKE = Sizes(
@@ -134,8 +172,9 @@ SMOKE = Sizes(
     statics="static:1,static:3", deploy="lookup:8:3+static:1", shapes="tiny",
     exact_shape="tiny", distill_conversations=6, distill_steps=10, breakdown_draft_layers=1,
     breakdown_k_config="2,1", breakdown_prompt_tokens=16, breakdown_tokens=8,
-    breakdown_repeats=1, breakdown_copy_mib=8,
-    budgets={"preflight": 60, "engine-tiny": 90, "target": 120, "distill": 120, "collect": 180})
+    breakdown_repeats=1, breakdown_eager_repeats=1, breakdown_eager_tokens=8,
+    breakdown_eager_batch="1:padded,8:padded,8:ragged", breakdown_copy_mib=8,
+    budgets={"preflight": 60, "engine-tiny": 120, "target": 120, "distill": 120, "collect": 180})
 SMOKE_BUDGET = 120  # seconds, a smoke stage without a budget of its own
 SMOKE_DEADLINES = {1: 200, 2: 1200}
 
@@ -146,7 +185,21 @@ SMOKE_DEADLINES = {1: 200, 2: 1200}
 PY = [sys.executable]
 MCSD = [*PY, "-m", "mcsd_runtime"]
 EOS_IGNORE = ["--eos", "ignore"]  # every output runs to its full length
-THREADS = ["--threads", "1"]
+THREADS = ["--threads", "1"]  # a GPU stage's host work: one thread (collect: one a process)
+RECORDS = "records.jsonl"  # in an evaluation's folder: each record as it is decoded
+
+
+def cores() -> int:
+    """CPU cores this process may use (the device's 16 where the check runs)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def train_threads() -> list[str]:
+    """Training's threads: every core of the machine it runs on."""
+    return ["--threads", str(cores())]
 
 
 def draft_path(run: Path) -> Path:
@@ -177,11 +230,16 @@ def engine_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
             "--device", s.device, "--draft-layers", str(s.breakdown_draft_layers),
             "--k-config", s.breakdown_k_config, "--prompt-tokens", str(s.breakdown_prompt_tokens),
             "--tokens", str(s.breakdown_tokens), "--repeats", str(s.breakdown_repeats),
+            "--eager-repeats", str(s.breakdown_eager_repeats),
+            "--eager-tokens", str(s.breakdown_eager_tokens),
+            *(["--eager-batch", s.breakdown_eager_batch] if s.breakdown_eager_batch else []),
             "--copy-mib", str(s.breakdown_copy_mib), *exact, "--out", str(out)]
 
 
-def preflight_cmd(out: Path) -> list[str]:
-    return [*PY, "-m", "mcsd_runtime.gpu_check.preflight", "--out", str(out)]
+def preflight_cmd(out: Path, found: tuple[str, ...] = ()) -> list[str]:
+    """The preflight; `found`: carried packages it finds without importing them."""
+    return [*PY, "-m", "mcsd_runtime.gpu_check.preflight", "--out", str(out), "--found",
+            ",".join(found)]
 
 
 def spike_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
@@ -221,7 +279,7 @@ def train_stop_cmd(s: Sizes, model: str, runs: Path, profile: Path, out: Path) -
     epochs = ["--max-epochs", str(s.mlp_epochs)] if s.mlp_epochs and model == "mlp" else []
     return [*MCSD, "train", "--decision", "stop", "--runs", str(runs), "--model", model,
             "--cost-profile", str(profile), "--val-frac", "0.3",
-            "--check-prompts", str(s.check_prompts), *epochs, *THREADS, "--force",
+            "--check-prompts", str(s.check_prompts), *epochs, *train_threads(), "--force",
             "--out", str(out)]
 
 
@@ -233,11 +291,14 @@ def train_copy_cmd(s: Sizes, profile: Path, traces: Path, out: Path) -> list[str
             "--max-new-tokens", str(s.tokens), *EOS_IGNORE, "--cost-profile", str(profile),
             "--max-copy", str(s.profile_max_tokens - 1),  # the longest the profile prices
             "--traces", str(traces), "--check-prompts", str(s.check_prompts), "--force",
-            *THREADS, "--out", str(out)]
+            *train_threads(), "--out", str(out)]
 
 
 def eval_cmd(s: Sizes, temperature: str, methods: list[str], out: Path) -> list[str]:
-    return [*MCSD, "eval", *pair_args(s, out.parent), "--prompts", s.eval_prompts,
+    """`mcsd eval` through `gpu_check.eval_stage`, which appends each record to `RECORDS` in
+    `out` as it is decoded."""
+    return [*PY, "-m", "mcsd_runtime.gpu_check.eval_stage", "--records", str(out / RECORDS),
+            "eval", *pair_args(s, out.parent), "--prompts", s.eval_prompts,
             "--limit", str(s.eval_limit), "--k-config", s.k_config,
             "--max-new-tokens", str(s.tokens), "--temperature", temperature, *EOS_IGNORE,
             "--deploy", s.deploy, "--methods", ",".join(methods), *THREADS, "--out", str(out)]
@@ -267,7 +328,8 @@ class Stage:
     figures: Callable[[Path], dict] = lambda run: {}  # key figures, from the run folder
     call: int = 2  # the device call that runs it (`run --call N`)
     packages: tuple[str, ...] = ()  # carried packages it imports (skipped if one does not)
-    always: bool = False  # run at every `run`, never resumed (the preflight)
+    always: bool = False  # run at every `run` of its call, never resumed (the preflight)
+    goals: bool = False  # its output JSON carries `goals` (the engine check's), for the report
 
 
 def done(run: Path, stage: str) -> bool:
@@ -279,11 +341,22 @@ def _engine_stages(s: Sizes) -> list[Stage]:
     out = []
     for shape in filter(None, s.shapes.split(",")):
         name = f"engine-{shape}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("preflight",), f"{name}.json",
+        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
                          lambda run, shape=shape, name=name: engine_cmd(
                              s, shape, run / f"{name}.json"),
-                         lambda run, name=name: fig.engine(run / f"{name}.json"), call=1))
+                         lambda run, name=name: fig.engine(run / f"{name}.json"), call=1,
+                         goals=True))
     return out
+
+
+def target_packages(s: Sizes) -> tuple[str, ...]:
+    """What the target stage needs carried: gguf, and a named model's package (its GGUF)."""
+    if s.target.startswith("toy"):
+        return ()
+    from mcsd_runtime.backend.named import NAMED_MODELS
+
+    named = NAMED_MODELS.get(s.target)
+    return ("gguf", *((named.package,) if named else ()))
 
 
 def _train_stages(s: Sizes) -> list[Stage]:
@@ -320,15 +393,16 @@ def _late_stages(s: Sizes) -> list[Stage]:
 
 
 def stages(s: Sizes) -> list[Stage]:
-    """The check's stages in the order they run: the preflight, call 1's (the engine at every
-    shape), then call 2's (the real pair's pipeline, the late stages last)."""
-    gguf = () if s.target.startswith("toy") else ("gguf",)
-    out = [Stage("preflight", s.budgets.get("preflight", SMOKE_BUDGET), (), "preflight.json",
-                 lambda run: preflight_cmd(run / "preflight.json"),
-                 lambda run: fig.preflight(run / "preflight.json"), call=0, always=True),
-           *_engine_stages(s),
-           Stage("target", s.budgets.get("target", SMOKE_BUDGET), ("preflight",), "",
-                 lambda run: target_cmd(s), packages=gguf),
+    """The check's stages in the order they run: call 1's (the engine at every shape, needing
+    nothing but torch), then call 2's (the preflight, the real pair's pipeline, the late stages
+    last). No stage needs the preflight: it only tells which carried packages are missing."""
+    out = [*_engine_stages(s),
+           Stage("preflight", s.budgets.get("preflight", SMOKE_BUDGET), (), "preflight.json",
+                 lambda run: preflight_cmd(run / "preflight.json", tuple(
+                     p for p in target_packages(s) if p != "gguf")),
+                 lambda run: fig.preflight(run / "preflight.json"), always=True),
+           Stage("target", s.budgets.get("target", SMOKE_BUDGET), (), "",
+                 lambda run: target_cmd(s), packages=target_packages(s)),
            Stage("distill", s.budgets.get("distill", SMOKE_BUDGET), ("target",), "draft",
                  lambda run: distill_cmd(s, run)),
            Stage("collect", s.budgets.get("collect", SMOKE_BUDGET), ("distill",), "collect",
@@ -345,6 +419,15 @@ def stages(s: Sizes) -> list[Stage]:
                              s, temp, eval_methods(s, run), run / name),
                          lambda run, name=name: fig.evaluation(run / name)))
     return out + _late_stages(s)
+
+
+def needing(stages_: list[Stage], root: str) -> list[str]:
+    """`root` and every stage that needs it, directly or through another."""
+    out = [root]
+    for st in stages_:
+        if set(st.needs) & set(out):
+            out.append(st.name)
+    return out
 
 
 def spike_figures(path: Path) -> dict:

