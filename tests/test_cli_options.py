@@ -25,14 +25,19 @@ DEFINITIONS_BEFORE = 164
 # commands added since, with the options only they define (shared ones come from cli.args):
 # ragged-bench --shape --counts --dtype; replay-batches --runs --cost-profile --batch-size
 # --holdout --families --draft-scale --affine; export ARTIFACT --engine --category
-# --max-batch-size, with train's --max-k (--decision schedule)
-NEW_COMMANDS = {"ragged-bench": 3, "replay-batches": 7, "export": 5}
+# --max-batch-size, with train's --max-k (--decision schedule); the serving engine's options of
+# collect (--from-vllm-log --force --vllm-method), eval (--concurrency), profile
+# (--draft-lengths) and --engine, defined once in cli.args; the GPU check's stage scripts
+# (eval_stage --records and its command, the preflight's --packages and --found, and two of
+# scripts/gpu_check.py's)
+NEW_COMMANDS = {"ragged-bench": 3, "replay-batches": 7, "export": 5, "serving": 6,
+                "gpu-check stages": 6}
 DEFINITIONS_CEILING = int(DEFINITIONS_BEFORE * 0.8) + sum(NEW_COMMANDS.values())
 # visible options per command today: a new option raises its command's figure here on purpose,
 # after checking mcsd_runtime.cli.args for an option of the same meaning (and docs/cli.md)
 CEILINGS = {
-    "attention-bench": 10, "bench": 23, "collect": 29, "draft distill": 20, "draft show": 2,
-    "drift": 15, "eval": 30, "profile": 19, "prompts": 5, "toy build": 5, "toy draft": 5,
+    "attention-bench": 10, "bench": 23, "collect": 33, "draft distill": 20, "draft show": 2,
+    "drift": 15, "eval": 32, "profile": 21, "prompts": 5, "toy build": 5, "toy draft": 5,
     "toy info": 4, "train": 41, "step-breakdown": 19, "replay": 5, "ragged-bench": 8,
     "replay-batches": 8, "export": 5,
 }
