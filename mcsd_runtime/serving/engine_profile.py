@@ -16,7 +16,6 @@ MCSDError that says how to measure it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text
-from mcsd_runtime.serving.schedule import json_text
+from mcsd_runtime.serving.schedule import json_text, read_json
 
 FORMAT, VERSION = "mcsd-engine-profile", 1
 FIELDS = ("engine", "engine_version", "model", "dtype", "method")
@@ -149,12 +148,6 @@ class EngineProfile:
     @classmethod
     def load(cls, path: str | Path) -> EngineProfile:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise MCSDError(f"no engine profile at {path}: measure one with `mcsd profile "
-                            f"--engine vllm`") from None
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise MCSDError(f"{path} is not readable JSON ({err}): measure the profile "
-                            f"again") from None
+        data = read_json(path, f"no engine profile at {path}: measure one with `mcsd profile "
+                               f"--engine vllm`", "measure the profile again")
         return cls.from_json(data, str(path))

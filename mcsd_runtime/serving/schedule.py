@@ -192,15 +192,22 @@ class Schedule:
         """The schedule in `path`: a folder holding `schedule.json`, or the file itself."""
         path = Path(path)
         file = path / FILE if path.is_dir() else path
-        try:
-            data = json.loads(file.read_text())
-        except FileNotFoundError:
-            raise MCSDError(f"no schedule at {file}: pass a folder written by `{TRAIN_HINT}` "
-                            f"(or its {FILE})") from None
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise MCSDError(f"{file} is not readable JSON ({err}): pass the {FILE} that "
-                            f"`mcsd train --decision schedule` wrote, or fix the file") from None
+        data = read_json(file, f"no schedule at {file}: pass a folder written by `{TRAIN_HINT}` "
+                               f"(or its {FILE})",
+                         f"pass the {FILE} that `mcsd train --decision schedule` wrote, or fix "
+                         f"the file")
         return cls.from_json(data, str(file))
+
+
+def read_json(file: Path, missing: str, fix: str) -> Any:
+    """The JSON in `file`; MCSDError `missing` where there is no such file, or naming what
+    is wrong and `fix` where it does not read as JSON."""
+    try:
+        return json.loads(file.read_text())
+    except FileNotFoundError:
+        raise MCSDError(missing) from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise MCSDError(f"{file} is not readable JSON ({err}): {fix}") from None
 
 
 _FLAT_LIST = re.compile(r"\[\s+([^\[\]{}\"]*?)\s+\]")
