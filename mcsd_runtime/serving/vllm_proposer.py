@@ -22,10 +22,15 @@ costs are the ones the policy was trained on (this toolkit's decoder): the polic
 judged end to end in vLLM, not assumed to transfer.
 
 Cost on a GPU: it runs on the host, once per step, a NumPy match over each row's context and one
-LightGBM prediction per row over at most `num_speculative_tokens` lengths: about 0.1-0.3 ms per
-row on this project's CPU, paid while the GPU waits (vLLM's own n-gram proposer runs on the host
-the same way), so at a 135M target's 15-20 ms step on an H200 it adds 1-2% per row at B=1 and is
-comparable to a step at B=64 or more, where a schedule that turns lookup off is the better tool.
+LightGBM prediction per row over at most `num_speculative_tokens` lengths. Measured on this
+project's CPU (Intel Xeon Ice Lake, 2.6 GHz, the other core busy; `propose` timed over 50 steps,
+the policy of docs/results-vllm.md): 0.26 ms a row at one request (contexts of 200 tokens),
+0.35 ms at 600, 0.27 ms a row at 8 requests and 0.50 ms a row at 16 (8 ms a step). vLLM waits
+for it between the GPU's steps, as it does for its own n-gram matcher: at a 135M target's
+16-18 ms step on an H200 (docs/results-gpu.md) that is 1.5-2% at one request and about half a
+step at 16, so on a GPU it suits low concurrency, where a schedule (K by batch size) should turn
+it off above a few requests; batching the rows' LightGBM predictions into one call is the first
+thing to do before serving it wider.
 """
 
 from __future__ import annotations
