@@ -262,9 +262,10 @@ def test_short_drafts_tell_about_longer_ks_only_when_not_cut_by_k(tmp_path):
             + trace_rows(1, lambda s: 4, drafted=4, steps=4, prefix="q"))
     rows[-1]["num_spec_tokens"] = 4  # ... but this one was cut at K=4
     steps = trace_steps(pd.DataFrame(rows))
-    assert expected_accepted(steps, 2) == Estimate(2.0, 8)
+    assert expected_accepted(steps, 2) == Estimate(2.0, 8, drafted=2.0)
     est = expected_accepted(steps, 6)  # 4 short steps, the 3 of 4 not cut, accepting 4
     assert est.steps == 7 and est.accepted == pytest.approx((4 * 2 + 3 * 4) / 7)
+    assert est.drafted == pytest.approx((4 * 2 + 3 * 4) / 7)  # each drafted all it could
 
 
 def test_bad_traces_are_refused():
@@ -330,3 +331,24 @@ def test_traces_written_by_the_trace_writer_train_a_schedule(tmp_path, capsys):
     assert report["prompts"] == {"val": 4, "test": 2}  # 6 prompts, not 12
     assert report["acceptance"]["all"]["test"]["8"]["steps"] == 2 * 2 * 20
     assert Schedule.load(out).bands[-1] == Band(64, None, 0)
+
+
+def test_a_step_is_priced_by_what_its_requests_draft():
+    """An n-gram drafter that finds a match on one step in ten drafts K there and nothing
+    elsewhere: a step costs the profile's time at the mean drafted tokens, not at K."""
+    import pandas as pd
+
+    from mcsd_runtime.serving.engine_profile import EngineProfile, ProfilePoint
+    from train.schedule.acceptance import expected_accepted
+
+    steps = pd.DataFrame({"drafted": [4] + [0] * 9, "accepted": [4] + [0] * 9,
+                          "cap": [4] * 10})
+    e = expected_accepted(steps, 4)
+    assert (e.accepted, e.drafted, e.steps) == (0.4, 0.4, 10)
+    assert expected_accepted(steps, 2).drafted == 0.2
+    profile = EngineProfile("vllm", "0.32.0", "m", "float32", "ngram", tuple(
+        ProfilePoint(4, k, 0.1 * (1 + k), 10) for k in range(5)))
+    assert profile.step_seconds_drafting(4, 0.4) == pytest.approx(0.14)
+    assert profile.step_seconds_drafting(4, 4) == profile.step_seconds(4, 4)
+    with pytest.raises(MCSDError, match="outside the profile's K=0..4"):
+        profile.step_seconds_drafting(4, 5)

@@ -114,6 +114,17 @@ class EngineProfile:
         xs = [p.concurrency for p in at_k]
         return float(np.interp(concurrency, xs, [p.step_seconds for p in at_k]))
 
+    def step_seconds_drafting(self, concurrency: float, drafted: float) -> float:
+        """Seconds a step takes at `concurrency` requests drafting `drafted` tokens each on
+        average (a fraction where some draft and some do not): linear between the measured
+        K around it, as the tokens a step verifies grow."""
+        ks = self.ks
+        if not ks[0] <= drafted <= ks[-1]:
+            raise MCSDError(f"{drafted:g} drafted tokens a request lie outside the profile's "
+                            f"K={ks[0]}..{ks[-1]}: measure those K with `mcsd profile --engine "
+                            f"{self.engine}`")
+        return float(np.interp(drafted, ks, [self.step_seconds(concurrency, k) for k in ks]))
+
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION,
                 **{name: getattr(self, name) for name in FIELDS},

@@ -37,10 +37,14 @@ SPLITS = ("val", "test")  # choose on validation prompts, report on held-out tes
 
 @dataclass(frozen=True)
 class Estimate:
-    """E[min(L, k)] over the `steps` steps that tell about k (NaN where none do)."""
+    """E[min(L, k)] over the `steps` steps that tell about k (NaN where none do), and the
+    tokens those steps would draft at K=k, E[min(D, k)]: a drafter drafts fewer than K where its
+    match runs short, and nothing where it finds none (most steps of an n-gram drafter), so a
+    step costs what it verifies, not K a request."""
 
     accepted: float
     steps: int
+    drafted: float = 0.0
 
 
 def read_source(run: Path) -> tuple[pd.DataFrame, dict]:
@@ -181,5 +185,8 @@ def expected_accepted(steps: pd.DataFrame, k: int) -> Estimate:
         return Estimate(0.0, len(steps))
     usable = (steps["drafted"] >= k) | (steps["drafted"] < steps["cap"])
     n = int(usable.sum())
-    mean = float(np.minimum(steps.loc[usable, "accepted"], k).mean()) if n else math.nan
-    return Estimate(mean, n)
+    if not n:
+        return Estimate(math.nan, 0, math.nan)
+    rows = steps.loc[usable]
+    return Estimate(float(np.minimum(rows["accepted"], k).mean()), n,
+                    float(np.minimum(rows["drafted"], k).mean()))

@@ -11,7 +11,9 @@ stages every decision runs (`train.decision`).
 - **choose**: the bands start at the profile's measured concurrencies (or --batch-size), each
   covering up to the next, the first from 1 and the last open-ended. A request-step at K=k
   commits 1 + E[min(L, k)] tokens, so at concurrency c the engine's replayed throughput is
-  c * (1 + E[min(L, k)]) / step_seconds(c, k) tokens/s (K=0: c / step_seconds(c, 0)); each band
+  c * (1 + E[min(L, k)]) / step_seconds(c, E[min(D, k)]) tokens/s, a step priced by the tokens
+  its requests draft at K=k (D: what a step drafted; none where the n-gram matcher found no
+  match, fewer than k where its match ran short), between the profile's measured K; each band
   takes the K of the highest throughput at its start on validation prompts (the smaller K of
   equals), pooled and for each category with enough prompts. The report, on held-out test
   prompts, sets each band's K beside the best single K (one K for every band, the highest
@@ -240,7 +242,9 @@ def _choose_group(group: str, starts, fitted: Fitted, profile: EngineProfile
 
     def speed(est: dict[int, Estimate], c: int, k: int) -> float:
         e = est[k]
-        return c * (1 + e.accepted) / profile.step_seconds(c, k) if e.steps else math.nan
+        if not e.steps:
+            return math.nan
+        return c * (1 + e.accepted) / profile.step_seconds_drafting(c, e.drafted)
 
     single = max(ks, key=lambda k: (metrics.geomean([speed(val, c, k) for *_, c in starts]), -k))
     out = []
@@ -288,7 +292,8 @@ def report_markdown(report: dict[str, Any]) -> str:
              f"({eng['dtype']}), {eng['method']}", "",
              f"Chosen on {report['prompts']['val']} validation prompts, replayed on "
              f"{report['prompts']['test']} held-out test prompts at the step times of "
-             f"`{eng['cost_profile']}`: tokens/s = c * (1 + E[min(L, K)]) / step_seconds(c, K).",
+             f"`{eng['cost_profile']}`: tokens/s = c * (1 + E[min(L, K)]) / "
+             f"step_seconds(c, E[min(D, K)]) (D: the tokens a step drafted).",
              ""]
     for group, g in report["groups"].items():
         lines += [f"## {group}", "", "| batch sizes | K | tokens/s | single K "
