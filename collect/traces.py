@@ -153,11 +153,13 @@ def _undrafted(new_tokens: int | None, accepted: Sequence[int], who: str) -> int
     if new_tokens is None:
         return 0
     plain = new_tokens - 1 - len(accepted) - sum(accepted)
-    if plain < 0:
+    # the last step may overshoot: it verifies its drafts whole, and the output is cut at
+    # max_tokens (or a stop token) by at most that step's accepted drafts
+    if plain < -max(accepted, default=0):
         raise MCSDError(f"{who}: {new_tokens} generated tokens, but its verify steps alone "
                         f"committed {len(accepted) + sum(accepted)} after the first: the "
                         f"token count and the metrics are of different requests")
-    return plain
+    return max(plain, 0)
 
 
 # --- writing ------------------------------------------------------------------------------------

@@ -416,12 +416,17 @@ def test_import_responses_serialized_by_vllm(tmp_path: Path, capsys) -> None:
         return PerRequestMetrics(speculative_decoding=SpeculativeDecodingMetrics(
             **vllm_metrics(steps, detailed)))
 
-    usage = UsageInfo(prompt_tokens=2, completion_tokens=8, total_tokens=10)
-    body = CompletionResponse(id="cmpl-a", model="m", usage=usage, system_fingerprint=FINGERPRINT,
+    def usage(steps, undrafted):  # the tokens the steps commit, the first, and undrafted steps
+        tokens = 1 + sum(1 + a for _, a in steps) + undrafted
+        return UsageInfo(prompt_tokens=2, completion_tokens=tokens, total_tokens=2 + tokens)
+
+    body = CompletionResponse(id="cmpl-a", model="m", usage=usage(STEPS, 1),
+                              system_fingerprint=FINGERPRINT,
                               choices=[CompletionResponseChoice(index=0, text="x",
                                                                 prompt_token_ids=[3, 4])],
                               metrics=spec(STEPS))
-    chunk = ChatCompletionStreamResponse(id="chatcmpl-b", model="m", choices=[], usage=usage,
+    chunk = ChatCompletionStreamResponse(id="chatcmpl-b", model="m", choices=[],
+                                         usage=usage(STEPS[:2], 0),
                                          metrics=spec(STEPS[:2]))
     summary = body.model_copy(update={"id": "cmpl-c", "metrics": spec(STEPS, detailed=False)})
     log = write_log(tmp_path / "log.jsonl", [
@@ -429,12 +434,13 @@ def test_import_responses_serialized_by_vllm(tmp_path: Path, capsys) -> None:
                                                             exclude_none=True))])
     out = tmp_path / "t"
     assert mcsd(["collect", "--from-vllm-log", str(log), "--out", str(out)]) == 0
-    assert "2 requests, 6 verify steps" in capsys.readouterr().out
+    assert "2 requests, 7 steps" in capsys.readouterr().out  # cmpl-a's undrafted one too
     import pyarrow.parquet as pq
 
     got = pq.read_table(out / "trace-000000.parquet").to_pylist()
     assert [(r["request_id"], r["drafted"], r["accepted"]) for r in got] == \
-        [("cmpl-a", d, a) for d, a in STEPS] + [("chatcmpl-b", d, a) for d, a in STEPS[:2]]
+        [("cmpl-a", d, a) for d, a in STEPS] + [("cmpl-a", 0, 0)] + \
+        [("chatcmpl-b", d, a) for d, a in STEPS[:2]]
     assert got[0]["num_spec_tokens"] == K and got[0]["prompt_hash"] is not None
     write_log(log, [summary.model_dump()])
     assert mcsd(["collect", "--from-vllm-log", str(log), "--out", str(tmp_path / "s")]) == 2
