@@ -109,22 +109,16 @@ def _eos_ids(tokenizer) -> list[int]:
 def _decode_domains(args: argparse.Namespace, run, domains: dict, tokenizer, out: Path) -> int:
     """Start the engines once, decode every domain at every concurrency, write the reports."""
     from mcsd_runtime.prompts.chat import encode_prompt
-    from mcsd_runtime.serving.vllm_engine import sampling_params
-    from mcsd_runtime.serving.vllm_eval import run_waves, start_engines, stop_engines
+    from mcsd_runtime.serving.vllm_eval import run_waves, running
 
-    params = sampling_params(run.temperature, run.max_new_tokens, run.ignore_eos, run.seed,
-                             list(run.stop_token_ids))
     print(f"vLLM: {len(run.methods)} methods x concurrency {','.join(map(str, run.concurrency))}"
           f" on {run.model} ({run.dtype})", flush=True)
-    engines = start_engines(run, log=lambda line: print(line, flush=True))
-    try:
+    with running(run, log=lambda line: print(line, flush=True)) as (engines, params):
         for name, (spec, prompts) in domains.items():
             encoded = [(p.id, encode_prompt(p, tokenizer, args.chat)) for p in prompts]
             by_c = {c: run_waves(engines, encoded, c, params) for c in run.concurrency}
             folder = out / name if len(domains) > 1 else out
             _write(args, run, by_c, folder, tokenizer, spec, len(prompts))
-    finally:
-        stop_engines(engines)
     print(f"\nwrote {out}")
     return 0
 

@@ -15,8 +15,9 @@ summary.*, report.md) and across them `concurrency.md` and `concurrency.json`.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,16 +116,25 @@ def run_waves(engines: dict[str, Any], encoded: list[tuple[str, list[int]]], con
     return records
 
 
-def evaluate(run: VllmRun, encoded: list[tuple[str, list[int]]],
-             log: Callable[[str], None] = print, progress: bool = True) -> dict[int, list[Record]]:
-    """Every method at every concurrency of `run` (concurrency -> records)."""
+@contextlib.contextmanager
+def running(run: VllmRun, log: Callable[[str], None] = print) -> Iterator[
+        tuple[dict[str, Any], Any]]:
+    """Every method's engine started (stopped on leaving), with the run's sampling
+    parameters: (label -> LLM, SamplingParams)."""
     params = sampling_params(run.temperature, run.max_new_tokens, run.ignore_eos, run.seed,
                              list(run.stop_token_ids))
     engines = start_engines(run, log)
     try:
-        return {c: run_waves(engines, encoded, c, params, progress) for c in run.concurrency}
+        yield engines, params
     finally:
         stop_engines(engines)
+
+
+def evaluate(run: VllmRun, encoded: list[tuple[str, list[int]]],
+             log: Callable[[str], None] = print, progress: bool = True) -> dict[int, list[Record]]:
+    """Every method at every concurrency of `run` (concurrency -> records)."""
+    with running(run, log) as (engines, params):
+        return {c: run_waves(engines, encoded, c, params, progress) for c in run.concurrency}
 
 
 def concurrency_rows(by_c: dict[int, list[Record]], greedy: bool) -> list[dict]:
