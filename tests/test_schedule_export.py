@@ -1,6 +1,7 @@
 """`mcsd export`: a schedule in vLLM's, TensorRT-LLM's and SGLang's formats, K=0 where an engine
-cannot take it, per-category schedules, user mistakes; and vLLM's own validator on the table
-(where vLLM is installed: `/work/vv/bin/python -m pytest tests/test_schedule_export.py`)."""
+cannot take it, per-category schedules, user mistakes; an engine profile as DSpark's step-cost
+table (SGLang, TensorRT-LLM); and vLLM's own validator on the table (where vLLM is installed:
+`.venv-vllm/bin/python -m pytest tests/test_schedule_export.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from mcsd_runtime.cli import main
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.serving.cost_table import cost_curve, export_cost_table
+from mcsd_runtime.serving.engine_profile import EngineProfile, ProfilePoint
 from mcsd_runtime.serving.export import export_schedule, write_exported
 from mcsd_runtime.serving.schedule import Schedule
 
@@ -117,6 +120,61 @@ def test_a_bad_table_is_one_clear_line_and_no_file(table, message, tmp_path, cap
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("mcsd: error: ")
     assert not out.exists() and not list(tmp_path.glob("k.json*"))
+
+
+# ------------------------------------------------------------------ step-cost tables
+
+# step seconds at (concurrency, K): c=2,K=1 and c=4,K=0 both score 4 tokens a step
+PROFILE = EngineProfile("vllm", "0.32.0", "m", "float32", "ngram", tuple(
+    ProfilePoint(c, k, s, 50) for c, k, s in
+    [(1, 0, 0.010), (1, 1, 0.011), (1, 3, 0.012), (2, 1, 0.014), (4, 0, 0.016), (4, 3, 0.040)]))
+
+
+def test_cost_curve_puts_cells_on_tokens_scored_a_step():
+    curve = cost_curve(PROFILE)
+    assert curve.tokens == (1, 2, 4, 16)
+    assert curve.seconds == pytest.approx((0.010, 0.011, 0.014, 0.040))  # 4: median(12, 14, 16)
+    assert curve.spread == pytest.approx(2 / 14)
+    assert curve.falls() == []
+    with pytest.raises(MCSDError, match="measures one step size only"):
+        cost_curve(EngineProfile("vllm", "0", "m", "f", "ngram", (ProfilePoint(1, 0, .01, 5),)))
+
+
+def sglang_lookup(table: dict, tokens: int) -> float:
+    """SGLang's SpsCostTable (dspark_sps.py) as read from its source: its checks, then the rate
+    of the largest probe <= tokens."""
+    probes, rates = table["sample_batch_tokens"], table["sample_steps_per_sec"]
+    assert probes == sorted(set(probes)) and len(probes) == len(rates) >= 2
+    assert table["max_batch_tokens"] >= probes[-1]
+    return rates[max(0, bisect_right(probes, tokens) - 1)]
+
+
+def test_sglang_and_trtllm_cost_tables_price_each_step_as_measured():
+    sglang = json.loads(json.dumps(export_cost_table(PROFILE, "sglang").config))
+    trt = export_cost_table(PROFILE, "trtllm")
+    assert set(trt.config) == {"token_counts", "step_time_ms", "fixed_overhead_ms",
+                               "minimum_predicted_gain"}  # TensorRT-LLM's legacy curve
+    for c, k in [(1, 0), (1, 1), (2, 1), (4, 3)]:  # (2, 1): the median of the cells at 4
+        tokens, seconds = c * (k + 1), PROFILE.step_seconds(c, k)
+        assert 1 / sglang_lookup(sglang, tokens) == pytest.approx(seconds)
+        ms = trt.config["step_time_ms"][trt.config["token_counts"].index(tokens)]
+        assert ms == pytest.approx(1000 * seconds)
+    assert any("confidence_cost_table_path" in n for n in trt.notes)
+    with pytest.raises(MCSDError, match="vllm reads no step-cost table"):
+        export_cost_table(PROFILE, "vllm")
+
+
+def test_export_writes_a_profile_as_a_cost_table(tmp_path, capsys):
+    noisy = EngineProfile("vllm", "0.32.0", "m", "float32", "ngram", (
+        ProfilePoint(1, 0, 0.010, 9), ProfilePoint(1, 1, 0.008, 9), ProfilePoint(2, 0, .03, 9)))
+    src, out = noisy.save(tmp_path / "profile.json"), tmp_path / "sps.json"
+    assert main(["export", str(src), "--engine", "sglang", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert json.loads(out.read_text())["sample_batch_tokens"] == [1, 2]
+    assert "differ by up to" in err  # 0.008 and 0.030 at 2 tokens
+    assert main(["export", str(src), "--engine", "sglang", "--category", "code", "--out",
+                 str(tmp_path / "x.json")]) == 2
+    assert "an engine profile has none" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ vLLM's own checks

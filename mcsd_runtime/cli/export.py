@@ -1,4 +1,5 @@
-"""`mcsd export`: write a trained K-by-batch-size schedule in a serving engine's own format."""
+"""`mcsd export`: write a trained K-by-batch-size schedule, or an engine profile as a step-cost
+table, in a serving engine's own format."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ chose (ARTIFACT: its folder, or the schedule.json in it) as a serving engine rea
   sglang  the --speculative-adaptive-config file: {"lo": {"candidate_steps": [K]}, ...}, one
           slot per band; for EAGLE/EAGLE3 with --speculative-eagle-topk 1. K=0 is kept.
 
+ARTIFACT may instead be an engine profile (`mcsd profile --engine vllm`): it is written as the
+step-cost table of DSpark's verification planner, step time against the tokens a step scores
+(requests + drafted tokens verified):
+
+  sglang  {"sample_batch_tokens": [...], "sample_steps_per_sec": [...], "max_batch_tokens": M}
+          for --speculative-dspark-sps-table-path.
+  trtllm  {"token_counts": [...], "step_time_ms": [...], "fixed_overhead_ms": 0,
+           "minimum_predicted_gain": 0.01} for confidence_cost_table_path.
+
 The open last band is ended at --max-batch-size. An engine reads one table for all requests:
 a schedule with per-category bands exports its pooled bands, or one category's with --category
 (one file per category, for deployments that serve one each). The file is written atomically;
@@ -33,12 +43,14 @@ what it cannot carry goes to stderr as notes. docs/serving.md has each format's 
 def register(subparsers: Any) -> None:
     """Add `mcsd export`."""
     parser = subparsers.add_parser(
-        "export", help="write a trained K-by-batch-size schedule for vLLM, TensorRT-LLM or "
-                       "SGLang", description=DESCRIPTION,
+        "export", help="write a trained K-by-batch-size schedule (vLLM, TensorRT-LLM, SGLang) "
+                       "or an engine profile's step-cost table (SGLang, TensorRT-LLM)",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path, metavar="ARTIFACT",
                         help="folder written by `mcsd train --decision schedule`, or its "
-                             "schedule.json")
+                             "schedule.json; or an engine profile (`mcsd profile --engine "
+                             "vllm`) for a step-cost table")
     parser.add_argument("--engine", required=True, choices=ENGINES,
                         help="the engine whose format to write (above)")
     add_out_arg(parser, "the JSON file to write (replaced atomically)", required=True)
@@ -53,13 +65,41 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.serving.export import export_schedule, write_exported
-    from mcsd_runtime.serving.schedule import Schedule
+    from mcsd_runtime.serving.export import write_exported
 
-    schedule = Schedule.load(args.artifact)
-    exported = export_schedule(schedule, args.engine, args.category, args.max_batch_size)
+    exported = _exported(args)
     path = write_exported(exported, args.out)
     for note in exported.notes:
         print(f"mcsd export: note: {note}", file=sys.stderr)
     print(f"-> {path} ({args.engine})")
     return 0
+
+
+def _exported(args: argparse.Namespace):
+    """The engine's config: a step-cost table where ARTIFACT is an engine profile, else the
+    schedule's table."""
+    from mcsd_runtime.errors import MCSDError
+    from mcsd_runtime.serving import engine_profile
+    from mcsd_runtime.serving.cost_table import export_cost_table
+    from mcsd_runtime.serving.export import export_schedule
+    from mcsd_runtime.serving.schedule import Schedule
+
+    if _format(args.artifact) == engine_profile.FORMAT:
+        if args.category is not None:
+            raise MCSDError("--category selects a schedule's bands; an engine profile has none: "
+                            "leave it out")
+        return export_cost_table(engine_profile.EngineProfile.load(args.artifact), args.engine)
+    schedule = Schedule.load(args.artifact)
+    return export_schedule(schedule, args.engine, args.category, args.max_batch_size)
+
+
+def _format(path: Path) -> str | None:
+    """The "format" of the JSON object in file `path`, or None (a folder, or not such a file:
+    the schedule's loader then says what is wrong)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None
