@@ -8,12 +8,17 @@ TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: venv venv-vllm demo demo-real drafts batches test lint clean clean-cache
 
+# SGLang's wheel comes without its dependencies (they include a CUDA torch): the tests load only
+# its DSpark artifact readers (dspark_sps.py, dspark_sts.py, which need msgspec) from its files,
+# to check what `mcsd export` and `mcsd train --decision sts` write.
+SGLANG_SPEC := sglang==0.5.23
 # Byte-compiled at install: with PYTHONDONTWRITEBYTECODE set (as here) an uncompiled venv
 # recompiles torch at every process start, which made the suite's subprocess tests 2.5x slower.
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps "$(SGLANG_SPEC)"
 	touch $@
 
 venv: $(BIN)/.installed
