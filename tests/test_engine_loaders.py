@@ -43,3 +43,14 @@ def test_sglang_reads_the_cost_table_as_measured(tmp_path):
         expected = 1 / profile.step_seconds(c, k) if (c, k) != (1, 3) else 1 / 0.0145
         assert table.lookup(c * (k + 1)) == pytest.approx(expected)
     assert table.lookup(10) == table.lookup(4)  # a floor between probes
+
+
+def test_sglang_reads_the_sts_calibration(tmp_path):
+    from mcsd_runtime.decisions.sts import StsCalibration
+
+    sts = sglang_module("dspark_sts")
+    ours = StsCalibration((0.5, 1.25, 2.0), "inst-mix", 7, (0.2, 0.1, 0.3), (0.05, 0.04, 0.02),
+                          {"report": {"held_out": True}})
+    read = sts.load_sts_calibration_from_path(str(ours.write(tmp_path / "sts.json")))
+    assert read.temperatures == [0.5, 1.25, 2.0] and read.num_samples == 7
+    assert read.ece_before == [0.2, 0.1, 0.3] and read.ece_after == [0.05, 0.04, 0.02]

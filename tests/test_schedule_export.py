@@ -159,7 +159,7 @@ def test_sglang_and_trtllm_cost_tables_price_each_step_as_measured():
         assert 1 / sglang_lookup(sglang, tokens) == pytest.approx(seconds)
         ms = trt.config["step_time_ms"][trt.config["token_counts"].index(tokens)]
         assert ms == pytest.approx(1000 * seconds)
-    assert any("confidence_cost_table_path" in n for n in trt.notes)
+    assert any("confidence_sps_table_path" in n for n in trt.notes)
     with pytest.raises(MCSDError, match="vllm reads no step-cost table"):
         export_cost_table(PROFILE, "vllm")
 

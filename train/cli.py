@@ -14,13 +14,18 @@ write its artifact folder. `--decision` picks which of the decoder's choices is 
   schedule the draft length K by batch size for a serving engine, chosen from acceptance
          traces (--runs: engine traces or dense chain collections) at an engine profile's
          step costs (--cost-profile); export it with `mcsd export FOLDER --engine vllm`.
+  sts    DSpark's per-position confidence calibration (sequential temperature scaling): one
+         temperature per draft position, fitted against the survival on dense collections
+         (--runs) or on SGLang's or TensorRT-LLM's captured shards (--from-shards GLOB); no
+         cost profile. Its sts.json is read by our budget (survival-sts:PATH@PROFILE) and by
+         the engines (docs/sts.md).
 
 Every decision is trained by the same stages (`train.decision`): prepare the data, fit the
 model, choose its settings by replayed throughput, write the artifact folder (`decision.json`
 last, into a staging folder that replaces --out once complete), and with --check-prompts decode
-held-out prompts end to end beside the replay (check.json). Every decision needs a cost profile
-of the pair on this machine (`mcsd profile`) to price steps (the stopper without one replays
-relative costs); each option below says which decisions take it, and one that the decision
+held-out prompts end to end beside the replay (check.json). Every decision but sts needs a cost
+profile of the pair on this machine (`mcsd profile`) to price steps (the stopper without one
+replays relative costs); each option below says which decisions take it, and one that the decision
 does not take is refused. `mcsd train --decision D --help` shows D's own documentation.
 
     mcsd collect --target toy --prompts toy-code-collect --dense --k-config 1,1,1,1,1,1,1,1 \\
@@ -69,10 +74,11 @@ from train.copy.config import CopyConfig
 from train.outputs import OutputsConfig
 from train.schedule.config import ScheduleConfig
 from train.stop.config import LABEL_DOC, TRAJECTORIES, TrainConfig, default_label
+from train.sts.config import StsConfig
 from train.width.config import WidthConfig
 
 D = TrainConfig  # the defaults, read off its fields (and off CopyConfig and OutputsConfig)
-DECISIONS = ("stop", "copy", "width", "budget", "schedule")
+DECISIONS = ("stop", "copy", "width", "budget", "schedule", "sts")
 STOP_DOC = """--decision stop fits a stopper's decision model on collected runs, chooses its
 aggregation and threshold by replayed throughput on validation prompts, and writes the artifact
 folder (stopper.json, the model, metrics.json, replay_curve.json/png, calibration.png and, except
@@ -88,7 +94,7 @@ forward); measure one with `mcsd profile`.
 # names them; one that the decision does not take is refused (`resolve`)
 OPTIONS = {"stop": TrainConfig.OPTIONS, "copy": CopyConfig.OPTIONS,
            "width": WidthConfig.OPTIONS, "budget": BudgetConfig.OPTIONS,
-           "schedule": ScheduleConfig.OPTIONS}
+           "schedule": ScheduleConfig.OPTIONS, "sts": StsConfig.OPTIONS}
 # dest -> the decisions that take it; such an option's parser default is None (not given), and
 # its decision's config gives the default (`stop_config`, `budget_config`, `copy_config`,
 # `width_config`)
@@ -144,6 +150,11 @@ def decision_doc(decision: str) -> str:
         from train.schedule import acceptance, trainer
 
         return f"{trainer.__doc__}\n{acceptance.__doc__}"
+    if decision == "sts":
+        from mcsd_runtime.decisions import sts
+        from train.sts import chains, trainer
+
+        return f"{trainer.__doc__}\n{chains.__doc__}\n{sts.__doc__}"
     if decision == "copy":
         from replay import copy as replay_copy
         from train import copy
@@ -165,6 +176,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     _add_output_args(p)
     _add_copy_args(p)
     _add_schedule_args(p)
+    _add_sts_args(p)
     _defer_defaults(p)
 
 
@@ -175,8 +187,9 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("every decision")
     g.add_argument("--decision", choices=DECISIONS, default=None,
                    help="the learned decision: stop (default), copy, width, budget (the "
-                        "verification budget of a ragged batch) or schedule (K by batch size "
-                        "for a serving engine)")
+                        "verification budget of a ragged batch), schedule (K by batch size "
+                        "for a serving engine) or sts (per-position confidence calibration, "
+                        "DSpark's STS)")
     add_out_arg(g, "artifact folder to write", required=True)
     add_force_arg(g, "replace an existing --out folder")
     add_cost_profile_arg(g, "forward-latency profile JSON of this pair on this machine (`mcsd "
@@ -319,6 +332,20 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
                         "the traces drafted)")
 
 
+def _add_sts_args(p: argparse.ArgumentParser) -> None:
+    """The group of --decision sts (it also takes --runs and --test-frac)."""
+    g = p.add_argument_group("--decision sts: per-position confidence calibration, DSpark's "
+                             "STS (it also takes --runs: dense collections; and --test-frac: "
+                             "held-out prompts, default 0.3)")
+    g.add_argument("--from-shards", default=None, metavar="GLOB",
+                   help="fit on DSpark's captured .pt shards (SGLang's or TensorRT-LLM's "
+                        "calibration capture: dicts of [n, gamma] logits and prefix_mask) "
+                        "instead of --runs; quote the glob")
+    g.add_argument("--gamma", type=int, default=None, metavar="N",
+                   help="draft positions fitted, the engine's draft length (default: the "
+                        "deepest the data drafted; deeper chains are cut at N)")
+
+
 def _defer_defaults(p: argparse.ArgumentParser) -> None:
     """Record the option string of every option some decisions do not take (`TAKES`), and set
     its parser default to None: not given, it takes its decision's config default."""
@@ -400,6 +427,20 @@ def schedule_config(args: argparse.Namespace) -> ScheduleConfig:
     return ScheduleConfig(args.out, tuple(args.runs or ()), args.cost_profile, **given)
 
 
+def sts_config(args: argparse.Namespace) -> StsConfig:
+    """The StsConfig of `mcsd train --decision sts`'s resolved arguments; MCSDError when one is
+    invalid."""
+    if args.cost_profile is not None:
+        raise MCSDError("--decision sts takes no --cost-profile: the table prices nothing; our "
+                        "budget reads it with one (survival-sts:PATH@PROFILE)")
+    if args.check_prompts:
+        raise MCSDError("--decision sts has no --check-prompts: the report is on held-out "
+                        "prompts (--test-frac); decode with survival-sts:PATH@PROFILE in `mcsd "
+                        "eval`")
+    given = _given(args, ("from_shards", "gamma", "test_frac", "seed"))
+    return StsConfig(args.out, tuple(args.runs or ()), **given)
+
+
 def budget_config(args: argparse.Namespace) -> BudgetConfig:
     """The BudgetConfig of `mcsd train --decision budget`'s resolved arguments (the node model
     trained on the hard label); MCSDError when one is invalid."""
@@ -443,6 +484,15 @@ def run(args: argparse.Namespace) -> int:
 
         require_toolkit("mcsd train --decision schedule", "pandas", "pyarrow")
         return run_schedule(ScheduleTrainer(schedule_config(args)), args.force)
+    if decision == "sts":
+        from train.sts.trainer import StsTrainer, run_sts
+
+        config = sts_config(args)
+        if config.runs:
+            from mcsd_runtime.extras import require_toolkit
+
+            require_toolkit("mcsd train --decision sts --runs", "pandas", "pyarrow")
+        return run_sts(StsTrainer(config), args.force)
     trainer = _trainer(decision, args)
     if decision in ("copy", "width"):
         return train(trainer, args.force)

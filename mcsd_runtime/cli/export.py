@@ -31,7 +31,7 @@ step-cost table of DSpark's verification planner, step time against the tokens a
   sglang  {"sample_batch_tokens": [...], "sample_steps_per_sec": [...], "max_batch_tokens": M}
           for --speculative-dspark-sps-table-path.
   trtllm  {"token_counts": [...], "step_time_ms": [...], "fixed_overhead_ms": 0,
-           "minimum_predicted_gain": 0.01} for confidence_cost_table_path.
+           "minimum_predicted_gain": 0.01} for confidence_sps_table_path.
 
 The open last band is ended at --max-batch-size. An engine reads one table for all requests:
 a schedule with per-category bands exports its pooled bands, or one category's with --category

@@ -23,7 +23,12 @@ from mcsd_runtime.decisions.artifact import ArtifactSpec
 from mcsd_runtime.decisions.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
 from mcsd_runtime.decisions.learned import stopper_from
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
-from mcsd_runtime.decisions.verify_budget import load_budget, online_budget, survival_budget
+from mcsd_runtime.decisions.verify_budget import (
+    load_budget,
+    online_budget,
+    sts_budget,
+    survival_budget,
+)
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import k_text, parse_k_config
 
@@ -198,6 +203,9 @@ BUILTIN: dict[str, tuple[str, Builder]] = {
                         "an online logistic of logit(draft prob) refitted from the verdicts at "
                         "rate LR (0.05), as vLLM's adaptive verification",
                         lambda a, s: online_budget(a, s)),
+    "survival-sts": ("survival-sts:PATH@PROFILE the same budget, each token's acceptance at "
+                     "depth j sigmoid(logit(draft prob) / T_j), T from the per-position table "
+                     "PATH (DSpark STS: `mcsd train --decision sts`)", sts_budget),
 }
 
 

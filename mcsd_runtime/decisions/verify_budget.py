@@ -16,7 +16,9 @@ estimates along its path; the *estimate* is what differs between budgets:
   acceptance rate;
 - `budget:PATH` (`LearnedSurvival`, `mcsd train --decision budget`): a node model trained on
   collected runs (the stopper's, hard label: P(a node and its child are accepted)), calibrated
-  on validation prompts, with the profile it was trained under.
+  on validation prompts, with the profile it was trained under;
+- `survival-sts:PATH@PROFILE` (`StsAcceptance`, `mcsd train --decision sts`): DSpark's
+  per-position calibration, a token's acceptance at depth j sigmoid(logit(q) / T_j).
 
 `replay.ragged` asks the same object the same questions with collected rows' frontiers, so a
 replay takes the decoder's decisions. Trees of several candidates are read by their best node
@@ -32,6 +34,7 @@ from typing import Protocol
 from mcsd_runtime.decisions.budget import draft_rows, verify_counts
 from mcsd_runtime.decisions.contract import Frontier, StopperBase
 from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
+from mcsd_runtime.decisions.sts import StsCalibration, confidence_logit, sigmoid
 from mcsd_runtime.errors import MCSDError
 
 ACCEPT_RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")
@@ -118,11 +121,8 @@ class OnlineAcceptance:
         return float(start.trajectory()[ACCEPT_RECENT])
 
     def feature(self, frontier: Frontier) -> float:
-        """logit(q) of the frontier's best node, clipped to [-10, 10]."""
-        log_path = frontier.column("log_path_prob")
-        q = float(frontier.column("draft_prob")[int(log_path.argmax())])
-        q = min(max(q, 1e-6), 1 - 1e-6)
-        return max(-10.0, min(10.0, math.log(q / (1 - q))))
+        """logit(q) of the frontier's best node, clipped to [-10, 10] (`confidence_logit`)."""
+        return best_logit(frontier)
 
     def accept(self, x: float) -> float:
         return 1.0 / (1.0 + math.exp(-(self.w * x + self.b)))
@@ -135,6 +135,32 @@ class OnlineAcceptance:
         for x, y in zip(xs, labels, strict=True):
             g = self.accept(x) - y
             self.w, self.b = self.w - self.lr * g * x, self.b - self.lr * g
+
+
+def best_logit(frontier: Frontier) -> float:
+    """`confidence_logit` of the draft probability of the frontier's best node (the highest
+    path probability)."""
+    log_path = frontier.column("log_path_prob")
+    return confidence_logit(float(frontier.column("draft_prob")[int(log_path.argmax())]))
+
+
+class StsAcceptance:
+    """DSpark's per-position calibration (`mcsd_runtime.decisions.sts`): a token at depth j has
+    acceptance sigmoid(logit(q) / T_j), q its draft probability, T_j from an STS table (`mcsd
+    train --decision sts`; depths beyond the table take its last T). A node's survival is its
+    parent's times its acceptance; its child's gain is that times the same logit at the next
+    position's T. Before the first depth, the row's recent acceptance rate."""
+
+    def __init__(self, calibration: StsCalibration, name: str = "survival-sts") -> None:
+        self.calibration, self.name = calibration, name
+
+    def first(self, start: Frontier) -> float:
+        return float(start.trajectory()[ACCEPT_RECENT])
+
+    def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
+        x, t = best_logit(frontier), self.calibration.temperature
+        survival = parent * float(sigmoid(x / t(frontier.depth)))
+        return survival, survival * float(sigmoid(x / t(frontier.depth + 1)))
 
 
 class VerifyBudget(StopperBase):
@@ -286,6 +312,23 @@ def survival_budget(args: list[str], spec: str, online: bool = False) -> VerifyB
     if not Path(path).is_file():
         raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
     estimate = OnlineAcceptance(q) if online else DraftProbability(q)
+    return VerifyBudget(estimate, CostProfile.load(path))
+
+
+def sts_budget(args: list[str], spec: str) -> VerifyBudget:
+    """`survival-sts:PATH@PROFILE`: the budget on `StsAcceptance`, PATH an STS table (or the
+    folder of `mcsd train --decision sts` holding it), PROFILE a cost profile."""
+    from mcsd_runtime.pricing.profile import CostProfile
+
+    table, _, path = ":".join(args).partition("@")
+    if not table or not path:
+        raise MCSDError(f"stopper {spec!r}: survival-sts:PATH@PROFILE.json names an STS table "
+                        f"(`mcsd train --decision sts` writes one) and a cost profile (`mcsd "
+                        f"profile --batch-size 1,4,8,16` writes one)")
+    if not Path(path).is_file():
+        raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
+    name = Path(table).name
+    estimate = StsAcceptance(StsCalibration.load(table), f"survival-sts:{name}")
     return VerifyBudget(estimate, CostProfile.load(path))
 
 

@@ -270,6 +270,8 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
         return f"survival:{stopper.estimate.power:g}@{method.partition('@')[2]}"
     if kind == "survival-online":
         return f"survival-online:{stopper.estimate.lr:g}@{method.partition('@')[2]}"
+    if kind == "survival-sts":  # its table and profile as given
+        return method
     values = [getattr(stopper, p) for p in inspect.signature(type(stopper)).parameters]
     values = list(itertools.takewhile(lambda v: v is not None, values))
     return ":".join([kind, *(f"{v:g}" for v in values)])
@@ -293,8 +295,9 @@ def short_name(method: str) -> str:
     if (learned := parse_learned_lookup(method)) is not None and learned[1]:
         return f"{short_name(method.partition('+')[0])}+{short_name(learned[1])}"
     kind, _, arg = method.partition(":")
-    if kind in ("survival", "survival-online") and "@" in arg:
+    if kind in ("survival", "survival-online", "survival-sts") and "@" in arg:
         power, _, path = arg.partition("@")
+        power = Path(power).name if kind == "survival-sts" else power  # the table's name
         return f"{kind}:{power}@{Path(path).name}"
     return (f"{kind}:{Path(arg).name}" if kind in ("stopper", "budget", LEARNED_LOOKUP, WIDTH)
             else method)

@@ -16,7 +16,7 @@ do not fit the planner's model.
   increasing; a lookup takes the largest probe <= M (a floor). A table of one probe is its
   "uninitialized" marker (verify everything), so at least two are required.
 - **TensorRT-LLM** (`tensorrt_llm/_torch/speculative/dspark_planner.py` `SpsCostTable`, the
-  legacy curve `load_runtime_sps_cost_table` reads from `confidence_cost_table_path`):
+  legacy curve `load_runtime_sps_cost_table` reads from `confidence_sps_table_path`):
   `{"token_counts": [M, ...], "step_time_ms": [ms, ...], "fixed_overhead_ms": 0.0,
   "minimum_predicted_gain": 0.01}`, linear between breakpoints, clamped outside. Our step times
   are whole steps, so the fixed overhead they must not leave out is inside `step_time_ms`.
@@ -97,6 +97,6 @@ def export_cost_table(profile: EngineProfile, engine: str) -> Exported:
         config = {"token_counts": list(curve.tokens),
                   "step_time_ms": [1000.0 * s for s in curve.seconds],
                   "fixed_overhead_ms": 0.0, "minimum_predicted_gain": MIN_GAIN}
-        notes.append(f"pass as confidence_cost_table_path; step times above {curve.tokens[-1]} "
+        notes.append(f"pass as confidence_sps_table_path; step times above {curve.tokens[-1]} "
                      f"tokens are held at the last value")
     return Exported(engine, config, tuple(notes))
