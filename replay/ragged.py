@@ -30,10 +30,17 @@ Today's padded static depth is `replay.depth.replay(data, "static:S", batch_size
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from mcsd_runtime.decisions.builtin import make_stopper
 from mcsd_runtime.decisions.contract import StepStart, StopperBase
-from mcsd_runtime.decisions.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
+from mcsd_runtime.decisions.sts import StsCalibration
+from mcsd_runtime.decisions.verify_budget import (
+    DraftProbability,
+    OnlineAcceptance,
+    StsAcceptance,
+    VerifyBudget,
+)
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
@@ -44,7 +51,9 @@ from replay.sweeps import NeverDraft
 
 RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
              "survival:Q (the budget rule on cumulative draft probability ^ Q), "
-             "survival-online[:LR] (the budget on an online logistic of logit(q)), oracle (each "
+             "survival-online[:LR] (the budget on an online logistic of logit(q)), "
+             "survival-sts:PATH (the budget on DSpark's per-position calibration of logit(q), "
+             "an STS table of `mcsd train --decision sts`), oracle (each "
              "row verifies min(L, cap)), oracle-budget (the budget rule fed the truth)")
 
 
@@ -209,6 +218,11 @@ def make_rule(spec: str):
             raise MCSDError(f"survival:Q needs a number Q, got {spec!r}") from None
     if name == "survival-online":
         return Budget(OnlineAcceptance(*([float(arg)] if arg else [])))
+    if name == "survival-sts":
+        if not arg:
+            raise MCSDError(f"{spec!r}: survival-sts:PATH names an STS table (`mcsd train "
+                            f"--decision sts` writes one)")
+        return Budget(StsAcceptance(StsCalibration.load(arg), f"survival-sts:{Path(arg).name}"))
     if name in ("static", "cumprod"):
         return PerRow(spec)
     raise MCSDError(f"unknown ragged rule {spec!r}: {RULE_HELP}")

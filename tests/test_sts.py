@@ -34,7 +34,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.evaluate.methods import explicit_label, short_name
 from mcsd_runtime.pricing.profile import CostProfile
 from replay.data import ReplayData, _Frontier
-from replay.ragged import Budget, ragged_replay
+from replay.ragged import Budget, make_rule, ragged_replay
 from train.sts.chains import chain_arrays
 
 # the true temperatures: points of the grid, on both sides of 1
@@ -301,6 +301,11 @@ def test_the_survival_sts_estimate(tmp_path):
                           "no STS table")):
         with pytest.raises(MCSDError, match=message):
             make_stopper(bad)
+    rule = make_rule(f"survival-sts:{tmp_path / 'sts.json'}")  # replay's rule: the same estimate
+    assert isinstance(rule, Budget) and rule.estimate.calibration == table()
+    assert rule.name == "survival-sts:sts.json"
+    with pytest.raises(MCSDError, match="names an STS table"):
+        make_rule("survival-sts")
 
 
 # ------------------------------------------------------------------------------ the command
