@@ -88,6 +88,29 @@ def test_the_fit_recovers_known_temperatures_and_a_broken_fit_does_not():
     assert fit.samples[0] == len(data[0]) > fit.samples[-1]
 
 
+def test_offsets_fix_what_no_temperature_can():
+    """Accepted with probability sigmoid(logit / T* + b*), b* = -1 (a draft overconfident at
+    every q, as ours is): with offsets the fit finds (T*, b*) within a grid step and beats the
+    temperature-only fit's ECE at every position, which T alone cannot reach."""
+    rng = np.random.default_rng(1)
+    n, t_star, b_star = 40_000, T_STAR[:3], -1.0
+    logits = rng.normal(1.0, 2.0, (n, 3))
+    accepted = rng.random((n, 3)) < sigmoid(logits / t_star + b_star)
+    valid = np.ones((n, 3), bool)
+    prefix = np.logical_and.accumulate(accepted, axis=1).astype(float)
+    plain, shifted = fit_sts(logits, valid, prefix), fit_sts(logits, valid, prefix, offsets=True)
+    assert plain.offsets == [] and len(shifted.offsets) == 3
+    assert np.allclose(np.log10(shifted.temperatures), np.log10(t_star), atol=STEP + 1e-9)
+    assert np.allclose(shifted.offsets, b_star, atol=0.1 + 1e-9)  # OFFSET_GRID's step
+    assert all(s < p / 2 for s, p in zip(shifted.ece_after, plain.ece_after, strict=True))
+    after = position_metrics(logits, valid, prefix, shifted.temperatures, shifted.offsets)
+    assert [m["ece"] for m in after] == pytest.approx(shifted.ece_after)
+    table = StsCalibration(tuple(shifted.temperatures), offsets=tuple(shifted.offsets))
+    x = confidence_logit(0.7)
+    assert table.acceptance(0.7, 2) == pytest.approx(
+        sigmoid(x / shifted.temperatures[1] + shifted.offsets[1]))
+
+
 def test_metrics_and_ties():
     # bins: {0.2, 0.2} (mean target 0.5), {0.9} (target 1)
     assert ece([0.2, 0.2, 0.9], [0, 1, 1]) == pytest.approx((0.3 * 2 + 0.1) / 3)
@@ -156,6 +179,19 @@ def test_load_refuses_a_bad_table(tmp_path, payload, message):
     with pytest.raises(MCSDError, match=message) as err:
         StsCalibration.load(path)
     assert "mcsd train --decision sts" in str(err.value)
+
+
+def test_offsets_are_our_key_and_checked(tmp_path):
+    path = StsCalibration((0.5, 2.0), offsets=(-1.0, 0.5)).write(tmp_path / "sts.json")
+    data = json.loads(path.read_text())
+    assert data["mcsd_offsets"] == [-1.0, 0.5] and data["temperatures"] == [0.5, 2.0]
+    assert StsCalibration.load(path).offsets == (-1.0, 0.5)
+    assert "mcsd_offsets" not in StsCalibration((0.5,)).to_json()  # none: not written
+    path.write_text(json.dumps({"temperatures": [0.5, 2.0], "mcsd_offsets": [1.0]}))
+    with pytest.raises(MCSDError, match="2 temperatures but 1 mcsd_offsets"):
+        StsCalibration.load(path)
+    with pytest.raises(MCSDError, match="one per position"):
+        StsCalibration((0.5, 2.0), offsets=(0.1,))
 
 
 def test_load_refuses_what_is_no_table(tmp_path):
@@ -350,6 +386,12 @@ def test_train_sts_end_to_end(tmp_path, capsys):
     assert main(argv) == 2 and "--force" in capsys.readouterr().err
     assert main([*argv, "--force", "--gamma", "2"]) == 0
     assert len(json.loads((out / STS_FILE).read_text())["temperatures"]) == 2
+    assert main([*argv, "--force", "--offsets"]) == 0
+    assert "the engines do not read" in capsys.readouterr().out
+    data = json.loads((out / STS_FILE).read_text())
+    assert len(data["mcsd_offsets"]) == gamma
+    offsets = [p["offset"] for p in json.loads((out / "report.json").read_text())["positions"]]
+    assert offsets == data["mcsd_offsets"]
 
 
 def shard(path, logits, mask) -> None:
@@ -406,6 +448,7 @@ def test_train_sts_refuses_what_it_cannot_fit(tmp_path, capsys):
             ([*base, "--from-shards", str(tmp_path / "junk.pt")], "cannot read shard"),
             ([*base, "--runs", str(trace), "--cost-profile", "c.json"], "takes no --cost-profile"),
             ([*base, "--runs", str(trace), "--gamma", "0"], "must be >= 1"),
+            ([*base, "--from-shards", "x", "--offsets"], "temperatures only"),
             (["train", "--runs", str(trace), "--gamma", "3", "--out", "o"],
              "--gamma is an option of --decision sts")):
         assert main(argv) == 2, argv

@@ -344,6 +344,11 @@ def _add_sts_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gamma", type=int, default=None, metavar="N",
                    help="draft positions fitted, the engine's draft length (default: the "
                         "deepest the data drafted; deeper chains are cut at N)")
+    g.add_argument("--offsets", action="store_true",
+                   help="fit a per-position offset beside each temperature (the confidence "
+                        "sigmoid(logit / T + b)): a raw draft's logit(q) is overconfident by "
+                        "an offset no temperature removes. The engines do not read offsets, so "
+                        "such a table calibrates our budget (survival-sts) only")
 
 
 def _defer_defaults(p: argparse.ArgumentParser) -> None:
@@ -437,7 +442,7 @@ def sts_config(args: argparse.Namespace) -> StsConfig:
         raise MCSDError("--decision sts has no --check-prompts: the report is on held-out "
                         "prompts (--test-frac); decode with survival-sts:PATH@PROFILE in `mcsd "
                         "eval`")
-    given = _given(args, ("from_shards", "gamma", "test_frac", "seed"))
+    given = _given(args, ("from_shards", "gamma", "test_frac", "seed", "offsets"))
     return StsConfig(args.out, tuple(args.runs or ()), **given)
 
 

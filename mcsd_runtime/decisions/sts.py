@@ -10,7 +10,12 @@ tokens were accepted. A sample that drafted fewer positions counts only at those
 
 The logits: an engine's DSpark draft has a confidence head, whose logits SGLang and TensorRT-LLM
 record in shards; ours has none, and a drafted token's confidence logit is logit(q), q the
-draft's probability of the token it drafted (`confidence_logit`).
+draft's probability of the token it drafted (`confidence_logit`). A confidence head is trained
+to predict acceptance, so a scale is all it lacks; logit(q) also carries an offset (a draft is
+overconfident: its q overstates acceptance at every q), which no temperature removes, since
+sigmoid(0 / T) is 1/2 for every T. `fit_sts(..., offsets=True)` fits a per-position offset b_j
+beside T_j, the confidence then sigmoid(logit_j / T_j + b_j); the offsets are our key
+(`mcsd_offsets`), which the engines do not read, so such a table calibrates our budget only.
 
 One file (`StsCalibration.write`) is read by both engines and by our verification budget
 (`survival-sts:PATH@PROFILE`, `mcsd_runtime.decisions.verify_budget`):
@@ -37,11 +42,13 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text
 
 GRID = np.logspace(-1.0, 1.0, 41)  # the temperatures tried at each position
+OFFSET_GRID = np.linspace(-4.0, 2.0, 61)  # the offsets tried with them (fit_sts offsets=True)
 BINS = 15  # equal-width bins of the ECE over [0, 1]
 PROB_EPS = 1e-8  # the ECE clamps probabilities into [eps, 1 - eps] before binning
 Q_EPS, LOGIT_CLIP = 1e-6, 10.0  # confidence_logit's clipping of q and of the logit
 STS_FILE, STS_FORMAT, STS_VERSION = "sts.json", "mcsd-sts", 1
 KEYS = ("sts_temperatures", "temperatures")  # TensorRT-LLM's, SGLang's
+OFFSETS_KEY = "mcsd_offsets"  # ours: per-position offsets, which the engines do not read
 FIX = "fit one with `mcsd train --decision sts --out DIR` (docs/sts.md)"
 
 
@@ -131,57 +138,65 @@ class StsFit:
     ece_before: list[float]
     ece_after: list[float]
     samples: list[int]
+    offsets: list[float] = field(default_factory=list)  # with offsets=True, else empty
 
 
-def fit_sts(logits, valid, prefix_mask, grid=GRID, bins: int = BINS) -> StsFit:
+def fit_sts(logits, valid, prefix_mask, grid=GRID, bins: int = BINS,
+            offsets: bool = False) -> StsFit:
     """Sequential temperature scaling (module docstring): each position's T from `grid`
-    (the smallest of equals), fitted against the survival; MCSDError where a position has no
-    samples."""
+    (the smallest of equals), and with `offsets` its offset from OFFSET_GRID, fitted against
+    the survival; MCSDError where a position has no samples."""
     x, ok, y = check_arrays(logits, valid, prefix_mask)
     grid = [float(t) for t in np.asarray(grid, dtype=np.float64).ravel()]
     if not grid or min(grid) <= 0:
         raise MCSDError("the temperature grid must hold positive temperatures")
+    shifts = [float(b) for b in OFFSET_GRID] if offsets else [0.0]
     fitted, raw = np.ones(len(x)), np.ones(len(x))
-    out = StsFit([], [], [], [])
+    out = StsFit([], [], [], [], [])
     for j in range(x.shape[1]):
         rows = ok[:, j]
         if not rows.any():
             raise MCSDError(f"draft position {j + 1} has no samples: fit fewer positions "
                             f"(--gamma {j})")
         raw = raw * sigmoid(x[:, j])
-        best, error = _best_temperature(fitted[rows], x[rows, j], y[rows, j], grid, bins)
-        out.temperatures.append(best)
+        t, b, error = _best_scaling(fitted[rows], x[rows, j], y[rows, j], grid, shifts, bins)
+        out.temperatures.append(t)
+        out.offsets.extend([b] if offsets else [])
         out.ece_before.append(ece(raw[rows], y[rows, j], bins))
         out.ece_after.append(error)
         out.samples.append(int(rows.sum()))
-        fitted = fitted * sigmoid(x[:, j] / best)
+        fitted = fitted * sigmoid(x[:, j] / t + b)
     return out
 
 
-def _best_temperature(prior: np.ndarray, x: np.ndarray, y: np.ndarray, grid: list[float],
-                      bins: int) -> tuple[float, float]:
-    """The T of `grid` whose survival, `prior` * sigmoid(x / T), has the lowest ECE against
-    `y` (the first, smallest, of equals), and that ECE."""
-    errors = [ece(prior * sigmoid(x / t), y, bins) for t in grid]
+def _best_scaling(prior: np.ndarray, x: np.ndarray, y: np.ndarray, grid: list[float],
+                  shifts: list[float], bins: int) -> tuple[float, float, float]:
+    """The (T, b) of `grid` x `shifts` whose survival, `prior` * sigmoid(x / T + b), has the
+    lowest ECE against `y` (the first of equals: the smallest T, then b), and that ECE."""
+    cells = [(t, b) for t in grid for b in shifts]
+    errors = [ece(prior * sigmoid(x / t + b), y, bins) for t, b in cells]
     i = int(np.argmin(errors))  # the first of equal minima
-    return grid[i], errors[i]
+    return cells[i][0], cells[i][1], errors[i]
 
 
-def survival(logits, valid, temperatures) -> np.ndarray:
-    """[n, gamma] survival: the running product of sigmoid(logit_j / T_j) along each sample;
-    NaN where a position is not valid."""
+def survival(logits, valid, temperatures, offsets=None) -> np.ndarray:
+    """[n, gamma] survival: the running product of sigmoid(logit_j / T_j + b_j) along each
+    sample (`offsets` b, none: 0); NaN where a position is not valid."""
     x, ok = np.asarray(logits, dtype=np.float64), np.asarray(valid, dtype=bool)
     t = np.asarray(temperatures, dtype=np.float64)[: x.shape[1]]
-    conf = sigmoid(np.where(ok, x, 0.0) / t[None, :])
+    b = np.zeros_like(t) if offsets is None or not len(offsets) else \
+        np.asarray(offsets, dtype=np.float64)[: x.shape[1]]
+    conf = sigmoid(np.where(ok, x, 0.0) / t[None, :] + b[None, :])
     return np.where(ok, np.cumprod(conf, axis=1), np.nan)
 
 
-def position_metrics(logits, valid, prefix_mask, temperatures) -> list[dict[str, Any]]:
+def position_metrics(logits, valid, prefix_mask, temperatures,
+                     offsets=None) -> list[dict[str, Any]]:
     """Per draft position (1-based), over the samples that drafted it: samples, how many had
     every token to it accepted, and the ECE, Brier score and AUROC of the survival under
-    `temperatures` (NaN where undefined)."""
+    `temperatures` (and `offsets`; NaN where undefined)."""
     x, ok, y = check_arrays(logits, valid, prefix_mask)
-    surv = survival(x, ok, temperatures)
+    surv = survival(x, ok, temperatures, offsets)
     out = []
     for j in range(x.shape[1]):
         rows = ok[:, j]
@@ -224,10 +239,15 @@ class StsCalibration:
     ece_before: tuple[float, ...] = ()
     ece_after: tuple[float, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    offsets: tuple[float, ...] = ()  # ours (OFFSETS_KEY): empty, or one per temperature
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "temperatures", _positive(self.temperatures, "temperatures", "the table"))
+        set_(self, "offsets", _finite_list(self.offsets, OFFSETS_KEY, "the table"))
+        if self.offsets and len(self.offsets) != len(self.temperatures):
+            raise MCSDError(f"the table has {len(self.temperatures)} temperatures but "
+                            f"{len(self.offsets)} {OFFSETS_KEY}: one per position; {FIX}")
         set_(self, "ece_before", _finite_list(self.ece_before, "ece_before", "the table"))
         set_(self, "ece_after", _finite_list(self.ece_after, "ece_after", "the table"))
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int):
@@ -242,9 +262,17 @@ class StsCalibration:
         """T of draft position `depth` (1-based); a position beyond the table takes its last."""
         return self.temperatures[min(max(depth, 1), self.gamma) - 1]
 
+    def offset(self, depth: int) -> float:
+        """b of draft position `depth` (0 without offsets; beyond the table, its last)."""
+        return self.offsets[min(max(depth, 1), self.gamma) - 1] if self.offsets else 0.0
+
+    def confidence(self, logit: float, depth: int) -> float:
+        """The calibrated confidence of a confidence logit at `depth` (1-based)."""
+        return float(sigmoid(logit / self.temperature(depth) + self.offset(depth)))
+
     def acceptance(self, q: float, depth: int) -> float:
         """The calibrated confidence of a token of draft probability `q` at `depth`."""
-        return float(sigmoid(confidence_logit(q) / self.temperature(depth)))
+        return self.confidence(confidence_logit(q), depth)
 
     def to_json(self) -> dict[str, Any]:
         """Both engines' keys (the table under both names), then ours."""
@@ -252,7 +280,8 @@ class StsCalibration:
         engines = {"sts_temperatures": temps, "temperatures": temps, "dataset": self.dataset,
                    "num_samples": self.num_samples, "ece_before": list(self.ece_before),
                    "ece_after": list(self.ece_after)}
-        ours = {"format": STS_FORMAT, "version": STS_VERSION}
+        ours = {"format": STS_FORMAT, "version": STS_VERSION,
+                **({OFFSETS_KEY: list(self.offsets)} if self.offsets else {})}
         return engines | {k: v for k, v in {**ours, **self.extra}.items() if k not in engines}
 
     def write(self, path: str | Path) -> Path:
@@ -281,10 +310,15 @@ class StsCalibration:
             raise MCSDError(f"{path}: dataset must be a string and num_samples a whole number "
                             f"(SGLang refuses the file otherwise); {FIX}")
         extra = {k: v for k, v in data.items() if k not in (*KEYS, "dataset", "num_samples",
-                                                            "ece_before", "ece_after")}
+                                                            "ece_before", "ece_after",
+                                                            OFFSETS_KEY)}
+        offsets = _finite_list(data.get(OFFSETS_KEY, []), OFFSETS_KEY, path)
+        if offsets and len(offsets) != len(temps[0]):
+            raise MCSDError(f"{path}: {len(temps[0])} temperatures but {len(offsets)} "
+                            f"{OFFSETS_KEY}: one per position; {FIX}")
         return cls(temps[0], dataset, n, _finite_list(data.get("ece_before", []), "ece_before",
                                                       path),
-                   _finite_list(data.get("ece_after", []), "ece_after", path), extra)
+                   _finite_list(data.get("ece_after", []), "ece_after", path), extra, offsets)
 
 
 def _read(path: str | Path) -> tuple[dict[str, Any], Path]:

@@ -18,7 +18,7 @@ estimates along its path; the *estimate* is what differs between budgets:
   collected runs (the stopper's, hard label: P(a node and its child are accepted)), calibrated
   on validation prompts, with the profile it was trained under;
 - `survival-sts:PATH@PROFILE` (`StsAcceptance`, `mcsd train --decision sts`): DSpark's
-  per-position calibration, a token's acceptance at depth j sigmoid(logit(q) / T_j).
+  per-position calibration, a token's acceptance at depth j sigmoid(logit(q) / T_j + b_j).
 
 `replay.ragged` asks the same object the same questions with collected rows' frontiers, so a
 replay takes the decoder's decisions. Trees of several candidates are read by their best node
@@ -34,7 +34,7 @@ from typing import Protocol
 from mcsd_runtime.decisions.budget import draft_rows, verify_counts
 from mcsd_runtime.decisions.contract import Frontier, StopperBase
 from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
-from mcsd_runtime.decisions.sts import StsCalibration, confidence_logit, sigmoid
+from mcsd_runtime.decisions.sts import StsCalibration, confidence_logit
 from mcsd_runtime.errors import MCSDError
 
 ACCEPT_RECENT = TRAJECTORY_FEATURES.index("accept_rate_recent")
@@ -146,8 +146,9 @@ def best_logit(frontier: Frontier) -> float:
 
 class StsAcceptance:
     """DSpark's per-position calibration (`mcsd_runtime.decisions.sts`): a token at depth j has
-    acceptance sigmoid(logit(q) / T_j), q its draft probability, T_j from an STS table (`mcsd
-    train --decision sts`; depths beyond the table take its last T). A node's survival is its
+    acceptance sigmoid(logit(q) / T_j + b_j), q its draft probability, T_j (and b_j, 0 without
+    offsets) from an STS table (`mcsd train --decision sts`; depths beyond the table take its
+    last). A node's survival is its
     parent's times its acceptance; its child's gain is that times the same logit at the next
     position's T. Before the first depth, the row's recent acceptance rate."""
 
@@ -158,9 +159,9 @@ class StsAcceptance:
         return float(start.trajectory()[ACCEPT_RECENT])
 
     def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
-        x, t = best_logit(frontier), self.calibration.temperature
-        survival = parent * float(sigmoid(x / t(frontier.depth)))
-        return survival, survival * float(sigmoid(x / t(frontier.depth + 1)))
+        x, conf = best_logit(frontier), self.calibration.confidence
+        survival = parent * conf(x, frontier.depth)
+        return survival, survival * conf(x, frontier.depth + 1)
 
 
 class VerifyBudget(StopperBase):

@@ -90,7 +90,7 @@ class StsTrainer:
 
     def fit(self, data: Data, folder: Path) -> StsFit:
         s = data.samples.take(~data.held_out)
-        return fit_sts(s.logits, s.valid, s.prefix_mask)
+        return fit_sts(s.logits, s.valid, s.prefix_mask, offsets=self.config.offsets)
 
     def choose(self, data: Data, fitted: StsFit) -> Chosen:
         """The held-out report (printed) and the table."""
@@ -98,9 +98,11 @@ class StsTrainer:
         ones = [1.0] * data.samples.gamma
         before = position_metrics(test.logits, test.valid, test.prefix_mask, ones)
         after = position_metrics(test.logits, test.valid, test.prefix_mask,
-                                 fitted.temperatures)
-        positions = [_position(b, a, t, n) for b, a, t, n in
-                     zip(before, after, fitted.temperatures, fitted.samples, strict=True)]
+                                 fitted.temperatures, fitted.offsets)
+        offsets = fitted.offsets or [None] * len(fitted.temperatures)
+        positions = [_position(b, a, t, o, n) for b, a, t, o, n in
+                     zip(before, after, fitted.temperatures, offsets, fitted.samples,
+                         strict=True)]
         report = self._report(data, fitted, positions)
         markdown = report_markdown(report)
         self.log(markdown.split("\n\n", 1)[1].rstrip())  # all but the title
@@ -143,19 +145,21 @@ class StsTrainer:
                  "ece_halved_every_position": report["ece_halved_every_position"]}
         return StsCalibration(tuple(fitted.temperatures), data.dataset,
                               report["fit"]["samples"], tuple(fitted.ece_before),
-                              tuple(fitted.ece_after), extra)
+                              tuple(fitted.ece_after), extra, tuple(fitted.offsets))
 
 
 def _finite(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _position(before: dict, after: dict, temperature: float, fit_samples: int) -> dict:
-    """One position's row of the report (None where a metric is undefined)."""
+def _position(before: dict, after: dict, temperature: float, offset: float | None,
+              fit_samples: int) -> dict:
+    """One position's row of the report (None where a metric is undefined; offset None
+    without offsets)."""
     b, a = _finite(before["ece"]), _finite(after["ece"])
     return {"position": before["position"], "samples": before["samples"],
             "accepted": before["accepted"], "fit_samples": fit_samples,
-            "temperature": temperature,
+            "temperature": temperature, "offset": offset,
             "before": {m: _finite(before[m]) for m in METRICS},
             "after": {m: _finite(after[m]) for m in METRICS},
             "ece_halved": None if b is None or a is None else a <= b / 2}
@@ -175,8 +179,11 @@ def report_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Per-position calibration (DSpark STS), gamma {report['gamma']}",
              f"Fitted on {fit['samples']} samples{of(fit)} of `{report['dataset']}`, reported "
              f"on {held['samples']} held-out samples{of(held)}: the survival of "
-             f"position j, the product of sigmoid(logit_i / T_i) over i <= j, against whether "
-             f"the first j drafted tokens were all accepted; before: T = 1, after: the fitted T.",
+             f"position j, the product of sigmoid(logit_i / T_i + b_i) over i <= j, against "
+             f"whether the first j drafted tokens were all accepted; before: T = 1 (b = 0), "
+             f"after: the fitted T" + (" and b (`--offsets`: our budget's only; the engines "
+             "read T alone)." if report["positions"][0]["offset"] is not None else
+             " (b = 0)."),
              _table(report["positions"]),
              f"ECE halved at every held-out position: "
              f"{'yes' if report['ece_halved_every_position'] else 'no'}."]
@@ -190,8 +197,10 @@ def _table(positions: list[dict]) -> str:
     for p in positions:
         b, a = p["before"], p["after"]
         halved = {True: "yes", False: "no", None: "-"}[p["ece_halved"]]
+        scale = f"{p['temperature']:.3f}" + ("" if p["offset"] is None else
+                                            f", b {p['offset']:+.2f}")
         rows.append(f"| {p['position']} | {p['samples']} | {p['accepted']} | "
-                    f"{p['temperature']:.3f} | {_num(b['ece'])} | {_num(a['ece'])} | "
+                    f"{scale} | {_num(b['ece'])} | {_num(a['ece'])} | "
                     f"{_num(b['brier'])} | {_num(a['brier'])} | {_num(b['auroc'])} | "
                     f"{_num(a['auroc'])} | {halved} |")
     return "\n".join(rows)
@@ -209,6 +218,10 @@ def run_sts(trainer: StsTrainer, force: bool = False) -> int:
         trainer.write(data, fitted, trainer.choose(data, fitted), folder)
 
     build_folder(out, "the STS table", "pass another --out", stages)
+    if trainer.config.offsets:
+        trainer.log(f"-> {out / STS_FILE} (with offsets, which the engines do not read: for "
+                    f"our budget only, `{trainer.decode()}`)")
+        return 0
     trainer.log(f"-> {out / STS_FILE} (SGLang: --speculative-dspark-confidence-sts-path "
                 f"{out / STS_FILE}; TensorRT-LLM: speculative_config confidence_sts_path; "
                 f"our budget: `{trainer.decode()}`)")
