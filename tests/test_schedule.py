@@ -138,6 +138,43 @@ def test_the_profile_round_trips_and_refuses_bad_points(tmp_path):
             EngineProfile.from_json(data)
 
 
+def test_plain_points_round_trip_interpolate_and_are_optional(tmp_path):
+    """The engine without speculation: one point per concurrency, no K, read back as written;
+    a profile without them (older ones) reads, and says it has none."""
+    one = {"concurrency": 1, "k": 0, "step_seconds": 0.01, "steps": 5}
+    plain = [{"concurrency": 8, "step_seconds": 0.03, "steps": 9},
+             {"concurrency": 1, "step_seconds": 0.01, "steps": 9}]
+    p = EngineProfile.from_json(profile_json([one], plain=plain))
+    assert [pt.concurrency for pt in p.plain] == [1, 8]
+    assert p.plain_step_seconds(4.5) == pytest.approx(0.02) and p.plain_step_seconds(16) == 0.03
+    saved = json.loads(p.save(tmp_path / "p.json").read_text())
+    assert saved["plain"] == sorted(plain, key=lambda q: q["concurrency"])  # no "k" written
+    assert EngineProfile.load(tmp_path / "p.json") == p
+    bare = EngineProfile.from_json(profile_json([one]))
+    assert bare.plain == () and bare.plain_step_seconds(1) is None
+    assert "plain" not in bare.to_json()
+    for bad, message in ((plain + plain[:1], "one point per concurrency"),
+                         ([{"concurrency": 1, "step_seconds": 0.01}], "lacks one of"),
+                         ({"concurrency": 1}, "must be a list")):
+        with pytest.raises(MCSDError, match=message):
+            EngineProfile.from_json(profile_json([one], plain=bad))
+
+
+def test_points_out_of_line_are_suspects():
+    """A step cheaper at more requests or more drafted tokens, past the slack, names both
+    points; a profile in order names none."""
+    from mcsd_runtime.serving.vllm_profile import suspects
+
+    def points(table: dict) -> dict:
+        return {key: ProfilePoint(*key, s, 10) for key, s in table.items()}
+
+    ordered = {(1, 0): 1.0, (1, 1): 1.1, (4, 0): 1.05, (4, 1): 1.6}
+    assert suspects(points(ordered)) == []
+    assert suspects(points(ordered | {(1, 1): 1.2 * 1.6})) == [(1, 1), (4, 1)]  # in c
+    assert suspects(points(ordered | {(4, 0): 2.0})) == [(4, 0), (4, 1)]  # in K
+    assert suspects(points(ordered | {(1, 1): 1.14 * 1.05 * 1.0})) == []  # within 15%
+
+
 # ------------------------------------------------------------------ training on traces
 
 CONCURRENCIES = (1, 4, 16, 64)
@@ -223,6 +260,33 @@ def test_the_report_sets_each_band_beside_the_single_k_and_no_speculation(
     assert f"single K (K={single})" in md and "| 1-3 | 8 | 720.0 |" in md
     assert report["acceptance"]["all"]["test"]["8"] == {"mean_accepted": 8.0, "steps": 60}
     assert json.loads((out / FILE).read_text())["report"] == report
+
+
+def test_a_profiled_plain_engine_is_reported_and_bands_below_it_are_named(
+        tmp_path, traces_reader, capsys):
+    """With the engine without speculation in the profile, each band sets its speed beside
+    plain's, and a band replayed below plain (K=0's speculative path costing more than plain
+    at 64) gets a note; without it, no such column."""
+    runs = write_traces(tmp_path / "traces", trace_rows(10, lambda s: 8))
+    data = json.loads(steep_profile(tmp_path / "p.json").read_text())
+    # plain: as fast as K=0 up to 16 requests, a third faster at 64
+    data["plain"] = [{"concurrency": c, "step_seconds": 0.01 / (1.5 if c == 64 else 1),
+                      "steps": 100} for c in CONCURRENCIES]
+    (tmp_path / "plain.json").write_text(json.dumps(data))
+    code, out = train(tmp_path, [runs], tmp_path / "plain.json")
+    assert code == 0, capsys.readouterr().err
+    bands = json.loads((out / "report.json").read_text())["groups"]["all"]["bands"]
+    assert [b["k"] for b in bands] == [8, 3, 0, 0]
+    assert bands[0]["plain_tokens_per_s"] == pytest.approx(100.0)
+    assert bands[0]["vs_plain"] == pytest.approx(bands[0]["tokens_per_s"] / 100)
+    assert bands[-1]["vs_plain"] == pytest.approx(1 / 1.5)
+    printed = capsys.readouterr().out
+    assert "all, batch sizes 64+: K=0 replays at 0.667x the engine without speculation" in printed
+    assert printed.count("the engine without speculation") == 1  # 16-63: plain = K=0, no note
+    assert "| vs plain |" in (out / "report.md").read_text()
+    code, bare = train(tmp_path / "b", [runs], steep_profile(tmp_path / "b.json"))
+    assert "vs_plain" not in json.loads((bare / "report.json").read_text())["groups"]["all"][
+        "bands"][0] and "vs plain" not in (bare / "report.md").read_text()
 
 
 def test_schedule_json_is_written_last(tmp_path, traces_reader, monkeypatch):

@@ -71,7 +71,8 @@ def test_the_profile_times_every_point(pipeline):
     profile = EngineProfile.load(pipeline["profile.json"])
     assert {(p.concurrency, p.k) for p in profile.points} == {
         (c, k) for c in (1, 2) for k in range(4)}
-    assert all(p.step_seconds > 0 and p.steps > 0 for p in profile.points)
+    assert all(p.step_seconds > 0 and p.steps > 0 for p in profile.points + profile.plain)
+    assert [p.concurrency for p in profile.plain] == [1, 2]  # the engine without speculation
     assert profile.engine == "vllm" and profile.dtype == "float32"
 
 

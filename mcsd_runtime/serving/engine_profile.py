@@ -5,13 +5,16 @@ the engine a user serves with (`mcsd profile --engine vllm` writes it), and read
     {"format": "mcsd-engine-profile", "version": 1, "engine": "vllm",
      "engine_version": "0.32.0", "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
      "dtype": "bfloat16", "method": "ngram",
-     "points": [{"concurrency": 1, "k": 0, "step_seconds": 0.011, "steps": 400}, ...]}
+     "points": [{"concurrency": 1, "k": 0, "step_seconds": 0.011, "steps": 400}, ...],
+     "plain": [{"concurrency": 1, "step_seconds": 0.010, "steps": 400}, ...]}
 
 A point is the mean wall time of one engine step (`step_seconds`, over `steps` steps) with
-`concurrency` requests running, each drafting `k` tokens a step (k = 0: no speculation).
-`step_seconds(c, k)` interpolates linearly in concurrency between the points measured at that
-K and holds the end values outside them (clamped, never extrapolated); a K never measured is an
-MCSDError that says how to measure it.
+`concurrency` requests running, each drafting `k` tokens a step. K = 0 is the speculative
+engine drafting nothing, which is what a schedule's K = 0 band runs; `plain` (optional: older
+profiles lack it) holds the same engine started without speculation, what a user who turns
+speculation off serves with. `step_seconds(c, k)` and `plain_step_seconds(c)` interpolate
+linearly in concurrency between the points measured and hold the end values outside them
+(clamped, never extrapolated); a K never measured is an MCSDError that says how to measure it.
 """
 
 from __future__ import annotations
@@ -42,8 +45,11 @@ class ProfilePoint:
     steps: int
 
 
-def _point(entry: Any, where: str) -> ProfilePoint:
-    """One point of `points`, checked (MCSDError naming `where` and the fix)."""
+def _point(entry: Any, where: str, plain: bool = False) -> ProfilePoint:
+    """One point of `points` (of `plain`: no "k", read as 0), checked (MCSDError naming `where`
+    and the fix)."""
+    if plain and isinstance(entry, dict):
+        entry = {"k": 0, **entry}
     keys = ("concurrency", "k", "step_seconds", "steps")
     if not isinstance(entry, dict) or any(k not in entry for k in keys):
         raise MCSDError(f"{where}: point {entry!r} lacks one of {', '.join(keys)}: re-measure "
@@ -70,6 +76,7 @@ class EngineProfile:
     dtype: str
     method: str
     points: tuple[ProfilePoint, ...]
+    plain: tuple[ProfilePoint, ...] = ()  # the engine without speculation (k 0)
 
     def __post_init__(self) -> None:
         for name in FIELDS:
@@ -88,7 +95,12 @@ class EngineProfile:
                 raise MCSDError(f"engine profile measures concurrency {p.concurrency} at K={p.k} "
                                 f"twice: keep one point per (concurrency, k)")
             seen.add((p.concurrency, p.k))
+        plain = sorted(self.plain, key=lambda p: p.concurrency)
+        if len({p.concurrency for p in plain}) < len(plain) or any(p.k for p in plain):
+            raise MCSDError("engine profile: \"plain\" holds one point per concurrency, "
+                            "without a K: measure it again with `mcsd profile --engine ENGINE`")
         object.__setattr__(self, "points", tuple(points))
+        object.__setattr__(self, "plain", tuple(plain))
 
     @property
     def ks(self) -> tuple[int, ...]:
@@ -114,6 +126,14 @@ class EngineProfile:
         xs = [p.concurrency for p in at_k]
         return float(np.interp(concurrency, xs, [p.step_seconds for p in at_k]))
 
+    def plain_step_seconds(self, concurrency: float) -> float | None:
+        """Seconds a step of the engine without speculation takes at `concurrency` requests
+        (interpolated as `step_seconds`); None where the profile did not measure it."""
+        if not self.plain:
+            return None
+        xs = [p.concurrency for p in self.plain]
+        return float(np.interp(concurrency, xs, [p.step_seconds for p in self.plain]))
+
     def step_seconds_drafting(self, concurrency: float, drafted: float) -> float:
         """Seconds a step takes at `concurrency` requests drafting `drafted` tokens each on
         average (a fraction where some draft and some do not): linear between the measured
@@ -128,7 +148,9 @@ class EngineProfile:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION,
                 **{name: getattr(self, name) for name in FIELDS},
-                "points": [asdict(p) for p in self.points]}
+                "points": [asdict(p) for p in self.points],
+                **({"plain": [{k: v for k, v in asdict(p).items() if k != "k"}
+                              for p in self.plain]} if self.plain else {})}
 
     @classmethod
     def from_json(cls, data: Any, source: str = "the engine profile") -> EngineProfile:
@@ -144,9 +166,13 @@ class EngineProfile:
         if missing or not isinstance(data["points"], list):
             raise MCSDError(f"{source} lacks {', '.join(missing) or 'a points list'}: measure it "
                             f"again with `mcsd profile --engine ENGINE`")
+        plain = data.get("plain") or []
+        if not isinstance(plain, list):
+            raise MCSDError(f"{source}: \"plain\" must be a list of points")
         points = tuple(_point(p, source) for p in data["points"])
+        plain_points = tuple(_point(p, f"{source} (plain)", plain=True) for p in plain)
         try:
-            return cls(*(data[name] for name in FIELDS), points)
+            return cls(*(data[name] for name in FIELDS), points, plain_points)
         except MCSDError as err:
             raise MCSDError(f"{source}: {err}") from None
 

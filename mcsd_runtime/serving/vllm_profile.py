@@ -10,7 +10,11 @@ rewrites between runs, so one engine serves every K, and K = 0 is the speculativ
 drafting nothing, as a schedule's K = 0 band runs. For each (C, K) the same C prompts are decoded
 twice, to a third of `long` and to `long` new tokens, and a step costs the difference of the
 wall times over the difference of the steps (every request's steps counted from vLLM's own
-per-request metrics): the prompts' prefills cancel out.
+per-request metrics): the prompts' prefills cancel out. Points out of line with their
+neighbours (a step cheaper at more requests or more drafted tokens) are timed again and keep the
+faster figure. A second engine, started without speculation, gives the `plain` step time at each
+concurrency: what serving with speculation turned off costs, which a K = 0 band does not reach
+(the speculative path still runs every step).
 
 The proposer's own cost (the n-gram matcher's, a draft model's) is not in these figures: on a
 CPU vLLM's n-gram matcher costs microseconds a request; a draft model would need its own
@@ -21,7 +25,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,32 +100,73 @@ def time_point(llm: Any, prompts: list[list[int]], short: int, long: int,
 
 def measure(model: str, dtype: str, ks: Sequence[int], concurrencies: Sequence[int],
             prompts: list[list[int]], long: int = 48, in_process: bool | None = None,
-            method: str = "ngram", log: Callable[[str], None] = print) -> EngineProfile:
-    """The engine profile of `model` at every (concurrency, K); `prompts` are cycled to fill
-    the largest concurrency."""
+            method: str = "ngram", plain: bool = True,
+            log: Callable[[str], None] = print) -> EngineProfile:
+    """The engine profile of `model` at every (concurrency, K), and (`plain`) of the engine
+    without speculation at every concurrency; `prompts` are cycled to fill the largest
+    concurrency. Points out of line with their neighbours are timed again (`suspects`)."""
     vllm = require_vllm()
     if min(ks) < 0 or not concurrencies or min(concurrencies) < 1:
         raise MCSDError("profiling: K must be >= 0 and concurrency >= 1")
+    waves = {c: [prompts[i % len(prompts)] for i in range(c)] for c in sorted(concurrencies)}
+    in_process = in_process_default() if in_process is None else in_process
     with tempfile.TemporaryDirectory() as tmp:
         k_file = Path(tmp) / "k"
         k_file.write_text("0")
         spec = {"method": "custom_class", "model": FIXED_CLASS,
                 "num_speculative_tokens": max(max(ks), 1)}
-        llm, seconds = start_engine(EngineConfig(
-            model, dtype, spec, max_num_seqs=max(concurrencies),
-            in_process=in_process_default() if in_process is None else in_process,
-            env={K_FILE_ENV: str(k_file)}))
-        log(f"started vLLM in {seconds:.1f} s")
-        points = []
-        try:
-            decode_wave(llm, prompts[:1], sampling_params(0, 4, True, 0))  # warm-up
-            for c in sorted(concurrencies):
-                wave = [prompts[i % len(prompts)] for i in range(c)]
-                for k in sorted(set(ks)):
-                    k_file.write_text(str(k))
-                    step, n = time_point(llm, wave, max(long // 3, 2), long)
-                    points.append(ProfilePoint(c, k, step, n))
-                    log(f"concurrency {c}, K={k}: {step * 1e3:.2f} ms a step")
-        finally:
-            stop_engine(llm)
-    return EngineProfile("vllm", vllm.__version__, model, dtype, method, tuple(points))
+        config = EngineConfig(model, dtype, spec, max_num_seqs=max(concurrencies),
+                              in_process=in_process, env={K_FILE_ENV: str(k_file)})
+
+        def timed(c: int, k: int, llm: Any, repeats: int = 2) -> ProfilePoint:
+            k_file.write_text(str(k))
+            step, n = time_point(llm, waves[c], max(long // 3, 2), long, repeats)
+            log(f"concurrency {c}, K={k}: {step * 1e3:.2f} ms a step")
+            return ProfilePoint(c, k, step, n)
+
+        with _engine(config, log) as llm:
+            points = {(c, k): timed(c, k, llm) for c in waves for k in sorted(set(ks))}
+            for c, k in suspects(points):
+                log(f"concurrency {c}, K={k} is out of line with its neighbours: timing it "
+                    f"again")
+                again = timed(c, k, llm, repeats=3)
+                if again.step_seconds < points[(c, k)].step_seconds:
+                    points[(c, k)] = again
+    plain_points: list[ProfilePoint] = []
+    if plain:
+        with _engine(EngineConfig(model, dtype, None, max_num_seqs=max(concurrencies),
+                                  in_process=in_process), log, "vLLM without speculation") as llm:
+            for c in waves:
+                step, n = time_point(llm, waves[c], max(long // 3, 2), long)
+                log(f"concurrency {c}, no speculation: {step * 1e3:.2f} ms a step")
+                plain_points.append(ProfilePoint(c, 0, step, n))
+    return EngineProfile("vllm", vllm.__version__, model, dtype, method,
+                         tuple(points.values()), tuple(plain_points))
+
+
+@contextmanager
+def _engine(config: EngineConfig, log: Callable[[str], None], name: str = "vLLM"
+            ) -> Iterator[Any]:
+    """A started, warmed-up engine, stopped on the way out."""
+    llm, seconds = start_engine(config)
+    log(f"started {name} in {seconds:.1f} s")
+    try:
+        decode_wave(llm, [[1, 2, 3]], sampling_params(0, 4, True, 0))  # warm-up
+        yield llm
+    finally:
+        stop_engine(llm)
+
+
+def suspects(points: dict[tuple[int, int], ProfilePoint], slack: float = 0.15
+             ) -> list[tuple[int, int]]:
+    """The (concurrency, K) whose step time breaks the order a step's cost follows, by more
+    than `slack`: above the next point's in concurrency or in K (more tokens verified, never
+    cheaper), or below the previous point's. Both ends of a broken pair are listed."""
+    out: set[tuple[int, int]] = set()
+    cs, ks = sorted({c for c, _ in points}), sorted({k for _, k in points})
+    for (c, k), p in points.items():
+        nexts = [(c2, k) for c2 in cs if c2 > c][:1] + [(c, k2) for k2 in ks if k2 > k][:1]
+        for key in nexts:
+            if key in points and p.step_seconds > points[key].step_seconds * (1 + slack):
+                out |= {(c, k), key}
+    return sorted(out)

@@ -17,7 +17,10 @@ stages every decision runs (`train.decision`).
   takes the K of the highest throughput at its start on validation prompts (the smaller K of
   equals), pooled and for each category with enough prompts. The report, on held-out test
   prompts, sets each band's K beside the best single K (one K for every band, the highest
-  geometric mean over the bands on the same validation prompts) and no speculation (K=0);
+  geometric mean over the bands on the same validation prompts), a K=0 band (the speculative
+  engine drafting nothing) and, where the profile measured it, the engine without speculation
+  (`plain`: c / its step time, one token a request a step). A note names every band whose
+  replayed speed falls below plain's: a table cannot turn the speculative path off;
 - **write**: `report.json`, `report.md`, and last `schedule.json` (the bands and the report:
   `mcsd_runtime.serving.schedule`), into a staging folder that replaces --out once complete
   (`run_schedule`; no `decision.json`: the schedule is an engine's table, not a decision our
@@ -41,7 +44,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text, build_folder
 from mcsd_runtime.serving.engine_profile import EngineProfile
 from mcsd_runtime.serving.schedule import Band, Schedule, json_text
-from replay.result import Column, Comparison, Report
+from replay.result import ABSENT, Column, Comparison, Report
 from train.decision import refuse_existing
 from train.schedule.acceptance import (
     SPLITS,
@@ -53,7 +56,7 @@ from train.schedule.acceptance import (
 from train.schedule.config import ScheduleConfig
 
 POOLED = "all"  # the report's name of the pooled group
-SPEEDS = ("schedule", "single K", "K=0")  # the report's three columns
+SPEEDS = ("schedule", "single K", "K=0")  # the report's columns; "plain" where profiled
 
 
 @dataclass
@@ -135,6 +138,7 @@ class ScheduleTrainer:
                             in zip(starts, comparisons, strict=True)]
             self.log(f"{group}: K by batch size (tokens/s replayed on held-out test prompts; "
                      f"single K={single})\n{table}")
+            data.notes += _below_plain(group, comparisons)
         report = self._report(data, fitted, starts, groups)
         for note in data.notes:
             self.log(f"note: {note}")
@@ -252,6 +256,9 @@ def _choose_group(group: str, starts, fitted: Fitted, profile: EngineProfile
         k = max(ks, key=lambda k, c=c: (speed(val, c, k), -k))
         speeds = dict(zip(SPEEDS, (speed(test, c, k), speed(test, c, single), speed(test, c, 0)),
                           strict=True))
+        plain = profile.plain_step_seconds(c)
+        if plain is not None:
+            speeds["plain"] = c / plain
         out.append(Comparison(Band(lo, hi, k).label, speeds, "K=0",
                               learned="schedule",
                               facts={"k": k, "single_k": single, "concurrency": c,
@@ -260,8 +267,22 @@ def _choose_group(group: str, starts, fitted: Fitted, profile: EngineProfile
     return out, single
 
 
-def _finite(x: float) -> float | None:
+def _below_plain(group: str, comparisons: list[Comparison]) -> list[str]:
+    """A note for each band of `group` replayed below the engine without speculation."""
+    return [f"{group}, batch sizes {c.group}: K={c.facts['k']} replays at "
+            f"{c.ratio(over='plain'):.3f}x the engine without speculation (its K=0 band at "
+            f"{c.ratio('K=0', over='plain'):.3f}x): a table cannot turn the speculative path "
+            f"off; where batches stay this large, serve without speculation"
+            for c in comparisons if (c.ratio(over="plain") or math.inf) < 1]
+
+
+def _finite(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
+
+
+def _plain(c: Comparison, value: Any) -> Any:
+    """`value`, or ABSENT where the profile has no plain engine's step times."""
+    return value if "plain" in c.speeds else ABSENT
 
 
 def _tps(x: float) -> str:
@@ -279,14 +300,16 @@ REPORT = Report(
      Column("no_spec_tokens_per_s", lambda c: _finite(c.speed("K=0")), "K=0 tokens/s", _tps),
      Column("vs_single_k", lambda c: _finite(c.ratio(over="single K")), "vs single"),
      Column("vs_no_spec", lambda c: _finite(c.ratio()), "vs K=0"),
+     Column("plain_tokens_per_s", lambda c: _plain(c, _finite(c.speed("plain")))),
+     Column("vs_plain", lambda c: _plain(c, _finite(c.ratio(over="plain"))), "vs plain"),
      Column("test_steps", lambda c: c.facts["test_steps"], "test steps", str),
      Column("val_tokens_per_s", lambda c: _finite(c.facts["val_tokens_per_s"]))),
     label=Column("band", lambda c: c.group, "batch sizes"))
 
 
 def report_markdown(report: dict[str, Any]) -> str:
-    """`report.md`: the settings, each group's bands against the single K and K=0, and each
-    K's expected accepted tokens."""
+    """`report.md`: the settings, each group's bands against the single K, K=0 and (where
+    profiled) the engine without speculation, and each K's expected accepted tokens."""
     eng = report["engine"]
     lines = [f"# K by batch size: {eng['engine']} {eng['engine_version']}, {eng['model']} "
              f"({eng['dtype']}), {eng['method']}", "",
@@ -296,16 +319,21 @@ def report_markdown(report: dict[str, Any]) -> str:
              f"step_seconds(c, E[min(D, K)]) (D: the tokens a step drafted).",
              ""]
     for group, g in report["groups"].items():
+        plain = any("vs_plain" in r for r in g["bands"])
         lines += [f"## {group}", "", "| batch sizes | K | tokens/s | single K "
-                  f"(K={g['single_k']}) | K=0 | vs single K | vs K=0 | test steps |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  f"(K={g['single_k']}) | K=0 |" + (" plain |" if plain else "")
+                  + " vs single K | vs K=0 |" + (" vs plain |" if plain else "")
+                  + " test steps |", "|---|---|---|---|---|---|---|---|"
+                  + ("---|---|" if plain else "")]
         for r in g["bands"]:
             lines.append(f"| {r['band']} | {r['k']} | "
                          f"{_tps(_nan(r.get('tokens_per_s')))} | "
                          f"{_tps(_nan(r.get('single_k_tokens_per_s')))} | "
                          f"{_tps(_nan(r.get('no_spec_tokens_per_s')))} | "
-                         f"{_ratio(r.get('vs_single_k'))} | {_ratio(r.get('vs_no_spec'))} | "
-                         f"{r['test_steps']} |")
+                         + (f"{_tps(_nan(r.get('plain_tokens_per_s')))} | " if plain else "")
+                         + f"{_ratio(r.get('vs_single_k'))} | {_ratio(r.get('vs_no_spec'))} | "
+                         + (f"{_ratio(r.get('vs_plain'))} | " if plain else "")
+                         + f"{r['test_steps']} |")
         lines += ["", _acceptance_table(report["acceptance"][group]), ""]
     lines += [f"- {note}" for note in report["notes"]]
     return "\n".join(lines).rstrip() + "\n"
