@@ -98,7 +98,7 @@ def plain_forward_probs(pair, committed: list[int], g: pd.DataFrame, temperature
                                               ("target", 0.9)])
 def test_labels_agree_with_decoder(pair, init, temperature):
     config = DecodeConfig(k_config=(4, 2, 2, 1), init=init, temperature=temperature,
-                          max_new_tokens=40, seed=3)
+                          max_new_tokens=24, seed=3)
     res, df = decode_with_rows(pair, config, [5, 9, 2, 7])
     drafted_steps = [i for i, s in enumerate(res.steps) if s.tree_size]
     assert sorted(df.step.unique()) == drafted_steps

@@ -12,6 +12,7 @@ import signal
 import string
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,16 +97,9 @@ def test_kill_9_then_rerun_completes_the_missing_prompts_only(setup, capsys):
     assert f"all {N_PROMPTS} prompts already collected" in err and "stopped" not in err
 
 
-@pytest.mark.parametrize("processes", [
-    ["--devices", "2"],
-    ["--device", "cpu:0", "--processes-per-device", "2"],  # two processes on one named device
-], ids=["devices", "per-device"])
-def test_two_fabric_processes_cover_every_prompt_once(setup, processes):
-    root, args, ref_rows, ref_manifest = setup
-    out = root / f"fabric-{processes[1]}"
-    res = subprocess.run(_cmd(args, out) + processes, cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+def check_two_ranks(out: Path, ref_rows, ref_manifest, stdout: str) -> None:
+    """Two ranks wrote `out`: each its own shards, every prompt exactly once, the rows and
+    counts of one process, the summary printed and the lock released."""
     shards = scan_shards(out)
     ranks = {meta["rank"] for meta in shards.values()}
     assert ranks == {0, 1} and all(name.endswith(f"-r{meta['rank']:03d}.parquet")
@@ -116,8 +110,108 @@ def test_two_fabric_processes_cover_every_prompt_once(setup, processes):
     assert manifest["status"] == "complete" and manifest["sessions"][-1]["world_size"] == 2
     assert manifest["counts"] == ref_manifest["counts"]
     pd.testing.assert_frame_equal(load_rows(out), ref_rows)  # same rows as one process
-    assert "tau" in res.stdout and "accepted length histogram" in res.stdout
+    assert "tau" in stdout and "accepted length histogram" in stdout
     assert not (out / LOCK).exists()
+
+
+def test_two_fabric_processes_cover_every_prompt_once(setup):
+    """`--devices 2`: two real Fabric processes (spawned, gloo barriers)."""
+    root, args, ref_rows, ref_manifest = setup
+    out = root / "fabric-devices"
+    res = subprocess.run(_cmd(args, out) + ["--devices", "2"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    check_two_ranks(out, ref_rows, ref_manifest, res.stdout)
+
+
+class ThreadFabric:
+    """Stands in for `lightning.fabric.Fabric`: `launch` runs the worker once per rank, each in
+    a thread of this process with real barriers and broadcasts, and returns rank 0's result
+    (the real, spawned processes: `test_two_fabric_processes_cover_every_prompt_once`)."""
+
+    made: list[dict] = []
+
+    def __init__(self, accelerator, devices, num_nodes, strategy) -> None:
+        self.made.append({"accelerator": accelerator, "devices": devices,
+                          "num_nodes": num_nodes})
+        self.world_size, self._barrier = devices * num_nodes, threading.Barrier(devices)
+        self._sent: list = [None]
+
+    def launch(self, fn, *args):
+        results: list = [None] * self.world_size
+
+        def rank(r: int) -> None:
+            try:
+                results[r] = fn(_Rank(self, r), *args)
+            except BaseException as err:  # noqa: BLE001 - handed to the test below
+                results[r] = err
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(self.world_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results[0]
+
+
+class _Rank:
+    def __init__(self, fabric: ThreadFabric, rank: int) -> None:
+        import torch
+
+        self.fabric, self.global_rank, self.world_size = fabric, rank, fabric.world_size
+        self.device = torch.device("cpu")
+
+    def barrier(self) -> None:
+        self.fabric._barrier.wait(timeout=300)
+
+    def broadcast(self, obj, src: int = 0):
+        if self.global_rank == src:
+            self.fabric._sent[0] = obj
+        self.barrier()
+        value = self.fabric._sent[0]
+        self.barrier()
+        return value
+
+
+def test_processes_per_device_share_the_named_device(setup, monkeypatch, capsys):
+    """`--device cpu:0 --processes-per-device 2`: two processes (Fabric on CPU, threads here)
+    that both load the pair on the device --device names, not Fabric's, and together collect
+    what one process does."""
+    import lightning.fabric
+
+    import collect.run
+
+    root, args, ref_rows, ref_manifest = setup
+    loaded, real_load = [], collect.run._load_pair
+    one_at_a_time, all_loaded = threading.Lock(), threading.Barrier(2)
+
+    def spy(job, device, say=True):
+        # loading sets torch's default dtype for a while: a thread's concern only here, so
+        # the ranks load in turn and decode once both have loaded
+        with one_at_a_time:
+            loaded.append((device, say))
+            try:
+                pair = real_load(job, device, say)
+            except BaseException:
+                all_loaded.abort()  # the other rank stops waiting
+                raise
+        all_loaded.wait(timeout=300)
+        return pair
+
+    monkeypatch.setattr(ThreadFabric, "made", [])
+    monkeypatch.setattr(lightning.fabric, "Fabric", ThreadFabric)
+    monkeypatch.setattr(collect.run, "_load_pair", spy)
+    out = root / "fabric-per-device"
+    capsys.readouterr()
+    assert mcsd(["collect", *args, "--out", str(out), "--device", "cpu:0",
+                 "--processes-per-device", "2"]) == 0
+    assert ThreadFabric.made == [{"accelerator": "cpu", "devices": 2, "num_nodes": 1}]
+    assert sorted(loaded) == [("cpu:0", False), ("cpu:0", True)]  # one rank says it
+    check_two_ranks(out, ref_rows, ref_manifest, capsys.readouterr().out)
 
 
 def test_second_job_on_a_folder_is_refused_at_once(setup, capsys, monkeypatch):

@@ -13,6 +13,9 @@ K_CONFIGS = [(1, 1, 1, 1), (4, 2, 2, 1), (8,), (2, 3), (3, 1, 1, 1, 1, 1), "4,1/
 STOPPERS = ["static", "static:2", "confidence:0.2", "entropy:0.45:0.1", "cumprod:0.9",
             "heuristic", "switch:0.7:3:2"]
 N_PROMPTS = 20
+# the prompts each (tree, stopper) case below decodes: 7 of the 20 (49 cases, together well
+# over a thousand steps); prompt 10 is the one where the entropy rule drafts past depth 1
+CASE_PROMPTS = slice(4, 11)
 
 
 def prompts(vocab: int, n: int = N_PROMPTS, seed: int = 0) -> list[list[int]]:
@@ -62,7 +65,7 @@ def test_greedy_equals_target(pair, refs, k_config, stopper):
     counting = Counting(stopper)
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24), stopper=counting)
     accepted = 0
-    for prompt, ref in refs:
+    for prompt, ref in refs[CASE_PROMPTS]:
         result = dec.generate(prompt)
         assert result.token_ids == ref
         assert result.lossless
@@ -99,11 +102,12 @@ def test_eos_inside_accepted_path():
     counts = torch.bincount(torch.tensor([t for p in ps for t in reference(probe, p, 24)[1:]]))
     eos = int(counts.argmax())
     pair = make_pair(eos=eos)
+    ps = ps[:10]  # four of these ten end in EOS, under each tree some inside an accepted path
+    refs = [reference(pair, prompt, 24) for prompt in ps]
     inside = 0
     for k_config in [(1, 1, 1, 1), (4, 2, 2, 1)]:
         dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, max_new_tokens=24))
-        for prompt in ps:
-            ref = reference(pair, prompt, 24)
+        for prompt, ref in zip(ps, refs, strict=True):
             result = dec.generate(prompt)
             assert result.token_ids == ref
             if eos in ref:

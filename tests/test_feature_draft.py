@@ -172,18 +172,20 @@ def test_generate_and_hf_assisted_are_refused_for_a_feature_draft(fpair):
 def test_sampling_with_a_feature_draft_follows_the_target(draft_kind, monkeypatch):
     """Chi-square of the first two sampled tokens against the target's exact joint, with a
     noisy feature draft, a near one-hot one and a sharp one at a low temperature; the same test
-    rejects a verifier that draws the residual from p."""
+    rejects a verifier that draws the residual from p (the noisy draft's case) and, under the
+    degenerate drafts, one that accepts zero-probability candidates."""
     from test_decoder_sampling import (
         ALPHA,
         DRAFTS,
         N_BIASED,
-        N_SAMPLES,
+        N_CHECKED,
         exact_joint,
         micro_pair,
         p_value,
         residual_from_p,
         sampled_counts,
         shape_logits,
+        unguarded_verify,
     )
 
     from mcsd_runtime.decode import speculative_sampling as V
@@ -202,6 +204,11 @@ def test_sampling_with_a_feature_draft_follows_the_target(draft_kind, monkeypatc
     if broken:
         monkeypatch.setattr(V, "verify_children", residual_from_p)
     pair = Pair(base.target, draft.eval())
+    exact = exact_joint(pair, temperature)
     counts = sampled_counts(pair, "mcss", k_config, temperature,
-                            n=N_BIASED if broken else N_SAMPLES)
-    assert (p_value(counts, exact_joint(pair, temperature)) > ALPHA) != broken
+                            n=N_BIASED if broken else N_CHECKED)
+    assert (p_value(counts, exact) > ALPHA) != broken
+    if draft_kind in DRAFTS:
+        monkeypatch.setattr(V, "verify_children", unguarded_verify)
+        counts = sampled_counts(pair, "mcss", k_config, temperature, n=N_BIASED)
+        assert p_value(counts, exact) < ALPHA

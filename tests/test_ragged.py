@@ -17,6 +17,7 @@ from test_decoder_greedy import prompts, reference
 from test_decoder_sampling import (
     ALPHA,
     DRAFTS,
+    N_CHECKED,
     PROMPT,
     exact_joint,
     micro_pair,
@@ -269,7 +270,7 @@ def test_models_without_mcsd_sdpa_run_padded_with_a_warning(refs):
 
 # ---------------------------------------------------------------------------- sampling
 def ragged_counts(pair, temperature: float = 1.0, k_config=(3, 2), stopper="heuristic",
-                  n: int = 1000) -> torch.Tensor:
+                  n: int = N_CHECKED) -> torch.Tensor:
     cfg = DecodeConfig(k_config=k_config, temperature=temperature, max_new_tokens=3,
                        batch_layout="ragged", batch_depth="row")
     dec = MCSDDecoder(pair, cfg, stopper=stopper)

@@ -9,7 +9,7 @@ import torch
 from test_decoder_sampling import (
     ALPHA,
     N_BIASED,
-    N_SAMPLES,
+    N_CHECKED,
     PROMPT,
     VOCAB,
     exact_joint,
@@ -19,6 +19,7 @@ from test_decoder_sampling import (
     residual_from_p,
     sampled_counts,
 )
+from test_hf_generate import N_SAMPLES as HF_DRAWS  # the draws of its chi-square test
 
 from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decode import speculative_sampling as V
@@ -84,7 +85,7 @@ class Rotating(StopperBase):
         return go
 
 
-def _triple_counts(pair, stopper: Rotating, n: int = N_SAMPLES) -> torch.Tensor:
+def _triple_counts(pair, stopper: Rotating, n: int = N_CHECKED) -> torch.Tensor:
     dec = MCSDDecoder(pair, DecodeConfig(k_config=(2, 2, 2), temperature=1.0,
                                          max_new_tokens=4), stopper=stopper)
     counts = torch.zeros(VOCAB ** 3)
@@ -105,7 +106,7 @@ def test_adaptive_stoppers_on_a_deeper_tree_keep_three_tokens_exact(micro, monke
     assert p_value(_triple_counts(micro, stopper), exact) > ALPHA
     for spec, (stops, goes) in stopper.decisions.items():  # each really adapted its depth
         assert stops > 0 and (goes > 0 or spec.startswith("switch")), spec
-    assert stopper.skipped >= N_SAMPLES // len(stopper.names)  # and steps without a draft
+    assert stopper.skipped >= N_CHECKED // len(stopper.names)  # and steps without a draft
     monkeypatch.setattr(V, "verify_children", residual_from_p)  # the same test, a biased verifier
     assert p_value(_triple_counts(micro, Rotating(tmp_path / "learned"), N_BIASED),
                    exact) < ALPHA
@@ -114,7 +115,8 @@ def test_adaptive_stoppers_on_a_deeper_tree_keep_three_tokens_exact(micro, monke
 @pytest.mark.parametrize("verify", ["naive", "mcss-replacement"])
 def test_other_verifiers_below_temperature_one(micro, verify, monkeypatch):
     exact = exact_joint(micro, 0.7)
-    assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7), exact) > ALPHA
+    assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7, n=N_CHECKED),
+                   exact) > ALPHA
     monkeypatch.setattr(V, "verify_children", residual_from_p)  # the same test, a biased verifier
     assert p_value(sampled_counts(micro, verify, (3, 2), temperature=0.7, n=N_BIASED),
                    exact) < ALPHA
@@ -135,8 +137,9 @@ def _ar_counts(pair, n: int) -> torch.Tensor:
 
 
 def test_ar_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):
-    """test_hf_reference's AR chi-square, on a sampler that draws from p² instead of p."""
-    assert p_value(_ar_counts(micro, 400), exact_joint(micro, 0.7)) > ALPHA
+    """test_hf_reference's AR chi-square, on a sampler that draws from p² instead of p (the
+    unbiased sampler passing it: `test_ar_sampling_follows_the_target` there, on 500 seeds
+    of the same target, temperature and prompt)."""
     squared_sampler(monkeypatch)
     assert p_value(_ar_counts(micro, 400), exact_joint(micro, 0.7)) < ALPHA
 
@@ -158,7 +161,8 @@ def _generate_counts(pair, n: int) -> torch.Tensor:
 
 
 def test_generate_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):
-    """test_hf_generate's chi-square, on the decoder drawing residual and bonus tokens from p²."""
-    assert p_value(_generate_counts(micro, 400), exact_joint(micro, 0.7)) > ALPHA
+    """test_hf_generate's chi-square, on the decoder drawing residual and bonus tokens from p²
+    (the unbiased decoder passing it on these very draws, the same pair, seeds and settings:
+    `test_sampling_follows_the_target_at_its_temperature` there)."""
     squared_sampler(monkeypatch)
-    assert p_value(_generate_counts(micro, 400), exact_joint(micro, 0.7)) < ALPHA
+    assert p_value(_generate_counts(micro, HF_DRAWS), exact_joint(micro, 0.7)) < ALPHA

@@ -11,6 +11,7 @@ import pytest
 from test_train_data import K_CONFIG, MAX_NEW, N_PROMPTS, dense_rows, prompts, small_pair
 
 import replay as R
+from conftest import shared_build
 from mcsd_runtime.decisions.builtin import StopperBase, make_stopper
 from mcsd_runtime.decisions.features import DECISION_FEATURES, FEATURE_SETS, TRAJECTORY_FEATURES
 from mcsd_runtime.decisions.learned import check_pair, load_stopper
@@ -58,25 +59,36 @@ def planted(rows: pd.DataFrame, shuffle: bool = False,
     return rows.assign(hidden=list(hidden.astype(np.float16)))
 
 
-@pytest.fixture(scope="module")
-def artifacts(rows, labelled, tmp_path_factory):
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory, shared_run_folder):
     """One trained artifact per model kind (each fit takes seconds); mlp-hidden on `planted`
-    hidden states."""
-    from train.stop.trainer import train_stopper
+    hidden states. Trained once per test run (`conftest.shared_build`: under xdist by the first
+    worker to ask, into the folder the workers share), not once per worker or each time a
+    worker comes back to this module: tests read them, and copy a folder before changing it."""
+    root = (shared_run_folder or tmp_path_factory.getbasetemp()) / "train-artifacts"
 
-    out = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for model, label in (("lightgbm", "hard"), ("mlp", "hard"), ("mlp-hidden", "soft")):
-            folder = tmp_path_factory.mktemp(model)
-            summary = train_stopper(planted(rows, labelled=labelled) if model == "mlp-hidden"
-                                    else rows,
-                                    [{"pair": small_pair().fingerprint}], folder,
-                                    model=model, label=label, profile=PROFILE, max_epochs=8,
-                                    aggregations=("max", "sum"), log=lambda *_: None,
-                                    online=model == "lightgbm")
-            out[model] = (folder, summary)
-    return out
+    def build() -> dict:
+        import shutil
+
+        from train.stop.trainer import train_stopper
+
+        rows = dense_rows()
+        shutil.rmtree(root, ignore_errors=True)  # what a failed build left
+        out = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for model, label in (("lightgbm", "hard"), ("mlp", "hard"), ("mlp-hidden", "soft")):
+                folder = root / model
+                folder.mkdir(parents=True)
+                summary = train_stopper(planted(rows) if model == "mlp-hidden" else rows,
+                                        [{"pair": small_pair().fingerprint}], folder,
+                                        model=model, label=label, profile=PROFILE,
+                                        max_epochs=8, aggregations=("max", "sum"),
+                                        log=lambda *_: None, online=model == "lightgbm")
+                out[model] = (folder, summary)
+        return out
+
+    return shared_build("train-artifacts", build)
 
 
 def test_labels_hard_and_soft(labelled):
@@ -91,15 +103,28 @@ def test_labels_hard_and_soft(labelled):
     assert not df[df["depth"] == 4]["decision"].any()
 
 
+# the prompts each exact-replay case below replays and decodes: the first half of the dense
+# collection's (the collection's tests read it all)
+N_DECODED = N_PROMPTS // 2
+
+
+def first_prompts(data: R.ReplayData) -> R.ReplayData:
+    """`data` restricted to its first N_DECODED prompts (those `prompts()[:N_DECODED]`)."""
+    keys = [k for k in data.prompts if int(k.rsplit("/p", 1)[1]) < N_DECODED]
+    assert len(keys) == N_DECODED
+    return data.subset(keys)
+
+
 @pytest.mark.parametrize("spec", ["static:1", "static:2", "static:4", "heuristic",
                                   "confidence:0.3", "cumprod:0.9", "switch:0.6:3:3",
                                   "switch:0.9:2:2"])
 def test_exact_replay_matches_decoder(data, spec):
     """Replaying a stopper on the dense collection gives the decoder's own tokens, target calls
     (so τ) and draft forwards, with the same prompts, greedy."""
+    data = first_prompts(data)
     r = R.replay(data, spec)
     tokens = calls = drafts = drafted = 0
-    for ids in prompts():
+    for ids in prompts()[:N_DECODED]:
         dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
                           stopper=spec)
         st = dec.generate(ids).stats
@@ -134,9 +159,10 @@ def test_exact_replay_matches_decoder_on_a_capped_tree(spec):
     replay reads the tree's shape from the rows alone."""
     data = R.ReplayData(dense_rows("sparse", SPARSE))
     assert data.tree.k_config == parse_k_config(SPARSE) and data.tree.sizes == (4, 1, 1, 1)
+    data = first_prompts(data)
     r = R.replay(data, spec)
     tokens = calls = drafted = 0
-    for ids in prompts():
+    for ids in prompts()[:N_DECODED]:
         dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=SPARSE, max_new_tokens=MAX_NEW),
                           stopper=spec)
         st = dec.generate(ids).stats
@@ -153,9 +179,10 @@ def test_exact_replay_matches_decoder_for_learned_stopper(data, rows, artifacts,
     stopper = load_stopper(folder)
     if model == "mlp-hidden":
         data = R.ReplayData(rows, hidden=True)
+    data = first_prompts(data)
     r = R.replay(data, stopper)
     tokens = calls = drafts = 0
-    for ids in prompts():
+    for ids in prompts()[:N_DECODED]:
         dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
                           stopper=load_stopper(folder))
         st = dec.generate(ids).stats
@@ -187,9 +214,10 @@ def test_a_stopper_trained_on_node_features_never_reads_the_runs_history(data, r
     moved[:, cols] = np.random.default_rng(0).uniform(0, 30, (len(x), len(cols)))
     assert np.array_equal(node.node_scores(x), node.node_scores(moved))
     assert not np.array_equal(full.node_scores(x), full.node_scores(moved))
+    data = first_prompts(data)
     r = R.replay(data, node)
     tokens = calls = 0
-    for ids in prompts():
+    for ids in prompts()[:N_DECODED]:
         dec = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
                           stopper=load_stopper(tmp_path))
         st = dec.generate(ids).stats
@@ -208,6 +236,7 @@ def test_online_recalibration_replays_as_the_decoder_decodes(data, artifacts):
     spec = load_stopper(folder).spec
     wide = CostProfile(tokens=[1, 64], target_s=[1.0, 2.0], draft_s=[0.1, 0.2],
                        batches={8: BatchCosts(target_s=[3.0, 9.0], draft_s=[0.2, 0.5])})
+    data = first_prompts(data)
     order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
     for batch in (1, 3):
         r = R.replay(data, stopper_from(spec, folder, online_strength=0.5), wide,
@@ -576,9 +605,10 @@ def test_the_expected_rate_rule_replays_as_the_decoder_decodes(data, artifacts):
                             depth_thresholds=rate_thresholds(PROFILE, data.tree, 0.45),
                             calibration=Calibration((0.0, 1.0), (0.0, 1.0)), skip_rate=0.0)
 
+    data = first_prompts(data)
     r = R.replay(data, rule(), PROFILE)
     tokens = calls = drafts = 0
-    for ids in prompts():
+    for ids in prompts()[:N_DECODED]:
         st = MCSDDecoder(small_pair(), DecodeConfig(k_config=K_CONFIG, max_new_tokens=MAX_NEW),
                          stopper=rule()).generate(ids).stats
         tokens, calls, drafts = tokens + st.new_tokens, calls + st.target_calls, \

@@ -14,6 +14,8 @@ from test_decoder_sampling import (
     ALPHA,
     DRAFTS,
     N_BIASED,
+    N_CHECKED,
+    N_SAMPLES,
     PROMPT,
     exact_joint,
     micro_pair,
@@ -128,7 +130,8 @@ def test_sampled_output_follows_the_target_at_every_width(verify):
                                          max_new_tokens=3), "static:1", width=MICRO)
     assert {s.tree_size for seed in range(40) for s in dec.generate(PROMPT, seed=seed).steps
             if s.drafted} == {1, 2, 3}
-    counts = sampled_counts(pair, verify, (3,), stopper="static:1", width=MICRO)
+    # its biased verifier fails: `test_sampled_check_fails_on_a_biased_verifier`
+    counts = sampled_counts(pair, verify, (3,), stopper="static:1", width=MICRO, n=N_CHECKED)
     assert p_value(counts, exact_joint(pair, 1.0)) > ALPHA
 
 
@@ -138,7 +141,11 @@ def test_sampled_width_stays_exact_under_degenerate_drafts(draft_kind):
     temperature: the cut first depth still follows the target (chi-square)."""
     _, temperature, _ = DRAFTS[draft_kind]
     pair = micro_pair(draft_kind)
-    counts = sampled_counts(pair, "mcss", (3,), temperature, stopper="static:1", width=MICRO)
+    # one-hot and support-2: their biased verifier is rejected in the test below (sharp-T0.2's
+    # cut tree verifies one candidate at a time, where a residual drawn from p goes unseen)
+    checked = draft_kind in ("one-hot", "support-2")
+    counts = sampled_counts(pair, "mcss", (3,), temperature, stopper="static:1", width=MICRO,
+                            n=N_CHECKED if checked else N_SAMPLES)
     assert p_value(counts, exact_joint(pair, temperature)) > ALPHA
 
 
@@ -153,10 +160,11 @@ def test_degenerate_draft_check_fails_on_a_biased_verifier(draft_kind, monkeypat
     assert p_value(counts, exact_joint(pair, 1.0)) < ALPHA
 
 
-def test_sampled_check_fails_on_a_biased_verifier(monkeypatch):
+@pytest.mark.parametrize("verify", ["mcss", "mcss-replacement"])
+def test_sampled_check_fails_on_a_biased_verifier(monkeypatch, verify):
     pair = make_pair(vocab=6, seed=3, noise=0.5, init_range=0.5)
     monkeypatch.setattr(V, "verify_children", residual_from_p)
-    counts = sampled_counts(pair, "mcss", (3,), stopper="static:1", width=MICRO, n=N_BIASED)
+    counts = sampled_counts(pair, verify, (3,), stopper="static:1", width=MICRO, n=N_BIASED)
     assert p_value(counts, exact_joint(pair, 1.0)) < ALPHA
 
 
