@@ -1,7 +1,11 @@
-"""What the learned-lookup proposer class costs on the host: `propose` timed per step and per row
-on contexts of 200-600 tokens with some repetition, at 1, 8 and 16 requests.
+"""What the proposer class costs on the host: `propose` timed per step and per row on contexts of
+200-600 tokens with some repetition, at 1, 8 and 16 requests.
 
     .venv-vllm/bin/python scripts/vllm_proposer_cost.py COPY_FOLDER
+    .venv-vllm/bin/python scripts/vllm_proposer_cost.py COPY_FOLDER STOPPER DRAFT_FOLDER
+    .venv-vllm/bin/python scripts/vllm_proposer_cost.py - STOPPER DRAFT_FOLDER
+
+(`-`: no copy length; STOPPER: a stopper spec, e.g. static:4 or a trained stopper's folder.)
 """
 
 import os
@@ -12,14 +16,17 @@ import numpy as np
 
 
 def main() -> None:
-    os.environ["MCSD_VLLM_PROPOSER"] = sys.argv[1]
-    from mcsd_runtime.serving.vllm_proposer import LearnedLookupProposer
+    from mcsd_runtime.serving.vllm_proposer import MCSDProposer, ProposerSpec
+
+    copy, stopper, draft = (sys.argv[1:] + [None, None])[:3]
+    spec = ProposerSpec(copy=None if copy == "-" else copy, stopper=stopper, draft=draft)
+    os.environ["MCSD_VLLM_PROPOSER"] = spec.to_env()
 
     class Config:
         class speculative_config:  # noqa: N801 (vLLM's attribute name)
             num_speculative_tokens = 6
 
-    proposer = LearnedLookupProposer(Config)
+    proposer = MCSDProposer(Config)
     rng = np.random.default_rng(0)
     for rows, ctx in ((1, 200), (1, 600), (8, 300), (16, 300)):
         tokens = rng.integers(0, 49152, size=(rows, ctx + 200))

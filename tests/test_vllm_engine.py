@@ -1,14 +1,16 @@
 """vLLM as a second runtime (`mcsd eval --engine vllm`, `mcsd_runtime.serving`).
 
 - exact in the real engine: in fp32, every speculative method's greedy outputs (vLLM's ngram,
-  a K-by-batch-size table, the toolkit's learned-lookup proposer class) equal vLLM plain's, at
-  concurrency 1 and 3, on a random tiny Llama;
+  a K-by-batch-size table, the toolkit's proposer class over a learned copy length, over the
+  draft's chain under a stopper and over both, a draft model with a reduced head exported for
+  vLLM) equal vLLM plain's, at concurrency 1 and 3, on a random tiny
+  Llama;
 - each method drafts what it should: ngram drafts and some drafts are accepted; the table drafts
   at concurrency 1 and nothing where its band says K=0; the proposer drafts chains no longer
-  than its policy allows;
+  than its policy allows; the draft model drafts K tokens a step and some are accepted;
 - bad input: vLLM missing names the extra, another version names the supported one, unknown
-  methods, a method list without ar and decoder-only options are refused before any engine
-  starts.
+  methods, a method list without ar, decoder-only options and a draft whose head size vLLM's
+  CPU attention does not run are refused before any engine starts.
 
 One set of engines (in-process, about 10 s each to start) serves the whole module.
 """
@@ -65,6 +67,25 @@ def _schedule(folder) -> str:
     return str(folder)
 
 
+def _draft(folder, target: str) -> str:
+    """A draft for the tiny target as the distillation leaves one, exported for vLLM: the
+    target's weights with noise, and a reduced head over 96 of its tokens."""
+    from transformers import LlamaForCausalLM
+
+    from mcsd_runtime.distill.head import reduced_head_from, save_reduced_head
+    from mcsd_runtime.serving.draft_export import export_for_vllm
+
+    model = LlamaForCausalLM.from_pretrained(target)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(folder / "draft")
+    kept = torch.randperm(VOCAB, generator=gen)[:96].sort().values
+    save_reduced_head(reduced_head_from(model, kept), folder / "draft")
+    return str(export_for_vllm(folder / "draft", folder / "export"))
+
+
 def _prompts() -> list[tuple[str, list[int]]]:
     rng = np.random.default_rng(1)
     out = []
@@ -81,10 +102,13 @@ def decoded(tmp_path_factory):
     from mcsd_runtime.serving.vllm_eval import VllmRun, evaluate
 
     root = tmp_path_factory.mktemp("vllm")
+    copy = _copy_policy(root / "copy")
     methods = ["ar", "ngram:3:1:3", f"table:{_schedule(root / 'schedule')}",
-               f"proposer:{_copy_policy(root / 'copy')}"]
-    run = VllmRun(model=_tiny_target(root / "target"),
-                  methods=tuple(parse_method(m) for m in methods), concurrency=(1, 3),
+               f"proposer:{copy}", "draft:2", "proposer:static:3", f"proposer:{copy}+static:2"]
+    target = _tiny_target(root / "target")
+    draft = _draft(root, target)
+    run = VllmRun(model=target, methods=tuple(parse_method(m, draft) for m in methods),
+                  concurrency=(1, 3),
                   dtype="float32", max_new_tokens=TOKENS, ignore_eos=True, in_process=True)
     return evaluate(run, _prompts(), log=lambda _: None, progress=False), methods
 
@@ -101,7 +125,7 @@ def test_every_method_equals_vllm_plain_in_fp32(decoded):
 
 def test_each_method_drafts_what_it_should(decoded):
     by_c, methods = decoded
-    ngram, table, proposer = methods[1:]
+    ngram, table, proposer = methods[1:4]
 
     def totals(c, m):
         steps = [s for r in by_c[c] if r.method == m for s in r.steps]
@@ -113,7 +137,35 @@ def test_each_method_drafts_what_it_should(decoded):
     assert totals(3, table)[0] == 0  # band 3+: K=0, no speculation
     drafted, _, steps = totals(1, proposer)
     assert drafted > 0 and all(d <= 4 for d, _ in steps)  # at most its costs' length
+    # the draft's chain under a stopper (static:3: three tokens a step), alone and where the
+    # copy length copies nothing
+    drafted, accepted, steps = totals(1, methods[5])
+    assert accepted > 0 and {d for d, _ in steps} == {3}
+    drafted, accepted, steps = totals(1, methods[6])
+    assert accepted > 0 and 2 in {d for d, _ in steps} and all(d <= 4 for d, _ in steps)
     assert all(r.steps == [] for r in by_c[1] if r.method == "ar")
+
+
+def test_a_draft_model_drafts_and_changes_no_output(decoded):
+    """draft:2 on the exported draft: vLLM plain's outputs, K=2 drafts a step, some accepted."""
+    by_c, methods = decoded
+    assert "draft:2" in methods
+    for c, records in by_c.items():
+        ar = {r.prompt_id: r.token_ids for r in records if r.method == "ar"}
+        mine = {r.prompt_id: r.token_ids for r in records if r.method == "draft:2"}
+        assert mine == ar, f"draft:2 at concurrency {c}"
+        steps = [s for r in records if r.method == "draft:2" for s in r.steps]
+        assert steps and all(d == 2 and 0 <= a <= d for d, a in steps)
+        assert sum(a for _, a in steps) > 0
+
+
+def test_a_draft_whose_heads_vllms_cpu_attention_cannot_run_is_refused(tmp_path):
+    """vLLM checks the target's head size, not the draft's: a draft with heads of 16 (the tiny
+    toy pair's) would start, then fail at its first step."""
+    pytest.importorskip("vllm")
+    (tmp_path / "config.json").write_text('{"hidden_size": 32, "num_attention_heads": 2}')
+    with pytest.raises(MCSDError, match="heads of size 16, which vLLM's CPU attention"):
+        parse_method("draft:2", draft=tmp_path)
 
 
 def test_waves_pair_above_concurrency_one(decoded):

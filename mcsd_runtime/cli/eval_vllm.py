@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.serving.vllm_methods import METHODS_HELP
 
 DEFAULT_VLLM_METHODS = "ar,ngram:2,ngram:4"
 DTYPES = {"auto": None, "fp32": "float32", "float32": "float32", "bf16": "bfloat16",
@@ -23,9 +24,11 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     add_engine_arg(g, "mcsd: this toolkit's decoder (default); vllm: vLLM's offline engine (the "
                       "[vllm] extra), one engine per method, all started before any timing, "
                       "with the methods ar (vLLM plain), ngram:K[:MIN:MAX] (its prompt lookup), "
-                      "table:PATH (K by batch size from `mcsd train --decision schedule`) and "
+                      "table:PATH (K by batch size from `mcsd train --decision schedule`), "
                       "proposer:PATH (prompt lookup under a learned copy length, as vLLM's "
-                      "custom proposer class); default methods "
+                      "custom proposer class) and draft:K (vLLM's draft-model speculation, K "
+                      "tokens a step from the target pair's own draft, exported once for vLLM "
+                      "into the cache); default methods "
                       f"{DEFAULT_VLLM_METHODS}; speed is paired with vLLM's ar")
     g.add_argument("--concurrency", default="1", metavar="C[,C...]",
                    help="--engine vllm: requests in flight, e.g. 1,4,8,16: the prompts go in "
@@ -54,7 +57,7 @@ def refuse_decoder_options(args: argparse.Namespace, default_methods: str) -> No
     bad = [name for name, on in given.items() if on]
     if bad:
         raise MCSDError(f"--engine vllm does not take {', '.join(bad)}: vLLM drafts with the "
-                        f"methods of --methods (ar, ngram:K, table:PATH, proposer:PATH)")
+                        f"methods of --methods ({METHODS_HELP})")
     if args.methods == default_methods:
         args.methods = DEFAULT_VLLM_METHODS
 
@@ -74,13 +77,14 @@ def run(args: argparse.Namespace, default_methods: str,
         place: Callable[[], tuple[Path, dict]]) -> int:
     """The whole `--engine vllm` evaluation (see `mcsd eval --help`); `place()` gives the
     output folder, checked writable, and the prompt domains, as `mcsd eval` reads them."""
+    from mcsd_runtime.serving.draft_export import vllm_draft
     from mcsd_runtime.serving.vllm_engine import require_vllm
     from mcsd_runtime.serving.vllm_eval import VllmRun
     from mcsd_runtime.serving.vllm_methods import parse_methods
 
     refuse_decoder_options(args, default_methods)
     require_vllm()
-    methods = tuple(parse_methods(args.methods))
+    methods = tuple(parse_methods(args.methods, draft=lambda: vllm_draft(args.target)))
     concurrency = parse_concurrency(args.concurrency)
     out, domains = place()
     from mcsd_runtime.models.pair import target_folder
@@ -123,6 +127,12 @@ def _decode_domains(args: argparse.Namespace, run, domains: dict, tokenizer, out
     return 0
 
 
+def _draft_model(run) -> str:
+    """The draft model vLLM loads for the run's `draft:K` methods ("-": none)."""
+    return next((m.speculative["model"] for m in run.methods if m.speculative
+                 and m.speculative.get("method") == "draft_model"), "-")
+
+
 def _write(args, run, by_c: dict, folder: Path, tokenizer, spec: str, n_prompts: int) -> None:
     from mcsd_runtime.evaluate.eval_report import write_outputs
     from mcsd_runtime.evaluate.stats import summarize
@@ -131,7 +141,8 @@ def _write(args, run, by_c: dict, folder: Path, tokenizer, spec: str, n_prompts:
 
     greedy = run.temperature == 0
     settings = {"engine": "vllm", "engine_version": require_vllm().__version__,
-                "target": run.model, "draft": "-", "prompts": spec, "n_prompts": n_prompts,
+                "target": run.model, "draft": _draft_model(run), "prompts": spec,
+                "n_prompts": n_prompts,
                 "chat": args.chat, "temperature": run.temperature, "k_config": "-",
                 "max_new_tokens": run.max_new_tokens, "seed": run.seed,
                 "ignore_eos": run.ignore_eos, "dtype": run.dtype,
