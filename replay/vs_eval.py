@@ -162,8 +162,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "collections and compare with what it measured",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_runs_arg(p, "dense collection folders of the evaluation's prompts (mcsd collect "
-                    "--dense, same sets, --limit and --seed as the evaluation); required",
-                 renamed=("--collections",))
+                    "--dense, same sets, --limit and --seed as the evaluation); required")
     p.add_argument("--eval", nargs="+", required=True, dest="evals",
                    help="mcsd eval output folders (several runs pool their timing noise)")
     add_cost_profile_arg(p, "the cost profile replay charges", required=True)
