@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -205,8 +204,3 @@ def vs_eval(collections: list[Path], evals: list[Path], profile, base: str = "st
     trees = set().union(*(eval_trees(e) for e in evals))
     return compare(measured, replayed([str(c) for c in collections], profile, methods, trees),
                    base)
-
-
-if __name__ == "__main__":
-    print("python -m replay.vs_eval is now `mcsd replay` (the same options)", file=sys.stderr)
-    sys.exit(2)

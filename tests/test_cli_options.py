@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import runpy
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -75,13 +73,12 @@ def visible_options(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def commands(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> dict:
-    """Every visible command and subcommand of `mcsd` (renamed ones, hidden, left out) ->
-    its parser."""
+    """Every command and subcommand of `mcsd` -> its parser."""
     parser = parser or build_parser()
     out = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for choice in action._choices_actions:  # the listed ones: not the hidden aliases
+            for choice in action._choices_actions:
                 sub = action.choices[choice.dest]
                 name = f"{prefix} {choice.dest}".strip()
                 nested = commands(sub, name)
@@ -138,33 +135,6 @@ def test_no_command_shows_a_folded_name_again():
 
 OUT = ["--out", "o"]
 TRAIN_COPY = ["--prompts", "p", "--out", "o"]
-
-
-def test_the_old_attention_bench_script_names_the_command(capsys):
-    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the module is imported already
-        runpy.run_module("mcsd_runtime.costmodel.attention_bench", run_name="__main__")
-    assert stop.value.code == 2
-    assert "mcsd attention-bench" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("old", "decision"), [("train-lookup", "copy"),
-                                                ("train-width", "width")])
-def test_removed_train_commands_name_their_replacement(old, decision, capsys):
-    assert main([old, "--cost-profile", "c.json", *TRAIN_COPY]) == 2
-    err = capsys.readouterr().err
-    assert f"use `mcsd train --decision {decision}`" in err and "Traceback" not in err
-    assert old not in main_help()
-
-
-def main_help() -> str:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["--help"])
-    return out.getvalue()
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -100,7 +100,6 @@ OPTIONS = {"stop": TrainConfig.OPTIONS, "copy": CopyConfig.OPTIONS,
 TAKES = {dest: tuple(d for d in DECISIONS if dest in OPTIONS[d])
          for dest in dict.fromkeys(o for d in DECISIONS for o in OPTIONS[d])}
 CHECK_PROMPTS = {"stop": 8}  # --check-prompts by default (the others: 0)
-RENAMED = {"train-lookup": "copy", "train-width": "width"}  # removed commands (docs/cli.md)
 _OPTIONS: dict[str, str] = {}  # dest -> its option string (`add_args` records it)
 
 
@@ -111,15 +110,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        add_help=False)
     add_args(p)
     p.set_defaults(func=run)
-    for old, decision in RENAMED.items():  # hidden: they only say what replaced them
-        gone = sub.add_parser(old, add_help=False, prefix_chars="\0")  # every word a value
-        gone.add_argument("rest", nargs="*")
-        gone.set_defaults(func=_removed, decision=decision, removed=old)
-
-
-def _removed(args: argparse.Namespace) -> int:
-    raise MCSDError(f"`mcsd {args.removed}` was removed: use `mcsd train --decision "
-                    f"{args.decision}` with the same options (docs/cli.md)")
 
 
 class _DecisionHelp(argparse.Action):

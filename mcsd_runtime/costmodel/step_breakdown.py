@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -518,9 +517,3 @@ def summary(result: dict) -> str:
     for m in dict.fromkeys(r["method"] for r in result["rows"]):
         lines.append(f"| {m} | {' | '.join(_cell(result['rows'], m, g) for g in graphs)} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print("python -m mcsd_runtime.costmodel.step_breakdown is now `mcsd step-breakdown` "
-          "(--repeats is --rounds, --prompts N is --prompt-count N)", file=sys.stderr)
-    sys.exit(2)
