@@ -123,16 +123,10 @@ def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MCSD_DATA", str(tmp_path / "data"))
     cached = pair_dir("tiny")
     assert cached.parent == tmp_path / "cache" / "models" and cached.name.startswith("toy-tiny-")
-    assert mcsd(["toy", "info", "--recipe", "tiny"]) == 2  # says where it looked, naming both
+    assert mcsd(["toy", "info", "--recipe", "tiny"]) == 2  # says where it looked
     err = capsys.readouterr().err
-    assert "MCSD_CACHE" in err and "MCSD_DATA" in err and str(tmp_path / "cache") in err
-    # A pair built before the cache, under $MCSD_DATA/models, is still found, with a note.
-    legacy = tmp_path / "data" / "models" / cached.name
-    shutil.copytree(root, legacy)
-    assert toy_pair_dirs("tiny") == (legacy / "target", legacy / "draft")
-    assert f"mv {legacy}" in capsys.readouterr().err
-    cached.parent.mkdir(parents=True)
-    legacy.rename(cached)
+    assert "MCSD_CACHE" in err and str(tmp_path / "cache") in err
+    shutil.copytree(root, cached)
     target, draft = toy_pair_dirs("tiny")
     assert (target, draft) == (cached / "target", cached / "draft")
     assert resolve_toy("toy:tiny") == (str(target), str(draft))
