@@ -5,8 +5,6 @@
   from any directory.
 - Runs (collections, evaluations) go where `--out` points, by default under `$MCSD_DATA/runs`
   (`MCSD_DATA` defaults to `./data`, the repository's git-ignored folder).
-- Before the cache existed, pairs were built under `$MCSD_DATA/models`; `legacy_models_dir()`
-  is still searched so that such a build is not stranded.
 """
 
 from __future__ import annotations
@@ -42,11 +40,6 @@ def data_root() -> Path:
 def models_dir() -> Path:
     """Where toy pairs are built: `<cache>/models`."""
     return cache_root() / "models"
-
-
-def legacy_models_dir() -> Path:
-    """Where toy pairs were built before the cache: `$MCSD_DATA/models` (searched, not written)."""
-    return data_root() / "models"
 
 
 def runs_dir() -> Path:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -162,8 +161,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "collections and compare with what it measured",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_runs_arg(p, "dense collection folders of the evaluation's prompts (mcsd collect "
-                    "--dense, same sets, --limit and --seed as the evaluation); required",
-                 renamed=("--collections",))
+                    "--dense, same sets, --limit and --seed as the evaluation); required")
     p.add_argument("--eval", nargs="+", required=True, dest="evals",
                    help="mcsd eval output folders (several runs pool their timing noise)")
     add_cost_profile_arg(p, "the cost profile replay charges", required=True)
@@ -206,8 +204,3 @@ def vs_eval(collections: list[Path], evals: list[Path], profile, base: str = "st
     trees = set().union(*(eval_trees(e) for e in evals))
     return compare(measured, replayed([str(c) for c in collections], profile, methods, trees),
                    base)
-
-
-if __name__ == "__main__":
-    print("python -m replay.vs_eval is now `mcsd replay` (the same options)", file=sys.stderr)
-    sys.exit(2)

@@ -39,21 +39,26 @@ def test_artifacts_written_before_the_contract_load(kind):
     assert make_stopper(f"stopper:{folder}", (4, 2, 2, 1)).kind == kind
 
 
-def test_descriptions_older_than_min_depth_and_k_config_load(tmp_path):
-    """The provisional description `choose` used to write has neither min_depth, metrics nor
-    created; still older ones lack k_config."""
-    folder = tmp_path / "old"
+def test_optional_fields_take_their_defaults_and_k_config_is_required(tmp_path):
+    """min_depth, its gate and the training record may be absent (their defaults); the tree the
+    stopper was trained on may not."""
+    folder = tmp_path / "spare"
     shutil.copytree(OLD / "lightgbm", folder)
     data = json.loads((folder / FILE).read_text())
-    for key in ("min_depth", "min_depth_gate", "metrics", "training_data", "created",
-                "k_config"):
+    for key in ("min_depth", "min_depth_gate", "metrics", "training_data", "created"):
         del data[key]
     (folder / FILE).write_text(json.dumps(data))
     stopper = load_stopper(folder)
     assert stopper.min_depth == 1 and stopper.min_depth_gate == 0.0
-    assert stopper.k_config is None and stopper.spec.metrics is None
-    with pytest.warns(UserWarning, match="does not record the k-config"):
-        stopper.check_tree((4, 2, 2, 1))
+    assert stopper.k_config == (4, 2, 2, 1) and stopper.spec.metrics is None
+    for k_config in (None, []):
+        (folder / FILE).write_text(json.dumps(data | {"k_config": k_config}))
+        with pytest.raises(MCSDError, match="is not a k-config"):
+            load_stopper(folder)
+    del data["k_config"]
+    (folder / FILE).write_text(json.dumps(data))
+    with pytest.raises(MCSDError, match=r"missing field\(s\) k_config"):
+        load_stopper(folder)
 
 
 def test_write_then_read_is_the_same_description(tmp_path):

@@ -91,7 +91,7 @@ def test_cli_batch_size_errors(tmp_path, capsys):
     parser = build_parser([register])
     run = tmp_path / "run"
     run.mkdir()
-    code = run_parser(parser, ["train", "--data", str(run), "--out", str(tmp_path / "x"),
+    code = run_parser(parser, ["train", "--runs", str(run), "--out", str(tmp_path / "x"),
                                "--batch-size", "1,x"])
     assert code == 2
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
 """One command line: every option's name, counted per command; the folded near-duplicates stay
-folded, and each old spelling still parses as its new one, with a note (docs/cli.md).
+folded (their old spellings, CHANGELOG.md lists them, are gone).
 
 `python tests/test_cli_options.py` prints the inventory: the options of every command and the
 `add_argument` calls in the source that define them."""
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import runpy
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -67,7 +65,7 @@ FOLDED = {
 
 
 def visible_options(parser: argparse.ArgumentParser) -> list[str]:
-    """The options --help shows (hidden old spellings and the help option left out)."""
+    """The options --help shows (hidden ones and the help option left out)."""
     return [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
             if a.help is not argparse.SUPPRESS
             and not isinstance(a, (argparse._SubParsersAction, argparse._HelpAction))
@@ -75,13 +73,12 @@ def visible_options(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def commands(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> dict:
-    """Every visible command and subcommand of `mcsd` (renamed ones, hidden, left out) ->
-    its parser."""
+    """Every command and subcommand of `mcsd` -> its parser."""
     parser = parser or build_parser()
     out = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for choice in action._choices_actions:  # the listed ones: not the hidden aliases
+            for choice in action._choices_actions:
                 sub = action.choices[choice.dest]
                 name = f"{prefix} {choice.dest}".strip()
                 nested = commands(sub, name)
@@ -90,8 +87,8 @@ def commands(parser: argparse.ArgumentParser | None = None, prefix: str = "") ->
 
 
 def definitions(roots=("mcsd_runtime", "collect", "replay", "train")) -> dict[str, int]:
-    """Source file -> its `add_argument` calls that define a visible option (not an old
-    spelling's hidden alias, not a help option)."""
+    """Source file -> its `add_argument` calls that define a visible option (not a hidden
+    one, not a help option)."""
     counts = {}
     for root in roots:
         for path in sorted((ROOT / root).rglob("*.py")):
@@ -104,8 +101,7 @@ def definitions(roots=("mcsd_runtime", "collect", "replay", "train")) -> dict[st
                 names = [a.value for a in node.args if isinstance(a, ast.Constant)]
                 hidden = (isinstance(kw.get("help"), ast.Attribute)
                           and kw["help"].attr == "SUPPRESS")
-                alias = isinstance(kw.get("action"), ast.Name) and kw["action"].id == "_Renamed"
-                if not (hidden or alias or "--help" in names):
+                if not (hidden or "--help" in names):
                     n += 1
             if n:
                 counts[str(path.relative_to(ROOT))] = n
@@ -137,84 +133,8 @@ def test_no_command_shows_a_folded_name_again():
                 "--batch-sizes", "--reps", "--contexts", "--overhead-limit"} & every
 
 
-def _parsed(argv: list[str]) -> dict:
-    args = vars(build_parser().parse_args(argv))
-    for key in ("func", "command", "renamed"):
-        args.pop(key, None)
-    return args
-
-
 OUT = ["--out", "o"]
 TRAIN_COPY = ["--prompts", "p", "--out", "o"]
-
-
-@pytest.mark.parametrize(("old", "new"), [
-    (["eval", "--ignore-eos"], ["eval", "--eos", "ignore"]),
-    (["bench", "--ignore-eos"], ["bench", "--eos", "ignore"]),
-    (["collect", "--ignore-eos"], ["collect", "--eos", "ignore"]),
-    (["eval", "--from-runs", "a", "b", *OUT], ["eval", "--runs", "a", "b", *OUT]),
-    (["train", "--data", "r1", "r2", *OUT], ["train", "--runs", "r1", "r2", *OUT]),
-    (["train", "--decision", "copy", "--profile", "c.json", *TRAIN_COPY],
-     ["train", "--decision", "copy", "--cost-profile", "c.json", *TRAIN_COPY]),
-    (["train", "--decision", "copy", "--beside-draft", "4,1", *TRAIN_COPY],
-     ["train", "--decision", "copy", "--k-config", "4,1", *TRAIN_COPY]),
-    (["train", "--decision", "copy", "--stop-at-eos", *TRAIN_COPY],
-     ["train", "--decision", "copy", "--eos", "stop", *TRAIN_COPY]),
-    (["train", "--decision", "copy", "--check", "3", *TRAIN_COPY],
-     ["train", "--decision", "copy", "--check-prompts", "3", *TRAIN_COPY]),
-    (["train", "--decision", "width", "--k", "3", "--profile", "c.json", *TRAIN_COPY],
-     ["train", "--decision", "width", "--k-config", "3", "--cost-profile", "c.json",
-      *TRAIN_COPY]),
-    (["profile", "--batch-sizes", "1,8", *OUT], ["profile", "--batch-size", "1,8", *OUT]),
-    (["profile", "--overhead-prompts", "none", "--overhead-limit", "3", "--overhead-tokens",
-      "9", "--repeats", "2", *OUT],
-     ["profile", "--prompts", "none", "--limit", "3", "--max-new-tokens", "9", "--rounds", "2",
-      *OUT]),
-    (["attention-bench", "--reps", "4", "--contexts", "8,16"],
-     ["attention-bench", "--rounds", "4", "--context", "8,16"]),
-    (["draft", "distill", "--target", "t", "--prompt-limit", "5"],
-     ["draft", "distill", "--target", "t", "--limit", "5"]),
-    (["toy", "build", "--preset", "tiny"], ["toy", "build", "--recipe", "tiny"]),
-    (["toy", "info", "--preset", "tiny"], ["toy", "info", "--recipe", "tiny"]),
-])
-def test_each_old_spelling_parses_as_the_new_one_with_a_note(old, new, capsys):
-    assert _parsed(old) == _parsed(new)
-    notes = capsys.readouterr().err.strip().splitlines()
-    renamed = [o for o in old if o.startswith("--") and o not in new]
-    assert len(notes) == len(renamed)
-    for option, note in zip(renamed, notes, strict=True):
-        assert f"note: {option} is renamed: use " in note
-
-
-def test_python_m_scripts_take_the_new_names_too(capsys):
-    from collect.overhead import build_parser as collect_overhead
-
-    assert collect_overhead().parse_args(["--ignore-eos"]).eos == "ignore"
-    assert "use --eos ignore" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the module is imported already
-        runpy.run_module("mcsd_runtime.costmodel.attention_bench", run_name="__main__")
-    assert stop.value.code == 2
-    assert "mcsd attention-bench" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("old", "decision"), [("train-lookup", "copy"),
-                                                ("train-width", "width")])
-def test_removed_train_commands_name_their_replacement(old, decision, capsys):
-    assert main([old, "--cost-profile", "c.json", *TRAIN_COPY]) == 2
-    err = capsys.readouterr().err
-    assert f"use `mcsd train --decision {decision}`" in err and "Traceback" not in err
-    assert old not in main_help()
-
-
-def main_help() -> str:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["--help"])
-    return out.getvalue()
 
 
 @pytest.mark.parametrize(("argv", "message"), [

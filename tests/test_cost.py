@@ -120,12 +120,15 @@ def test_static_runs_with_widths_time_every_narrower_first_depth():
 
 def test_profile_temperature_and_its_note():
     """The temperature the overheads were fitted at is read back; replays that sample against
-    a greedy profile (or the reverse) get a note naming the fix, others none."""
+    a greedy profile (or the reverse) get a note naming the fix, others none; decoder runs
+    recorded without their temperature are refused."""
     base = dict(tokens=[1, 2], target_s=[1.0, 1.1], draft_s=[0.1, 0.11])
     assert CostProfile(**base).temperature is None  # not calibrated on the decoder
-    old = CostProfile(**base, static={"k_config": [1, 1]})  # before the field: greedy
-    assert old.temperature == 0.0 and old.temperature_note(0.0) is None
-    assert "mcsd profile --temperature 0.7" in old.temperature_note(0.7)
+    greedy = CostProfile(**base, static={"k_config": [1, 1], "temperature": 0.0})
+    assert greedy.temperature == 0.0 and greedy.temperature_note(0.0) is None
+    assert "mcsd profile --temperature 0.7" in greedy.temperature_note(0.7)
+    with pytest.raises(MCSDError, match="without their temperature"):
+        CostProfile(**base, static={"k_config": [1, 1]})
     hot = CostProfile(**base, static={"k_config": [1, 1], "temperature": 0.7})
     assert hot.temperature_note(1.0) is None and "temperature 0.7" in hot.temperature_note(0)
 

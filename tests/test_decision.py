@@ -1,5 +1,5 @@
-"""One artifact kind and one pipeline for every learned decision: `decision.json`, reading
-older folders, and `train.decision.train`'s staging (an interrupted run leaves no folder that
+"""One artifact kind and one pipeline for every learned decision: `decision.json`, which names
+a folder's decision, and `train.decision.train`'s staging (an interrupted run leaves no folder that
 looks trained; an existing --out is refused without --force)."""
 
 from __future__ import annotations
@@ -25,19 +25,21 @@ def _width(k: int = 2) -> WidthPolicy:
                        rate=1.0)
 
 
-def test_a_folder_names_its_decision_with_or_without_the_manifest(tmp_path):
+def test_a_folder_names_its_decision_by_its_manifest(tmp_path):
     stopper = tmp_path / "stopper"
     shutil.copytree(next(p for p in FIXTURES.iterdir() if p.is_dir()), stopper)
     width = tmp_path / "width"
     _width().save(width)
-    # folders written before decision.json: named by their spec file
-    assert read_decision(stopper) == "stop" and read_decision(width) == "width"
-    assert isinstance(load_decision(stopper), LearnedStopper)
-    assert isinstance(load_decision(width), WidthPolicy)
+    for folder in (stopper, width):  # a spec file alone does not name the decision
+        with pytest.raises(MCSDError, match="holds no trained decision"):
+            read_decision(folder)
+    write_manifest(stopper, "stop", f"mcsd eval --methods stopper:{stopper}")
     write_manifest(width, "width", f"mcsd eval --methods width:{width}")
     manifest = json.loads((width / "decision.json").read_text())
     assert manifest["decision"] == "width" and manifest["spec"] == "width.json"
-    assert read_decision(width) == "width"
+    assert read_decision(stopper) == "stop" and read_decision(width) == "width"
+    assert isinstance(load_decision(stopper), LearnedStopper)
+    assert isinstance(load_decision(width), WidthPolicy)
     assert LearnedStopper.decision == "stop" and CopyLength.decision == "copy"
     assert WidthPolicy.decision == "width"
 

@@ -216,7 +216,7 @@ def test_drafts_load_by_name_from_the_cache(toy_tiny, tmp_path, monkeypatch, cap
     (["eval", "--drafts", "toy,toy", "--out", "x"], "--drafts names a draft twice"),
     (["eval", "--drafts", ",", "--out", "x"], "--drafts names no draft"),
     (["eval", "--drafts", "toy", "--draft", "toy", "--out", "x"], "list every draft in --drafts"),
-    (["eval", "--drafts", "toy", "--from-runs", "a", "--out", "x"], "--drafts decodes"),
+    (["eval", "--drafts", "toy", "--runs", "a", "--out", "x"], "--drafts decodes"),
     (["eval", "--drafts", "toy", "--methods", "ar,mcsd", "--batch-size", "4", "--out", "x"],
      "--drafts decodes one sequence at a time"),
 ])

@@ -1,7 +1,6 @@
 """The project's layers, bottom to top (docs/layers.md says what lives on each): a module
 imports its own layer and those below it, never one above, and no imports close a circle,
-counting imports made inside functions (a lazy import is still a dependency). Renamed modules
-keep their old names one release, as the same module objects with a warning; and a module name
+counting imports made inside functions (a lazy import is still a dependency); and a module name
 that several modules bear is explained in docs/layers.md's "Repeated module names"."""
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ import ast
 import functools
 import re
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mcsd_runtime", "collect", "replay", "train")
@@ -29,8 +26,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backend", ("mcsd_runtime.backend",)),
     ("toy", ("mcsd_runtime.toy",)),
     ("prompts", ("mcsd_runtime.prompts",)),
-    # the learned decisions and their contract; `stop` is its old name, kept one release
-    ("decisions", ("mcsd_runtime.decisions", "mcsd_runtime.stop")),
+    # the learned decisions and their contract
+    ("decisions", ("mcsd_runtime.decisions",)),
     ("distill", ("mcsd_runtime.distill",)),
     ("models", ("mcsd_runtime.models",)),
     ("decode", ("mcsd_runtime.decode",)),
@@ -216,147 +213,6 @@ def test_lazy_exports_are_visible_to_type_checkers():
         assert seen == want, package.__name__
         for name in package.__all__:
             assert getattr(package, name) is not None
-
-
-@pytest.mark.parametrize("old", ["profile", "step_model"])
-def test_moved_cost_modules_still_import_with_a_warning(old, monkeypatch):
-    """`mcsd_runtime.costmodel.profile` and `.step_model` moved to `mcsd_runtime.pricing`; the
-    old names import the same objects, with a deprecation warning, for one release."""
-    import importlib
-    import sys
-
-    monkeypatch.delitem(sys.modules, f"mcsd_runtime.costmodel.{old}", raising=False)
-    with pytest.warns(DeprecationWarning, match=f"mcsd_runtime.pricing.{old}"):
-        module = importlib.import_module(f"mcsd_runtime.costmodel.{old}")
-    new = importlib.import_module(f"mcsd_runtime.pricing.{old}")
-    assert all(getattr(module, name) is getattr(new, name) for name in new.__all__)
-
-
-def test_the_split_decoder_records_still_import_from_state_with_a_warning(monkeypatch):
-    """`mcsd_runtime.decode.state` split into `records` (public) and `step_state` (the step's);
-    the old module hands on the same objects, with a deprecation warning, for one release, and
-    nothing in the project imports it any more."""
-    import importlib
-    import sys
-
-    from mcsd_runtime.decode import records, step_state
-
-    monkeypatch.delitem(sys.modules, "mcsd_runtime.decode.state", raising=False)
-    with pytest.warns(DeprecationWarning, match="decode.records"):
-        state = importlib.import_module("mcsd_runtime.decode.state")
-    assert state.DecodeConfig is records.DecodeConfig and state.Drafted is step_state.Drafted
-    for new in (records, step_state):
-        names = [n for n, v in vars(new).items()
-                 if getattr(v, "__module__", None) == new.__name__ and not n.startswith("_")]
-        assert all(getattr(state, n) is getattr(new, n) for n in names), new.__name__
-    root = Path(__file__).resolve().parents[1]
-    users = [str(p.relative_to(root)) for d in ("mcsd_runtime", "collect", "train", "replay")
-             for p in (root / d).rglob("*.py")
-             if "decode.state import" in p.read_text() and p.name != "state.py"]
-    assert users == []
-
-
-def _forget(monkeypatch, *names: str) -> None:
-    """Drop `names` from sys.modules for this test, so they import anew; after it, each is back
-    as it was (absent ones absent again)."""
-    import sys
-
-    for name in names:
-        monkeypatch.setitem(sys.modules, name, None)
-        monkeypatch.delitem(sys.modules, name)
-
-
-def test_the_old_decisions_package_imports_with_a_warning(monkeypatch):
-    """`mcsd_runtime.stop` was renamed `mcsd_runtime.decisions`: the old package still imports,
-    with a deprecation warning, and a name it never held is still not found."""
-    import importlib
-
-    _forget(monkeypatch, "mcsd_runtime.stop")
-    with pytest.warns(DeprecationWarning, match="mcsd_runtime.decisions"):
-        importlib.import_module("mcsd_runtime.stop")
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("mcsd_runtime.stop.no_such_module")
-
-
-RENAMED_DECISIONS = {"decision": "manifest", "device": "device_scoring"}
-
-
-@pytest.mark.parametrize("old", ["aggregation", "artifact", "budget", "builtin", "contract",
-                                 "copy_length", "decision", "device", "expected_rate", "features",
-                                 "forest", "learned", "lightgbm_native", "online", "skip",
-                                 "verify_budget", "width"])
-def test_every_old_decision_module_is_its_new_module(old, monkeypatch):
-    """Each module `mcsd_runtime.stop` held imports under its old name as the very module object
-    of its new one (so patching either patches both), warning once, when first imported."""
-    import importlib
-    import warnings
-
-    new = f"mcsd_runtime.decisions.{RENAMED_DECISIONS.get(old, old)}"
-    _forget(monkeypatch, "mcsd_runtime.stop", f"mcsd_runtime.stop.{old}")
-    with pytest.warns(DeprecationWarning, match=f"mcsd_runtime.stop.{old} moved to {new}"):
-        module = importlib.import_module(f"mcsd_runtime.stop.{old}")
-    assert module is importlib.import_module(new)
-    assert module.__spec__.name == new and module.__name__ == new
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second import does not warn again
-        assert importlib.import_module(f"mcsd_runtime.stop.{old}") is module
-        from mcsd_runtime import stop
-
-        assert getattr(stop, old) is module
-    monkeypatch.setattr(module, "_patched_through_the_old_name", True, raising=False)
-    assert importlib.import_module(new)._patched_through_the_old_name
-
-
-
-def test_an_object_pickled_under_the_old_package_name_loads(monkeypatch):
-    """A pickle that names a class by its old module (`mcsd_runtime.stop.builtin.StaticStopper`)
-    loads the class under its new name."""
-    import pickle
-
-    from mcsd_runtime.decisions.builtin import StaticStopper
-
-    _forget(monkeypatch, "mcsd_runtime.stop", "mcsd_runtime.stop.builtin")
-    with pytest.warns(DeprecationWarning, match="mcsd_runtime.stop.builtin"):
-        loaded = pickle.loads(b"cmcsd_runtime.stop.builtin\nStaticStopper\n.")
-    assert loaded is StaticStopper
-
-
-
-# renamed modules whose old name is, for one release, the same module object (with a warning)
-ALIASED = {"mcsd_runtime.decode.verify": "mcsd_runtime.decode.speculative_sampling",
-           "mcsd_runtime.evaluate.report": "mcsd_runtime.evaluate.eval_report",
-           "collect.bench": "collect.overhead",
-           "mcsd_runtime.distill.metrics": "mcsd_runtime.distill.agreement"}
-
-
-@pytest.mark.parametrize("old", sorted(ALIASED))
-def test_a_renamed_module_is_its_new_module_under_the_old_name(old, monkeypatch):
-    """`decode.verify` is `speculative_sampling` now (beside `verifying`, the step's verify
-    phase), `evaluate.report` is `eval_report` (beside `batch_report`, `domain_report`),
-    `collect.bench` is `collect.overhead` (what recording rows costs), `distill.metrics` is
-    `distill.agreement` (a draft's agreement with its target; `mcsd_runtime.metrics` is the
-    decoder's): the old name is the same module object, with a deprecation warning naming the
-    new one."""
-    import importlib
-
-    new = importlib.import_module(ALIASED[old])
-    _forget(monkeypatch, old)
-    with pytest.warns(DeprecationWarning, match=ALIASED[old]):
-        assert importlib.import_module(old) is new
-    package, _, leaf = old.rpartition(".")
-    assert getattr(importlib.import_module(package), leaf) is new
-
-
-def test_the_old_collect_bench_command_runs_the_new_one_with_a_warning(monkeypatch, capsys):
-    """`python -m collect.bench` runs `python -m collect.overhead`, with a deprecation warning."""
-    import runpy
-    import sys
-
-    _forget(monkeypatch, "collect.bench")
-    monkeypatch.setattr(sys, "argv", ["collect.bench", "--help"])
-    with pytest.warns(DeprecationWarning, match="collect.overhead"), pytest.raises(SystemExit) as e:
-        runpy.run_module("collect.bench", run_name="__main__")
-    assert e.value.code == 0 and "python -m collect.overhead" in capsys.readouterr().out
 
 
 # --- repeated module names ---------------------------------------------------------------------

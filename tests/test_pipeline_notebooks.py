@@ -35,12 +35,12 @@ def demo(toy_tiny, tmp_path_factory) -> Path:
                  "--k-config", "2,1,1,1", "--dense", "--max-new-tokens", "24",
                  "--out", str(root / "collect"), "--no-progress"]) == 0
     assert mcsd(["profile", *pair, "--out", str(root / "cost.json"), "--max-tokens", "8",
-                 "--rounds", "2", "--k-config", "2,1,1,1", "--overhead-limit", "2",
-                 "--overhead-tokens", "12"]) == 0
+                 "--rounds", "2", "--k-config", "2,1,1,1", "--limit", "2",
+                 "--max-new-tokens", "12"]) == 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for model in ("lightgbm", "mlp"):
-            assert mcsd(["train", "--data", str(root / "collect"), "--model", model,
+            assert mcsd(["train", "--runs", str(root / "collect"), "--model", model,
                          "--cost-profile", str(root / "cost.json"), "--max-epochs", "3",
                          "--out", str(root / "stoppers" / model)]) == 0
     assert mcsd(["eval", *pair, "--prompts", "toy-code,toy-shift", "--limit", "2",

@@ -49,7 +49,7 @@ def test_on_a_dense_collection_of_the_evaluated_prompts(toy_tiny, tmp_path, caps
                      "--methods", "ar,static:1,static:3", "--out", str(tmp_path / "e")]) == 0
     PROFILE.save(tmp_path / "cost.json")
     capsys.readouterr()
-    args = ["--collections", str(tmp_path / "c"), "--cost-profile", str(tmp_path / "cost.json")]
+    args = ["--runs", str(tmp_path / "c"), "--cost-profile", str(tmp_path / "cost.json")]
     assert main([*args, "--eval", str(tmp_path / "e"), "--out", str(tmp_path / "r.json")]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert set(result) == {"ar", "static:3"} and all(r["n"] == 2 for r in result.values())

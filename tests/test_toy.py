@@ -116,23 +116,17 @@ def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(toy_build, "_build_into", no_rebuild)
     assert build_pair("tiny", out=root, progress=False) == root
     assert (root / "target/model.safetensors").stat().st_mtime_ns == stamp
-    assert mcsd(["toy", "build", "--preset", "tiny", "--out", str(root)]) == 0
+    assert mcsd(["toy", "build", "--recipe", "tiny", "--out", str(root)]) == 0
     assert "already built" in capsys.readouterr().out
     # The default location: <cache>/models/toy-tiny-<hash>, found by the API and `toy` specs.
     monkeypatch.setenv("MCSD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MCSD_DATA", str(tmp_path / "data"))
     cached = pair_dir("tiny")
     assert cached.parent == tmp_path / "cache" / "models" and cached.name.startswith("toy-tiny-")
-    assert mcsd(["toy", "info", "--preset", "tiny"]) == 2  # says where it looked, naming both
+    assert mcsd(["toy", "info", "--recipe", "tiny"]) == 2  # says where it looked
     err = capsys.readouterr().err
-    assert "MCSD_CACHE" in err and "MCSD_DATA" in err and str(tmp_path / "cache") in err
-    # A pair built before the cache, under $MCSD_DATA/models, is still found, with a note.
-    legacy = tmp_path / "data" / "models" / cached.name
-    shutil.copytree(root, legacy)
-    assert toy_pair_dirs("tiny") == (legacy / "target", legacy / "draft")
-    assert f"mv {legacy}" in capsys.readouterr().err
-    cached.parent.mkdir(parents=True)
-    legacy.rename(cached)
+    assert "MCSD_CACHE" in err and str(tmp_path / "cache") in err
+    shutil.copytree(root, cached)
     target, draft = toy_pair_dirs("tiny")
     assert (target, draft) == (cached / "target", cached / "draft")
     assert resolve_toy("toy:tiny") == (str(target), str(draft))
@@ -141,7 +135,7 @@ def test_cached_pair_is_reused(tiny, tmp_path, monkeypatch, capsys):
     assert resolve_toy("toyota/model") is None
     with pytest.raises(MCSDError, match="seed must be an integer"):
         resolve_toy("toy:tiny:x")
-    assert mcsd(["toy", "info", "--preset", "tiny"]) == 0
+    assert mcsd(["toy", "info", "--recipe", "tiny"]) == 0
     assert str(cached) in capsys.readouterr().out
     # From Python as from the command line: load_pair("toy:tiny"), the draft coming with it.
     from mcsd_runtime.models.pair import load_pair
@@ -180,7 +174,7 @@ def test_fp32_override_is_its_own_recipe(tmp_path, capsys):
     if get_recipe("tiny").resolved().precision != "32-true":  # bf16 machines: another name
         assert pair_dir("tiny", precision="32-true") != pair_dir("tiny")
     missing = tmp_path / "none"
-    assert mcsd(["toy", "info", "--preset", "tiny", "--precision", "32-true",
+    assert mcsd(["toy", "info", "--recipe", "tiny", "--precision", "32-true",
                  "--out", str(missing)]) == 2
     assert "--precision 32-true" in capsys.readouterr().err
 
@@ -209,28 +203,28 @@ def test_corrupt_pair_is_reported(tiny, tmp_path, capsys, damage, message):
     broken = tmp_path / "pair"
     shutil.copytree(tiny[0], broken)
     damage(broken)
-    assert mcsd(["toy", "build", "--preset", "tiny", "--out", str(broken)]) == 2
+    assert mcsd(["toy", "build", "--recipe", "tiny", "--out", str(broken)]) == 2
     err = capsys.readouterr().err
     assert message in err and "--force" in err and "Traceback" not in err
 
 
 def test_pair_of_another_recipe_is_refused(tiny, capsys):
-    assert mcsd(["toy", "build", "--preset", "tiny", "--seed", "3", "--out", str(tiny[0])]) == 2
+    assert mcsd(["toy", "build", "--recipe", "tiny", "--seed", "3", "--out", str(tiny[0])]) == 2
     assert "another recipe" in capsys.readouterr().err
 
 
 def test_unwritable_output_folder(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    assert mcsd(["toy", "build", "--preset", "tiny", "--out", str(blocker / "pair")]) == 2
+    assert mcsd(["toy", "build", "--recipe", "tiny", "--out", str(blocker / "pair")]) == 2
     err = capsys.readouterr().err
     assert "cannot write the toy pair" in err and "Traceback" not in err
 
 
 def test_unknown_preset_and_missing_pair(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        mcsd(["toy", "build", "--preset", "huge"])
+        mcsd(["toy", "build", "--recipe", "huge"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'huge'" in capsys.readouterr().err
-    assert mcsd(["toy", "info", "--preset", "tiny", "--out", str(tmp_path / "none")]) == 2
+    assert mcsd(["toy", "info", "--recipe", "tiny", "--out", str(tmp_path / "none")]) == 2
     assert "no toy pair at" in capsys.readouterr().err

@@ -498,22 +498,21 @@ def test_stopper_loads_only_into_the_tree_it_was_trained_on(artifacts):
         build_method(f"stopper:{folder}", small_pair(), DecodeConfig(k_config=(3, 1)))
 
 
-def test_artifact_without_its_k_config_loads_with_a_warning(artifacts, tmp_path):
+def test_artifact_without_a_valid_k_config_is_refused(artifacts, tmp_path):
     import shutil
 
     src, _ = artifacts["lightgbm"]
     spec = json.loads((src / "stopper.json").read_text())
-    old = tmp_path / "old"
-    shutil.copytree(src, old)
-    (old / "stopper.json").write_text(json.dumps({k: v for k, v in spec.items()
-                                                  if k != "k_config"}))
-    assert load_stopper(old).k_config is None
-    with pytest.warns(UserWarning, match="does not record the k-config it was trained on"):
-        MCSDDecoder(small_pair(), DecodeConfig(k_config=(3, 1)), stopper=f"stopper:{old}")
+    bad_folder = tmp_path / "bad"
+    shutil.copytree(src, bad_folder)
+    (bad_folder / "stopper.json").write_text(json.dumps({k: v for k, v in spec.items()
+                                                         if k != "k_config"}))
+    with pytest.raises(MCSDError, match="missing field"):
+        load_stopper(bad_folder)
     for bad in ("4,x", [0, 2], 4):
-        (old / "stopper.json").write_text(json.dumps(spec | {"k_config": bad}))
+        (bad_folder / "stopper.json").write_text(json.dumps(spec | {"k_config": bad}))
         with pytest.raises(MCSDError, match="is not a k-config"):
-            load_stopper(old)
+            load_stopper(bad_folder)
 
 
 def test_runs_of_different_trees_are_refused():

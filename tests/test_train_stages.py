@@ -116,16 +116,16 @@ def test_cli_builds_the_config_and_reports_bad_options(tmp_path, capsys):
         resolve(args)
         return stop_config(args)
 
-    args = parser.parse_args(["train", "--data", "x", "--out", "y"])
+    args = parser.parse_args(["train", "--runs", "x", "--out", "y"])
     assert config_of(args) == replace(TrainConfig(), check_prompts=8)
-    args = parser.parse_args(["train", "--data", "x", "--out", "y", "--model", "mlp-hidden",
+    args = parser.parse_args(["train", "--runs", "x", "--out", "y", "--model", "mlp-hidden",
                               "--aggregations", "max, sum", "--val-frac", "0.3"])
     assert config_of(args) == TrainConfig(model="mlp-hidden", label="soft", val_frac=0.3,
                                           aggregations=("max", "sum"), check_prompts=8)
     # checked before the data is read: the missing run folder is not what is reported
     for extra, message in ((["--val-frac", "0.9"], "val_frac 0.9"),
                            (["--aggregations", "max,median"], "unknown aggregation(s)")):
-        argv = ["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), *extra]
+        argv = ["train", "--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), *extra]
         assert run_parser(parser, argv) == 2
         err = capsys.readouterr().err
         assert message in err and "no collection run" not in err

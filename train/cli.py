@@ -58,7 +58,6 @@ from mcsd_runtime.cli.args import (
     add_out_arg,
     add_pair_args,
     add_prompts_arg,
-    add_renamed,
     add_runs_arg,
     add_seed_arg,
     add_temperature_arg,
@@ -101,7 +100,6 @@ OPTIONS = {"stop": TrainConfig.OPTIONS, "copy": CopyConfig.OPTIONS,
 TAKES = {dest: tuple(d for d in DECISIONS if dest in OPTIONS[d])
          for dest in dict.fromkeys(o for d in DECISIONS for o in OPTIONS[d])}
 CHECK_PROMPTS = {"stop": 8}  # --check-prompts by default (the others: 0)
-RENAMED = {"train-lookup": "copy", "train-width": "width"}  # removed commands (docs/cli.md)
 _OPTIONS: dict[str, str] = {}  # dest -> its option string (`add_args` records it)
 
 
@@ -112,15 +110,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        add_help=False)
     add_args(p)
     p.set_defaults(func=run)
-    for old, decision in RENAMED.items():  # hidden: they only say what replaced them
-        gone = sub.add_parser(old, add_help=False, prefix_chars="\0")  # every word a value
-        gone.add_argument("rest", nargs="*")
-        gone.set_defaults(func=_removed, decision=decision, removed=old)
-
-
-def _removed(args: argparse.Namespace) -> int:
-    raise MCSDError(f"`mcsd {args.removed}` was removed: use `mcsd train --decision "
-                    f"{args.decision}` with the same options (docs/cli.md)")
 
 
 class _DecisionHelp(argparse.Action):
@@ -195,7 +184,7 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     add_cost_profile_arg(g, "forward-latency profile JSON of this pair on this machine (`mcsd "
                             "profile`) that prices replayed steps; copy and width require one, "
                             "timing forwards of up to --max-copy + 1 (copy) or k + 1 (width) "
-                            "tokens", renamed=("--profile",))
+                            "tokens")
     add_seed_arg(g, "split and model seed; for copy also of sampled outputs and of the check's "
                     "decoding (default %(default)s)", default=D.seed)
     g.add_argument("--check-prompts", type=int, default=None, metavar="N",
@@ -205,7 +194,6 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
                         "collection's pair; default 8); copy and width: N held-out prompts per "
                         "category of --eval-prompts with ar, the statics and the learned "
                         "decision (default 0); 0 skips")
-    add_renamed(g, "--check", "--check-prompts", "check_prompts", type=int)
     add_threads_arg(g)
 
 
@@ -219,7 +207,7 @@ def _add_stop_args(p: argparse.ArgumentParser) -> None:
 def _add_stop_model_args(g: argparse._ArgumentGroup) -> None:
     """--decision stop's data, model, label, splits, replay and features."""
     add_runs_arg(g, "collection run folders (from `mcsd collect`, full-depth; --dense for exact "
-                    "replay)", renamed=("--data",))
+                    "replay)")
     g.add_argument("--model", default=D.model, choices=STOPPER_KINDS,
                    help="lightgbm, mlp on the scalar features, or mlp-hidden (the paper's "
                         f"hidden->512->256->1 model on draft hidden states; default {D.model})")
@@ -292,11 +280,9 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
                               "alone); width: the first depth's candidates, the widest width "
                               f"(default {WidthConfig.k_config}: decode on a --k-config starting "
                               "with it)")
-    add_renamed(g, "--beside-draft", "--k-config", "k_config")
-    add_renamed(g, "--k", "--k-config", "k_config")
     add_max_new_tokens_arg(g, OutputsConfig.max_new_tokens,
                            f"output tokens per prompt (default {OutputsConfig.max_new_tokens})")
-    add_eos_arg(g, OutputsConfig.eos, renamed=("--stop-at-eos",),
+    add_eos_arg(g, OutputsConfig.eos,
                 help="stop: end each output at EOS; ignore (default): run to --max-new-tokens, "
                      "as `mcsd eval --eos ignore` decodes")
     g.add_argument("--traces", type=Path, default=None,
@@ -355,7 +341,7 @@ def _defer_defaults(p: argparse.ArgumentParser) -> None:
     """Record the option string of every option some decisions do not take (`TAKES`), and set
     its parser default to None: not given, it takes its decision's config default."""
     for action in p._actions:
-        if action.dest in TAKES and action.help is not argparse.SUPPRESS:  # not an old spelling
+        if action.dest in TAKES:
             _OPTIONS.setdefault(action.dest, action.option_strings[0])
             action.default = None
 

@@ -1,12 +1,9 @@
 """Command-line options shared by the `mcsd` commands, each defined once here (torch-free to
-import): an option means the same thing, under the same name, in every command that takes it.
-Old spellings stay accepted for a release as hidden aliases (`add_renamed`) that print a one-line
-migration note; docs/cli.md lists them."""
+import): an option means the same thing, under the same name, in every command that takes it."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,31 +15,6 @@ if TYPE_CHECKING:
     from mcsd_runtime.models.pair import Pair
 
 TOY_HELP = "'toy' (default) or 'toy:tiny' is the embedded pair, built on first use"
-
-
-class _Renamed(argparse.Action):
-    """A hidden old spelling of an option: stores into the new option's destination after a
-    one-line migration note on stderr (`add_renamed`)."""
-
-    def __init__(self, option_strings, dest, new: str, value=None, **kwargs) -> None:
-        self.new, self.value = new, value
-        super().__init__(option_strings, dest, default=argparse.SUPPRESS,
-                         help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"{parser.prog}: note: {option_string} is renamed: use {self.new} (the old "
-              f"spelling goes in a later release)", file=sys.stderr)
-        setattr(namespace, self.dest, self.value if self.nargs == 0 else values)
-
-
-def add_renamed(parser: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str,
-                dest: str, value=None, **kwargs) -> None:
-    """Accept `old`, hidden from --help, as `new`: its value (or, for a flag, `value`) goes to
-    `dest`, with a migration note on stderr. `kwargs` (type, nargs, choices) parse it as the
-    old option did. docs/cli.md lists every old spelling."""
-    if value is not None:
-        kwargs["nargs"] = 0
-    parser.add_argument(old, dest=dest, action=_Renamed, new=new, value=value, **kwargs)
 
 
 def add_pair_args(parser: argparse.ArgumentParser, title: str = "model pair") -> None:
@@ -104,7 +76,7 @@ def add_decode_args(parser: argparse.ArgumentParser, k_config: str | None = DEFA
                    help="sampling verifier (default %(default)s)")
     add_max_new_tokens_arg(g, 128)
     add_seed_arg(g, "seed of sampling and of prompt samples (default %(default)s)")
-    add_eos_arg(g, eos, renamed=("--ignore-eos",))
+    add_eos_arg(g, eos)
     add_graphs_arg(g)
     add_batch_args(g)
 
@@ -153,15 +125,10 @@ EOS_HELP = ("stop: end an output at the target's end-of-sequence token; ignore: 
 
 
 def add_eos_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                default: str | None = "stop", renamed: tuple[str, ...] = (),
-                help: str | None = None) -> None:
-    """`--eos stop|ignore` (`decode_config_from_args`: ignore decodes with no EOS token), with
-    the hidden old flags of `renamed` (`--ignore-eos`, `--stop-at-eos`)."""
+                default: str | None = "stop", help: str | None = None) -> None:
+    """`--eos stop|ignore` (`decode_config_from_args`: ignore decodes with no EOS token)."""
     parser.add_argument("--eos", default=default, choices=EOS_MODES,
                         help=help or f"{EOS_HELP} (default %(default)s)")
-    for old in renamed:
-        value = "stop" if old == "--stop-at-eos" else "ignore"
-        add_renamed(parser, old, f"--eos {value}", "eos", value=value)
 
 
 def add_graphs_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -243,29 +210,23 @@ def add_format_mismatch_arg(parser: argparse.ArgumentParser | argparse._Argument
 
 
 def add_runs_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str,
-                 metavar: str = "RUN_DIR", renamed: tuple[str, ...] = ()) -> None:
+                 metavar: str = "RUN_DIR") -> None:
     """`--runs`, the finished run folders a command reads instead of decoding (collections for
-    `train`, evaluations for `eval`), with the hidden old spellings of `renamed`."""
+    `train`, evaluations for `eval`)."""
     parser.add_argument("--runs", nargs="+", type=Path, default=None, metavar=metavar, help=help)
-    for old in renamed:
-        add_renamed(parser, old, "--runs", "runs", nargs="+", type=Path)
 
 
 def add_cost_profile_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str,
-                         required: bool = False, renamed: tuple[str, ...] = ()) -> None:
+                         required: bool = False) -> None:
     """`--cost-profile`, a forward-latency profile JSON (`mcsd profile`)."""
     parser.add_argument("--cost-profile", type=Path, default=None, required=required,
                         metavar="PROFILE_JSON", help=help)
-    for old in renamed:
-        add_renamed(parser, old, "--cost-profile", "cost_profile", type=Path)
 
 
 def add_recipe_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                   presets: list[str], help: str, renamed: tuple[str, ...] = ()) -> None:
+                   presets: list[str], help: str) -> None:
     """`--recipe`, the named recipe a build starts from (the toy pair's, a distilled draft's)."""
     parser.add_argument("--recipe", choices=presets, default="default", help=help)
-    for old in renamed:
-        add_renamed(parser, old, "--recipe", "recipe", choices=presets)
 
 
 def add_timing_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, rounds: int,

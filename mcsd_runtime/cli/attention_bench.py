@@ -18,7 +18,6 @@ from mcsd_runtime.errors import MCSDError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.cli.args import add_renamed
     from mcsd_runtime.costmodel import attention_bench
 
     p = sub.add_parser("attention-bench",
@@ -36,8 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                                 "kept (default %(default)s)",
                     context_help="cached tokens before the new ones, comma-separated (default "
                                  "%(default)s)")
-    add_renamed(g, "--reps", "--rounds", "rounds", type=int)
-    add_renamed(g, "--contexts", "--context", "context")
     g.add_argument("--tokens", default="1,5,9", metavar="N[,N...]",
                    help="new tokens per forward, comma-separated (default %(default)s)")
     p.set_defaults(func=run)

@@ -12,7 +12,6 @@ from mcsd_runtime.cli.args import (
     add_out_arg,
     add_prompts_arg,
     add_recipe_arg,
-    add_renamed,
     add_seed_arg,
     add_target_arg,
     add_threads_arg,
@@ -102,7 +101,6 @@ def _add_build_options(distill: argparse.ArgumentParser) -> None:
     add_prompts_arg(distill, "also answer the instructions of this prompt set (`mcsd prompts`) "
                              "and train on them")
     add_limit_arg(distill, "at most this many instructions of --prompts")
-    add_renamed(distill, "--prompt-limit", "--limit", "limit", type=int)
     add_seed_arg(distill, "seed (default: the recipe's)", default=None)
     add_out_arg(distill, "folder for the draft instead of the cache")
     distill.add_argument("--data", type=Path, default=None,

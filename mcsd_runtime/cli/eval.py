@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "listed heuristic method")
     add_runs_arg(p, "build the table across domains from finished eval folders (one per "
                     "domain, e.g. run in parallel) instead of decoding; writes to --out",
-                 metavar="EVAL_DIR", renamed=("--from-runs",))
+                 metavar="EVAL_DIR")
     p.add_argument("--drafts", default=None, metavar="D1,D2,...",
                    help="run every method that uses a draft once per draft (labelled "
                         "METHOD@DRAFT; ar and hf once), all interleaved, and write drafts.md: "

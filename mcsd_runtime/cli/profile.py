@@ -45,7 +45,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def _add_forward_args(p: argparse.ArgumentParser) -> None:
     """The group of the timed forwards: token counts, rounds, context and batch sizes."""
-    from mcsd_runtime.cli.args import add_batch_size_arg, add_renamed, add_timing_args
+    from mcsd_runtime.cli.args import add_batch_size_arg, add_timing_args
 
     g = p.add_argument_group("the timed forwards")
     g.add_argument("--max-tokens", type=int, default=64,
@@ -54,12 +54,10 @@ def _add_forward_args(p: argparse.ArgumentParser) -> None:
                     rounds_help="timed rounds over all token counts, each in a random order; "
                                 "the median is kept (default %(default)s)",
                     context_help="KV cache length the forwards run over (default %(default)s)")
-    add_renamed(g, "--repeats", "--rounds", "rounds", type=int)
     add_batch_size_arg(g, "batch sizes whose forwards are timed (B rows of n tokens each; 1 is "
                           "always measured) and whose overheads are fitted to batched runs; "
                           "replay at B rows needs B within them (default %(default)s)",
                        several=True, default=",".join(map(str, cost_measure.DEFAULT_BATCH_SIZES)))
-    add_renamed(g, "--batch-sizes", "--batch-size", "batch_size")
 
 
 def _add_decoder_run_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +70,6 @@ def _add_decoder_run_args(p: argparse.ArgumentParser) -> None:
         add_limit_arg,
         add_max_new_tokens_arg,
         add_prompts_arg,
-        add_renamed,
         add_temperature_arg,
     )
     from mcsd_runtime.prompts.chat import add_chat_arg
@@ -85,12 +82,9 @@ def _add_decoder_run_args(p: argparse.ArgumentParser) -> None:
                                         "width; use the collection's tree (default %(default)s)")
     add_prompts_arg(g, "prompt set of those runs; 'none' skips them (default %(default)s)",
                     default="toy-code")
-    add_renamed(g, "--overhead-prompts", "--prompts", "prompts")
     add_limit_arg(g, "prompts of those runs (at batch size B > 1 at least 2B; default "
                      "%(default)s)", default=6)
-    add_renamed(g, "--overhead-limit", "--limit", "limit", type=int)
     add_max_new_tokens_arg(g, 48, "new tokens per run (default %(default)s)")
-    add_renamed(g, "--overhead-tokens", "--max-new-tokens", "max_new_tokens", type=int)
     add_temperature_arg(g, "temperature of those runs: sampling costs a step more than an argmax "
                            "(a drafted step more than AR's), so profile at the temperature the "
                            "replays will price (default %(default)s: greedy)")

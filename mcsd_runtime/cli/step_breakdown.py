@@ -11,7 +11,6 @@ from mcsd_runtime.cli.args import (
     add_max_new_tokens_arg,
     add_out_arg,
     add_pair_args,
-    add_renamed,
     add_threads_arg,
     apply_threads,
     pair_from_args,
@@ -45,11 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--prompt-tokens", type=int, default=200, help="default %(default)s")
     g.add_argument("--prompt-count", type=int, default=2,
                    help="random prompts decoded (default %(default)s)")
-    add_renamed(g, "--prompts", "--prompt-count", "prompt_count", type=int)
     g.add_argument("--rounds", type=int, default=3,
                    help="timed runs over the prompts; the median is reported (default "
                         "%(default)s)")
-    add_renamed(g, "--repeats", "--rounds", "rounds", type=int)
     g.add_argument("--copy-mib", type=int, default=1024,
                    help="size of the copy that measures the bandwidth (default %(default)s)")
     g.add_argument("--no-probe", action="store_true", help="skip the target forward probe")

@@ -102,7 +102,7 @@ def _add_draft(sub: argparse._SubParsersAction) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_recipe_arg(parser, sorted(PRESETS), "model sizes and training budget (default: "
-                                            "%(default)s)", renamed=("--preset",))
+                                            "%(default)s)")
     add_seed_arg(parser, "training seed (default: 0)")
     add_out_arg(parser, "folder for the pair instead of the cache (<cache>/models)")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",

@@ -1,5 +1,4 @@
 """Measuring what a step costs: forward-latency profiles on this machine (`measure`, `mcsd
 profile`), decision costs (`decision_cost`), where a step's time goes (`step_breakdown`), padded
 against ragged forwards (`ragged_bench`). The step's rules and the profile they are priced by live
-in `mcsd_runtime.pricing` (`costmodel.profile` and `costmodel.step_model` still import, with a
-deprecation warning, for one release)."""
+in `mcsd_runtime.pricing`."""

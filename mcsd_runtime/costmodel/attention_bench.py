@@ -14,7 +14,6 @@ decoder's `mcsd_sdpa` against transformers' `sdpa`.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 
 import torch
@@ -73,9 +72,3 @@ def compare(model, implementations: tuple[str, str], context: int, n: int, reps:
             b: statistics.median(times[b]) * 1e3, "ratio": ratio["geomean"],
             "ci": [ratio["ci_low"], ratio["ci_high"]],
             "max_logit_diff": float((logits[a] - logits[b]).abs().max())}
-
-
-if __name__ == "__main__":
-    print("python -m mcsd_runtime.costmodel.attention_bench is now `mcsd attention-bench` "
-          "(--contexts is --context, --reps is --rounds)", file=sys.stderr)
-    sys.exit(2)

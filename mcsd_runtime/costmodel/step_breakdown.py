@@ -9,7 +9,7 @@ eager, then fixed-shape forwards over preallocated caches replayed as CUDA graph
 `DecodeConfig(graphs=...)`), so the two paths sit side by side, each row saying which ran
 (`path`: eager, fixed shapes without capture as on a CPU or after a failed capture, or
 captured); `hf` adds the target's own `generate()` (eager, per new token). Each figure is
-the median of `--repeats` runs (3) over the prompts, a run timed with CUDA events on a GPU
+the median of `--rounds` runs (3) over the prompts, a run timed with CUDA events on a GPU
 (`time.perf_counter` elsewhere) after a warm-up run; a step's time excludes the prompt's
 prefill (the decoder's own prefill time is taken off).
 
@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -518,9 +517,3 @@ def summary(result: dict) -> str:
     for m in dict.fromkeys(r["method"] for r in result["rows"]):
         lines.append(f"| {m} | {' | '.join(_cell(result['rows'], m, g) for g in graphs)} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print("python -m mcsd_runtime.costmodel.step_breakdown is now `mcsd step-breakdown` "
-          "(--repeats is --rounds, --prompts N is --prompt-count N)", file=sys.stderr)
-    sys.exit(2)

@@ -3,4 +3,4 @@ stoppers (`builtin`), the feature schema (`features`), learned stoppers (`learne
 artifact `artifact`, scoring on the device `device_scoring`, `forest`), the skip gate (`skip`),
 the learned copy length (`copy_length`) and width (`width`), a batch's verification budget
 (`verify_budget`, its rule `budget`), and what every learned decision shares: the `Decision`
-protocol and its `decision.json` (`manifest`). Formerly `mcsd_runtime.stop`."""
+protocol and its `decision.json` (`manifest`)."""

@@ -13,7 +13,7 @@ reader owns the format. Fields, in file order:
     threshold         continue while the frontier score is >= it
     label, label_definition   what the model was fitted to (train.stop.config.LABEL_DOC)
     pair_fingerprint  the model pair of the training collection (mcsd_runtime.models.pair)
-    k_config          the tree it was trained on (null in artifacts older than the field)
+    k_config          the tree it was trained on
     prompt_format     how its training prompts reached the model (mcsd_runtime.prompts.chat):
                       {"format": "chat" | "text" | "mixed", "template_hash"}; absent or null
                       in artifacts older than the field, which read as text
@@ -96,7 +96,7 @@ class ArtifactSpec:
     label: str | None = None
     label_definition: str | None = None
     pair_fingerprint: dict | None = None
-    k_config: tuple[int, ...] | None = None
+    k_config: tuple[int, ...]
     prompt_format: dict | None = None
     min_depth: int = 1
     min_depth_gate: float = 0.0
@@ -152,12 +152,14 @@ class ArtifactSpec:
             _set_number(self, "hidden_size", int, "hidden_size must be an integer or null")
         if self.prompt_format is not None:
             object.__setattr__(self, "prompt_format", recorded_format(self.prompt_format))
-        if self.k_config is not None:
-            try:
-                object.__setattr__(self, "k_config", parse_k_config(self.k_config))
-            except (MCSDError, TypeError, ValueError):
-                raise MCSDError(f"k_config {self.k_config!r} is not a k-config (a list of "
-                                f"positive integers); retrain or restore the artifact") from None
+        try:
+            k_config = parse_k_config(self.k_config)
+            if not k_config:
+                raise ValueError
+            object.__setattr__(self, "k_config", k_config)
+        except (MCSDError, TypeError, ValueError):
+            raise MCSDError(f"k_config {self.k_config!r} is not a k-config (a list of positive "
+                            f"integers); retrain or restore the artifact") from None
 
     def _batch_table(self, table: Any) -> dict[int, BatchSetting]:
         """`batch` checked, keyed by int, sorted; an entry's missing fields are the top-level
@@ -216,7 +218,7 @@ class ArtifactSpec:
             else:
                 out[name] = value
         out["feature_names"] = list(self.feature_names)
-        out["k_config"] = self.k_config.json() if self.k_config is not None else None
+        out["k_config"] = self.k_config.json()
         if self.batch is None:
             del out["batch"]
         else:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import json
-import warnings
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -159,7 +158,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         self.online = OnlineCalibration(self.online_strength)
         self.row_aggregation = "max"  # how a batch decision combines rows (for_batch sets it)
         self.pair_fingerprint: dict | None = spec.pair_fingerprint
-        self.k_config: tuple[int, ...] | None = spec.k_config or None
+        self.k_config: tuple[int, ...] = spec.k_config
         self.needs_hidden = spec.kind == "mlp-hidden"
         # trained on DECISION_FEATURES or some of them: read the frontier's cheap host features
         # (rows of every DECISION_FEATURES column) and give the model its `columns`
@@ -179,15 +178,8 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         return max(training_temperatures(self.spec), default=0.0)
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
-        """Refuse a decoder tree other than the one this stopper was trained on. An artifact
-        that does not record its tree (written before stopper.json had `k_config`) is accepted
-        with a warning."""
+        """Refuse a decoder tree other than the one this stopper was trained on."""
         k_config = parse_k_config(k_config)
-        if self.k_config is None:
-            warnings.warn(f"this stopper does not record the k-config it was trained on, so it "
-                          f"cannot be checked against the decoder's {k_text(k_config)}; retrain "
-                          f"it to record it", UserWarning, stacklevel=2)
-            return
         if self.k_config != k_config:
             raise MCSDError(
                 f"this stopper was trained on k-config {k_text(self.k_config)} trees, but the "

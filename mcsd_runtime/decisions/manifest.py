@@ -14,8 +14,8 @@ folder that has it is complete). A fifth, the verification budget of a batch
     {"format": "mcsd-decision", "version": 1, "decision": "stop" | "copy" | "width" | "budget",
      "spec": "stopper.json", "decode": "mcsd eval --methods stopper:PATH", "created": "..."}
 
-`read_decision(folder)` names the decision of any such folder, older ones (written before
-`decision.json`) included, from their spec file; `load_decision(folder)` loads its runtime object.
+`read_decision(folder)` names the decision of such a folder, from its `decision.json`;
+`load_decision(folder)` loads its runtime object.
 
 A `Decision` is what the three runtime objects (`LearnedStopper`, `CopyLength`, `WidthPolicy`)
 have in common: the decision it is, the temperature of the outputs it was trained on, and
@@ -40,7 +40,6 @@ SPEC_FILES = {"stop": "stopper.json", "copy": "copy_length.json", "width": "widt
               "budget": "budget.json"}
 METHODS = {"stop": "stopper:{path}", "copy": "lookup-learned:{path}", "width": "width:{path}",
            "budget": "budget:{path}"}
-LEGACY = ("stop", "copy", "width")  # written before decision.json: named by their spec file
 
 
 class Decision(Protocol):
@@ -65,29 +64,25 @@ def write_manifest(folder: Path, decision: str, decode: str) -> Path:
 
 
 def read_decision(folder: str | Path) -> str:
-    """The decision a trained folder holds: from `decision.json`, else (folders written before
-    it) from the spec file present; MCSDError naming the fix when it is neither."""
+    """The decision a trained folder holds, from its `decision.json`; MCSDError naming the fix
+    when it has none or cannot be read."""
     folder = Path(folder)
     path = folder / FILE
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise MCSDError(f"{path} is not readable JSON ({err}): retrain with `mcsd train`"
-                            ) from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise MCSDError(f"{path} is not a decision manifest (format {FORMAT!r})")
-        if data.get("version") != VERSION or data.get("decision") not in SPEC_FILES:
-            raise MCSDError(f"{path}: version {data.get('version')} decision "
-                            f"{data.get('decision')!r}; this release reads version {VERSION} "
-                            f"of {', '.join(SPEC_FILES)}: retrain with `mcsd train`")
-        return data["decision"]
-    found = [d for d in LEGACY if (folder / SPEC_FILES[d]).is_file()]
-    if len(found) != 1:
-        raise MCSDError(f"{folder} holds no trained decision ({FILE}, or one of "
-                        f"{', '.join(SPEC_FILES.values())}): train one with `mcsd train "
-                        f"--decision stop|copy|width --out {folder}`")
-    return found[0]
+    if not path.is_file():
+        raise MCSDError(f"{folder} holds no trained decision (no {FILE}): train one with `mcsd "
+                        f"train --decision {'|'.join(SPEC_FILES)} --out {folder}`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise MCSDError(f"{path} is not readable JSON ({err}): retrain with `mcsd train`"
+                        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise MCSDError(f"{path} is not a decision manifest (format {FORMAT!r})")
+    if data.get("version") != VERSION or data.get("decision") not in SPEC_FILES:
+        raise MCSDError(f"{path}: version {data.get('version')} decision "
+                        f"{data.get('decision')!r}; this release reads version {VERSION} "
+                        f"of {', '.join(SPEC_FILES)}: retrain with `mcsd train`")
+    return data["decision"]
 
 
 def load_decision(folder: str | Path) -> Decision:

@@ -12,7 +12,7 @@ an optional input of the target's own states (a feature draft).
 - `head`: the reduced-vocabulary head (`attach_reduced_head`, used by `load_pair`);
 - `feature`: the feature draft (`FeatureDraft`, `attach_feature_input`, used by `load_pair`);
   `feature_train`: its training on the target's states, and its held-out agreement;
-- `train`: the distillation loop; `metrics`: held-out agreement and latency;
+- `train`: the distillation loop; `agreement`: held-out agreement;
 - `cache`: `build_draft`, `default_draft_dir`, the card.
 
 Kept import-free: `mcsd_runtime.models.pair` imports `head` and `feature` alone.

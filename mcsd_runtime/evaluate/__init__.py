@@ -6,7 +6,7 @@
 - `divergence`: where greedy outputs part from `hf`'s, and token agreement
 - `quality`: output-quality proxies scored after the timed runs
 - `stats`: paired speedups, the best static schedule, `summarize` (one row per method)
-- `report`, `cells`, `plots`, `training_results`: the report folder of one run
+- `eval_report`, `cells`, `plots`, `training_results`: the report folder of one run
 - `domain_report`, `batch_report`, `multi_draft`: across prompt sets, batch sizes, drafts
 - `bench`: the benchmark of ar, hf and one MCSD stopper
 """

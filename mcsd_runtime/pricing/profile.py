@@ -160,6 +160,10 @@ class CostProfile:
             raise MCSDError("cost profile: tokens must be increasing positive integers")
         if any(not v >= 0 for v in (self.step_overhead_s, self.depth_overhead_s)):
             raise MCSDError("cost profile: latencies must be non-negative numbers")
+        if "k_config" in self.static and "temperature" not in self.static:
+            raise MCSDError("cost profile: static records the decoder's runs without their "
+                            "temperature (a profile older than the field): measure it again "
+                            "with `mcsd profile`")
         batches = {}
         for key, costs in (self.batches or {}).items():
             try:
@@ -200,10 +204,10 @@ class CostProfile:
     @property
     def temperature(self) -> float | None:
         """The temperature the overheads were fitted at (`mcsd profile --temperature`); None
-        when not calibrated on the decoder, 0.0 for profiles older than the field (greedy)."""
+        when not calibrated on the decoder."""
         if "k_config" not in self.static:
             return None
-        return float(self.static.get("temperature", 0.0))
+        return float(self.static["temperature"])
 
     def temperature_note(self, temperature: float) -> str | None:
         """A warning when replays at `temperature` price steps with overheads fitted greedy

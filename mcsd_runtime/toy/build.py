@@ -3,10 +3,9 @@
 A pair lives in one folder: `target/` and `draft/` (each a `save_pretrained` model with the
 shared tokenizer) and `card.json`. The default folder is `models_dir()/toy-<preset>-<hash12>`
 in the user cache (`mcsd_runtime.paths`), where the hash covers the recipe, the seed, the code
-version and the stdlib version; a pair built before the cache, under `$MCSD_DATA/models`, is
-still found there. A build
-writes into a temporary sibling folder and renames it at the end, so an interrupted build never
-looks complete; the card records a SHA-256 of every file, so a damaged pair is detected.
+version and the stdlib version. A build writes into a temporary sibling folder and renames it at
+the end, so an interrupted build never looks complete; the card records a SHA-256 of every file,
+so a damaged pair is detected.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from mcsd_runtime.paths import (
     build_folder,
     check_files,
     file_sha256,
-    legacy_models_dir,
     models_dir,
     read_card_file,
 )
@@ -70,28 +68,14 @@ def pair_dir(preset: str = "default", seed: int = 0, precision: str = "auto") ->
     return _default_dir(recipe)
 
 
-_NOTED: set[Path] = set()  # old-location pairs already pointed out in this process
-
-
 def _default_dir(recipe: Recipe) -> Path:
-    """The cache folder of `recipe`'s pair, or its pre-cache folder under `$MCSD_DATA/models`
-    when only that one holds it (a note on stderr says how to move it)."""
-    name = f"toy-{recipe.preset}-{recipe.hash12()}"
-    cached, legacy = models_dir() / name, legacy_models_dir() / name
-    if not _holds(cached) and _holds(legacy) and legacy.resolve() != cached.resolve():
-        if legacy not in _NOTED:
-            _NOTED.add(legacy)
-            print(f"note: using the toy pair at {legacy} (the old location, "
-                  f"$MCSD_DATA/models); move it into the cache to use it from any directory: "
-                  f"mkdir -p {models_dir()} && mv {legacy} {models_dir()}/", file=sys.stderr)
-        return legacy
-    return cached
+    """The cache folder of `recipe`'s pair."""
+    return models_dir() / f"toy-{recipe.preset}-{recipe.hash12()}"
 
 
 def where_looked() -> str:
     """Where a missing toy pair was looked for, naming the variables that move it."""
-    return (f"looked in {models_dir()} ({CACHE_HELP}) and in {legacy_models_dir()} "
-            f"($MCSD_DATA/models, the old location)")
+    return f"looked in {models_dir()} ({CACHE_HELP})"
 
 
 def build_pair(preset: str = "tiny", out: str | Path | None = None, seed: int = 0,

@@ -26,7 +26,6 @@ from mcsd_runtime.paths import (
     CACHE_HELP,
     build_folder,
     check_files,
-    legacy_models_dir,
     models_dir,
     read_card_file,
 )
@@ -46,18 +45,15 @@ TARGET_WEIGHTS = "target/model.safetensors"  # the pair file whose digest names 
 
 def draft_dir(name: str, target_seed: int = 0) -> Path:
     """Where draft `name` for the toy target of seed `target_seed` is cached (whether or not it
-    exists); a draft only found under the old `$MCSD_DATA/models` is returned there."""
+    exists)."""
     recipe = get_draft_recipe(name)
     target = get_recipe(recipe.target_preset, target_seed).resolved()
     return _cached_dir(name, recipe.hash12(target.hash12(), target.precision))
 
 
 def _cached_dir(name: str, hash12: str) -> Path:
-    """`<cache>/models/toy-draft-<name>-<hash12>`, or the same folder under the old
-    `$MCSD_DATA/models` when only that one holds it."""
-    folder = f"toy-draft-{name}-{hash12}"
-    cached, legacy = models_dir() / folder, legacy_models_dir() / folder
-    return legacy if not _holds(cached) and _holds(legacy) else cached
+    """`<cache>/models/toy-draft-<name>-<hash12>`."""
+    return models_dir() / f"toy-draft-{name}-{hash12}"
 
 
 def build_draft(name: str, target_seed: int = 0, *, recipe: DraftRecipe | None = None,
