@@ -11,8 +11,9 @@ drafting nothing, as a schedule's K = 0 band runs. For each (C, K) the same C pr
 twice, to a third of `long` and to `long` new tokens, and a step costs the difference of the
 wall times over the difference of the steps (every request's steps counted from vLLM's own
 per-request metrics): the prompts' prefills cancel out. Points out of line with their
-neighbours (a step cheaper at more requests or more drafted tokens) are timed again and keep the
-faster figure. A second engine, started without speculation, gives the `plain` step time at each
+neighbours (a step cheaper at more requests or more drafted tokens) are timed twice more and
+keep the median of the three: load on the machine can push a difference of wall times either
+way. A second engine, started without speculation, gives the `plain` step time at each
 concurrency: what serving with speculation turned off costs, which a K = 0 band does not reach
 (the speculative path still runs every step).
 
@@ -128,10 +129,9 @@ def measure(model: str, dtype: str, ks: Sequence[int], concurrencies: Sequence[i
             points = {(c, k): timed(c, k, llm) for c in waves for k in sorted(set(ks))}
             for c, k in suspects(points):
                 log(f"concurrency {c}, K={k} is out of line with its neighbours: timing it "
-                    f"again")
-                again = timed(c, k, llm, repeats=3)
-                if again.step_seconds < points[(c, k)].step_seconds:
-                    points[(c, k)] = again
+                    f"twice more")
+                runs = [points[(c, k)], timed(c, k, llm), timed(c, k, llm)]
+                points[(c, k)] = sorted(runs, key=lambda p: p.step_seconds)[1]  # the median
     plain_points: list[ProfilePoint] = []
     if plain:
         with _engine(EngineConfig(model, dtype, None, max_num_seqs=max(concurrencies),
