@@ -272,7 +272,7 @@ def _below_plain(group: str, comparisons: list[Comparison]) -> list[str]:
     return [f"{group}, batch sizes {c.group}: K={c.facts['k']} replays at "
             f"{c.ratio(over='plain'):.3f}x the engine without speculation (its K=0 band at "
             f"{c.ratio('K=0', over='plain'):.3f}x): a table cannot turn the speculative path "
-            f"off; where batches stay this large, serve without speculation"
+            f"off; at these batch sizes, serving without speculation is faster"
             for c in comparisons if (c.ratio(over="plain") or math.inf) < 1]
 
 
