@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 import replay as R
-from mcsd_runtime.costmodel.decision_cost import stopper_latency
+from mcsd_runtime.benchmarks.decision_cost import stopper_latency
 from mcsd_runtime.decisions.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.decisions.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.decisions.expected_rate import Calibration

@@ -156,7 +156,7 @@ def quiet_training():
 
 def bench(out: Path) -> int:
     """Print the decision latency of the stopper in `out` at frontiers of 4, 16 and 64 nodes."""
-    from mcsd_runtime.costmodel.decision_cost import bench_latency
+    from mcsd_runtime.benchmarks.decision_cost import bench_latency
     from mcsd_runtime.decisions.learned import load_stopper
 
     stopper = load_stopper(out)
