@@ -179,8 +179,11 @@ test: venv venv-vllm
 	$(BIN)/python -m pytest -n 2 --dist worksteal
 	$(VLLM_VENV)/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(VLLM_TESTS)
 
+# ruff over the repository, then mypy over the packages pyproject.toml's [tool.mypy] names
+# (decisions, decode, train, replay; incremental: its cache is .mypy_cache). CI runs it.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # `clean` removes the venv and every run; the toy pairs stay in the user cache, where every
 # checkout finds them ($MCSD_CACHE, else $XDG_CACHE_HOME/mcsd, else ~/.cache/mcsd):

@@ -13,7 +13,7 @@ def acceptance_rate(acceptance_sum: float, drafting_steps: int) -> float:
     return acceptance_sum / drafting_steps if drafting_steps else 0.0
 
 
-def throughput(tokens: int, seconds: float) -> float:
+def throughput(tokens: float, seconds: float) -> float:
     """Tokens (or any other count: rows, prompts) per second."""
     return tokens / seconds if seconds else 0.0
 

@@ -21,11 +21,13 @@ which moves every method alike and leaves decisions unchanged) is divided out.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from collect.outputs import Ranked, Trace
 from mcsd_runtime import metrics
+from mcsd_runtime.decisions.contract import Stopper
 from mcsd_runtime.decisions.copy_length import CopyLength
 from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.errors import MCSDError
@@ -146,7 +148,7 @@ def _collection_pair(manifest: dict, profile: CostProfile):
 
 
 def stopper_check(data: D.ReplayData, manifests: list[dict], profile: CostProfile,
-                  stoppers: dict[str, object], limit: int = 8, seed: int = 0,
+                  stoppers: Mapping[str, Stopper | str], limit: int = 8, seed: int = 0,
                   decision_s: dict[str, float] | None = None, pair=None,
                   progress: bool = False, batch_size: int = 1, repeats: int = 1,
                   decision_row_s: dict[str, float] | None = None) -> dict:
@@ -193,7 +195,7 @@ def stopper_check(data: D.ReplayData, manifests: list[dict], profile: CostProfil
                                                                     else 1)}
     common = divide_common(rows)
     statics = sorted((n for n in rows if n.startswith("static:")), key=lambda n: int(n[7:]))
-    rank = {k: sorted(statics, key=lambda n, k=k: -rows[n][k]) for k in ("replayed", "measured")}
+    rank = {k: _by(rows, statics, k) for k in ("replayed", "measured")}
     return {"prompts": len(chosen), "batch_size": batch_size, "per_stopper": rows,
             "common_factor": common,
             "max_abs_error": max(abs(r["error"]) for r in rows.values()),
@@ -201,6 +203,11 @@ def stopper_check(data: D.ReplayData, manifests: list[dict], profile: CostProfil
             "static_order_replayed": rank["replayed"], "static_order_measured": rank["measured"],
             "same_static_order": rank["replayed"] == rank["measured"],
             "best_static_agrees": rank["replayed"][:1] == rank["measured"][:1]}
+
+
+def _by(rows: dict[str, dict], names: list[str], key: str) -> list[str]:
+    """`names` by their rows' `key`, highest first (equals in their order)."""
+    return sorted(names, key=lambda n: -rows[n][key])
 
 
 def format_stopper_check(check: dict) -> str:
@@ -227,10 +234,10 @@ def outputs_check(decoders: dict, traces: dict[str, list[Trace]], replayed: Repl
     trace)` gives a method's replayed (seconds, steps) on one output. With `profile` (the one
     the replay prices with), also the decoders' own steps priced by it against their measured
     time (`priced`, `cost_error`), on the tree `shape`."""
-    from mcsd_runtime.tree import Tree
+    from mcsd_runtime.tree import Tree, parse_k_config
 
     chosen = [(cat, t) for cat, outs in traces.items() for t in outs[:limit]]
-    tree = Tree(shape)
+    tree = Tree(parse_k_config(shape))
 
     def decode(dec, name: str, unit: tuple[str, Trace], into: Measured) -> None:
         out = dec.generate(unit[1].prompt)
@@ -242,7 +249,7 @@ def outputs_check(decoders: dict, traces: dict[str, list[Trace]], replayed: Repl
     rows = {}
     tokens = sum(len(t.tokens) for _, t in chosen)
     for name, m in measured.items():
-        seconds = steps = 0
+        seconds, steps = 0.0, 0
         for _, trace in chosen:
             s, k = replayed(name, trace)
             seconds, steps = seconds + s, steps + k
@@ -298,21 +305,21 @@ def format_check(check: dict) -> str:
 def copy_replayed(policy: CopyLength, costs: list[float]) -> Replayed:
     """Replayed (seconds, steps) of `ar`, a static `lookup:K:N` (or `lookup:K:N+static:1`),
     the draft alone (`static:1`) or the learned copy length, on one output."""
-    beside = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
+    draft_costs, prior = policy.draft_costs, policy.draft_prior  # beside a draft
 
     def replayed(name: str, trace: Trace) -> tuple[float, int]:
         if name == "ar":  # the first token comes from the prefill's logits
             return (len(trace.tokens) - 1) * costs[0], len(trace.tokens)
         if name == LEARNED:
             r = Replay(trace, policy.max_copy, policy.min_ngram, policy.max_ngram)
-            return r.walk(policy.choose, costs, None, **beside), r.steps
+            return r.walk(policy.choose, costs, None, draft_costs, prior), r.steps
         if name == BESIDE:
             r = Replay(trace, 1, 4, 4)
-            return r.walk(never, costs, None, **beside), r.steps
+            return r.walk(never, costs, None, draft_costs, prior), r.steps
         k, n = (int(v) for v in name.partition("+")[0].split(":")[1:])
         r = Replay(trace, k, n, 4)
-        walk = beside if "+" in name else beside | {"draft_costs": None}
-        return r.walk(copy_all(k), costs[: k + 1], None, **walk), r.steps
+        beside = draft_costs if "+" in name else None
+        return r.walk(copy_all(k), costs[: k + 1], None, beside, prior), r.steps
 
     return replayed
 
@@ -327,8 +334,9 @@ def copy_check(pair, policy: CopyLength, traces: dict[str, list[Trace]],
     from mcsd_runtime.evaluate.runners import build_method, learned_lookup_decoder
 
     n_tokens = len(next(t for outs in traces.values() for t in outs).tokens)
+    shape: dict[str, Any] = {} if tree is None else {"k_config": tree}
     base = DecodeConfig(max_new_tokens=n_tokens, temperature=policy.temperature, eos_token_ids=(),
-                        seed=seed, **({} if tree is None else {"k_config": tree}))
+                        seed=seed, **shape)
     names = ("ar", *statics, *((BESIDE,) if tree is not None else ()))
     decoders = {name: build_method(name, pair, base).decoder for name in names}
     decoders[LEARNED] = learned_lookup_decoder(pair, base, policy,
@@ -361,13 +369,15 @@ def width_check(pair, policy: WidthPolicy, traces: dict[str, list[Trace]],
     from mcsd_runtime.decode.decoder import MCSDDecoder
     from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.evaluate.runners import build_method
+    from mcsd_runtime.tree import KConfig
     from replay.width import WidthReplay, learned, static
 
     k = policy.k
     n_tokens = len(next(t for outs in traces.values() for t in outs).tokens)
-    base = DecodeConfig(max_new_tokens=n_tokens, eos_token_ids=(), seed=seed, k_config=(k,))
+    base = DecodeConfig(max_new_tokens=n_tokens, eos_token_ids=(), seed=seed,
+                        k_config=KConfig((k,)))
     decoders = {"ar": build_method("ar", pair, base).decoder}
-    decoders |= {f"width {w}": MCSDDecoder(pair, replace(base, k_config=(w,)),
+    decoders |= {f"width {w}": MCSDDecoder(pair, replace(base, k_config=KConfig((w,))),
                                            stopper=make_stopper("static:1"))
                  for w in range(1, k + 1)}
     decoders[LEARNED] = MCSDDecoder(pair, base, stopper=make_stopper("static:1"), width=policy)

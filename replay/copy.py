@@ -68,7 +68,7 @@ class Replay:
         n, seconds, self.steps, pending = len(t.tokens), 0.0, 0, 1
         while s < n:
             match, k, a = self.matches[s], 0, self.accepted[s]
-            alt = drafted_step(history, draft_costs, pending) if beside else None
+            alt = drafted_step(history, draft_costs, pending) if draft_costs is not None else None
             if match is not None and n - s > 1:  # as the decoder: never copy past the budget
                 match = replace(match, tokens=match.tokens[: n - s - 1])
                 feats = features(match, len(t.prompt) + s, len(t.prompt), history)
@@ -80,6 +80,7 @@ class Replay:
                 seconds += costs[k]
                 history.update(k, out.accepted, t.conf[s : s + out.committed])
             else:  # the draft's first depth
+                assert t.hits is not None, "checked above: a walk beside a draft has the hits"
                 out = step_outcome(t.hits[s], 1, pending, n - s)
                 seconds += alt[1]
                 history.update(0, 0, t.conf[s : s + out.committed])
@@ -112,6 +113,7 @@ class Replay:
                 options = [costs[0] + best[s + 1, after]] if alone or n - s == 1 else []
                 if n - s > 1:
                     if draft_costs is not None:
+                        assert t.hits is not None, "beside a draft: the trace's hits"
                         c = min(1 + t.hits[s], n - s)
                         options.append(draft_costs[p - 1] + best[s + c, c])
                     for k in range(1, min(len(match.tokens) if match else 0, n - s - 1,
@@ -131,12 +133,16 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def copy_all(k: int) -> Choose:
     """The static rule: copy up to k tokens of every match."""
-    return lambda match, feats, alt=None: k
+    def choose(match: Match, feats: list[float], alt: tuple[float, float] | None = None) -> int:
+        return k
+    return choose
 
 
 def long_matches_only(k: int, ngram: int) -> Choose:
     """Copy up to k tokens of matches of at least `ngram` tokens (a static `lookup:k:ngram`)."""
-    return lambda match, feats, alt=None: k if match.ngram >= ngram else 0
+    def choose(match: Match, feats: list[float], alt: tuple[float, float] | None = None) -> int:
+        return k if match.ngram >= ngram else 0
+    return choose
 
 
 def never(match: Match, feats: list[float], alt: tuple[float, float] | None = None) -> int:
@@ -204,7 +210,7 @@ DOMAINS = Report(
      Column("prompts", lambda c: c.n, "n", str),
      Column("learned_vs_ar", Comparison.speed, "vs AR"),
      Column("best_static", lambda c: c.best_static, "best static", str),
-     Column("best_static_vs_ar", lambda c: c.speeds[c.best_static]),
+     Column("best_static_vs_ar", lambda c: c.speeds[c.best_static or c.deployed]),
      Column("deploy", lambda c: c.deployed),
      Column("deploy_vs_ar", lambda c: c.speeds[c.deployed]),
      Column("oracle_vs_ar", lambda c: c.speeds[c.oracle], "oracle"),

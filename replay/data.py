@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from mcsd_runtime.decisions.contract import Frontier
 from mcsd_runtime.decisions.features import (
     FEATURE_NAMES,
     NODE_FEATURES,
@@ -79,6 +80,14 @@ class _Frontier:
         return torch.from_numpy(self._hidden)
 
 
+def replayed(frontier: Frontier) -> _Frontier:
+    """`frontier` as replay serves it, for stoppers that read what only replay knows (`key`,
+    `oracle_accepted`); MCSDError for a decoder's frontier."""
+    if not isinstance(frontier, _Frontier):
+        raise MCSDError("this stopper reads each step's recorded outcome: it runs in replay only")
+    return frontier
+
+
 class ReplayData:
     """Full-depth rows arranged by prompt and step, ready to replay.
 
@@ -104,7 +113,7 @@ class ReplayData:
         pos = df["position"].to_numpy()
         acc = df["accepted_length"].to_numpy()
         cap = df["drafted_depth"].to_numpy()
-        hid = np.stack(df["hidden"].to_numpy()).astype(np.float32) if hidden else None
+        hid = np.stack(df["hidden"].tolist()).astype(np.float32) if hidden else None
         bounds = np.nonzero((keys[1:] != keys[:-1]) | (step[1:] != step[:-1]))[0] + 1
         starts = np.concatenate([[0], bounds])
         ends = np.concatenate([bounds, [len(df)]])
@@ -113,7 +122,8 @@ class ReplayData:
             d = depth[a:b]
             cuts = np.searchsorted(d, np.arange(1, int(cap[a]) + 2))
             nodes = [feats[a + cuts[i]: a + cuts[i + 1]] for i in range(int(cap[a]))]
-            hs = [hid[a + cuts[i]: a + cuts[i + 1]] for i in range(int(cap[a]))] if hidden else None
+            hs = ([hid[a + cuts[i]: a + cuts[i + 1]] for i in range(int(cap[a]))]
+                  if hid is not None else None)  # kept if hidden
             if any(len(n) == 0 for n in nodes):
                 raise MCSDError(f"step {step[a]} of {keys[a]} lacks rows of some depth: replay "
                                 f"needs full-depth collections (static stopper)")

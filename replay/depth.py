@@ -130,7 +130,7 @@ class _Row:
     def ask_draft(self, max_depth: int) -> None:
         """Ask the stopper whether this step drafts at all (a step that may draft)."""
         step = self.step
-        self.skip = bool(step and step.cap) and not self.stopper.should_draft(_Frontier(
+        self.skip = step is not None and bool(step.cap) and not self.stopper.should_draft(_Frontier(
             0, max_depth, NO_NODES, self.traj.values(), None, step.accepted,
             (self.prompt.key, step.position, 0)))
 
@@ -254,16 +254,18 @@ def _batch_depth(stopper: Stopper, rows: list[_Row], max_depth: int, res: Replay
 
 def _frontier(row: _Row, depth: int, max_depth: int) -> _Frontier:
     step = row.step
+    assert step is not None, "a row asked about a depth is at a recorded step"
     return _Frontier(depth, max_depth, step.nodes[depth - 1], row.traj.values(),
                      step.hidden[depth - 1] if step.hidden else None, step.accepted,
                      (row.prompt.key, step.position, depth))
 
 
 def _resolve(data: ReplayData, stopper, profile: CostProfile, name: str | None,
-             batch_size: int) -> tuple[object, str]:
+             batch_size: int) -> tuple[Stopper, str]:
     """The stopper object a spec names (oracles included) and the result's name."""
     if not isinstance(stopper, str):
         return stopper, name or repr(stopper)
+    obj: Stopper
     if stopper == "oracle":
         obj = (PlanStopper(optimal_plan(data, profile)) if batch_size == 1
                else lookahead_schedule(data, profile, batch_size))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from mcsd_runtime import metrics
-from mcsd_runtime.decisions.contract import StopperBase
+from mcsd_runtime.decisions.contract import Frontier, StopperBase
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import (
@@ -26,7 +26,7 @@ from mcsd_runtime.pricing.step_model import (
     step_outcome,
 )
 from mcsd_runtime.tree import Tree
-from replay.data import Prompt, ReplayData, _Frontier
+from replay.data import Prompt, ReplayData, replayed
 
 
 class AcceptedOracle(StopperBase):
@@ -35,8 +35,8 @@ class AcceptedOracle(StopperBase):
     drafts deep whenever a deep path will be accepted, even where that costs more time than it
     saves). Replay only; the speed bound is `oracle` (`optimal_plan`)."""
 
-    def should_continue(self, frontier: _Frontier) -> bool:
-        return frontier.depth < frontier.oracle_accepted
+    def should_continue(self, frontier: Frontier) -> bool:
+        return frontier.depth < replayed(frontier).oracle_accepted
 
 
 class PlanStopper(StopperBase):
@@ -46,11 +46,11 @@ class PlanStopper(StopperBase):
     def __init__(self, plan: dict[tuple[str, int], int]) -> None:
         self.plan = plan
 
-    def should_draft(self, start: _Frontier) -> bool:
-        return self.plan.get(start.key[:2], 1) > 0
+    def should_draft(self, start: Frontier) -> bool:
+        return self.plan.get(replayed(start).key[:2], 1) > 0
 
-    def should_continue(self, frontier: _Frontier) -> bool:
-        return frontier.depth < self.plan[frontier.key[:2]]
+    def should_continue(self, frontier: Frontier) -> bool:
+        return frontier.depth < self.plan[replayed(frontier).key[:2]]
 
 
 # the oracle tracks up to this many draft-pending tokens; a longer run of steps without a draft
@@ -83,7 +83,8 @@ def optimal_plan(data: ReplayData, profile: CostProfile, tol: float = 1e-9,
     over (position, draft-pending tokens) maximises tokens - lam * seconds; `lam` is then set
     to the plan's throughput, until it no longer rises (a few rounds)."""
     costs = StepCosts(profile, data.tree)
-    lam, plan = 0.0, {}
+    lam = 0.0
+    plan: dict[tuple[str, int], int] = {}
     for _ in range(100):
         plan, tokens, seconds = {}, 0.0, 0.0
         for p in data.prompts.values():
@@ -119,21 +120,22 @@ def _plan_prompt(p: Prompt, exact: bool, costs, lam: float, plan: dict,
     done = (0.0, 0.0, 0.0, 0)
     best: list[dict] = [{} for _ in range(n + 1)]  # best[i][pending]: value, tokens, seconds, s
     for i in range(n - 1, -1, -1):
-        depths = range(low, steps[i].cap + 1) if steps[i] else (0,)  # None: nothing drafted
+        step = steps[i]
+        depths = range(low, step.cap + 1) if step else (0,)  # None: nothing drafted
         for pend in states(i):
             options = []
             for s in depths:
                 out, nxt = outcome(i, s, pend)
-                last = steps[i] is None or nxt >= n
+                last = step is None or nxt >= n
                 after = done if last else best[nxt][min(out.pending, PENDING_CAP)]
                 sec = costs[(s, pend)]
                 options.append((out.committed - lam * sec + after[0], out.committed + after[1],
                                 sec + after[2], s))
             best[i][pend] = max(options, key=lambda o: o[0])
     i, pend = 0, FIRST_PENDING
-    while i < n and steps[i] is not None:
+    while i < n and (step := steps[i]) is not None:
         s = best[i][pend][3]
-        plan[(p.key, steps[i].position)] = s
+        plan[(p.key, step.position)] = s
         out, i = outcome(i, s, pend)
         pend = min(out.pending, PENDING_CAP)
     return best[0][FIRST_PENDING][1], best[0][FIRST_PENDING][2]
@@ -151,7 +153,7 @@ class StepLookahead(StopperBase):
     def __init__(self, lam: float) -> None:
         self.lam = lam
 
-    def should_continue(self, frontier: _Frontier) -> bool:
+    def should_continue(self, frontier: Frontier) -> bool:
         raise MCSDError("the step lookahead decides whole batch steps, in replay only")
 
     def depth(self, rows: list, tree: Tree, profile: CostProfile) -> int:

@@ -29,8 +29,10 @@ Today's padded static depth is `replay.depth.replay(data, "static:S", batch_size
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from mcsd_runtime.decisions.builtin import make_stopper
 from mcsd_runtime.decisions.contract import StepStart, StopperBase
@@ -164,16 +166,23 @@ def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:
     if not factor > 0:
         raise MCSDError(f"a draft's cost factor must be positive, got {factor}")
 
-    def scale(values: list[float] | None) -> list[float] | None:
-        return None if values is None else [factor * v for v in values]
+    def scale(values: list[float]) -> list[float]:
+        return [factor * v for v in values]
 
-    batches = {b: replace(c, draft_s=scale(c.draft_s), draft_first_s=scale(c.draft_first_s))
+    batches = {b: replace(c, draft_s=scale(c.draft_s), draft_first_s=_maybe(scale, c.draft_first_s))
                for b, c in profile.batches.items()}
     ragged = {b: replace(r, draft=[[t, factor * v] for t, v in r.draft])
               for b, r in profile.ragged.items()}
     return replace(profile, draft_s=scale(profile.draft_s),
-                   draft_first_s=scale(profile.draft_first_s), batches=batches, ragged=ragged,
+                   draft_first_s=_maybe(scale, profile.draft_first_s), batches=batches,
+                   ragged=ragged,
                    note=f"{profile.note} (draft forwards x{factor:g})".strip())
+
+
+def _maybe(curve: Callable[[list[float]], list[float]],
+           values: list[float] | None) -> list[float] | None:
+    """`curve(values)`; None for an absent (optional) curve."""
+    return None if values is None else curve(values)
 
 
 def affine_profile(profile: CostProfile, upto: int) -> CostProfile:
@@ -187,9 +196,7 @@ def affine_profile(profile: CostProfile, upto: int) -> CostProfile:
         raise MCSDError(f"an affine fit needs two token counts up to {upto}, the profile has "
                         f"{len(xs)}")
 
-    def line(values: list[float] | None) -> list[float] | None:
-        if values is None:
-            return None
+    def line(values: list[float]) -> list[float]:
         ys = values[:len(xs)]
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
@@ -197,10 +204,10 @@ def affine_profile(profile: CostProfile, upto: int) -> CostProfile:
         return [max(my + slope * (n - mx), 0.0) for n in profile.tokens]
 
     batches = {b: replace(c, target_s=line(c.target_s), draft_s=line(c.draft_s),
-                          draft_first_s=line(c.draft_first_s))
+                          draft_first_s=_maybe(line, c.draft_first_s))
                for b, c in profile.batches.items()}
     return replace(profile, target_s=line(profile.target_s), draft_s=line(profile.draft_s),
-                   draft_first_s=line(profile.draft_first_s), batches=batches, ragged={},
+                   draft_first_s=_maybe(line, profile.draft_first_s), batches=batches, ragged={},
                    note=f"{profile.note} (curves fitted by lines up to {upto} tokens)".strip())
 
 
@@ -239,7 +246,8 @@ def ragged_replay(data: ReplayData, rule, profile: CostProfile,
     profile.check_rows(batch_size)
     rule = make_rule(rule) if isinstance(rule, str) else rule
     res = ReplayResult(stopper=rule.name, mode="exact", batch_size=batch_size)
-    tree, queue, rows = data.tree, iter(data.prompts.values()), []
+    tree, queue = data.tree, iter(data.prompts.values())
+    rows: list[_Row2] = []
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
             row = _Row2(p, rule.stopper)
@@ -297,10 +305,10 @@ def compare(data: ReplayData, profile: CostProfile, batch_sizes: list[int],
     out = {}
     for b in batch_sizes:
         ar = replay(data, NeverDraft(), profile, "ar", batch_size=b).throughput
-        rows = {}
+        rows: dict[str, dict[str, Any]] = {}
         for fam in fams or families(data.depth):
             tps = {str(s): _tps(tune or data, fam, s, profile, b) for s in fam.specs}
-            best = max(tps, key=tps.get)
+            best = max(tps, key=tps.__getitem__)
             spec = next(s for s in fam.specs if str(s) == best)  # a spec or a rule object
             judged = _tps(data, fam, spec, profile, b) if tune else tps[best]
             rows[fam.name] = {"best": best, "tokens_per_s": judged, "all": tps}

@@ -169,13 +169,13 @@ class Report:
         by_key = {c.key: c for c in self.columns}
         keys = self.printed or tuple(c.key for c in self.columns if c.header is not None)
         cols = [by_key[k] for k in keys if any(r[k] is not ABSENT for r in rows)]
-        order = sorted(range(len(rows)), key=lambda i: self.order(rows[i])) if self.order \
-            else range(len(rows))
+        by = self.order
+        order = sorted(range(len(rows)), key=lambda i: by(rows[i])) if by else range(len(rows))
         lines = [[c.header or "" for c in cols],
                  *([_cell(c, rows[i][c.key]) for c in cols] for i in order)]
         widths = [max(len(line[j]) for line in lines) for j in range(len(cols))]
-        names = ([self.label.header or "", *(labels[i] for i in order)] if labels is not None
-                 else [""] * len(lines))
+        names = ([self.label.header or "", *(labels[i] for i in order)]
+                 if self.label is not None and labels is not None else [""] * len(lines))
         wide = max(map(len, names))
         return "\n".join((f"{name:{wide}}  " if wide else "")
                          + "  ".join(f"{v:>{w}}" for v, w in zip(line, widths, strict=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ NEEDED = ("run_id", "prompt_id", "step", "position", "node", "parent", "init",
           "on_accepted_path", "accepted_length", "drafted_depth", "soft_label", *FEATURE_NAMES)
 
 
-def load_runs(run_dirs: list[str | Path], hidden: bool = False) -> tuple[pd.DataFrame, list[dict]]:
+def load_runs(run_dirs: Sequence[str | Path], hidden: bool = False,
+              ) -> tuple[pd.DataFrame, list[dict]]:
     """All rows of the given collection runs and their manifests. Uses `collect.load_rows` when
     the collect package provides it, else reads the runs' Parquet files directly."""
     frames, manifests = [], []
@@ -41,7 +43,7 @@ def _load_one(run: Path, hidden: bool) -> tuple[pd.DataFrame, dict]:
         manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
     except (OSError, ValueError) as err:
         raise MCSDError(f"cannot read {mpath}: {err}") from None
-    load_rows = None
+    load_rows: Callable[..., pd.DataFrame] | None = None
     if manifest.get("format") == "mcsd-collect-run":  # a run of `mcsd collect`
         try:
             from collect import load_rows
@@ -90,8 +92,7 @@ def check_rows(df: pd.DataFrame, hidden: bool = False) -> None:
 
 def pair_fingerprint(manifests: list[dict]) -> dict | None:
     """The runs' common pair fingerprint; MCSDError if the runs come from different pairs."""
-    prints = [m.get("pair") or m.get("pair_fingerprint") for m in manifests]
-    prints = [p for p in prints if p]
+    prints = [p for m in manifests if (p := m.get("pair") or m.get("pair_fingerprint"))]
     if not prints:
         return None
     keys = ("target_config", "draft_config", "tokenizer")

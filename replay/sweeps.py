@@ -7,14 +7,16 @@ them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from mcsd_runtime.decisions.contract import StopperBase
+from mcsd_runtime.decisions.contract import Frontier, StopperBase
 from mcsd_runtime.decisions.expected_rate import Calibration, rate_thresholds
 from mcsd_runtime.decisions.learned import LearnedStopper
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from mcsd_runtime.pricing.profile import CostProfile
-from replay.data import ReplayData, _Frontier
+from replay.data import ReplayData, _Frontier, replayed
 from replay.depth import ReplayResult, replay
 
 
@@ -32,8 +34,9 @@ class MemoStopper(LearnedStopper):
     def for_batch(self, batch_size: int) -> MemoStopper:
         return self
 
-    def node_scores_of(self, frontiers: list[_Frontier]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [self._cached(f) for f in frontiers]
+    def node_scores_of(self, frontiers: Sequence[Frontier]
+                       ) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [self._cached(replayed(f)) for f in frontiers]
 
     def _cached(self, frontier: _Frontier) -> tuple[np.ndarray, np.ndarray]:
         key = (*frontier.key, *frontier.trajectory())

@@ -111,7 +111,7 @@ def compare(measured: list[dict], replay: dict[str, dict[str, float]], base: str
             ) -> dict[str, dict]:
     """Per method: measured/replayed ratio to `base`, pooled (geometric mean, 95% interval,
     per-prompt sd of the log) and per category."""
-    ratios: dict[str, list[tuple[str, float]]] = {}
+    ratios: dict[str, list[tuple[str, float, float]]] = {}
     for run in measured:
         for cat, prompts in run.items():
             for pid, speeds in prompts.items():

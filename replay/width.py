@@ -19,7 +19,7 @@ from collect.outputs import Ranked
 from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
-from mcsd_runtime.tree import Tree
+from mcsd_runtime.tree import KConfig, Tree
 from replay.result import Column, Comparison, Report, ci, pct
 
 Rule = Callable[["Ranked", int], int]  # an output and a position -> a width in 1..k
@@ -31,9 +31,10 @@ class WidthReplay:
     def __init__(self, profile: CostProfile, k: int, max_pending: int = 2) -> None:
         self.k = k
         # [w - 1][p - 1]: a step verifying w candidates with p pending draft tokens
-        self.drafted = [[profile.step_seconds(Tree((w,)), 1, p) for p in range(1, max_pending + 1)]
+        pendings = range(1, max_pending + 1)
+        self.drafted = [[profile.step_seconds(Tree(KConfig((w,))), 1, p) for p in pendings]
                         for w in range(1, k + 1)]
-        self.last = [profile.step_seconds(Tree((k,)), 0, p) for p in range(1, max_pending + 1)]
+        self.last = [profile.step_seconds(Tree(KConfig((k,))), 0, p) for p in pendings]
 
     def walk(self, out: Ranked, rule: Rule) -> tuple[int, float, list[int]]:
         """(tokens, seconds, the width of every step) of one output decoded with `rule`."""

@@ -72,7 +72,7 @@ def test_the_gate_hands_shallow_depths_back_to_the_model(depth, recent, gate, sk
 def test_decision_cost_is_measured_on_the_collections_own_small_pair(toy_tiny, tmp_path):
     """Replay charges a decision what it costs between the pair's own forwards (their caches
     evicted), as a median; a pair that is not a local folder falls back to a random one."""
-    from mcsd_runtime.costmodel.decision_cost import small_local_pair, stopper_latency
+    from mcsd_runtime.benchmarks.decision_cost import small_local_pair, stopper_latency
     from mcsd_runtime.decisions.builtin import make_stopper
 
     fp = {"target": str(toy_tiny / "target"), "draft": str(toy_tiny / "draft")}

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from mcsd_runtime.costmodel.step_breakdown import shaped_pair
+from mcsd_runtime.benchmarks.step_breakdown import shaped_pair
 from mcsd_runtime.decisions.builtin import make_stopper
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, MCSDDecoder
 from mcsd_runtime.errors import MCSDError

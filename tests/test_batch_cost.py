@@ -11,8 +11,8 @@ import pytest
 from scipy.optimize import nnls
 
 from conftest import make_pair
+from mcsd_runtime.benchmarks.measure import measure
 from mcsd_runtime.cli.args import parse_batch_sizes
-from mcsd_runtime.costmodel.measure import measure
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.tree import Tree
@@ -95,7 +95,7 @@ def test_measure_at_batch_sizes_on_a_tiny_pair(monkeypatch):
     rows: 0.5 then 0.4)."""
     from types import SimpleNamespace
 
-    from mcsd_runtime.costmodel import measure as cost
+    from mcsd_runtime.benchmarks import measure as cost
     medians = {("target", 1): (1.0, 2.0), ("target", 2): (3.0, 1.0), ("target", 3): (2.0, 4.0),
                ("draft", 1): (0.1, 0.2), ("draft", 2): (0.3, 0.3), ("draft", 3): (0.5, 0.4)}
     clock, calls = [0.0], {}
@@ -133,8 +133,8 @@ def test_static_runs_at_a_batch_size_time_the_batched_decoder():
     """One run for AR (depth 0) and each static depth through generate_batch: its steps,
     drafted depths and tokens are the batch's; the forward timer sees exactly the decode-phase
     forwards (no prefill)."""
-    from mcsd_runtime.costmodel.measure import ForwardTimer as _ForwardTimer
-    from mcsd_runtime.costmodel.measure import calibrate, static_runs
+    from mcsd_runtime.benchmarks.measure import ForwardTimer as _ForwardTimer
+    from mcsd_runtime.benchmarks.measure import calibrate, static_runs
     from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 
     pair = make_pair()

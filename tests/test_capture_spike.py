@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conftest import make_pair
-from mcsd_runtime.costmodel.capture_spike import (
+from mcsd_runtime.benchmarks.capture_spike import (
     eager_forward,
     fixed_forward,
     run_spike,

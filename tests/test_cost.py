@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import make_pair
-from mcsd_runtime.costmodel.measure import (
+from mcsd_runtime.benchmarks.measure import (
     calibrate,
     fit_overheads,
     measure,
@@ -49,7 +49,7 @@ def test_measure_tiny_pair():
 def test_measure_keeps_each_counts_median_even_where_more_tokens_cost_less(monkeypatch):
     """A kernel's blocking can make 4 tokens cheaper than 3 (SmolLM2 in fp32 on one CPU core):
     the profile keeps every count's median, so replay prices each depth as it runs."""
-    from mcsd_runtime.costmodel import measure as M
+    from mcsd_runtime.benchmarks import measure as M
 
     fake = {1: [1.0, 1.2, 1.1], 2: [1.6, 1.5, 1.7], 3: [2.0, 2.1, 1.9], 4: [1.8, 1.7, 1.9]}
     monkeypatch.setattr(M, "_time_forwards", lambda pair, caches, sizes, tokens, *a: {
@@ -105,7 +105,7 @@ def test_static_runs_record_each_depths_decoding(temperature):
 def test_static_runs_with_widths_time_every_narrower_first_depth():
     """`widths`: depth 1 also decoded on first depths 1..k-1, so that the target's forwards of
     2..k+1 tokens are all the decoder's own, and each width's throughput is kept apart."""
-    from mcsd_runtime.costmodel.measure import static_throughput
+    from mcsd_runtime.benchmarks.measure import static_throughput
 
     pair = make_pair()
     runs, forwards = static_runs(pair, [[1, 2, 3]], (4, 2), max_new_tokens=10, widths=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mcsd_runtime.costmodel import capture_spike
+from mcsd_runtime.benchmarks import capture_spike
 from mcsd_runtime.gpu_check import check_report, engine_check, main, plan, staging
 from mcsd_runtime.gpu_check.runner import Options, Runner
 
@@ -29,7 +29,7 @@ def _cli_parse(argv: list[str]) -> None:
     assert argv[0] == sys.executable
     if argv[1:3] == ["-m", "mcsd_runtime"]:
         build_parser().parse_args(argv[3:])
-    elif argv[1:3] == ["-m", "mcsd_runtime.costmodel.capture_spike"]:
+    elif argv[1:3] == ["-m", "mcsd_runtime.benchmarks.capture_spike"]:
         capture_spike._parser().parse_args(argv[3:])
     elif argv[1:3] == ["-m", "mcsd_runtime.gpu_check.engine_check"]:
         engine_check._parser().parse_args(argv[3:])

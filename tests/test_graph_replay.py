@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_decoder_greedy import prompts
 
-from mcsd_runtime.costmodel.measure import ForwardTimer
+from mcsd_runtime.benchmarks.measure import ForwardTimer
 from mcsd_runtime.decode import graphs
 from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.decode.graphs import FixedForwards

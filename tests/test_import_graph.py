@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models", ("mcsd_runtime.models",)),
     ("decode", ("mcsd_runtime.decode",)),
     ("integrations", ("mcsd_runtime.integrations",)),
-    ("costmodel", ("mcsd_runtime.costmodel",)),
+    ("benchmarks", ("mcsd_runtime.benchmarks",)),
     ("evaluate", ("mcsd_runtime.evaluate",)),
     # what the toolkit reads from and writes for serving engines (vLLM, TensorRT-LLM, SGLang)
     ("serving", ("mcsd_runtime.serving",)),

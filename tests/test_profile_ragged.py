@@ -12,8 +12,8 @@ from test_ragged import ragged_ready
 
 from conftest import make_pair
 from mcsd_runtime import cli
+from mcsd_runtime.benchmarks.ragged_bench import ragged_counts, ragged_totals
 from mcsd_runtime.cli.profile import register as profile_register
-from mcsd_runtime.costmodel.ragged_bench import ragged_counts, ragged_totals
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile, RaggedCosts
 

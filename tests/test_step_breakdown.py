@@ -1,4 +1,4 @@
-"""`mcsd step-breakdown` (`costmodel.step_breakdown`): a step's forwards against the decoder's
+"""`mcsd step-breakdown` (`benchmarks.step_breakdown`): a step's forwards against the decoder's
 own work, eager against captured, the host syncs per step, the bandwidth bound and the forward
 probe, on a random-weight pair of a known shape."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
+from mcsd_runtime.benchmarks import step_breakdown as sb
 from mcsd_runtime.cli import main as mcsd
-from mcsd_runtime.costmodel import step_breakdown as sb
 from mcsd_runtime.decisions.builtin import StaticStopper
 
 ARGS = ["--shape", "tiny", "--draft-layers", "1", "--device", "cpu", "--dtype", "fp32",
@@ -140,7 +140,7 @@ def test_the_profile_warms_every_shape_up_on_an_accelerator():
     prompt before the timed runs, while a CPU keeps its single warm-up."""
     from types import SimpleNamespace
 
-    from mcsd_runtime.costmodel import measure
+    from mcsd_runtime.benchmarks import measure
 
     class Decoder:
         def __init__(self):

@@ -354,7 +354,7 @@ def test_hidden_stopper_needs_hidden_states(artifacts):
     stopper = load_stopper(folder)
     assert stopper.needs_hidden
 
-    from mcsd_runtime.costmodel.decision_cost import bench_frontier
+    from mcsd_runtime.benchmarks.decision_cost import bench_frontier
 
     size = stopper.spec.hidden_size
     assert isinstance(stopper.should_continue(bench_frontier(4, hidden_size=size)), bool)
@@ -445,7 +445,7 @@ def test_decision_cost_inside_the_decoder(artifacts):
     the model; the replay charges what was measured there."""
     from types import SimpleNamespace
 
-    from mcsd_runtime.costmodel import decision_cost as dc
+    from mcsd_runtime.benchmarks import decision_cost as dc
     clock = [0.0]  # a fake clock for decision_cost: only the stopper's own calls advance it
 
     class ThreeMicroseconds(StopperBase):

@@ -132,18 +132,20 @@ def decision_doc(decision: str) -> str:
         return STOP_DOC
     if decision == "budget":
         from mcsd_runtime.decisions import verify_budget
-        from train.budget import trainer
+        from train.budget import trainer as budget
 
-        return f"{trainer.__doc__}\n{verify_budget.__doc__}"
+        return f"{budget.__doc__}\n{verify_budget.__doc__}"
     if decision == "schedule":
-        from train.schedule import acceptance, trainer
+        from train.schedule import acceptance
+        from train.schedule import trainer as schedule
 
-        return f"{trainer.__doc__}\n{acceptance.__doc__}"
+        return f"{schedule.__doc__}\n{acceptance.__doc__}"
     if decision == "sts":
         from mcsd_runtime.decisions import sts
-        from train.sts import chains, trainer
+        from train.sts import chains
+        from train.sts import trainer as sts_trainer
 
-        return f"{trainer.__doc__}\n{chains.__doc__}\n{sts.__doc__}"
+        return f"{sts_trainer.__doc__}\n{chains.__doc__}\n{sts.__doc__}"
     if decision == "copy":
         from replay import copy as replay_copy
         from train import copy
@@ -510,8 +512,7 @@ def _trainer(decision: str, args: argparse.Namespace):
     if decision == "budget":
         from train.budget.trainer import BudgetTrainer
 
-        config = budget_config(args)
-        return BudgetTrainer(config, CostProfile.load(args.cost_profile))
+        return BudgetTrainer(budget_config(args), CostProfile.load(args.cost_profile))
     from train.stop.trainer import StopTrainer
 
     if not args.runs:

@@ -7,10 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import DEFAULT_CHAT
+
+if TYPE_CHECKING:
+    from mcsd_runtime.models.pair import Pair
+    from mcsd_runtime.pricing.profile import CostProfile
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,8 @@ class Outputs:
 
     train_domains: dict
     eval_domains: dict
-    profile: object  # CostProfile
-    pair: object  # Pair
+    profile: CostProfile
+    pair: Pair
     traces: dict[str, list]
 
     def training(self) -> list:

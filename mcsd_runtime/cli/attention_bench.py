@@ -1,5 +1,5 @@
 """`mcsd attention-bench`: the target's verification forward under two attention
-implementations, interleaved call by call (`costmodel.attention_bench`, whose documentation is
+implementations, interleaved call by call (`benchmarks.attention_bench`, whose documentation is
 the command's description)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mcsd_runtime.errors import MCSDError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.costmodel import attention_bench
+    from mcsd_runtime.benchmarks import attention_bench
 
     p = sub.add_parser("attention-bench",
                        help="time a tree verification's forward under two attention "
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.costmodel.attention_bench import compare
+    from mcsd_runtime.benchmarks.attention_bench import compare
     from mcsd_runtime.models.attention import check_attention
 
     impls = tuple(x.strip() for x in args.compare.split(","))

@@ -1,4 +1,4 @@
-"""`mcsd profile`: measure a cost profile on this machine (`costmodel.measure`) and write it
+"""`mcsd profile`: measure a cost profile on this machine (`benchmarks.measure`) and write it
 (`pricing.profile`); the command's description is those two modules' documentation.
 """
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from mcsd_runtime.costmodel import measure as cost_measure
+from mcsd_runtime.benchmarks import measure as cost_measure
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing import profile as cost_profile
 

@@ -1,5 +1,5 @@
 """`mcsd ragged-bench`: a batch's forward, padded against ragged, interleaved call by call
-(`costmodel.ragged_bench`, whose documentation is the command's description)."""
+(`benchmarks.ragged_bench`, whose documentation is the command's description)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mcsd_runtime.errors import MCSDError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.costmodel import ragged_bench
+    from mcsd_runtime.benchmarks import ragged_bench
 
     p = sub.add_parser("ragged-bench",
                        help="time a batch's forward padded against ragged (random weights of a "
@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mcsd_runtime.costmodel.ragged_bench import compare_layouts
-    from mcsd_runtime.costmodel.step_breakdown import shaped_pair
+    from mcsd_runtime.benchmarks.ragged_bench import compare_layouts
+    from mcsd_runtime.benchmarks.step_breakdown import shaped_pair
 
     cells = [parse_counts(c, "--counts", minimum=0) for c in (args.counts or [
         "1,1,1,1,5,5,5,5", "1,1,1,1,1,1,1,5"])]

@@ -1,5 +1,5 @@
 """`mcsd step-breakdown`: where a decode step's time goes, eager against captured
-(`costmodel.step_breakdown`, whose documentation is the command's description)."""
+(`benchmarks.step_breakdown`, whose documentation is the command's description)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from mcsd_runtime.errors import MCSDError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from mcsd_runtime.costmodel import step_breakdown as sb
+    from mcsd_runtime.benchmarks import step_breakdown as sb
 
     p = sub.add_parser("step-breakdown", help="where a decode step's time goes: forwards "
                                               "against host work, eager against captured",
@@ -68,7 +68,7 @@ def graphs_list(text: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from mcsd_runtime.backend.device import pick_device
-    from mcsd_runtime.costmodel import step_breakdown as sb
+    from mcsd_runtime.benchmarks import step_breakdown as sb
     from mcsd_runtime.models.pair import pick_dtype
     from mcsd_runtime.tree import parse_k_config
 

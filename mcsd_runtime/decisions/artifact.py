@@ -54,7 +54,7 @@ from mcsd_runtime.decisions.features import DECISION_FEATURES, FEATURE_NAMES, SC
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.prompts.chat import recorded_format
-from mcsd_runtime.tree import parse_k_config
+from mcsd_runtime.tree import KConfig, parse_k_config
 
 FORMAT = "mcsd-stopper"
 FILE = "stopper.json"
@@ -96,7 +96,7 @@ class ArtifactSpec:
     label: str | None = None
     label_definition: str | None = None
     pair_fingerprint: dict | None = None
-    k_config: tuple[int, ...]
+    k_config: KConfig  # any k-config `parse_k_config` reads (a list in the file), then a KConfig
     prompt_format: dict | None = None
     min_depth: int = 1
     min_depth_gate: float = 0.0
@@ -193,9 +193,10 @@ class ArtifactSpec:
     def for_batch(self, batch_size: int) -> BatchSetting:
         """The setting for `batch_size` rows: the table's entry of the largest size <= it, else
         the top-level one (row aggregation max, which decides as each row alone would)."""
-        sizes = [b for b in (self.batch or {}) if b <= batch_size]
+        table = self.batch or {}
+        sizes = [b for b in table if b <= batch_size]
         if sizes:
-            return self.batch[sizes[-1]]
+            return table[sizes[-1]]
         return BatchSetting(threshold=self.threshold, aggregation=self.aggregation,
                             min_depth=self.min_depth, min_depth_gate=self.min_depth_gate)
 

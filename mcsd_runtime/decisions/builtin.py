@@ -236,7 +236,7 @@ class StopperSpec:
 
     def build(self) -> Stopper:
         """The stopper it names (a learned one is loaded from its folder)."""
-        if self.name == BUDGET:
+        if self.name == BUDGET and self.folder is not None:  # `parse_stopper_spec` gives it one
             return load_budget(self.folder)
         if self.folder is not None:  # a folder, as `check` reads it (not its stopper.json)
             return stopper_from(ArtifactSpec.read(self.folder), self.folder)

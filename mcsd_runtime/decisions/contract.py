@@ -58,7 +58,8 @@ The built-in stoppers and the spec strings that name them live in
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -115,7 +116,23 @@ class Stopper(Protocol):
 
     def for_batch(self, batch_size: int) -> Stopper: ...
 
-    def batch_continue(self, frontiers: list[Frontier]) -> bool | None: ...
+    def batch_continue(self, frontiers: Sequence[Frontier]) -> bool | None: ...
+
+
+class BatchBudget(Protocol):
+    """The optional members by which a stopper chooses each row's tree across a batch (a
+    verification budget; the module docstring says when the decoder asks each)."""
+
+    def batch_plan(self, starts: Sequence[Frontier | None]) -> list[bool] | None: ...
+
+    def batch_extend(self, frontiers: Sequence[Frontier | None]) -> list[bool] | None: ...
+
+    def batch_verify(self) -> list[int] | None: ...
+
+
+def is_batch_budget(stopper: object) -> TypeGuard[BatchBudget]:
+    """Whether `stopper` chooses rows' trees across the batch (it has `batch_extend`)."""
+    return getattr(stopper, "batch_extend", None) is not None
 
 
 class StopperBase:
@@ -143,7 +160,7 @@ class StopperBase:
     def for_batch(self, batch_size: int) -> Stopper:
         return self
 
-    def batch_continue(self, frontiers: list[Frontier]) -> bool | None:
+    def batch_continue(self, frontiers: Sequence[Frontier]) -> bool | None:
         return None
 
     def device_continue(self, frontier: Frontier) -> torch.Tensor | None:

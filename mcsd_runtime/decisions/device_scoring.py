@@ -65,6 +65,7 @@ class DeviceScorer:
         """(model, feature columns) on `device`, made once."""
         if device not in self._on:
             if self.kind == "lightgbm":
+                assert self.model_file is not None, "scored on the device only when available()"
                 model = TensorForest.load(self.model_file, device)
             else:
                 model = copy.deepcopy(self.model).to(device).eval()

@@ -36,7 +36,8 @@ class _Tree:
 
 def _parse(text: str) -> tuple[str, list[_Tree]]:
     """The objective and the trees of a LightGBM text model."""
-    objective, trees, block = "", [], None
+    objective, trees = "", []
+    block: dict[str, list[str]] | None = None
     for line in text.splitlines() + [""]:
         if line.startswith("objective="):
             objective = line.split("=", 1)[1].split()[0]

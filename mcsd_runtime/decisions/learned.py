@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -74,6 +75,9 @@ class DecisionMLP(nn.Module):
     `DecisionMLP(len(FEATURE_NAMES), (64, 64))` is the scalar-feature model;
     `DecisionMLP(H, (512, 256))` is the paper's model on the draft's last hidden state.
     """
+
+    mean: torch.Tensor  # the buffers of the inputs' standardization
+    std: torch.Tensor
 
     def __init__(self, in_features: int, hidden: tuple[int, ...] = (64, 64),
                  dropout: float = 0.0) -> None:
@@ -139,7 +143,7 @@ def load_mlp(folder: Path) -> DecisionMLP:
 class LearnedStopper(SkipsDrafts, StopperBase):
     """Continue while the aggregated node score of the frontier is >= `threshold`."""
 
-    decision = "stop"  # a `mcsd_runtime.decisions.manifest.Decision`
+    decision: ClassVar[str] = "stop"  # a `mcsd_runtime.decisions.manifest.Decision`
 
     def __init__(self, spec: ArtifactSpec, model: Any, model_file: Path | None = None) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
@@ -212,12 +216,13 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         if self.reads_decision_features:
             feats = frontier.decision_features()
         else:
-            feats = frontier.features()
-            if isinstance(feats, torch.Tensor):
-                feats = feats.detach().cpu().numpy()  # once: the model and aggregation share it
+            node = frontier.features()
+            # once: the model and aggregation share it
+            feats = node.detach().cpu().numpy() if isinstance(node, torch.Tensor) else node
         return (frontier.hidden() if self.needs_hidden else feats), feats
 
-    def node_scores_of(self, frontiers: list[Frontier]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def node_scores_of(self, frontiers: Sequence[Frontier]
+                       ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each frontier's node scores and the features its aggregation reads; the nodes of all
         of them go through the model in one call. The one source of scores the decisions read
         (`frontier_scores`): a subclass may serve them otherwise (replay's `MemoStopper` serves
@@ -236,12 +241,13 @@ class LearnedStopper(SkipsDrafts, StopperBase):
         cuts = np.cumsum([len(f) for _, f in inputs])[:-1]
         return [(s, f) for s, (_, f) in zip(np.split(scores, cuts), inputs, strict=True)]
 
-    def calibrated_scores(self, frontiers: list[Frontier]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def calibrated_scores(self, frontiers: Sequence[Frontier]
+                          ) -> list[tuple[np.ndarray, np.ndarray]]:
         """`node_scores_of`, the scores mapped through `calibration` where the stopper has one."""
         cal = self.calibration
         return [(s if cal is None else cal(s), f) for s, f in self.node_scores_of(frontiers)]
 
-    def frontier_scores(self, frontiers: list[Frontier]) -> list[float]:
+    def frontier_scores(self, frontiers: Sequence[Frontier]) -> list[float]:
         """Each frontier's aggregated (`aggregation`) calibrated node score."""
         agg = AGGREGATIONS[self.aggregation]
         return [agg(s, f) for s, f in self.calibrated_scores(frontiers)]
@@ -310,7 +316,7 @@ class LearnedStopper(SkipsDrafts, StopperBase):
             out.online_strength = 0.0
         return out
 
-    def batch_continue(self, frontiers: list[Frontier]) -> bool | None:
+    def batch_continue(self, frontiers: Sequence[Frontier]) -> bool | None:
         """One decision for the batch, given the frontiers of the rows that may draft deeper:
         draft on if one of them lies in its no-decision zone (`drafts_without_deciding`), else
         if the row aggregation of their frontier scores (one model call) is >= the threshold.

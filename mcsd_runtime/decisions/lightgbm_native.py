@@ -82,7 +82,7 @@ class NativeBooster:
     def _feature_names(self) -> list[str]:
         ct, n = ctypes, self.num_feature
         buffers = [ct.create_string_buffer(_NAME_BUFFER) for _ in range(n)]
-        pointers = (ct.c_char_p * n)(*map(ct.addressof, buffers))
+        pointers = (ct.c_char_p * n)(*(ct.c_char_p(ct.addressof(b)) for b in buffers))
         out_len, needed = ct.c_int(0), ct.c_size_t(0)
         self._call(self._lib.LGBM_BoosterGetFeatureNames(
             self._handle, ct.c_int(n), ct.byref(out_len), ct.c_size_t(_NAME_BUFFER),

@@ -46,7 +46,11 @@ class Decision(Protocol):
     """A learned decision's runtime object, loaded from its artifact folder."""
 
     decision: ClassVar[str]  # one of SPEC_FILES
-    temperature: float  # of the outputs it was trained on (0: greedy)
+
+    @property
+    def temperature(self) -> float:
+        """Of the outputs it was trained on (0: greedy)."""
+        ...
 
     @classmethod
     def load(cls, folder: str | Path) -> Decision: ...

@@ -28,8 +28,9 @@ replay takes the decoder's decisions. Trees of several candidates are read by th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol, TypeGuard
 
 from mcsd_runtime.decisions.budget import draft_rows, verify_counts
 from mcsd_runtime.decisions.contract import Frontier, StopperBase
@@ -95,7 +96,7 @@ class LearnedSurvival:
     def node(self, frontier: Frontier, prior: float, parent: float) -> tuple[float, float]:
         return self.nodes([frontier], [prior], [parent])[0]
 
-    def nodes(self, frontiers: list[Frontier], priors: list[float],
+    def nodes(self, frontiers: Sequence[Frontier], priors: list[float],
               parents: list[float]) -> list[tuple[float, float]]:
         """`node` of several rows' frontiers, their nodes through the model in one call."""
         scores = self.stopper.calibrated_scores(frontiers)
@@ -137,6 +138,25 @@ class OnlineAcceptance:
             self.w, self.b = self.w - self.lr * g * x, self.b - self.lr * g
 
 
+class LearningEstimate(Estimate, Protocol):
+    """An estimate that refits itself from what the target accepted (`learns = True`)."""
+
+    learns: bool
+
+    def feature(self, frontier: Frontier) -> float:
+        """What it reads of the frontier's best node."""
+        ...
+
+    def learn(self, xs: list[float], labels: list[float]) -> None:
+        """One refit on `feature` values and their outcomes (1: accepted)."""
+        ...
+
+
+def learning(estimate: Estimate) -> TypeGuard[LearningEstimate]:
+    """Whether `estimate` learns online (`learns`)."""
+    return bool(getattr(estimate, "learns", False))
+
+
 def best_logit(frontier: Frontier) -> float:
     """`confidence_logit` of the draft probability of the frontier's best node (the highest
     path probability)."""
@@ -169,8 +189,8 @@ class VerifyBudget(StopperBase):
     `batch_size` rows (`for_batch` gives each batch size its own). A learned one is a
     `Decision` (`mcsd_runtime.decisions.manifest`): `load` reads its folder."""
 
-    decision = "budget"
-    temperature = 0.0  # of the outputs a learned one was trained on
+    decision: ClassVar[str] = "budget"
+    temperature: float = 0.0  # of the outputs a learned one was trained on
 
     @classmethod
     def load(cls, folder: str | Path) -> VerifyBudget:
@@ -213,7 +233,7 @@ class VerifyBudget(StopperBase):
         return self.batch_extend([frontier])[0]
 
     # ------------------------------------------------------------------ the batch members
-    def batch_plan(self, starts: list[Frontier | None]) -> list[bool]:
+    def batch_plan(self, starts: Sequence[Frontier | None]) -> list[bool]:
         """Which rows draft at all this step (see the contract)."""
         n = self.n = len(starts)
         step_s, self.depth_s = self.profile.overheads(n)
@@ -221,33 +241,34 @@ class VerifyBudget(StopperBase):
         self.caps = [int(getattr(s, "cap", s.max_depth)) if s is not None else 0
                      for s in starts]
         self.surv = [[] for _ in starts]
-        self.gain = [self.estimate.first(s) if c else 0.0 for s, c in zip(starts, self.caps,
-                                                                           strict=True)]
-        if getattr(self.estimate, "learns", False):
-            self._learn(starts)
+        self.gain = [self.estimate.first(s) if s is not None and c else 0.0
+                     for s, c in zip(starts, self.caps, strict=True)]
+        if learning(self.estimate):
+            self._learn(self.estimate, starts)
         cand = [i for i in range(n) if self.caps[i] > 0]
         chosen = self._choose(cand, [int(getattr(starts[i], "pending", 1)) for i in cand],
                               first=True)
         return [i in chosen for i in range(n)]
 
-    def batch_extend(self, frontiers: list[Frontier | None]) -> list[bool]:
+    def batch_extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
         """The survivals of the depth just drafted, then which rows draft one more."""
         drew = [i for i, f in enumerate(frontiers) if f is not None]
-        if not drew:
+        shown = [f for f in frontiers if f is not None]  # the frontiers of the rows in `drew`
+        if not shown:
             return [False] * len(frontiers)
-        depth = frontiers[drew[0]].depth
-        learns = getattr(self.estimate, "learns", False)
+        depth = shown[0].depth
+        learner = self.estimate if learning(self.estimate) else None
         parents = [self.surv[i][-1] if self.surv[i] else 1.0 for i in drew]
         many = getattr(self.estimate, "nodes", None)  # every row's in one call, where it can
-        values = (many([frontiers[i] for i in drew], [self.gain[i] for i in drew], parents)
+        values = (many(shown, [self.gain[i] for i in drew], parents)
                   if many is not None else
-                  [self.estimate.node(frontiers[i], self.gain[i], p)
-                   for i, p in zip(drew, parents, strict=True)])
-        for i, (s, gain) in zip(drew, values, strict=True):
+                  [self.estimate.node(f, self.gain[i], p)
+                   for i, f, p in zip(drew, shown, parents, strict=True)])
+        for i, f, (s, gain) in zip(drew, shown, values, strict=True):
             self.gain[i] = gain
             self.surv[i].append(s)
-            if learns:
-                self.seen[i].append(self.estimate.feature(frontiers[i]))
+            if learner is not None:
+                self.seen[i].append(learner.feature(f))
             self.verified, self.expected = self.verified + 1, self.expected + s
         cand = [i for i in drew if self.caps[i] > depth]
         chosen = self._choose(cand, [1] * len(cand), first=False)
@@ -262,15 +283,15 @@ class VerifyBudget(StopperBase):
                             if n and row is not None}
         return counts
 
-    def _learn(self, starts: list[Frontier | None]) -> None:
+    def _learn(self, estimate: LearningEstimate, starts: Sequence[Frontier | None]) -> None:
         """The last step's verified tokens, labelled by what the target accepted (the rows'
-        `prev_accepted` now), go to the estimate; this step's rows are noted."""
+        `prev_accepted` now), go to `estimate` (the budget's); this step's rows are noted."""
         for s in starts:
             row = getattr(s, "row", None) if s is not None else None
-            if row is not None and id(row) in self.waiting:
+            if s is not None and row is not None and id(row) in self.waiting:
                 _, xs, n = self.waiting[id(row)]
                 accepted = s.trajectory()[PREV_ACCEPTED]
-                self.estimate.learn(xs, [float(d <= accepted) for d in range(1, n + 1)])
+                estimate.learn(xs, [float(d <= accepted) for d in range(1, n + 1)])
         self.waiting = {}
         self.rows = [getattr(s, "row", None) if s is not None else None for s in starts]
         self.seen = [[] for _ in starts]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.proposers import Proposer
 from mcsd_runtime.decode.records import DecodeStats, StepRecord, StepTrace
 from mcsd_runtime.decode.step_state import Draft, RowState, Verdict
@@ -36,8 +36,8 @@ class Accounts:
         self.dec, self.stats, self.proposers = dec, stats, proposers
         self.on_commit, self.tree, self.pair = on_commit, dec.tree, dec.pair
 
-    def account(self, rows: list[Row], outcomes: list, timing: Timing, tc: RowCache,
-                dc: RowCache) -> None:
+    def account(self, rows: list[Row], outcomes: list, timing: Timing, tc: StepCache,
+                dc: StepCache) -> None:
         """The step of every row: `outcomes[i]` is row i's (draft, verdict, committed tokens)."""
         self.stats.target_calls += 1
         self.stats.draft_calls += timing.draft_calls
@@ -99,7 +99,9 @@ class Accounts:
         tt, s = draft.tt, draft.depth
         c = draft.size
         layers = draft.layers
-        empty = v.probs.new_zeros(0)
+        probs = v.probs
+        assert probs is not None, "verdicts keep the target's distributions for a recorder"
+        empty = probs.new_zeros(0)
         feats = [layer.node_features(tt.static_features[tt.tree.depth_slice(d)])
                  for d, layer in enumerate(layers, 1)]
         hidden = None
@@ -114,6 +116,6 @@ class Accounts:
             step=st.trajectory.steps, tokens=draft.tokens[: 1 + c],
             node_features=torch.cat(feats) if s else empty,
             trajectory=st.trajectory.values(),
-            target_prob=v.probs[tt.parent[1 : 1 + c], draft.tokens[1 : 1 + c]],
+            target_prob=probs[tt.parent[1 : 1 + c], draft.tokens[1 : 1 + c]],
             draft_prob=torch.cat([layer.prob for layer in layers]) if s else empty,
             hidden=hidden, path=v.path, accepted=v.accepted, drafted=s, row=row)

@@ -19,7 +19,7 @@ import torch
 from mcsd_runtime.decisions.contract import Stopper
 from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.accounting import Accounts
-from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.cache import RowCache, StepCache
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.proposers import PromptLookup
 from mcsd_runtime.decode.records import DecodeStats, StepRecord
@@ -48,7 +48,7 @@ class Admission:
         self.target_takes_prompt = not self.tree.depth
 
     def admit(self, take: list[int], prompts: list[list[int]], seeds: list[int],
-              tc: RowCache, dc: RowCache) -> list[Row]:
+              tc: StepCache, dc: StepCache) -> list[Row]:
         """Prefill the prompts `take` and append their rows to the batch's caches. Both models
         take each prompt but its last token, which stays pending; the target takes that one too
         when it must supply the first token (`target_takes_prompt`)."""
@@ -67,7 +67,7 @@ class Admission:
             r.st.t_pending = r.st.committed[n:]
             r.st.d_pending = r.st.committed[-1:] if self.tree.depth else []
             if self.features:  # the pending last prompt token's: the target's state before it
-                r.st.d_feats = [states[i, n - 1 : n] if n else torch.zeros(
+                r.st.d_feats = [states[i, n - 1 : n] if n and states is not None else torch.zeros(
                     1, self.pair.draft.config.hidden_size, dtype=self.dtype, device=self.dev)]
         dt = time.perf_counter() - t0
         self.stats.prefill_time += dt
@@ -85,6 +85,7 @@ class Admission:
         """A new row after its prefill (`logits` [V] at its last token when the target took
         it): AR commits its first token."""
         if not self.tree.depth:
+            assert logits is not None, "AR: the target takes the whole prompt, which is not empty"
             self.first_token(r, logits)
 
     def new_row(self, index: int, ids: list[int], seed: int, t0: float) -> Row:
@@ -98,7 +99,7 @@ class Admission:
                       copy_history=self.lookup.history())
         return Row(index, st, admitted=t0)
 
-    def prefill(self, model, cache: RowCache, prompts: list[list[int]], lens: list[int],
+    def prefill(self, model, cache: StepCache, prompts: list[list[int]], lens: list[int],
                 timing: Timing, logits: bool = False, states: bool = False,
                 prev: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:

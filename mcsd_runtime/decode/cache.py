@@ -191,7 +191,7 @@ class RowCache(RowLengths):
 def _layers(cache: DynamicCache) -> list:
     """The layers that hold tensors (none before the first forward)."""
     return [layer for layer in cache.layers
-            if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4]
+            if (keys := getattr(layer, "keys", None)) is not None and keys.dim() == 4]
 
 
 def _padded(t: torch.Tensor | None, ref: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -331,3 +331,7 @@ class SlotKV(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.slots.length
+
+
+# the caches a step runs over: the eager path's `RowCache`s or the fixed-shape `SlotRowCache`s
+StepCache = RowCache | SlotRowCache

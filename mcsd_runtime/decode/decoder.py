@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import cast
 
 import torch
 
@@ -34,7 +35,7 @@ from mcsd_runtime.decode.target_init import TargetInitEngine
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.models.pair import Pair
 from mcsd_runtime.prompts.chat import encode_messages, is_messages
-from mcsd_runtime.tree import Tree, TreeTensors
+from mcsd_runtime.tree import KConfig, Tree, TreeTensors
 
 # What `generate` decodes: a text, token ids, or chat messages ([{"role": ..., "content": ...}]).
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, str]]
@@ -64,7 +65,7 @@ class MCSDDecoder:
         # the tree a copied chain is verified on when the draft's first depths are not a chain
         self.chain, k = None, self.config.lookup
         if k and self.tree.sizes[:k] != (1,) * k:
-            self.chain = TreeTensors.build(Tree((1,) * k), pair.device, pair.dtype)
+            self.chain = TreeTensors.build(Tree(KConfig((1,) * k)), pair.device, pair.dtype)
         if self.tree.depth and max(self.config.k_config) > pair.vocab_size:
             raise MCSDError(f"k-config {self.config.k_config} asks for more candidates than the "
                             f"vocabulary has ({pair.vocab_size})")
@@ -84,7 +85,7 @@ class MCSDDecoder:
                                 f"tree's first depth: decode with init='draft' on a k-config "
                                 f"whose first depth drafts {width.k} (got "
                                 f"{self.config.k_config}, init={self.config.init!r})")
-            self.widths = {w: TreeTensors.build(Tree((w,)), pair.device, pair.dtype)
+            self.widths = {w: TreeTensors.build(Tree(KConfig((w,))), pair.device, pair.dtype)
                            for w in range(1, width.k)}
         self.needs_hidden = self.stopper.needs_hidden or (recorder is not None
                                                           and recorder.needs_hidden)
@@ -108,8 +109,8 @@ class MCSDDecoder:
             if self.pair.tokenizer is None:
                 raise MCSDError("this pair has no tokenizer: pass the prompt as token ids")
             ids = encode_messages(prompt, self.pair.tokenizer)
-        else:
-            ids = [int(i) for i in prompt]
+        else:  # not chat messages: token ids
+            ids = [int(i) for i in cast("Sequence[int]", prompt)]
         if not ids:
             raise MCSDError("empty prompt: pass at least one token")
         if any(i < 0 or i >= self.pair.vocab_size for i in ids):
@@ -181,4 +182,4 @@ class ARDecoder(MCSDDecoder):
 
     def __init__(self, pair: Pair, config: DecodeConfig | None = None) -> None:
         config = config or DecodeConfig()
-        super().__init__(pair, replace(config, k_config=(), init="draft"))
+        super().__init__(pair, replace(config, k_config=KConfig(()), init="draft"))

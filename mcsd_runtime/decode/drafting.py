@@ -14,14 +14,14 @@ token); a subclass may supply it otherwise (`target_init.InitDrafter`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
-from mcsd_runtime.decisions.contract import Stopper
+from mcsd_runtime.decisions.contract import BatchBudget, Stopper, is_batch_budget
 from mcsd_runtime.decisions.features import TOP_K_MASS
 from mcsd_runtime.decode import speculative_sampling as V
-from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.step_state import Drafted, DraftFrontier, DraftLayer
 
@@ -40,7 +40,7 @@ class TreeDrafter:
         self.dec, self.forward, self.stopper = dec, forward, stopper
         self.ragged = ragged  # depth forwards take only the rows still drafting
         # a budget across the batch chooses every row's depths (`batch_extend`, `batch_verify`)
-        self.extend = getattr(stopper, "batch_extend", None)
+        self.budget = stopper if is_batch_budget(stopper) else None
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.features = dec.pair.device, features
         # a batch in max mode asks the stopper for one decision first (`batch_continue`)
@@ -52,7 +52,7 @@ class TreeDrafter:
         self.spare.manual_seed(self.cfg.seed)
 
     def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
-              caps: list[int], dc: RowCache, timing: Timing) -> Drafted:
+              caps: list[int], dc: StepCache, timing: Timing) -> Drafted:
         """Draft every row up to the batch's depth, asking the stopper after each depth before
         forwarding it."""
         d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
@@ -79,11 +79,11 @@ class TreeDrafter:
         d.depth = depth
         d.depths = [max(0, min(depth if open_rows[i] else d.depths[i], caps[i]))
                     for i in range(len(rows))]
-        if self.extend is not None:
-            self.verify_budget(rows, d, depth, caps, open_rows)
+        if self.budget is not None:
+            self.verify_budget(self.budget, rows, d, depth, caps, open_rows)
         return d
 
-    def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: RowCache,
+    def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: StepCache,
                     d: Drafted, timing: Timing) -> list[DraftLayer]:
         """Depth 1 of every row: its pending draft tokens go through the draft (`feeds`), which
         proposes at the last of them."""
@@ -95,14 +95,14 @@ class TreeDrafter:
         d.fed = True
         return self.propose(q[:, None], hidden, 1, None, rows, caps)
 
-    def verify_budget(self, rows: list[Row], d: Drafted, depth: int, caps: list[int],
-                      open_rows: list[bool]) -> None:
+    def verify_budget(self, budget: BatchBudget, rows: list[Row], d: Drafted, depth: int,
+                      caps: list[int], open_rows: list[bool]) -> None:
         """A budget across the batch (`batch_extend`) sees the last depth too, then says how
         many depths each row verifies (`batch_verify`); rows keep what they drafted in
         `reach`."""
         if any(open_rows[i] and caps[i] >= depth for i in range(len(rows))):
-            self.extend_rows(rows, d.layers, depth, caps, open_rows, list(d.depths))
-        counts = self.stopper.batch_verify()
+            self.extend_rows(budget, rows, d.layers, depth, caps, open_rows, list(d.depths))
+        counts = budget.batch_verify()
         d.reach = list(d.depths)
         if counts is not None:
             d.depths = [min(n, c) for n, c in zip(d.depths, counts, strict=True)]
@@ -113,7 +113,7 @@ class TreeDrafter:
         return [len(r.st.d_pending) if c or not self.ragged else 0
                 for r, c in zip(rows, caps, strict=True)]
 
-    def feed_pending(self, rows: list[Row], dc: RowCache, inputs: torch.Tensor,
+    def feed_pending(self, rows: list[Row], dc: StepCache, inputs: torch.Tensor,
                      timing: Timing, counts: list[int],
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed each row `counts[r]` of its pending draft tokens (`feeds`; right-padded, from
@@ -131,25 +131,30 @@ class TreeDrafter:
         out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
                            offsets < n if ragged else None, timing, keep=m if ragged else 1,
                            hidden=self.draft_hidden, prev=prev, counts=counts)
-        last = (n - 1).clamp(min=0)[:, :, None] if ragged else None
+        last = (n - 1).clamp(min=0)[:, :, None] if isinstance(n, torch.Tensor) else None
         logits = out.logits[:, -1] if last is None else out.logits.gather(
             1, last.expand(-1, 1, out.logits.shape[-1]))[:, 0]
         hidden = None
         if self.draft_hidden:
             h = out.hidden
+            assert h is not None, "the forward was asked for hidden states"
             hidden = h[:, -1:] if last is None else h.gather(1, last.expand(-1, 1, h.shape[-1]))
         return self.dec.probs(logits), hidden
 
     def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
-                         dc: RowCache, d: Drafted, depth: int, timing: Timing,
+                         dc: StepCache, d: Drafted, depth: int, timing: Timing,
                          drafting: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the draft over every row's nodes of `depth`; returns their distributions q
         [rows, n, V] (and hidden states): the next depth's proposals. A ragged forward takes
         only the rows still `drafting`; the others' q is uniform (their deeper nodes are never
         verified)."""
         nodes = self.tree.depth_slice(depth)
-        # a feature draft reads, at each node, the state its parent's proposal came from
-        prev = torch.stack([rl[depth - 1].hidden() for rl in d.layers]) if self.features else None
+        # a feature draft reads, at each node, the state its parent's proposal came from (it
+        # keeps every layer's)
+        prev = None
+        if self.features:
+            states = [rl[depth - 1].hidden() for rl in d.layers]
+            prev = torch.stack(cast(list[torch.Tensor], states))
         out = self.forward(self.pair.draft, dc, tokens[:, nodes],
                            inputs[:, :1] + self.tt.depth[nodes][None],
                            self.tt.bias[nodes, 1 : nodes.stop][None], None, timing,
@@ -160,8 +165,8 @@ class TreeDrafter:
     def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
                   caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
         """After `depth`, draft one more? Asks about the rows that may still go deeper."""
-        if self.extend is not None:
-            go = self.extend_rows(rows, layers, depth, caps, open_rows, depths)
+        if self.budget is not None:
+            go = self.extend_rows(self.budget, rows, layers, depth, caps, open_rows, depths)
             if go is not None:
                 return go
         ask = [i for i in range(len(rows)) if open_rows[i] and depth < caps[i]]
@@ -180,8 +185,9 @@ class TreeDrafter:
                     open_rows[i], depths[i] = False, depth
         return any(votes)
 
-    def extend_rows(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
-                    caps: list[int], open_rows: list[bool], depths: list[int]) -> bool | None:
+    def extend_rows(self, budget: BatchBudget, rows: list[Row], layers: list[list[DraftLayer]],
+                    depth: int, caps: list[int], open_rows: list[bool],
+                    depths: list[int]) -> bool | None:
         """The budget's per-row answer after `depth` (`batch_extend`, every row that drafted
         it shown): rows it stops, or that reached their cap, close at `depth`. Returns whether
         any row drafts on; None where the stopper leaves it to the other members."""
@@ -190,7 +196,7 @@ class TreeDrafter:
         frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
                                    rows[i].st.trajectory, peers) if drew[i] else None
                      for i in range(len(rows))]
-        votes = self.stopper.batch_extend(frontiers)
+        votes = budget.batch_extend(frontiers)
         if votes is None:
             return None
         for i in range(len(rows)):
@@ -207,7 +213,7 @@ class TreeDrafter:
         k, m = self.cfg.k_config[d - 1], self.tree.parents_with_children(d)
         if m < q.shape[1]:  # a capped depth: only the likeliest parents have children
             q, hidden = q[:, :m], None if hidden is None else hidden[:, :m]
-            parent_log_path = parent_log_path[:, :m]
+            parent_log_path = None if parent_log_path is None else parent_log_path[:, :m]
         if self.cfg.temperature != 0:
             return [self.propose_row(q[i], None if hidden is None else hidden[i], d,
                                      None if parent_log_path is None else parent_log_path[i],

@@ -81,7 +81,7 @@ from mcsd_runtime.decisions.builtin import NoDraftStopper
 from mcsd_runtime.decisions.contract import StepStart
 from mcsd_runtime.decode.accounting import Accounts, CommitHook
 from mcsd_runtime.decode.admission import Admission
-from mcsd_runtime.decode.cache import RowCache, SlotRowCache
+from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
@@ -131,7 +131,7 @@ class Engine:
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None
         # ...and, trained beside a draft, weighs copying against the stopper's drafted step
-        beside_draft = (self.wants_conf and dec.copy_length.draft_costs is not None
+        beside_draft = (dec.copy_length is not None and dec.copy_length.draft_costs is not None
                         and self.tree.depth > 0 and not isinstance(self.stopper, NoDraftStopper))
         self.lookup = PromptLookup(dec, beside_draft)
         # after the draft's depths, in this order: prompt lookup's chains, the learned width
@@ -166,8 +166,10 @@ class Engine:
                 rows = self.retire(rows, results, tc, dc, on_result)
         self.stats.wall_time = time.perf_counter() - t_start
         self.stats.forwards = self.dec.forwards.kind
-        self.stats.new_tokens = sum(len(r.token_ids) for r in results)
-        return BatchResult(results, self.stats, self.batch_size)
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results), "the loop ends when every prompt has retired"
+        self.stats.new_tokens = sum(len(r.token_ids) for r in done)
+        return BatchResult(done, self.stats, self.batch_size)
 
     def capacity(self, prompts: list[list[int]]) -> int:
         """Cache slots a row can need: its prompt, its tokens, and a step's forwards past them
@@ -175,7 +177,7 @@ class Engine:
         step = self.tree.num_nodes + self.tree.depth + self.cfg.lookup + 4
         return max(map(len, prompts)) + self.cfg.max_new_tokens + 2 * step
 
-    def retire(self, rows: list[Row], results: list, tc: RowCache, dc: RowCache,
+    def retire(self, rows: list[Row], results: list, tc: StepCache, dc: StepCache,
                on_result: Callable[[int, GenerationResult], None] | None) -> list[Row]:
         """Finished rows leave the batch (and its caches); returns the rows that stay."""
         if not any(r.st.done for r in rows):
@@ -193,7 +195,7 @@ class Engine:
         return [rows[i] for i in keep]
 
     # ------------------------------------------------------------------ one step
-    def step(self, rows: list[Row], tc: RowCache, dc: RowCache) -> None:
+    def step(self, rows: list[Row], tc: StepCache, dc: StepCache) -> None:
         """Plan every row's step, propose all rows' trees, verify them in one target forward,
         commit each row, account."""
         # 0. plan: each row's token budget, copied chain and draft depth cap; one upload
@@ -246,7 +248,7 @@ class Engine:
         return [c if v else 0 for c, v in zip(caps, votes, strict=True)]
 
     def propose(self, rows: list[Row], inputs: torch.Tensor, at: int, copied: list[list[int]],
-                caps: list[int], dc: RowCache, timing: Timing,
+                caps: list[int], dc: StepCache, timing: Timing,
                 ) -> tuple[torch.Tensor, Drafted, list[Draft]]:
         """Every row's tree: the draft's depths (`TreeDrafter`), then prompt lookup's chains
         and a learned width's cut. Returns the tree tokens [rows, n] (the root first), the
@@ -265,21 +267,22 @@ class Engine:
                     tokens[i, 1 : 1 + nodes.shape[0]] = nodes
         # each row's tree: the draft's, a copied chain's own (`Decoding.chain`) or a cut width's
         drafts = [Draft(tokens[i], d.layers[i][: d.depths[i]], d.seen(i), d.cache_base,
-                        d.copied[i], d.trees.get(i, tt))
+                        d.copied[i], tt=d.trees.get(i, tt))
                   for i in range(len(rows))]
         return tokens, d, drafts
 
     def commit_rows(self, rows: list[Row], verdicts: list[Verdict], drafts: list[Draft],
                     d: Drafted, remaining: list[int], out: ForwardOut, target_base: int,
-                    tc: RowCache, dc: RowCache) -> list[tuple[Draft, Verdict, list[int]]]:
+                    tc: StepCache, dc: StepCache) -> list[tuple[Draft, Verdict, list[int]]]:
         """Commit each row's verdict and keep, in both caches, the entries of what it
         committed. Returns each row's (draft, verdict, committed tokens)."""
         keep_t, keep_d, outcomes = [], [], []
+        states = out.hidden if self.features else None  # a feature draft's: the target's
         for i, r in enumerate(rows):
             v = verdicts[i]
             new, path = self.commit(r.st, v, remaining[i], d.seen(i), drafts[i])
-            if self.features:  # the new pending tokens' states: the root's, then the path's
-                r.st.d_feats.append(out.hidden[i, [0, *path]])
+            if states is not None:  # the new pending tokens' states: the root's, then the path's
+                r.st.d_feats.append(states[i, [0, *path]])
             keep_t.append(self.target_keep(target_base, path))
             keep_d.append(self.draft_keep(d, i, path))
             outcomes.append((drafts[i], v, new))
@@ -365,7 +368,7 @@ class Engine:
         return [v.bonus]
 
     # ------------------------------------------------------------------ forwards, results
-    def forward(self, model, cache: RowCache | SlotRowCache, ids: torch.Tensor,
+    def forward(self, model, cache: StepCache, ids: torch.Tensor,
                 pos: torch.Tensor, block: torch.Tensor, valid: torch.Tensor | None,
                 timing: Timing, keep: int = 0, hidden: bool = False, prefill: bool = False,
                 prev: torch.Tensor | None = None, counts: list[int] | None = None,
@@ -403,6 +406,7 @@ class Engine:
         r.stats.wall_time = now - r.admitted
         r.stats.forwards = self.dec.forwards.kind
         tok = self.pair.tokenizer
-        return GenerationResult(new, tok.decode(new) if tok is not None else None, r.steps,
-                                r.stats, self.cfg.lossless)
+        text = tok.decode(new) if tok is not None else None
+        # one sequence's ids decode to a str (transformers types `decode` as str | list[str])
+        return GenerationResult(new, text, r.steps, r.stats, self.cfg.lossless)  # type: ignore[arg-type]
 

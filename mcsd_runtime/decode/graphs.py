@@ -27,6 +27,7 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -59,7 +60,7 @@ def call_model(model, cache: RowCache | SlotRowCache, ids: torch.Tensor, pos: to
     `prev` [rows, n, H]: a feature draft's input states. With a `ragged` layout only each row's
     real tokens go through the model, packed into one sequence (`mcsd_runtime.decode.ragged`);
     the outputs come back in the [rows, n] grid, zeros in the padding."""
-    extra = {} if prev is None else {"prev_hidden": prev}
+    extra: dict[str, Any] = {} if prev is None else {"prev_hidden": prev}  # model kwargs
     if ragged is not None:
         ids, pos = ragged.pack(ids), ragged.pack(pos)
         extra = {k: ragged.pack(v) for k, v in extra.items()} | {"ragged": ragged}
@@ -133,7 +134,7 @@ class FixedForwards:
         self.device, self.capture, self.bucket = device, capture, bucket
         self._caches: tuple[SlotRowCache, SlotRowCache] | None = None
         self.graphs: dict[tuple, Graph | None] = {}  # None: this shape runs eagerly
-        self.pool = None
+        self.pool: object | None = None  # the graphs' memory pool, made at the first capture
 
     @property
     def kind(self) -> str:
@@ -150,11 +151,12 @@ class FixedForwards:
             self.graphs.clear()
             self._caches = None  # free the old buffers before allocating the new ones
             capacity = -(-capacity // self.bucket) * self.bucket
-            self._caches = tuple(SlotRowCache(rows, capacity, self.device, self.bucket)
-                                 for _ in range(2))
-        for c in self._caches:
+            target, draft = (SlotRowCache(rows, capacity, self.device, self.bucket)
+                             for _ in range(2))
+            self._caches = have = (target, draft)
+        for c in have:
             c.reset()
-        return self._caches
+        return have
 
     def __call__(self, model, cache, ids, pos, mask, keep, hidden, prev=None,
                  ragged: Ragged | None = None) -> ForwardOut:

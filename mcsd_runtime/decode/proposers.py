@@ -112,6 +112,7 @@ class PromptLookup(Proposer):
         confidence in each committed token, and whether the stopper drafted."""
         if st.copy_history is None:
             return
+        assert v.conf is not None, "a learned copy length has the verdicts send confidences"
         st.copy_history.update(draft.depth if draft.copied else 0, v.accepted,
                                v.conf[: len(committed)])
         if not draft.copied and draft.depth > draft.roots:  # the stopper drafted this step
@@ -130,7 +131,8 @@ class WidthCut(Proposer):
         largest probabilities at its root (one host copy for all rows). The choice never reads
         the candidates, and the first w are the w likeliest (greedy) or the first w drawn
         (sampled): a cut tree verifies losslessly."""
-        d, out = step.drafted, [None] * len(step.lengths)
+        d = step.drafted
+        out: list[Proposal | None] = [None] * len(step.lengths)
         if self.policy is None:
             return out
         k = self.cfg.k_config[0]

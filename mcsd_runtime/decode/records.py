@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # what the engine reads of the decoder (`Decoding`)
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    k_config: KConfig = DEFAULT_K_CONFIG  # () decodes autoregressively; "4,1/1": see KConfig
+    # any k-config `parse_k_config` reads; () decodes autoregressively; "4,1/1": see KConfig
+    k_config: KConfig = KConfig(DEFAULT_K_CONFIG)
     init: str = "draft"  # "target": the paper's target-initialized first layer (lossy)
     temperature: float = 0.0  # 0 = greedy
     verify: str = "mcss"  # sampling verifier: mcss | mcss-replacement | naive

@@ -42,10 +42,10 @@ class RowState:
     n_prompt: int
     t_pending: list[int]
     d_pending: list[int]
+    generator: torch.Generator  # this sequence's randomness
     root_probs: torch.Tensor | None = None  # target-init: target distribution at the root
     trajectory: Trajectory = field(default_factory=Trajectory)
     done: bool = False
-    generator: torch.Generator | None = None  # this sequence's randomness
     stopper: Any = None  # this sequence's stopper (its own copy in a batch)
     copy_history: Any = None  # with a learned copy length: the row's `CopyHistory`
     # a feature draft: the target's state before each pending draft token ([n, H] chunks)
@@ -76,9 +76,10 @@ class DraftLayer:
         """The nodes' `host_nodes` rows (the layout `decision_matrix` reads) as a float64 host
         array. One device-to-host copy (`to_host_together` makes one for several layers), and
         no pass over the vocabulary when drafting took the top-k."""
-        if self._host is None:
-            to_host_together([self])
-        return self._host
+        host = self._host
+        if host is None:
+            host = to_host_together([self])[0]
+        return host
 
     def host_rows(self) -> torch.Tensor:
         """The nodes' `host_nodes` rows, still on the device."""
@@ -103,7 +104,8 @@ class Draft:
     forwarded: int = 0  # deepest depth whose nodes are in the draft cache
     cache_base: int = 0  # draft cache length where depth-1 nodes start
     copied: bool = False  # a prompt-lookup chain, not drafted
-    tt: TreeTensors | None = None  # the tree it lies on (a copied chain's own, or the draft's)
+    tt: TreeTensors = field(kw_only=True)  # the tree it lies on (a copied chain's own, or the
+    # draft's)
     roots: int = 0  # leading layers the draft did not propose (target-initialized roots)
 
     @property
@@ -129,13 +131,15 @@ class Verdict:
     conf: list[float] | None = None  # the target's top-1 probability at each path node, if asked
 
 
-def to_host_together(layers: list[DraftLayer]) -> None:
-    """Every layer's `host()` rows in one device-to-host copy."""
+def to_host_together(layers: list[DraftLayer]) -> list[np.ndarray]:
+    """Every layer's `host()` rows in one device-to-host copy (kept, and returned)."""
     rows = [layer.host_rows() for layer in layers]
     host = to_host(torch.cat(rows) if len(rows) > 1 else rows[0])  # sync: one copy for all
-    at = 0
+    at, out = 0, []
     for layer, r in zip(layers, rows, strict=True):
         layer._host, at = host[at : at + r.shape[0]], at + r.shape[0]
+        out.append(layer._host)
+    return out
 
 
 class DraftFrontier:

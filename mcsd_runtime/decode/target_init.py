@@ -20,7 +20,7 @@ import torch
 
 from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.admission import Admission
-from mcsd_runtime.decode.cache import RowCache
+from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.engine import Engine
 from mcsd_runtime.decode.graphs import Forward
@@ -51,6 +51,7 @@ class TargetInit(Proposer):
     def first_layer(self, st: RowState) -> DraftLayer:
         """The first layer: the target's top (greedy) or sampled candidates at the root."""
         k, p = self.cfg.k_config[0], st.root_probs
+        assert p is not None, "the prefill and every step leave the next roots' distribution"
         if self.cfg.temperature == 0:
             toks = p.topk(k, dim=-1).indices
         else:
@@ -58,7 +59,7 @@ class TargetInit(Proposer):
         prob = p.gather(1, toks).view(-1)
         return DraftLayer(toks.view(-1), p, None, prob, prob.clamp_min(1e-30).log(), None)
 
-    def feed_roots(self, r: Row, tokens: torch.Tensor, inputs: torch.Tensor, dc: RowCache,
+    def feed_roots(self, r: Row, tokens: torch.Tensor, inputs: torch.Tensor, dc: StepCache,
                    d: Drafted, timing: Timing) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The pending draft tokens and the roots in one draft forward; returns q [1, k, V] (and
         hidden states) at the roots, and moves `d.cache_base` to the first root."""
@@ -73,11 +74,12 @@ class TargetInit(Proposer):
                            timing, keep=extra, hidden=needs_hidden)
         st.d_pending = []
         d.cache_base = dc.length - extra
-        hidden = out.hidden[:, -extra:] if needs_hidden else None
+        hidden = out.hidden[:, -extra:] if out.hidden is not None else None  # if needs_hidden
         return self.dec.probs(out.logits[:, -extra:]), hidden
 
     def update(self, st: RowState, draft: Draft, v: Verdict, committed: list[int]) -> None:
         """The next roots come from the target's distribution after the path."""
+        assert v.probs is not None, "target-initialized verdicts keep the distributions"
         st.root_probs = v.probs[v.best : v.best + 1]
 
 
@@ -89,12 +91,12 @@ class InitDrafter(TreeDrafter):
         super().__init__(*args, **kwargs)
         self.init = init
 
-    def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: RowCache,
+    def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: StepCache,
                     d: Drafted, timing: Timing) -> list[DraftLayer]:
         return [self.init.first_layer(rows[0].st)]
 
     def forward_frontier(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
-                         dc: RowCache, d: Drafted, depth: int, timing: Timing,
+                         dc: StepCache, d: Drafted, depth: int, timing: Timing,
                          drafting: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
         if depth > 1:
             return super().forward_frontier(rows, tokens, inputs, dc, d, depth, timing,
@@ -111,6 +113,7 @@ class InitAdmission(Admission):
         self.target_takes_prompt = True
 
     def after_prefill(self, r: Row, logits: torch.Tensor | None) -> None:
+        assert logits is not None, "the target takes the whole prompt: it gives the logits"
         r.st.root_probs = self.dec.probs(logits[None])
         r.stats.target_calls += 1
 
@@ -121,10 +124,12 @@ class InitVerifier(Verifier):
 
     def distributions(self, st: RowState, logits: torch.Tensor, greedy: bool,
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        probs = torch.cat([st.root_probs, self.probs(logits)])
+        roots = st.root_probs
+        assert roots is not None, "the prefill and every step leave the next roots' distribution"
+        probs = torch.cat([roots, self.probs(logits)])
         if not greedy:
             return probs, None
-        return probs, torch.cat([st.root_probs.argmax(-1), logits.argmax(-1)])
+        return probs, torch.cat([roots.argmax(-1), logits.argmax(-1)])
 
     def admit(self, match: torch.Tensor, draft: Draft) -> None:
         match[: draft.tt.tree.sizes[0]] = draft.layers[0].prob > 0

@@ -60,8 +60,10 @@ class Verifier:
         greedy = self.cfg.temperature == 0
         probs, nxt = self.distributions(st, logits, greedy)
         if greedy:
+            assert nxt is not None, "greedy distributions give the argmax"
             match = tokens[1:] == nxt[tt.parent[1 : 1 + c]]
         else:
+            assert probs is not None, "sampled distributions give the probabilities"
             match, nxt = self.verify_sampled(probs, draft, st.generator)
         self.admit(match, draft)
         acc = ~(tt.path_matrix[1 : 1 + c, 1 : 1 + c] & ~match).any(-1)

@@ -116,7 +116,7 @@ def _extras(rep: dict) -> list[str]:
         if r["status"] != "done":
             continue
         if r["stage"].startswith("breakdown-"):
-            from mcsd_runtime.costmodel.step_breakdown import summary
+            from mcsd_runtime.benchmarks.step_breakdown import summary
 
             data = read_json(run / r["output"])
             if data.get("rows"):

@@ -19,7 +19,7 @@ measures, in this order (`lease.PHASES`), each written into `F.json` as soon as 
 4. `decisions`: a learned stopper's (a random MLP on the feature schema) cost per decision,
    that is per drafted depth, inside the decoder on this pair;
 5. `ragged_forward`: the target's forward at B=8 with half the rows carrying 1 token and half
-   5, ragged against padded (`costmodel.ragged_bench.compare_layouts`, eager);
+   5, ragged against padded (`benchmarks.ragged_bench.compare_layouts`, eager);
 6. everything eager: the target's own `generate()` as `hf` (`--repeats` runs: a goal's
    reference), AR and `static:1` (`--eager-repeats` runs of `--eager-tokens`), the eager
    launches, and the eager batch rows `--eager-batch` names (none in the GPU check: issue 52
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from mcsd_runtime.costmodel import step_breakdown as sb
+from mcsd_runtime.benchmarks import step_breakdown as sb
 from mcsd_runtime.gpu_check.figures import AR_MS_GOAL_SHAPE, GOALS
 
 FORMAT = "mcsd-engine-check"
@@ -131,7 +131,7 @@ def batch_step(pair, rows: int, graphs: str, layout: str, ids: list[list[int]], 
 def ragged_forward(pair, context: int, repeats: int) -> dict:
     """The target's forward over `RAGGED_COUNTS` new tokens after `context` cached ones a row,
     ragged against padded, alternated (at least 5 rounds)."""
-    from mcsd_runtime.costmodel.ragged_bench import compare_layouts
+    from mcsd_runtime.benchmarks.ragged_bench import compare_layouts
 
     return compare_layouts(pair.target, RAGGED_COUNTS, context, max(repeats, 5))
 
@@ -159,7 +159,7 @@ def mlp_artifact(folder: Path, k_config: tuple[int, ...] | None = None, seed: in
 def decisions(pair, k_config, tokens: int, seed: int = 0) -> dict:
     """µs per decision (one per drafted depth) of a learned MLP stopper and of `static` inside
     the decoder on `pair`."""
-    from mcsd_runtime.costmodel.decision_cost import decision_cost
+    from mcsd_runtime.benchmarks.decision_cost import decision_cost
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

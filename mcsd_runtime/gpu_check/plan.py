@@ -244,7 +244,7 @@ def preflight_cmd(out: Path, found: tuple[str, ...] = ()) -> list[str]:
 
 def spike_cmd(s: Sizes, shape: str, out: Path) -> list[str]:
     """One target forward eager, fixed-shape (captured) and compiled, at 1 and 8 rows."""
-    return [*PY, "-m", "mcsd_runtime.costmodel.capture_spike", "--shape", shape,
+    return [*PY, "-m", "mcsd_runtime.benchmarks.capture_spike", "--shape", shape,
             "--device", s.device, "--context", str(s.breakdown_prompt_tokens),
             "--out", str(out)]
 

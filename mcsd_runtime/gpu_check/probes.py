@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from mcsd_runtime.costmodel import capture_spike
-from mcsd_runtime.costmodel import step_breakdown as sb
+from mcsd_runtime.benchmarks import capture_spike
+from mcsd_runtime.benchmarks import step_breakdown as sb
 
 
 def _tokens(pair, method: str, k_config, prompts: list[list[int]], tokens: int,

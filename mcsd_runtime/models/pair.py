@@ -6,7 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from mcsd_runtime.backend.device import pick_device, pick_dtype
 from mcsd_runtime.backend.fingerprint import config_hash, tokenizer_hash
@@ -54,7 +59,7 @@ class Pair:
 
     target: PreTrainedModel
     draft: PreTrainedModel
-    tokenizer: object | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None
     target_name: str = "target"
     draft_name: str = "draft"
     fingerprint: dict = field(default_factory=dict)

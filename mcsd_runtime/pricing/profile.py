@@ -1,6 +1,6 @@
 """A cost profile: each model's forward latency against the number of tokens it processes, per
 batch size, and the decoder's own time per step and per drafted depth; the cost model replay
-uses to turn a step's forwards (`step_model.step_forwards`) into seconds. `costmodel.measure`
+uses to turn a step's forwards (`step_model.step_forwards`) into seconds. `benchmarks.measure`
 measures one on this machine; `mcsd profile` writes it.
 
 A profile is JSON:
@@ -26,7 +26,7 @@ the measured ones are refused.
 batch's total tokens, not rows x widest): `ragged[B]` (optional) holds, for a batch size B of
 `batches`, the seconds of packed target and draft forwards measured at a few totals T,
 `{"target": [[T, s], ...], "draft": [[T, s], ...], "width": W}`
-(`costmodel.ragged_bench.ragged_counts` lays T out over the B rows, none wider than W). A
+(`benchmarks.ragged_bench.ragged_counts` lays T out over the B rows, none wider than W). A
 ragged forward carrying T tokens over B rows (`ragged_target`, `ragged_draft`) costs, at a B
 with such points, the measured curve at T (linear in between, beyond the last extrapolated as
 above), and at a B without them what the padded curves give for B rows of T / B tokens each.

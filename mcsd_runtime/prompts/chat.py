@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from mcsd_runtime.errors import MCSDError
 
@@ -140,7 +140,7 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: str = DEFAULT_CHAT) -> list
     return tokenize(format_prompt(prompt, tokenizer, chat), tokenizer, templated)
 
 
-def is_messages(prompt: Any) -> bool:
+def is_messages(prompt: Any) -> TypeGuard[Sequence[Mapping[str, str]]]:
     """Whether `prompt` is a list of chat messages (mappings) rather than a text or token ids."""
     return (isinstance(prompt, list | tuple) and len(prompt) > 0
             and all(isinstance(m, Mapping) for m in prompt))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
@@ -31,6 +32,10 @@ from mcsd_runtime.progress import working
 from replay.result import Column, Comparison, Report, pct
 from train.budget.config import BudgetConfig
 from train.stop import pipeline as P
+
+if TYPE_CHECKING:
+    from mcsd_runtime.decisions.artifact import ArtifactSpec
+    from mcsd_runtime.decisions.expected_rate import Calibration
 
 # the training-free rules beside it
 PEERS = ("ragged static", "cumprod", "survival", "survival-online")
@@ -50,8 +55,8 @@ class Fitted:
     """The node model, its provisional spec and its calibration."""
 
     fit: P.Fit
-    spec: object  # the node model's ArtifactSpec
-    calibration: object  # its Calibration on validation prompts
+    spec: ArtifactSpec  # the node model's
+    calibration: Calibration  # its calibration on validation prompts
     folder: Path  # where its model files are
 
 

@@ -33,14 +33,16 @@ class CopyConfig:
                                           "min_ngram", "temperature", "folds")
 
     def __post_init__(self) -> None:
-        if self.min_ngram is None:
-            object.__setattr__(self, "min_ngram", 1 if self.k_config is None else 2)
-        check_positive(max_copy=self.max_copy, min_ngram=self.min_ngram)
+        min_ngram = self.min_ngram
+        if min_ngram is None:
+            min_ngram = 1 if self.k_config is None else 2
+            object.__setattr__(self, "min_ngram", min_ngram)
+        check_positive(max_copy=self.max_copy, min_ngram=min_ngram)
         if self.temperature < 0 or self.check_prompts < 0 or self.folds < 0 or self.folds == 1:
             raise MCSDError("--temperature, --check-prompts and --folds must be >= 0 (0: greedy; "
                             "no check; no out-of-fold replay) and --folds not 1")
         check_held_out(self.check_prompts, self.outputs)
-        if self.min_ngram > 4:
+        if min_ngram > 4:
             raise MCSDError("--min-ngram: matches are of 1..4 tokens; use 4 at most")
         if self.k_config is not None:
             from mcsd_runtime.tree import parse_k_config

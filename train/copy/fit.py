@@ -30,16 +30,24 @@ def out_of_fold(traces: Sequence[Trace], costs: list[float], folds: int = 5, see
     speed = [0.0] * len(traces)
     with working(f"the copy length out of fold: {folds} fits on {len(traces)} outputs"):
         for f in range(folds):
-            policy, _, _ = fit([traces[i] for i in np.flatnonzero(fold != f)], costs, seed=seed,
-                               progress=False, **fit_kwargs)
-            walk = {"draft_costs": policy.draft_costs, "prior": policy.draft_prior}
-            for i in np.flatnonzero(fold == f):
+            policy, _, _ = fit([traces[i] for i in np.flatnonzero(fold != f).tolist()], costs,
+                               seed=seed, progress=False, **fit_kwargs)
+            for i in np.flatnonzero(fold == f).tolist():
                 replay = Replay(traces[i], policy.max_copy, policy.min_ngram, policy.max_ngram)
-                speed[i] = replay.speedup(policy.choose, costs, **walk)
+                speed[i] = replay.speedup(policy.choose, costs, policy.draft_costs,
+                                          policy.draft_prior)
     return speed
 
 
 BEHAVIOUR = (copy_all(10**6), copy_all(2), long_matches_only(8, 3))
+
+
+def _hits(trace: Trace) -> list[int]:
+    """The trace's `hits` (`draft_hits`), which a policy beside a draft is fitted on."""
+    if trace.hits is None:
+        raise MCSDError("a copy length beside a draft is fitted on outputs with their draft "
+                        "hits (`draft_hits`)")
+    return trace.hits
 
 
 def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngram: int = 4,
@@ -75,7 +83,7 @@ def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngr
     policy = CopyLength(booster, costs, 1 / costs[0], min_ngram, max_ngram)
     if draft_costs is not None:  # a drafted step's tokens before a row has drafted
         policy.draft_costs = list(draft_costs)
-        policy.draft_prior = 1 + float(np.mean([h for t in traces for h in t.hits[:-1]]))
+        policy.draft_prior = 1 + float(np.mean([h for t in traces for h in _hits(t)[:-1]]))
     with working(f"tuning the rate: {RATE_ROUNDS} walks of {len(traces)} outputs",
                  disable=not progress):
         for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on its outputs

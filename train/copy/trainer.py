@@ -95,6 +95,7 @@ class CopyTrainer:
 
     def fit(self, data: Priced, folder: Path) -> Fitted:
         c = self.config
+        assert c.min_ngram is not None, "CopyConfig fills in the default"
         policy, text, facts = fitting.fit(data.training(), data.costs, c.min_ngram,
                                           seed=c.outputs.seed, draft_costs=data.draft_costs)
         policy.temperature, policy.draft_tree = c.temperature, c.k_config

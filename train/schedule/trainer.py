@@ -134,8 +134,8 @@ class ScheduleTrainer:
             comparisons, single = _choose_group(group, starts, fitted, data.profile)
             records, table = REPORT.write(comparisons)
             groups[group] = {"single_k": single, "bands": records}
-            bands[group] = [Band(lo, hi, c.facts["k"]) for (lo, hi, _), c
-                            in zip(starts, comparisons, strict=True)]
+            bands[group] = tuple(Band(lo, hi, c.facts["k"]) for (lo, hi, _), c
+                                 in zip(starts, comparisons, strict=True))
             self.log(f"{group}: K by batch size (tokens/s replayed on held-out test prompts; "
                      f"single K={single})\n{table}")
             data.notes += _below_plain(group, comparisons)
@@ -250,10 +250,13 @@ def _choose_group(group: str, starts, fitted: Fitted, profile: EngineProfile
             return math.nan
         return c * (1 + e.accepted) / profile.step_seconds_drafting(c, e.drafted)
 
+    def best(c: int) -> int:  # on validation prompts, at concurrency c
+        return max(ks, key=lambda k: (speed(val, c, k), -k))
+
     single = max(ks, key=lambda k: (metrics.geomean([speed(val, c, k) for *_, c in starts]), -k))
     out = []
     for lo, hi, c in starts:
-        k = max(ks, key=lambda k, c=c: (speed(val, c, k), -k))
+        k = best(c)
         speeds = dict(zip(SPEEDS, (speed(test, c, k), speed(test, c, single), speed(test, c, 0)),
                           strict=True))
         plain = profile.plain_step_seconds(c)
@@ -362,7 +365,8 @@ NGRAM_SIZES = ("prompt_lookup_min", "prompt_lookup_max")
 def _ngram_sizes(sources: list[dict]) -> dict[str, int]:
     """The n-gram sizes every trace ran with, where all say and agree (so that a table serves
     the matcher its acceptance was measured under); else none."""
-    sizes = {tuple((s.get("speculative") or {}).get(k) for k in NGRAM_SIZES) for s in sources}
+    sizes: set[tuple[Any, ...]] = {tuple((s.get("speculative") or {}).get(k) for k in NGRAM_SIZES)
+                                   for s in sources}
     if len(sizes) != 1:
         return {}
     (found,) = sizes

@@ -10,6 +10,7 @@ is a cheap first look at transfer; `mcsd eval` over the same prompt sets is the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ def check_domain(run_dir: str | Path, stopper, deploy: str, heuristic: str,
     }
 
 
-def check_domains(run_dirs: list[Path], stopper, summary: dict, profile: CostProfile) -> dict:
+def check_domains(run_dirs: Sequence[Path], stopper, summary: dict, profile: CostProfile) -> dict:
     """`check_domain` for each run folder (keyed by its name), with the deploy static, the tuned
     heuristic and the decision cost of the training summary (metrics.json)."""
     decision_s = summary["headline"]["replay_decision_us"] * 1e-6

@@ -40,10 +40,10 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     # path product of soft labels, depth by depth through the parent's row
     # run/prompt/step, built column-wise (a row-wise join takes seconds on 30k rows)
     parts = [df[c].astype(str) for c in _KEY]
-    key = parts[0]
+    joined = parts[0]
     for part in parts[1:]:
-        key = key + "/" + part
-    key = key.to_numpy()
+        joined = joined + "/" + part
+    key = joined.to_numpy()
     node = df["node"].to_numpy().astype(np.int64)
     parent = df["parent"].to_numpy().astype(np.int64)
     index = pd.Series(np.arange(len(df)), index=pd.MultiIndex.from_arrays([key, node]))

@@ -41,5 +41,5 @@ class DecisionModule(L.LightningModule):
         self.log("val_loss", self._loss(batch), on_epoch=True, prog_bar=False)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"],
                                  weight_decay=MLP_WEIGHT_DECAY)

@@ -48,9 +48,9 @@ def fit_lightgbm(x_train, y_train, x_val, y_val, soft: bool, seed: int = 0,
     params = LGBM_PARAMS | {"objective": "cross_entropy" if soft else "binary",
                             "metric": "cross_entropy" if soft else "binary_logloss",
                             "seed": seed, "num_threads": max(1, threads)}
-    names = list(names)
-    dtrain = lgb.Dataset(x_train, y_train, feature_name=names, free_raw_data=False)
-    dval = lgb.Dataset(x_val, y_val, feature_name=names, reference=dtrain)
+    columns = list(names)
+    dtrain = lgb.Dataset(x_train, y_train, feature_name=columns, free_raw_data=False)
+    dval = lgb.Dataset(x_val, y_val, feature_name=columns, reference=dtrain)
     bar = progress_bar(total=LGBM_ROUNDS, desc="train lightgbm", unit="round",
                        disable=not progress)
 

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 import replay as R
-from mcsd_runtime.costmodel.decision_cost import stopper_latency
+from mcsd_runtime.benchmarks.decision_cost import stopper_latency
 from mcsd_runtime.decisions.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.decisions.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.decisions.expected_rate import Calibration
@@ -33,6 +33,7 @@ from mcsd_runtime.decisions.skip import DEFAULT_PROBE
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.paths import atomic_write_text
 from mcsd_runtime.pricing.profile import CostProfile
+from mcsd_runtime.tree import KConfig
 from replay.result import Comparison
 from replay.runs import (
     check_rows,
@@ -63,7 +64,7 @@ Log = Callable[[str], object]
 
 
 def _xy(df: pd.DataFrame, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
-    x = (np.stack(df["hidden"].to_numpy()).astype(np.float32) if config.hidden
+    x = (np.stack(df["hidden"].tolist()).astype(np.float32) if config.hidden
          else df[list(config.feature_names)].to_numpy(np.float32))
     return x, df[f"label_{config.label}"].to_numpy(np.float32)
 
@@ -89,7 +90,7 @@ class Prepared:
     parts: dict[str, pd.DataFrame]  # split -> its decision rows
     x: dict[str, np.ndarray]  # split -> model inputs of parts[split]
     y: dict[str, np.ndarray]  # split -> the configured label of parts[split]
-    k_config: tuple[int, ...] | None  # the collected tree (None: not recorded)
+    k_config: KConfig | None  # the collected tree (None: not recorded)
 
     @property
     def n_inputs(self) -> int:
@@ -145,6 +146,8 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
     x_tr, y_tr, x_va, y_va, x_te = (prep.x["train"], prep.y["train"], prep.x["val"],
                                     prep.y["val"], prep.x["test"])
     t0 = time.perf_counter()
+    model: LightGBMModel | MLPModel
+    booster = None  # LightGBM's
     if config.model == "lightgbm":
         import torch
 
@@ -153,6 +156,7 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
         model = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=config.label == "soft",
                              seed=config.seed, threads=torch.get_num_threads(),
                              progress=config.progress, names=config.feature_names)
+        booster = model.booster
     else:
         from train.stop.config import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN
         from train.stop.models import fit_mlp
@@ -171,8 +175,8 @@ def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) 
                "val": report.classification_metrics(prep.parts["val"]["label_hard"].to_numpy(),
                                                     model.predict(x_va))}
     names = config.feature_names
-    importance = (report.lightgbm_importance(model.booster, x_te, names)
-                  if config.model == "lightgbm" else None if config.hidden
+    importance = (report.lightgbm_importance(booster, x_te, names)
+                  if booster is not None else None if config.hidden
                   else report.permutation_importance(model, x_te, y_te_hard, names, config.seed))
     log(f"fit {fit_s:.1f}s; held-out ROC-AUC {metrics['test'].get('roc_auc', float('nan')):.3f} "
         f"PR-AUC {metrics['test'].get('pr_auc', float('nan')):.3f} "
@@ -206,7 +210,7 @@ class Choice:
 
 
 def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
-                      k_config: tuple[int, ...], prompt_format: dict | None = None
+                      k_config: KConfig, prompt_format: dict | None = None
                       ) -> ArtifactSpec:
     return ArtifactSpec(kind=config.model, schema_version=SCHEMA_VERSION,
                         feature_names=config.feature_names,
@@ -377,13 +381,20 @@ def _choose_rule(val: R.ReplayData, stopper: LearnedStopper, profile: CostProfil
     return chosen, by_rule, rates
 
 
+def _best_peer(val: R.ReplayData, name: str, grid, profile: CostProfile,
+               batch_size: int = 1) -> str:
+    """`name:T`, T the threshold of `grid` whose replay on `val` is fastest (the first of
+    equals)."""
+    best = max(grid, key=lambda t: R.replay(val, f"{name}:{t}", profile,
+                                            batch_size=batch_size).throughput)
+    return f"{name}:{best}"
+
+
 def _tune_peers(val: R.ReplayData, profile: CostProfile, depth: int) -> dict[str, str]:
     """Each built-in stopper's spec at its best threshold on validation prompts (`PEER_GRID`),
     and the deployed static depth switched off where acceptance drops (TensorRT-LLM, vLLM)."""
-    peers = {}
-    for name, grid in PEER_GRID.items():  # tuned peers: best built-in threshold on validation
-        best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile).throughput)
-        peers[name] = f"{name}:{best}"
+    # tuned peers: best built-in threshold on validation
+    peers = {name: _best_peer(val, name, grid, profile) for name, grid in PEER_GRID.items()}
     # the deployed static depth, switched off where acceptance drops (TensorRT-LLM, vLLM)
     deploy = int(deploy_static({k: R.replay(val, k, profile).as_dict()
                                 for k in (f"static:{d}" for d in range(1, depth + 1))})
@@ -458,9 +469,9 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
     val = choice.data.subset(choice.sequences["val"])
     test = choice.data.subset(choice.sequences["test"])
     profile, b = choice.profile, batch_size
-    costs = {"decision_s": choice.decision_s,
-             "decision_row_s": choice.latency.get("batch_row_us", 0.0) * 1e-6
-             if choice.measured else 0.0}
+    costs: dict[str, Any] = {"decision_s": choice.decision_s,
+                             "decision_row_s": choice.latency.get("batch_row_us", 0.0) * 1e-6
+                             if choice.measured else 0.0}
     curve = R.sweep(val, stopper, profile, (choice.chosen["aggregation"],), batch_size=b,
                     row_aggregations=tuple(ROW_AGGREGATIONS), progress=config.progress,
                     **costs)
@@ -480,11 +491,7 @@ def choose_batch(choice: Choice, stopper: LearnedStopper, out: str | Path, batch
                                                      "row_aggregation", "min_depth",
                                                      "min_depth_gate")})
     final = stopper_from(choice.spec, out, batch={b: setting})
-    peers = {}
-    for name, grid in PEER_GRID.items():
-        best = max(grid, key=lambda t, n=name: R.replay(val, f"{n}:{t}", profile,
-                                                        batch_size=b).throughput)
-        peers[name] = f"{name}:{best}"
+    peers = {name: _best_peer(val, name, grid, profile, b) for name, grid in PEER_GRID.items()}
     results = {}
     for split, part in (("val", val), ("test", test)):
         base = R.baselines(part, profile, b)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ class StopTrainer:
     def __init__(self, out: str | Path, config: TrainConfig, profile: CostProfile | None = None,
                  log: P.Log = print, runs: list[Path] | None = None,
                  df: pd.DataFrame | None = None, manifests: list[dict] | None = None,
-                 domains: list[Path] | tuple = ()) -> None:
+                 domains: Sequence[Path] = ()) -> None:
         P.check_batch_sizes(config, profile)
         self.out, self.config, self.profile, self.log = Path(out), config, profile, log
         self.runs, self.df, self.manifests, self.domains = runs, df, manifests, domains
@@ -55,6 +56,7 @@ class StopTrainer:
 
         df, manifests = self.df, self.manifests
         if df is None:
+            assert self.runs is not None, "a StopTrainer is given the rows or their runs"
             df, manifests = load_runs(self.runs, hidden=self.config.hidden)
         started = time.perf_counter()
         return Runs(P.prepare(df, manifests or [], self.config, self.log), manifests or [],
@@ -82,7 +84,7 @@ class StopTrainer:
         from mcsd_runtime.decisions.learned import load_stopper
 
         c = self.config
-        ran = {}
+        ran: dict[str, Any] = {}
         if c.check_prompts and chosen.measured and not c.hidden:
             ran |= P.replay_checks(chosen, load_stopper(self.out), data.manifests, c, self.log)
         if self.domains:
@@ -154,7 +156,7 @@ def quiet_training():
 
 def bench(out: Path) -> int:
     """Print the decision latency of the stopper in `out` at frontiers of 4, 16 and 64 nodes."""
-    from mcsd_runtime.costmodel.decision_cost import bench_latency
+    from mcsd_runtime.benchmarks.decision_cost import bench_latency
     from mcsd_runtime.decisions.learned import load_stopper
 
     stopper = load_stopper(out)

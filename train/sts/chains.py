@@ -83,7 +83,7 @@ def _chain_levels(rows, gamma: int | None) -> list:
                        sibling_rank=rows["sibling_rank"].round().astype("int64"))
     top = rows[rows["sibling_rank"] == 0]
     link = top[(top["depth"] == 1) & (top["parent"] == 0)]
-    levels = []
+    levels: list = []  # frames
     while not link.empty and (gamma is None or len(levels) < gamma):
         levels.append(link)
         below = top[top["depth"] == len(levels) + 1]
@@ -135,7 +135,8 @@ def shard_samples(pattern: str, gamma: int | None) -> tuple[Samples, list[dict]]
     if not paths:
         raise MCSDError(f"--from-shards {pattern!r} matches no file: pass a glob of the .pt "
                         f"shards SGLang or TensorRT-LLM captured (quote it for the shell)")
-    parts, sources = [], []
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    sources = []
     for path in paths:
         logits, mask = _read_shard(path)
         if parts and logits.shape[1] != parts[0][0].shape[1]:

@@ -24,6 +24,7 @@ fitted on an engine's shards calibrates that engine (SGLang
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,7 +100,7 @@ class StsTrainer:
         before = position_metrics(test.logits, test.valid, test.prefix_mask, ones)
         after = position_metrics(test.logits, test.valid, test.prefix_mask,
                                  fitted.temperatures, fitted.offsets)
-        offsets = fitted.offsets or [None] * len(fitted.temperatures)
+        offsets: Sequence[float | None] = fitted.offsets or [None] * len(fitted.temperatures)
         positions = [_position(b, a, t, o, n) for b, a, t, o, n in
                      zip(before, after, fitted.temperatures, offsets, fitted.samples,
                          strict=True)]

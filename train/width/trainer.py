@@ -57,10 +57,10 @@ class WidthTrainer:
             print(f"note: --cost-profile {o.cost_profile} timed forwards of 2..{k} tokens in "
                   f"isolation, not in the decoder, and the widths trade exactly those: measure "
                   f"it with `mcsd profile --widths`", flush=True)
-        data = prepare_outputs(o, profile)
-        ranked = {name: draft_ranks(data.pair, traces, k, desc=f"draft candidates: {name}")
-                  for name, traces in data.traces.items()}
-        data = Ranked(data, ranked)
+        outputs = prepare_outputs(o, profile)
+        ranked = {name: draft_ranks(outputs.pair, traces, k, desc=f"draft candidates: {name}")
+                  for name, traces in outputs.traces.items()}
+        data = Ranked(outputs, ranked)
         train = data.training()
         print(f"training on {len(train)} outputs ({sum(len(o.rank) for o in train)} tokens)",
               flush=True)

@@ -12,7 +12,7 @@ bootstrap interval (`metrics.paired_speedup`), and the largest difference betwee
 layouts' logits on the real slots.
 
 The same forward (`FilledCache`, `timed_forward`) times the cost profile's ragged points
-(`costmodel.measure`, `mcsd profile`): T tokens in all over B rows laid out by `ragged_counts`,
+(`benchmarks.measure`, `mcsd profile`): T tokens in all over B rows laid out by `ragged_counts`,
 at the totals `ragged_totals` gives.
 """
 

@@ -149,7 +149,7 @@ def _ragged_jobs(pair, sizes: list[int], width: int, context: int, gen) -> dict:
     token a row); none where the pair does not run ragged forwards."""
     if not sizes or not runs_ragged(pair):
         return {}
-    from mcsd_runtime.costmodel.ragged_bench import fill_cache, ragged_job, ragged_totals
+    from mcsd_runtime.benchmarks.ragged_bench import fill_cache, ragged_job, ragged_totals
 
     jobs = {}
     for b in sizes:

@@ -415,7 +415,7 @@ def _method_rows(pair, methods: list[str], graphs: str, k_config: tuple[int, ...
     """Every method of `methods` under one graphs setting, each row handed to `add` as soon as
     it is measured; a failure other than a user error (a capture that fails, memory that runs
     out) becomes the row's `error`."""
-    from mcsd_runtime.costmodel.decision_cost import decision_cost
+    from mcsd_runtime.benchmarks.decision_cost import decision_cost
 
     rows = []
     for method in methods:

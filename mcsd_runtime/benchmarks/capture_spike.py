@@ -180,9 +180,9 @@ def _parser():
     import argparse
     from pathlib import Path
 
-    from mcsd_runtime.costmodel.step_breakdown import SHAPES
+    from mcsd_runtime.benchmarks.step_breakdown import SHAPES
 
-    p = argparse.ArgumentParser(prog="python -m mcsd_runtime.costmodel.capture_spike",
+    p = argparse.ArgumentParser(prog="python -m mcsd_runtime.benchmarks.capture_spike",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
@@ -200,11 +200,11 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mcsd_runtime.costmodel.capture_spike --shape smollm2 --device cuda --out F`."""
+    """`python -m mcsd_runtime.benchmarks.capture_spike --shape smollm2 --device cuda --out F`."""
     import sys
 
     from mcsd_runtime.backend.device import pick_device
-    from mcsd_runtime.costmodel.step_breakdown import shaped_pair
+    from mcsd_runtime.benchmarks.step_breakdown import shaped_pair
     from mcsd_runtime.errors import MCSDError
 
     p = _parser()
