@@ -14,8 +14,7 @@ from mcsd_runtime.decisions.builtin import StopperBase
 from mcsd_runtime.decisions.features import DECISION_FEATURES, Trajectory
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.serving.draft_chain import ChainFrontier, DraftChain, common_prefix
-from mcsd_runtime.serving.vllm_methods import PROPOSER_ENV
-from mcsd_runtime.serving.vllm_proposer import MCSDProposer, ProposerSpec
+from mcsd_runtime.serving.vllm_proposer import PROPOSER_ENV, MCSDProposer, ProposerSpec
 
 K = 4
 

@@ -32,7 +32,6 @@ KINDS = ("ar", "ngram", "table", "proposer", "draft")
 METHODS_HELP = "ar, ngram:K, ngram:K:MIN:MAX, table:PATH, proposer:PATH or draft:K"
 DraftSource = str | Path | Callable[[], str | Path] | None  # a draft folder, or what finds it
 PROPOSER_CLASS = "mcsd_runtime.serving.vllm_proposer.MCSDProposer"
-PROPOSER_ENV = "MCSD_VLLM_PROPOSER"  # the ProposerSpec (JSON) the proposer class reads
 PROPOSER_CHAIN = 4  # the chain a built-in stopper drafts in the proposer class, at most
 PROPOSER_MAX_K = 8  # the longest draft a proposer step may hand vLLM
 NGRAM_SIZES = ("prompt_lookup_min", "prompt_lookup_max")
@@ -99,7 +98,7 @@ def _proposer(method: str, arg: str, draft: DraftSource = None
     """vLLM's config for the toolkit's proposer class: `proposer:PARTS`, PARTS a copy-length
     folder, a stopper spec drafting with the pair's draft, or both joined by '+' (the copy
     first); the `ProposerSpec` it runs goes in the environment."""
-    from mcsd_runtime.serving.vllm_proposer import ProposerSpec
+    from mcsd_runtime.serving.vllm_proposer import PROPOSER_ENV, ProposerSpec
 
     parts = arg.split("+") if arg else []
     if not 1 <= len(parts) <= 2 or not all(parts):

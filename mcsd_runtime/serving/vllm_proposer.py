@@ -59,8 +59,8 @@ from mcsd_runtime.decisions.copy_length import CopyHistory, CopyLength, features
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.serving.draft_chain import DraftChain
-from mcsd_runtime.serving.vllm_methods import PROPOSER_ENV
 
+PROPOSER_ENV = "MCSD_VLLM_PROPOSER"  # the ProposerSpec (JSON) the class reads
 TAIL = 8  # the last tokens of a row's context that recognise its request at the next step
 
 
