@@ -300,3 +300,18 @@ def test_bad_proposer_methods_name_the_fix(tmp_path, arg, message):
         parse_method("proposer:" + arg.format(copy=copy, tree=tree), draft="/d")
     with pytest.raises(MCSDError, match="drafts with the pair's draft"):
         parse_method("proposer:static:2")
+
+
+def test_the_eval_records_the_draft_a_proposer_drafts_with(tmp_path):
+    from types import SimpleNamespace
+
+    from mcsd_runtime.cli.eval_vllm import _draft_model
+    from mcsd_runtime.serving.vllm_methods import parse_method
+
+    copy = copy_folder(tmp_path)
+    run = SimpleNamespace(methods=[parse_method("ar"), parse_method(f"proposer:{copy}")])
+    assert _draft_model(run) == "-"
+    run.methods.append(parse_method(f"proposer:{copy}+static:2", draft="/drafts/d"))
+    assert _draft_model(run) == "/drafts/d"
+    run.methods.insert(0, parse_method("draft:2", draft="/drafts/export"))
+    assert _draft_model(run) == "/drafts/export"

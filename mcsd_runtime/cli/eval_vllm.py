@@ -128,9 +128,19 @@ def _decode_domains(args: argparse.Namespace, run, domains: dict, tokenizer, out
 
 
 def _draft_model(run) -> str:
-    """The draft model vLLM loads for the run's `draft:K` methods ("-": none)."""
-    return next((m.speculative["model"] for m in run.methods if m.speculative
-                 and m.speculative.get("method") == "draft_model"), "-")
+    """The draft model the run's methods draft with: vLLM's for `draft:K`, the proposer
+    class's for a proposer with a stopper ("-": none)."""
+    import json
+
+    from mcsd_runtime.serving.vllm_proposer import PROPOSER_ENV
+
+    for m in run.methods:
+        if m.speculative and m.speculative.get("method") == "draft_model":
+            return m.speculative["model"]
+        for name, value in m.env:
+            if name == PROPOSER_ENV and json.loads(value).get("draft"):
+                return json.loads(value)["draft"]
+    return "-"
 
 
 def _write(args, run, by_c: dict, folder: Path, tokenizer, spec: str, n_prompts: int) -> None:
