@@ -137,9 +137,9 @@ def _draft_model(run) -> str:
     for m in run.methods:
         if m.speculative and m.speculative.get("method") == "draft_model":
             return m.speculative["model"]
-        for name, value in m.env:
-            if name == PROPOSER_ENV and json.loads(value).get("draft"):
-                return json.loads(value)["draft"]
+        draft = next((json.loads(v).get("draft") for k, v in m.env if k == PROPOSER_ENV), None)
+        if draft:
+            return draft
     return "-"
 
 

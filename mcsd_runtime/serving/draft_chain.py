@@ -100,7 +100,12 @@ class DraftChain:
 
     def pending(self, context: list[int]) -> int:
         """The context tokens the draft has still to be fed before it can draft (1 at least)."""
-        return max(len(context) - min(common_prefix(self.tokens, context), len(context) - 1), 1)
+        return len(context) - self._kept(context)
+
+    def _kept(self, context: list[int]) -> int:
+        """How much of the cache `context` keeps: the prefix they agree on, short of the
+        context's last token (fed again where cached: its logits are needed)."""
+        return max(min(common_prefix(self.tokens, context), len(context) - 1), 0)
 
     def observe(self, drafted: int, accepted: int, committed: int) -> None:
         """What the engine did with the last proposal: `drafted` tokens proposed by this chain
@@ -134,8 +139,7 @@ class DraftChain:
     def _sync(self, model: Any, context: list[int]) -> tuple[torch.Tensor, Any]:
         """The draft's distribution after `context`: the cache cropped to the prefix the
         context agrees with, the rest fed (the last context token at least)."""
-        keep = common_prefix(self.tokens, context)
-        keep = min(keep, len(context) - 1)  # the last token is fed: its logits are needed
+        keep = self._kept(context)
         if keep < len(self.tokens):
             if keep == 0:
                 self.cache, self.tokens = None, []
