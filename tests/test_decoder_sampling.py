@@ -212,16 +212,29 @@ def first_tokens(n: int):
     return hook
 
 
+# seeds of `sampled_counts` also decoded one at a time, to show its batch's rows are their draws
+ALONE = 4
+
+
 def sampled_counts(pair, verify: str, k_config, temperature: float = 1.0,
                    n: int = N_SAMPLES, prompt: list[int] = PROMPT, stopper: str | None = None,
                    copy_length: CopyLength | None = None, width=None,
                    **config) -> torch.Tensor:
+    """Counts of the first two new tokens over seeds 0..n-1. The seeds are the rows of one
+    batch in row mode, where each row drafts the tree its own stopper chooses and so draws what
+    `generate` draws with its seed (the first ALONE seeds are checked against it): the same
+    counts as n calls of `generate`, in a tenth of the time."""
     dec = MCSDDecoder(pair, DecodeConfig(k_config=k_config, temperature=temperature,
-                                         verify=verify, max_new_tokens=3, **config), stopper,
+                                         verify=verify, max_new_tokens=3, batch_depth="row",
+                                         **config), stopper,
                       copy_length=copy_length, width=width)
+    rows = [r.token_ids[:2] for r in dec.generate_batch([prompt] * n, batch_size=n,
+                                                        seeds=range(n))]
+    for seed in range(min(ALONE, n)):
+        alone = dec.generate(prompt, seed=seed, on_commit=first_tokens(2)).token_ids[:2]
+        assert alone == rows[seed], f"seed {seed}: alone {alone}, in the batch {rows[seed]}"
     counts = torch.zeros(VOCAB * VOCAB)
-    for seed in range(n):
-        x1, x2 = dec.generate(prompt, seed=seed, on_commit=first_tokens(2)).token_ids[:2]
+    for x1, x2 in rows:
         counts[x1 * VOCAB + x2] += 1
     return counts
 
