@@ -6,6 +6,7 @@ batches, the hindsight oracle, and `mcsd train --decision copy`."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -388,6 +389,19 @@ def _mean_and_se(values: list[int]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
+def _sampled_steps(pair, cfg: DecodeConfig, stopper: str, prompt: list[int], n: int) -> list:
+    """Each seed's steps (0..n-1) under `cfg`, the seeds decoded as rows of one batch in row
+    mode: each row drafts its own stopper's tree, so it takes the steps `generate` takes with
+    its seed (checked on seed 0)."""
+    dec = MCSDDecoder(pair, replace(cfg, batch_depth="row"), stopper)
+    runs = [r.steps for r in dec.generate_batch([prompt] * n, batch_size=n, seeds=range(n))]
+    def kept(steps: list) -> list[tuple]:
+        return [(s.drafted, s.accepted, s.committed, s.copied) for s in steps]
+
+    assert kept(dec.generate(prompt, seed=0).steps) == kept(runs[0])
+    return runs
+
+
 def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
     """A copy is accepted with the target's probability of it, i.e. when it equals a sampled
     output's token: replay over sampled outputs takes as many steps on average as the sampling
@@ -396,8 +410,7 @@ def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
     temperature, n = 0.3, 30
     cfg = DecodeConfig(k_config=(1,) * 4, lookup=4, lookup_min_ngram=1, temperature=temperature,
                        max_new_tokens=30, eos_token_ids=())
-    dec = MCSDDecoder(pair, cfg, "none")
-    real = _mean_and_se([len(dec.generate(REPEATING, seed=s).steps) for s in range(n)])
+    real = _mean_and_se([len(r) for r in _sampled_steps(pair, cfg, "none", REPEATING, n)])
 
     def replayed(trace) -> int:
         r = Replay(trace, 4, 1, 4)
@@ -422,8 +435,7 @@ def test_sampled_drafted_steps_replay_the_sampling_decoders_steps(pair, feature_
     temperature, n, prompt = 1.0, 30, PROMPTS[1]
     cfg = DecodeConfig(k_config=(3, 1), temperature=temperature, max_new_tokens=20,
                        eos_token_ids=())
-    dec = MCSDDecoder(p, cfg, "static:1")
-    real = _mean_and_se([len(dec.generate(prompt, seed=s).steps) for s in range(n)])
+    real = _mean_and_se([len(r) for r in _sampled_steps(p, cfg, "static:1", prompt, n)])
 
     def replayed(trace) -> int:
         r = Replay(trace, 1, 4, 4)
@@ -514,8 +526,7 @@ def test_sampled_composed_steps_replay_the_sampling_decoders_steps(pair, feature
     temperature, n, k = 1.0, 30, 4
     cfg = DecodeConfig(k_config=(3, 1), lookup=k, lookup_min_ngram=1, temperature=temperature,
                        max_new_tokens=30, eos_token_ids=())
-    dec = MCSDDecoder(p, cfg, "static:1")
-    runs = [dec.generate(REPEATING, seed=s).steps for s in range(n)]
+    runs = _sampled_steps(p, cfg, "static:1", REPEATING, n)
     assert all(any(s.copied for s in r) and any(not s.copied for s in r) for r in runs[:5])
     real = _mean_and_se([len(r) for r in runs])
 
