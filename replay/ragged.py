@@ -130,7 +130,7 @@ class Truth:
 
 class Budget:
     """The verification budget (`mcsd_runtime.decisions.verify_budget.VerifyBudget`) asked as the
-    decoder asks it, through its batch members, with the replayed rows' frontiers: the same
+    decoder asks it, as the planner of a step, with the replayed rows' frontiers: the same
     decisions on the same steps, for any of its estimates (the truth included)."""
 
     stopper = _Plain()
@@ -148,16 +148,16 @@ class Budget:
         if self.budget is None or self.budget.profile is not profile:
             self.budget = VerifyBudget(self.estimate, profile, len(rows))
         budget = self.budget
-        go = budget.batch_plan([_Start(r, tree.depth) if r.cap else None for r in rows])
+        go = budget.plan([_Start(r, tree.depth) for r in rows])
         drafted, depth = [0] * len(rows), 0
         while any(go):
             depth += 1
             frontiers = [_frontier(r, depth, tree.depth) if g else None
                          for r, g in zip(rows, go, strict=True)]
             drafted = [depth if g else d for d, g in zip(drafted, go, strict=True)]
-            votes = budget.batch_extend(frontiers)
+            votes = budget.extend(frontiers)
             go = [g and v and r.cap > depth for r, g, v in zip(rows, go, votes, strict=True)]
-        return list(zip(drafted, budget.batch_verify(), strict=True))
+        return list(zip(drafted, budget.verify(drafted), strict=True))
 
 
 def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:

@@ -203,7 +203,7 @@ def test_a_paid_draft_forward_is_priced_at_its_fed_tokens() -> None:
     traj[ACCEPT_RECENT] = 0.9
     budget = VerifyBudget(DraftProbability(1.0), profile, batch_size=2)
     starts = [StepStart(4, traj, cap=4, pending=3), StepStart(4, traj, cap=4, pending=3)]
-    assert budget.batch_plan(starts) == [True, True]
+    assert budget.plan(starts) == [True, True]
     step, depth = profile.overheads(2)
     assert budget.paid == pytest.approx(step + profile.ragged_draft(6, 2, first=True) + depth)
 

@@ -33,20 +33,12 @@ members let a stopper decide for the batch (`StopperBase` gives both defaults):
   deeper; None (the default) leaves it to the rows: the batch continues if any row's copy says
   so.
 
-Three optional members let a stopper choose each row's tree across the batch (a verification
-budget, `mcsd_runtime.decisions.verify_budget`); the decoder asks them at every batch size, one
-included, and where one answers None it asks the members above:
-
-- `batch_plan(starts) -> list[bool] | None`: before a step, one entry per row of the batch: a
-  `StepStart` (with the row's `cap`, `pending` draft tokens and `row`, an object that is the
-  same at each of the row's steps) where the row may draft, None
-  where it may not (a copied chain, no budget left); returns whether each row drafts;
-- `batch_extend(frontiers) -> list[bool] | None`: after each depth, one entry per row: the
-  frontier of the depth it just drafted, None where it drafted nothing at that depth (asked
-  after the last depth too, where the answers are not read); returns whether each row drafts
-  one more (rows at their cap stop whatever it says);
-- `batch_verify() -> list[int] | None`: after drafting, how many depths each row verifies (at
-  most what it drafted).
+The engine consults none of these directly: every decision inside a step goes through a
+`Planner` (which rows draft, which extend after each depth, how much each verifies, and each
+row's outcome), for one row or a batch alike. A stopper reaches it through the decoder's
+per-row adapter (`mcsd_runtime.decode.planning.RowPlanner`, which also applies the batch's depth
+policy); a decision that chooses every row's tree across the batch (a verification budget,
+`mcsd_runtime.decisions.verify_budget`) is a `Planner` itself.
 
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
@@ -59,7 +51,7 @@ The built-in stoppers and the spec strings that name them live in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, TypeGuard
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -119,20 +111,37 @@ class Stopper(Protocol):
     def batch_continue(self, frontiers: Sequence[Frontier]) -> bool | None: ...
 
 
-class BatchBudget(Protocol):
-    """The optional members by which a stopper chooses each row's tree across a batch (a
-    verification budget; the module docstring says when the decoder asks each)."""
+class Planner:
+    """Every decision the engine consults inside a step, for all rows of a batch at once (a
+    batch of one included). Each step the engine asks `plan`, then `extend` after every depth
+    that some row drafted (the last one too, where the answers are not read), then `verify`;
+    each row's outcome comes back through `outcome`. `for_batch` gives the planner that runs at
+    a batch size, `check_tree` refuses a tree it cannot plan."""
 
-    def batch_plan(self, starts: Sequence[Frontier | None]) -> list[bool] | None: ...
+    def plan(self, starts: Sequence[StepStart]) -> list[bool]:
+        """Which rows draft this step: each row's `StepStart` (cap 0: it may not draft, because
+        it copies a chain or its token budget is spent)."""
+        raise NotImplementedError
 
-    def batch_extend(self, frontiers: Sequence[Frontier | None]) -> list[bool] | None: ...
+    def extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
+        """After a depth: the frontier of each row that drafted it, None elsewhere; whether each
+        drafts one more (a row at its cap stops whatever the answer)."""
+        raise NotImplementedError
 
-    def batch_verify(self) -> list[int] | None: ...
+    def verify(self, drafted: list[int]) -> list[int]:
+        """How many of its drafted depths each row verifies (at most `drafted`; default all)."""
+        return list(drafted)
 
+    def outcome(self, row: object, drafted: int, accepted: int) -> None:
+        """Row `row` (its `StepStart.row`) drafted `drafted` depths this step and `accepted` of
+        them were accepted (0, 0 at its first token, and for a copied chain)."""
+        return None
 
-def is_batch_budget(stopper: object) -> TypeGuard[BatchBudget]:
-    """Whether `stopper` chooses rows' trees across the batch (it has `batch_extend`)."""
-    return getattr(stopper, "batch_extend", None) is not None
+    def for_batch(self, batch_size: int) -> Planner:
+        return self
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        return None
 
 
 class StopperBase:

@@ -1,8 +1,8 @@
 """A verification budget across the batch, as a stopper: each row's tree chosen by expected
 committed tokens per second of the whole batch step (`mcsd_runtime.decisions.budget`'s rule).
 
-The decoder asks it through the stopper contract's batch members (`batch_plan`, `batch_extend`,
-`batch_verify`), at every batch size: before the step, which rows draft at all (their first
+It is a `Planner` (`mcsd_runtime.decisions.contract`): the decoder asks it `plan`, `extend` and
+`verify` at every batch size: before the step, which rows draft at all (their first
 draft forward must pay for itself: in a batch, no draft forward at all saves its whole floor);
 after each depth, which rows draft one more; after drafting, how many depths each row verifies.
 Every choice compares a token's expected return, its *survival* (the probability that it lies
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol, TypeGuard
 
 from mcsd_runtime.decisions.budget import draft_rows, verify_counts
-from mcsd_runtime.decisions.contract import Frontier, StopperBase
+from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, StopperBase
 from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
 from mcsd_runtime.decisions.sts import StsCalibration, confidence_logit
 from mcsd_runtime.errors import MCSDError
@@ -184,9 +184,10 @@ class StsAcceptance:
         return survival, survival * conf(x, frontier.depth + 1)
 
 
-class VerifyBudget(StopperBase):
+class VerifyBudget(StopperBase, Planner):
     """The budget of the module docstring for `estimate` under `profile` (a `CostProfile`) at
-    `batch_size` rows (`for_batch` gives each batch size its own). A learned one is a
+    `batch_size` rows (`for_batch` gives each batch size its own). It stands where a stopper
+    is named (a spec, `MCSDDecoder(stopper=...)`) and plans the step itself. A learned one is a
     `Decision` (`mcsd_runtime.decisions.manifest`): `load` reads its folder."""
 
     decision: ClassVar[str] = "budget"
@@ -225,32 +226,27 @@ class VerifyBudget(StopperBase):
         if stopper is not None:
             stopper.check_tree(k_config)
 
-    # one row's decisions, for callers that ask row by row: the batch rule over one row
-    def should_draft(self, start: Frontier) -> bool:
-        return self.batch_plan([start])[0]
-
     def should_continue(self, frontier: Frontier) -> bool:
-        return self.batch_extend([frontier])[0]
+        raise MCSDError(f"{self!r} plans a whole step (`plan`, `extend`, `verify`): it is not "
+                        f"asked depth by depth")
 
-    # ------------------------------------------------------------------ the batch members
-    def batch_plan(self, starts: Sequence[Frontier | None]) -> list[bool]:
+    # ------------------------------------------------------------------ the planner
+    def plan(self, starts: Sequence[StepStart]) -> list[bool]:
         """Which rows draft at all this step (see the contract)."""
         n = self.n = len(starts)
         step_s, self.depth_s = self.profile.overheads(n)
         self.paid, self.verified, self.expected = step_s, n, float(n)
-        self.caps = [int(getattr(s, "cap", s.max_depth)) if s is not None else 0
-                     for s in starts]
+        self.caps = [s.cap for s in starts]
+        live = [s if s.cap else None for s in starts]
         self.surv = [[] for _ in starts]
-        self.gain = [self.estimate.first(s) if s is not None and c else 0.0
-                     for s, c in zip(starts, self.caps, strict=True)]
+        self.gain = [self.estimate.first(s) if s is not None else 0.0 for s in live]
         if learning(self.estimate):
-            self._learn(self.estimate, starts)
+            self._learn(self.estimate, live)
         cand = [i for i in range(n) if self.caps[i] > 0]
-        chosen = self._choose(cand, [int(getattr(starts[i], "pending", 1)) for i in cand],
-                              first=True)
+        chosen = self._choose(cand, [starts[i].pending for i in cand], first=True)
         return [i in chosen for i in range(n)]
 
-    def batch_extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
+    def extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
         """The survivals of the depth just drafted, then which rows draft one more."""
         drew = [i for i, f in enumerate(frontiers) if f is not None]
         shown = [f for f in frontiers if f is not None]  # the frontiers of the rows in `drew`
@@ -274,26 +270,26 @@ class VerifyBudget(StopperBase):
         chosen = self._choose(cand, [1] * len(cand), first=False)
         return [i in chosen for i in range(len(frontiers))]
 
-    def batch_verify(self) -> list[int]:
-        """How many drafted depths each row verifies."""
+    def verify(self, drafted: list[int]) -> list[int]:
+        """How many of its drafted depths each row verifies."""
         counts = verify_counts(self.surv, self._step_s, self.rate)
-        if getattr(self.estimate, "learns", False):
+        if learning(self.estimate):
             self.waiting = {id(row): (row, seen[:n], n) for row, seen, n in
                             zip(self.rows, self.seen, counts, strict=True)
                             if n and row is not None}
-        return counts
+        return [min(n, c) for n, c in zip(drafted, counts, strict=True)]
 
-    def _learn(self, estimate: LearningEstimate, starts: Sequence[Frontier | None]) -> None:
+    def _learn(self, estimate: LearningEstimate, starts: Sequence[StepStart | None]) -> None:
         """The last step's verified tokens, labelled by what the target accepted (the rows'
         `prev_accepted` now), go to `estimate` (the budget's); this step's rows are noted."""
         for s in starts:
-            row = getattr(s, "row", None) if s is not None else None
+            row = s.row if s is not None else None
             if s is not None and row is not None and id(row) in self.waiting:
                 _, xs, n = self.waiting[id(row)]
                 accepted = s.trajectory()[PREV_ACCEPTED]
                 estimate.learn(xs, [float(d <= accepted) for d in range(1, n + 1)])
         self.waiting = {}
-        self.rows = [getattr(s, "row", None) if s is not None else None for s in starts]
+        self.rows = [s.row if s is not None else None for s in starts]
         self.seen = [[] for _ in starts]
 
     def _step_s(self, tokens: int) -> float:

@@ -21,6 +21,7 @@ from mcsd_runtime.decode.records import DecodeStats, StepRecord, StepTrace
 from mcsd_runtime.decode.step_state import Draft, RowState, Verdict
 
 if TYPE_CHECKING:
+    from mcsd_runtime.decisions.contract import Planner
     from mcsd_runtime.decode.step_state import Decoding, Row, Timing
 
 CommitHook = Callable[[list[int]], "int | None"]
@@ -31,9 +32,9 @@ class Accounts:
     `proposers` learn from each row's step (`update`, in order), `on_commit` is `generate`'s
     hook."""
 
-    def __init__(self, dec: Decoding, stats: DecodeStats, proposers: list[Proposer],
-                 on_commit: CommitHook | None) -> None:
-        self.dec, self.stats, self.proposers = dec, stats, proposers
+    def __init__(self, dec: Decoding, stats: DecodeStats, planner: Planner,
+                 proposers: list[Proposer], on_commit: CommitHook | None) -> None:
+        self.dec, self.stats, self.planner, self.proposers = dec, stats, planner, proposers
         self.on_commit, self.tree, self.pair = on_commit, dec.tree, dec.pair
 
     def account(self, rows: list[Row], outcomes: list, timing: Timing, tc: StepCache,
@@ -83,7 +84,7 @@ class Accounts:
         # the stopper did not draft a copied chain: to it, a step without a draft
         own, accepted = (0, 0) if draft.copied else (drafted_depth, v.accepted)
         st.trajectory.update(accepted, len(committed), own)
-        st.stopper.update(own, accepted)
+        self.planner.outcome(st, own, accepted)
         for proposer in self.proposers:
             proposer.update(st, draft, v, committed)
         for counts in stats:

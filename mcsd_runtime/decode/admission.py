@@ -139,7 +139,7 @@ class Admission:
         st.done = token in self.dec.eos or self.cfg.max_new_tokens == 1
         r.stats.target_calls += 1
         st.trajectory.update(0, 1, 0)
-        st.stopper.update(0, 0)
+        self.accounts.planner.outcome(st, 0, 0)
         r.steps.append(StepRecord(drafted=0, accepted=0, committed=1, tree_size=0,
                                   target_cache=len(st.committed) - 1, draft_cache=0,
                                   target_pending=1, draft_pending=0))

@@ -1,12 +1,12 @@
 """The draft phase of a step (`TreeDrafter`): every row's pending draft tokens go in, depth 1 is
-proposed; then, while the stopper says so, the frontier goes through the draft (one forward for
-all rows, tree attention) and the next depth is proposed. The result is `Drafted`: each row's
-layers and the depth it verifies.
+proposed; then, while the engine's planner says so (`mcsd_runtime.decode.planning`), the frontier
+goes through the draft (one forward for all rows, tree attention) and the next depth is
+proposed. The result is `Drafted`: each row's layers, the depth it drafted (`reach`) and the
+depth it verifies (the planner's `verify`).
 
-Depth in a batch: every row is drafted to the batch's depth (capped by its own budget), deeper
-while the stopper's `batch_continue` or any row's own stopper says so; `batch_depth="row"` stops
-each row where its own stopper does. Sampled rows draw with their own generator up to their own
-depth and from a spare generator past it.
+Each row is drafted at most to its cap (its token budget); the planner chooses which rows draft
+each next depth (in max mode the batch's depth: all rows while any goes on). Sampled rows draw
+with their own generator up to their own depth and from a spare generator past it.
 
 The first layer comes from `first_layer` (the draft's proposals at each row's last pending
 token); a subclass may supply it otherwise (`target_init.InitDrafter`).
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from mcsd_runtime.decisions.contract import BatchBudget, Stopper, is_batch_budget
+from mcsd_runtime.decisions.contract import Planner
 from mcsd_runtime.decisions.features import TOP_K_MASS
 from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.cache import StepCache
@@ -32,19 +32,16 @@ if TYPE_CHECKING:
 
 class TreeDrafter:
     """Drafts every row's tree, depth by depth, for one engine: `forward` is the engine's timed
-    forward, `stopper` the batch's stopper (asked first in max mode); `features`: a feature
-    draft (reads the target's states); `ragged`: depth forwards take only the rows drafting."""
+    forward, `planner` the engine's (asked after each depth, then how much each row verifies);
+    `features`: a feature draft (reads the target's states); `ragged`: depth forwards take only
+    the rows drafting."""
 
-    def __init__(self, dec: Decoding, forward: Forward, stopper: Stopper, batch_size: int,
-                 features: bool, ragged: bool = False) -> None:
-        self.dec, self.forward, self.stopper = dec, forward, stopper
+    def __init__(self, dec: Decoding, forward: Forward, planner: Planner, features: bool,
+                 ragged: bool = False) -> None:
+        self.dec, self.forward, self.planner = dec, forward, planner
         self.ragged = ragged  # depth forwards take only the rows still drafting
-        # a budget across the batch chooses every row's depths (`batch_extend`, `batch_verify`)
-        self.budget = stopper if is_batch_budget(stopper) else None
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.features = dec.pair.device, features
-        # a batch in max mode asks the stopper for one decision first (`batch_continue`)
-        self.batch_decide = batch_size > 1 and self.cfg.batch_depth == "max"
         self.draft_hidden = dec.needs_hidden or features
         # draws for nodes beyond a row's own depth, which it never verifies: kept off the row's
         # generator so that its draws stay those of the prompt decoded alone
@@ -53,8 +50,8 @@ class TreeDrafter:
 
     def draft(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
               caps: list[int], dc: StepCache, timing: Timing) -> Drafted:
-        """Draft every row up to the batch's depth, asking the stopper after each depth before
-        forwarding it."""
+        """Draft every row up to the depth the planner lets it reach, asking after each depth
+        before forwarding it; then the planner says how much of it each row verifies."""
         d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
                     dc.length, copied=[False] * len(rows), refeed=self.features,
                     ragged=self.ragged)
@@ -63,10 +60,8 @@ class TreeDrafter:
         first = self.first_layer(rows, inputs, caps, dc, d, timing)
         d.cache_base = dc.length
         self.add_layers(d.layers, tokens, first)
-        depth = 1
-        open_rows = [c > 0 for c in caps]
-        while depth < max(caps) and self.go_deeper(rows, d.layers, depth, caps, open_rows,
-                                                    d.depths):
+        depth, open_rows = 1, [c > 0 for c in caps]
+        while self.extend(rows, d.layers, depth, caps, open_rows, d.depths):
             drafting = [open_rows[i] and depth < caps[i] for i in range(len(rows))]
             q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing,
                                               drafting)
@@ -77,10 +72,8 @@ class TreeDrafter:
                             self.propose(q, hidden, depth + 1, parent, rows, own))
             depth += 1
         d.depth = depth
-        d.depths = [max(0, min(depth if open_rows[i] else d.depths[i], caps[i]))
-                    for i in range(len(rows))]
-        if self.budget is not None:
-            self.verify_budget(self.budget, rows, d, depth, caps, open_rows)
+        d.reach = [max(0, min(d.depths[i], caps[i])) for i in range(len(rows))]
+        d.depths = self.planner.verify(d.reach)
         return d
 
     def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: StepCache,
@@ -94,18 +87,6 @@ class TreeDrafter:
                 r.st.d_pending, r.st.d_feats = [], []
         d.fed = True
         return self.propose(q[:, None], hidden, 1, None, rows, caps)
-
-    def verify_budget(self, budget: BatchBudget, rows: list[Row], d: Drafted, depth: int,
-                      caps: list[int], open_rows: list[bool]) -> None:
-        """A budget across the batch (`batch_extend`) sees the last depth too, then says how
-        many depths each row verifies (`batch_verify`); rows keep what they drafted in
-        `reach`."""
-        if any(open_rows[i] and caps[i] >= depth for i in range(len(rows))):
-            self.extend_rows(budget, rows, d.layers, depth, caps, open_rows, list(d.depths))
-        counts = budget.batch_verify()
-        d.reach = list(d.depths)
-        if counts is not None:
-            d.depths = [min(n, c) for n, c in zip(d.depths, counts, strict=True)]
 
     def feeds(self, rows: list[Row], caps: list[int]) -> list[int]:
         """The pending draft tokens each row feeds the step's first draft forward: all of them,
@@ -162,43 +143,19 @@ class TreeDrafter:
                            counts=[(nodes.stop - nodes.start) * on for on in drafting])
         return self.dec.probs(out.logits), out.hidden if self.draft_hidden else None
 
-    def go_deeper(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
-                  caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
-        """After `depth`, draft one more? Asks about the rows that may still go deeper."""
-        if self.budget is not None:
-            go = self.extend_rows(self.budget, rows, layers, depth, caps, open_rows, depths)
-            if go is not None:
-                return go
-        ask = [i for i in range(len(rows)) if open_rows[i] and depth < caps[i]]
-        if not ask:
-            return False
-        peers = [layers[i][depth - 1] for i in ask]  # one host copy for all, if read
-        frontiers = [DraftFrontier(layer, depth, self.tree.depth, self.tt,
-                                   rows[i].st.trajectory, peers)
-                     for i, layer in zip(ask, peers, strict=True)]
-        if self.batch_decide and (go := self.stopper.batch_continue(frontiers)) is not None:
-            return bool(go)
-        votes = [rows[i].st.stopper.should_continue(f) for i, f in zip(ask, frontiers, strict=True)]
-        if self.cfg.batch_depth == "row":
-            for i, vote in zip(ask, votes, strict=True):
-                if not vote:
-                    open_rows[i], depths[i] = False, depth
-        return any(votes)
-
-    def extend_rows(self, budget: BatchBudget, rows: list[Row], layers: list[list[DraftLayer]],
-                    depth: int, caps: list[int], open_rows: list[bool],
-                    depths: list[int]) -> bool | None:
-        """The budget's per-row answer after `depth` (`batch_extend`, every row that drafted
-        it shown): rows it stops, or that reached their cap, close at `depth`. Returns whether
-        any row drafts on; None where the stopper leaves it to the other members."""
+    def extend(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
+               caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
+        """After `depth`, the planner sees the frontier of every row that drafted it; rows it
+        stops, or that reached their cap, close at `depth`. Returns whether any row drafts
+        on."""
         drew = [open_rows[i] and caps[i] >= depth for i in range(len(rows))]
-        peers = [layers[i][depth - 1] for i in range(len(rows)) if drew[i]]
+        if not any(drew):
+            return False
+        peers = [layers[i][depth - 1] for i in range(len(rows)) if drew[i]]  # one host copy
         frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
                                    rows[i].st.trajectory, peers) if drew[i] else None
                      for i in range(len(rows))]
-        votes = budget.batch_extend(frontiers)
-        if votes is None:
-            return None
+        votes = self.planner.extend(frontiers)
         for i in range(len(rows)):
             if drew[i] and (not votes[i] or depth >= caps[i]):
                 open_rows[i], depths[i] = False, depth

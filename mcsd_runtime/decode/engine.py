@@ -5,11 +5,11 @@ A step, over every row of the batch at once (`Engine.step`, one numbered phase e
 0. plan: a row whose context repeats itself (prompt lookup, `DecodeConfig.lookup`) will verify
    the tokens that followed the repeat as a chain, drafting nothing (on the draft's tree when
    its first depths are a chain, else on a chain tree of its own, `Decoding.chain`, beside the
-   other rows' trees in the same forward); a row whose stopper says not to draft at all this
-   step (`should_draft`) verifies an empty tree, as autoregressive decoding does; both keep
+   other rows' trees in the same forward); a row the planner says not to draft at all this
+   step verifies an empty tree, as autoregressive decoding does; both keep
    their pending draft tokens for later; then one upload for all rows;
 1. propose: the others' pending draft tokens go in, depth 1 is proposed; then, while the
-   stopper says so, the frontier goes through the draft (one forward for all rows, tree
+   planner says so, the frontier goes through the draft (one forward for all rows, tree
    attention) and the next depth is proposed (`drafting.TreeDrafter`); then the copied chains
    and a learned width's cuts (`proposers`);
 2. one target forward over every row's pending root and tree (a 4D mask, shared or one per
@@ -34,14 +34,15 @@ tokens, and the draft takes every accepted token again with the target's state (
 the draft is kept: its guessed states never stay in its cache); a drafted node reads the draft's
 own state at its parent.
 
-Depth in a batch: padded forwards make a shallower tree no cheaper, so every row is drafted to
-the batch's depth, capped by its own token budget. After each depth the batch drafts one more if
-the stopper's `batch_continue(frontiers)` says so, or else if ANY row's own stopper (a copy of the
-given one) does. `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own
-stopper chooses. A batch of one asks the decoder's stopper itself, depth by depth. A stopper
-with the batch members of `mcsd_runtime.decisions.contract` (a verification budget) chooses every
-row's tree across the batch instead: who drafts at all, who drafts each next depth, how much each
-verifies (`plan`, `drafting.TreeDrafter`).
+Decisions: every decision inside a step goes through one `Planner` (`planning.planner_for`):
+which rows draft at all (phase 0), which draft each next depth (phase 1), how much each verifies,
+and each row's outcome (phase 5). Stoppers plan through one adapter (`planning.RowPlanner`):
+padded forwards make a shallower tree no cheaper, so every row is drafted to the batch's depth,
+capped by its own token budget, one depth more while the stopper's `batch_continue(frontiers)`
+says so, or else while ANY row's own stopper (a copy of the given one) does;
+`DecodeConfig(batch_depth="row")` gives each row exactly the tree its own stopper chooses; a
+batch of one asks the decoder's stopper itself. A verification budget is a planner of its own,
+choosing every row's tree across the batch.
 
 Layout (`DecodeConfig.batch_layout`): padded, every forward runs each row at the batch's widest;
 ragged (`ragged.Ragged`), the target's, the draft's depths and its first forward carry each
@@ -84,6 +85,7 @@ from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
+from mcsd_runtime.decode.planning import planner_for
 from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
 from mcsd_runtime.decode.ragged import Ragged, ragged_layout
 from mcsd_runtime.decode.records import DecodeStats, GenerationResult
@@ -127,6 +129,8 @@ class Engine:
             getattr(self.pair.draft, "is_feature_draft", False))
         self.ragged = ragged_layout(dec, batch_size)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
+        # every decision inside a step: the stoppers' (through one adapter) or a budget's
+        self.planner = planner_for(self.stopper, batch_size, self.cfg.batch_depth)
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None
@@ -136,13 +140,13 @@ class Engine:
         self.lookup = PromptLookup(dec, beside_draft)
         # after the draft's depths, in this order: prompt lookup's chains, the learned width
         self.proposers: list[Proposer] = [self.lookup, WidthCut(dec)]
-        self.accounts = Accounts(dec, self.stats, [self.lookup], on_commit)
+        self.accounts = Accounts(dec, self.stats, self.planner, [self.lookup], on_commit)
         self.drafter, self.admission, self.verifier = self.phases()
 
     def phases(self) -> tuple[TreeDrafter, Admission, Verifier]:
         """The draft, admission and verify phases (a subclass's own: `target_init`)."""
         dec, b = self.dec, self.batch_size
-        return (TreeDrafter(dec, self.forward, self.stopper, b, self.features, self.ragged),
+        return (TreeDrafter(dec, self.forward, self.planner, self.features, self.ragged),
                 Admission(dec, self.forward, self.stopper, b, self.features, self.lookup,
                           self.accounts, self.stats),
                 Verifier(self.cfg, dec.probs, dec.recorder is not None, self.wants_conf))
@@ -233,19 +237,17 @@ class Engine:
 
     def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:
         """The depth each row may draft: a step commits up to s + 1 tokens, so never past the
-        row's budget; 0 for a row that copies, or whose stopper (or the batch's budget) drafts
-        nothing this step."""
+        row's budget; 0 for a row that copies, or that the planner leaves undrafted this step."""
         depth = self.tree.depth
-        caps = [max(0, min(depth, m - 1)) for m in remaining]
-        starts = [StepStart(depth, r.st.trajectory.values(), c, len(r.st.d_pending), r.st)
-                  if c and not look else None
-                  for c, r, look in zip(caps, rows, copied, strict=True)]
-        plan = getattr(self.stopper, "batch_plan", None)  # a budget across the batch
-        votes = plan(starts) if plan is not None else None
-        if votes is None:
-            votes = [s is not None and r.st.stopper.should_draft(s)
-                     for s, r in zip(starts, rows, strict=True)]
+        caps = [0 if look else max(0, min(depth, m - 1))
+                for m, look in zip(remaining, copied, strict=True)]
+        votes = self.planner.plan(self.starts(rows, caps))
         return [c if v else 0 for c, v in zip(caps, votes, strict=True)]
+
+    def starts(self, rows: list[Row], caps: list[int]) -> list[StepStart]:
+        """What the planner sees of each row before its step."""
+        return [StepStart(self.tree.depth, r.st.trajectory.values(), c, len(r.st.d_pending),
+                          r.st) for c, r in zip(caps, rows, strict=True)]
 
     def propose(self, rows: list[Row], inputs: torch.Tensor, at: int, copied: list[list[int]],
                 caps: list[int], dc: StepCache, timing: Timing,

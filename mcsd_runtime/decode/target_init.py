@@ -151,14 +151,16 @@ class TargetInitEngine(Engine):
         dec, b = self.dec, self.batch_size
         self.init = TargetInit(dec, self.forward, b, self.features)
         self.accounts.proposers.append(self.init)
-        return (InitDrafter(self.init, dec, self.forward, self.stopper, b, self.features,
+        return (InitDrafter(self.init, dec, self.forward, self.planner, self.features,
                             self.ragged),
                 InitAdmission(dec, self.forward, self.stopper, b, self.features, self.lookup,
                               self.accounts, self.stats),
                 InitVerifier(self.cfg, dec.probs, dec.recorder is not None, self.wants_conf))
 
     def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:
-        return [max(0, min(self.tree.depth, m)) for m in remaining]  # s tokens: no bonus
+        caps = [max(0, min(self.tree.depth, m)) for m in remaining]  # s tokens: no bonus
+        self.planner.plan(self.starts(rows, caps))  # the target supplies depth 1: no question
+        return caps
 
     def propose(self, *args, **kwargs):
         tokens, d, drafts = super().propose(*args, **kwargs)

@@ -1,0 +1,68 @@
+"""The planner a step engine consults (`planner_for`): a `Planner` named for the decoder (a
+verification budget) at the engine's batch size, or else `RowPlanner`, the one adapter through
+which per-row stoppers plan a step.
+
+`RowPlanner` applies the batch's depth policy (`DecodeConfig.batch_depth`). A row drafts at all
+where its own stopper's `should_draft` says so. After each depth, the rows that may still go
+deeper are asked; in max mode (the default) the batch's stopper decides for all of them first
+(`batch_continue`), else any row's own stopper that says so takes them all one depth deeper;
+in row mode each row stops where its own stopper does. A batch of one asks the decoder's stopper
+itself. Every row verifies what it drafted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, Stopper
+
+if TYPE_CHECKING:
+    from mcsd_runtime.decode.step_state import RowState
+
+
+def planner_for(stopper: Stopper | Planner, batch_size: int, batch_depth: str) -> Planner:
+    """The planner of an engine at `batch_size`; `stopper` is the batch's (`for_batch`)."""
+    if isinstance(stopper, Planner):
+        return stopper
+    return RowPlanner(stopper, batch_size > 1 and batch_depth == "max", batch_depth == "row")
+
+
+class RowPlanner(Planner):
+    """Per-row stoppers (each `RowState.stopper`) planning a step; `stopper` the batch's, asked
+    first for one decision where `batch_decides`; `by_row`: each row stops on its own."""
+
+    def __init__(self, stopper: Stopper, batch_decides: bool, by_row: bool) -> None:
+        self.stopper, self.batch_decides, self.by_row = stopper, batch_decides, by_row
+        self.rows: list[RowState] = []
+        self.caps: list[int] = []
+
+    def plan(self, starts: Sequence[StepStart]) -> list[bool]:
+        self.rows = [cast("RowState", s.row) for s in starts]
+        self.caps = [s.cap for s in starts]
+        return [s.cap > 0 and r.stopper.should_draft(s)
+                for s, r in zip(starts, self.rows, strict=True)]
+
+    def extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
+        """The rows below their cap are asked; the others stop."""
+        ask = [i for i, f in enumerate(frontiers) if f is not None and f.depth < self.caps[i]]
+        go = [False] * len(frontiers)
+        if not ask:
+            return go
+        shown = [cast(Frontier, frontiers[i]) for i in ask]
+        if self.batch_decides and (whole := self.stopper.batch_continue(shown)) is not None:
+            votes = [bool(whole)] * len(ask)
+        else:
+            votes = [self.rows[i].stopper.should_continue(f)
+                     for i, f in zip(ask, shown, strict=True)]
+            if not self.by_row:
+                votes = [any(votes)] * len(ask)
+        for i, vote in zip(ask, votes, strict=True):
+            go[i] = vote
+        return go
+
+    def outcome(self, row: object, drafted: int, accepted: int) -> None:
+        cast("RowState", row).stopper.update(drafted, accepted)
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        self.stopper.check_tree(k_config)
