@@ -25,7 +25,7 @@ evaluation, and `replay.runs` reads collected runs.
 """
 
 from replay.data import Prompt, ReplayData, Step
-from replay.depth import ReplayResult, lookahead_schedule, replay
+from replay.depth import NeverDraft, ReplayResult, lookahead_schedule, replay
 from replay.oracles import (
     AcceptedOracle,
     PlanStopper,
@@ -41,7 +41,6 @@ from replay.sweeps import (
     SKIP_RATES,
     THRESHOLDS,
     MemoStopper,
-    NeverDraft,
     baselines,
     replay_setting,
     row_thresholds,

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 from mcsd_runtime import metrics
 from mcsd_runtime.decisions.builtin import make_stopper
-from mcsd_runtime.decisions.contract import Stopper
+from mcsd_runtime.decisions.contract import Stopper, StopperBase
 from mcsd_runtime.decisions.features import Trajectory
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
@@ -168,6 +168,17 @@ class _Row:
         self.pending = out.pending
 
 
+class NeverDraft(StopperBase):
+    """Autoregressive decoding as a stopper: no step drafts (the baseline `ar`), and the first
+    token comes from the prefill's logits, as `ARDecoder` takes it."""
+
+    def should_draft(self, start) -> bool:
+        return False
+
+    def should_continue(self, frontier) -> bool:
+        return False
+
+
 def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: str | None = None,
            decision_s: float = 0.0, batch_size: int = 1,
            decision_row_s: float = 0.0) -> ReplayResult:
@@ -194,7 +205,7 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
             row = _Row(p, stopper)
-            if getattr(stopper, "first_from_prefill", False):
+            if isinstance(stopper, NeverDraft):
                 row.take_prefill_token(exact, res)
             if row.advance(exact):
                 rows.append(row)

@@ -48,8 +48,7 @@ from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.tree import Tree
 from replay.data import ReplayData
-from replay.depth import ReplayResult, _frontier, _Row, replay
-from replay.sweeps import NeverDraft
+from replay.depth import NeverDraft, ReplayResult, _frontier, _Row, replay
 
 RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
              "survival:Q (the budget rule on cumulative draft probability ^ Q), "

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mcsd_runtime.decisions.contract import Frontier, StopperBase
+from mcsd_runtime.decisions.contract import Frontier
 from mcsd_runtime.decisions.expected_rate import Calibration, rate_thresholds
 from mcsd_runtime.decisions.learned import LearnedStopper
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from mcsd_runtime.pricing.profile import CostProfile
 from replay.data import ReplayData, _Frontier, replayed
-from replay.depth import ReplayResult, replay
+from replay.depth import NeverDraft, ReplayResult, replay
 
 
 class MemoStopper(LearnedStopper):
@@ -235,19 +235,6 @@ def tune_switch(data: ReplayData, profile: CostProfile | None, depth: int,
     rates = skip_rates(data, profile) if rates is None else rates
     specs = [f"switch:{r:g}:{depth}:{n}" for r in rates if r > 0 for n in probes]
     return max(specs, key=lambda spec: replay(data, spec, profile).throughput)
-
-
-class NeverDraft(StopperBase):
-    """Autoregressive decoding as a stopper: no step drafts (the baseline `ar`), and the first
-    token comes from the prefill's logits, as `ARDecoder` takes it."""
-
-    first_from_prefill = True
-
-    def should_draft(self, start) -> bool:
-        return False
-
-    def should_continue(self, frontier) -> bool:
-        return False
 
 
 def baselines(data: ReplayData, profile: CostProfile | None,

@@ -4,12 +4,9 @@ step's pending draft tokens when the caller says whether they were fed."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 from test_decision import _Trainer
 
-from mcsd_runtime.decisions.device_scoring import interpolate
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.step_model import step_outcome
 from train.decision import refuse_existing, train
@@ -27,14 +24,6 @@ def test_an_existing_file_as_out_is_refused_and_replaced_with_force(tmp_path):
     empty.mkdir()
     refuse_existing(empty, force=False)
     refuse_existing(tmp_path / "absent", force=False)
-
-
-def test_interpolate_is_flat_beyond_the_knots_as_np_interp():
-    x, y = (0.1, 0.5, 0.9), (0.2, 0.3, 0.95)
-    p = torch.tensor([-1.0, 0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95, 2.0], dtype=torch.float64)
-    got = interpolate(p, x, y)
-    assert np.allclose(got.numpy(), np.interp(p.numpy(), x, y), rtol=0, atol=1e-12)
-    assert got[0] == 0.2 and got[-1] == 0.95
 
 
 def test_step_outcome_follows_fed_when_given():

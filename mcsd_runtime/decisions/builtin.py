@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime.decisions.artifact import ArtifactSpec
-from mcsd_runtime.decisions.contract import MEMBERS, Frontier, Stopper, StopperBase, decided
+from mcsd_runtime.decisions.contract import MEMBERS, Frontier, Stopper, StopperBase
 from mcsd_runtime.decisions.learned import stopper_from
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
 from mcsd_runtime.decisions.verify_budget import (
@@ -45,9 +45,6 @@ class StaticStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         return self.depth is None or frontier.depth < self.depth
 
-    def device_continue(self, frontier: Frontier) -> torch.Tensor:
-        return decided(frontier, StaticStopper.should_continue(self, frontier))
-
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         """Refuse a depth the tree does not have (it would silently draft the whole tree)."""
         if self.depth is not None and not 1 <= self.depth <= len(k_config):
@@ -67,9 +64,6 @@ class NoDraftStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         return False
 
-    def device_continue(self, frontier: Frontier) -> torch.Tensor:
-        return decided(frontier, False)
-
 
 class ConfidenceStopper(StopperBase):
     """HF/DISCO style: continue while some frontier token's draft probability is >= T."""
@@ -78,10 +72,7 @@ class ConfidenceStopper(StopperBase):
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        return bool(self.device_continue(frontier))
-
-    def device_continue(self, frontier: Frontier) -> torch.Tensor:
-        return (frontier.column("draft_prob") >= self.threshold).any()
+        return bool((frontier.column("draft_prob") >= self.threshold).any())
 
 
 class EntropyStopper(StopperBase):
@@ -92,11 +83,8 @@ class EntropyStopper(StopperBase):
         self.lam, self.gamma = lam, gamma
 
     def should_continue(self, frontier: Frontier) -> bool:
-        return bool(self.device_continue(frontier))
-
-    def device_continue(self, frontier: Frontier) -> torch.Tensor:
         entropy = frontier.column("q_entropy")
-        return 1.0 - torch.sqrt(self.gamma * entropy.min()) >= self.lam
+        return bool(1.0 - torch.sqrt(self.gamma * entropy.min()) >= self.lam)
 
 
 class CumprodStopper(StopperBase):
@@ -107,10 +95,7 @@ class CumprodStopper(StopperBase):
         self.threshold = threshold
 
     def should_continue(self, frontier: Frontier) -> bool:
-        return bool(self.device_continue(frontier))
-
-    def device_continue(self, frontier: Frontier) -> torch.Tensor:
-        return 1.0 - frontier.column("log_path_prob").max().exp() <= self.threshold
+        return bool(1.0 - frontier.column("log_path_prob").max().exp() <= self.threshold)
 
 
 class HeuristicStopper(StopperBase):
@@ -127,9 +112,6 @@ class HeuristicStopper(StopperBase):
     def should_continue(self, frontier: Frontier) -> bool:
         self.budget = min(self.budget, frontier.max_depth)
         return frontier.depth < self.budget
-
-    def device_continue(self, frontier: Frontier) -> torch.Tensor:
-        return decided(frontier, frontier.depth < min(self.budget, frontier.max_depth))
 
     def update(self, drafted: int, accepted: int) -> None:
         self.budget = self.budget + 2 if accepted == drafted else max(1, self.budget - 1)

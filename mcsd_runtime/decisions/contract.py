@@ -16,13 +16,7 @@ outcome). Subclass `StopperBase` and implement `should_continue`:
 - `needs_hidden`: True when `should_continue` reads `frontier.hidden()` (the decoder then keeps the
   draft's hidden states; recorders use the same name);
 - `check_tree(k_config)`: called once by the decoder with its tree; a stopper tied to one tree
-  shape (a learned one) raises MCSDError for another;
-- `device_continue(frontier) -> Tensor | None` (optional; `StopperBase` returns None): the
-  decision of `should_continue` as a 0-d bool tensor on the frontier's device, computed without
-  a host round trip, so that a decoder can draft to the tree's cap and choose the prefix to
-  verify on the device. It must not change the stopper's state. None: this stopper decides on
-  the host only. The built-ins and learned stoppers implement it (`decided` makes the tensor
-  of a decision that is known on the host).
+  shape (a learned one) raises MCSDError for another.
 
 In a batch (`MCSDDecoder.generate_batch`) each sequence runs its own `copy.copy` of the stopper
 (then `reset()`): keep per-sequence state in plain attributes, or define `__copy__`. Two more
@@ -171,16 +165,6 @@ class StopperBase:
 
     def batch_continue(self, frontiers: Sequence[Frontier]) -> bool | None:
         return None
-
-    def device_continue(self, frontier: Frontier) -> torch.Tensor | None:
-        return None
-
-
-def decided(frontier: Frontier, value: bool) -> torch.Tensor:
-    """A decision known on the host, as a 0-d bool tensor on the frontier's device (a fill, not
-    a copy)."""
-    device = frontier.column("draft_prob").device
-    return torch.full((), bool(value), dtype=torch.bool, device=device)
 
 
 class StepStart:

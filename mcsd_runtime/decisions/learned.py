@@ -42,8 +42,7 @@ from mcsd_runtime.decisions.artifact import (
     artifact_folder,
     decision_subset,
 )
-from mcsd_runtime.decisions.contract import Frontier, StopperBase, decided
-from mcsd_runtime.decisions.device_scoring import DEVICE_AGGREGATIONS, DeviceScorer, interpolate
+from mcsd_runtime.decisions.contract import Frontier, StopperBase
 from mcsd_runtime.decisions.features import DECISION_FEATURES, TRAJECTORY_FEATURES
 from mcsd_runtime.decisions.lightgbm_native import LightGBMError, NativeBooster
 from mcsd_runtime.decisions.online import OnlineCalibration
@@ -145,10 +144,8 @@ class LearnedStopper(SkipsDrafts, StopperBase):
 
     decision: ClassVar[str] = "stop"  # a `mcsd_runtime.decisions.manifest.Decision`
 
-    def __init__(self, spec: ArtifactSpec, model: Any, model_file: Path | None = None) -> None:
+    def __init__(self, spec: ArtifactSpec, model: Any) -> None:
         self.spec, self.kind, self.model = spec, spec.kind, model
-        # the same model's scores on the decoder's device (`device_continue`)
-        self.device_scorer = DeviceScorer(spec.kind, model, model_file, spec.feature_names)
         self.threshold, self.aggregation = spec.threshold, spec.aggregation
         # the expected-throughput rule: a threshold per depth, on calibrated scores
         self.depth_thresholds, self.calibration = spec.depth_thresholds, spec.calibration
@@ -283,24 +280,6 @@ class LearnedStopper(SkipsDrafts, StopperBase):
             self.online.drafted_past(frontier.depth, min(1.0, float(np.sum(scores))))
         return go
 
-    def device_continue(self, frontier: Frontier) -> torch.Tensor | None:
-        """`should_continue` decided on the frontier's device: the model's node scores there,
-        calibrated, aggregated and compared there. None (decide on the host) with online
-        recalibration, whose scale each step updates on the host, or for a LightGBM model
-        loaded without its file."""
-        if self.online_strength or not self.device_scorer.available():
-            return None
-        if drafts_without_deciding(frontier, self.min_depth, self.min_depth_gate):
-            return decided(frontier, True)
-        threshold = self.threshold_at(frontier.depth)
-        if not reachable("max", threshold, 1):
-            return decided(frontier, False)
-        feats = frontier.features()
-        scores = self.device_scorer(feats, frontier.hidden() if self.needs_hidden else None)
-        if self.calibration is not None:
-            scores = interpolate(scores, self.calibration.x, self.calibration.y)
-        return DEVICE_AGGREGATIONS[self.aggregation](scores, feats) >= threshold
-
     def for_batch(self, batch_size: int) -> LearnedStopper:
         """This stopper set up for `batch_size` rows from stopper.json's `batch` table (the entry
         of the largest size <= batch_size); itself where the artifact has no table."""
@@ -381,7 +360,7 @@ def stopper_from(spec: ArtifactSpec, folder: str | Path, **overrides: Any) -> Le
         want = len(spec.feature_names) if spec.kind == "mlp" else spec.hidden_size
         if want is not None and model.in_features != want:
             raise MCSDError(f"{folder}: the MLP takes {model.in_features} inputs, expected {want}")
-    return LearnedStopper(spec, model, folder / "model.txt" if spec.kind == "lightgbm" else None)
+    return LearnedStopper(spec, model)
 
 
 def training_temperatures(spec: ArtifactSpec | None) -> list[float]:

@@ -21,8 +21,7 @@ A `Decision` is what the three runtime objects (`LearnedStopper`, `CopyLength`, 
 have in common: the decision it is, the temperature of the outputs it was trained on, and
 loading from its folder. How each is consulted in a step differs by where it sits in the step
 (`Stopper.should_continue` after a depth, `CopyLength.choose` before the forwards,
-`WidthPolicy.choose` after the draft's first forward); a stopper scores on the device through
-`Stopper.device_continue`.
+`WidthPolicy.choose` after the draft's first forward).
 """
 
 from __future__ import annotations
