@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from importlib.metadata import distributions
 from pathlib import Path
@@ -265,7 +266,9 @@ def test_the_gguf_wheel_is_split_for_two_calls_and_joined_there(tmp_path):
 def test_join_makes_the_mcsd_commands_findable_without_an_install(tmp_path, monkeypatch):
     monkeypatch.setattr(staging, "commands_found", lambda extra=None: False)
     info = staging.write_commands(tmp_path)
-    assert info is not None and info.name == "mcsd_stoppers-0.2.0.dist-info"
+    project = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    version = tomllib.loads(project.read_text())["project"]["version"]
+    assert info is not None and info.name == f"mcsd_stoppers-{version}.dist-info"
     eps = {ep.name: ep.value for d in distributions(path=[str(tmp_path)])
            for ep in d.entry_points if ep.group == "mcsd.commands"}
     assert eps["collect"] == "collect.cli:register" and "eval" in eps
