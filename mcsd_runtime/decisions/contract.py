@@ -168,9 +168,10 @@ class StopperBase:
 
 
 class StepStart:
-    """The `Frontier` of `should_draft`: a step before anything was drafted (depth 0, no
-    nodes), served alike by the decoder and by replay; `cap` the depth the row may draft to
-    this step (its token budget), `pending` the draft tokens it feeds first."""
+    """A row before its step (what `Planner.plan` sees of it, and the `Frontier` of a stopper's
+    `should_draft`): depth 0, no nodes, served alike by the decoder and by replay; `cap` the
+    depth the row may draft to this step (its token budget; 0: it may not draft), `pending` the
+    draft tokens it feeds first."""
 
     depth = 0
 
