@@ -43,6 +43,7 @@ from mcsd_runtime.decisions.verify_budget import (
     StsAcceptance,
     VerifyBudget,
 )
+from mcsd_runtime.decode.planning import drive
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
@@ -148,15 +149,11 @@ class Budget:
             self.budget = VerifyBudget(self.estimate, profile, len(rows))
         budget = self.budget
         go = budget.plan([_Start(r, tree.depth) for r in rows])
-        drafted, depth = [0] * len(rows), 0
-        while any(go):
-            depth += 1
-            frontiers = [_frontier(r, depth, tree.depth) if g else None
-                         for r, g in zip(rows, go, strict=True)]
-            drafted = [depth if g else d for d, g in zip(drafted, go, strict=True)]
-            votes = budget.extend(frontiers)
-            go = [g and v and r.cap > depth for r, g, v in zip(rows, go, votes, strict=True)]
-        return list(zip(drafted, budget.verify(drafted), strict=True))
+        caps = [r.cap if g else 0 for r, g in zip(rows, go, strict=True)]
+        run = drive(budget, caps, lambda depth, drew: [
+            _frontier(r, depth, tree.depth) if d else None
+            for r, d in zip(rows, drew, strict=True)], lambda *_: None)  # nothing to forward
+        return list(zip(run.reach, run.verify, strict=True))
 
 
 def scaled_draft(profile: CostProfile, factor: float) -> CostProfile:

@@ -23,6 +23,7 @@ from mcsd_runtime.decisions.features import TOP_K_MASS
 from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.graphs import Forward
+from mcsd_runtime.decode.planning import drive
 from mcsd_runtime.decode.step_state import Drafted, DraftFrontier, DraftLayer
 
 if TYPE_CHECKING:
@@ -60,21 +61,22 @@ class TreeDrafter:
         first = self.first_layer(rows, inputs, caps, dc, d, timing)
         d.cache_base = dc.length
         self.add_layers(d.layers, tokens, first)
-        depth, open_rows = 1, [c > 0 for c in caps]
-        while self.extend(rows, d.layers, depth, caps, open_rows, d.depths):
-            drafting = [open_rows[i] and depth < caps[i] for i in range(len(rows))]
-            q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing,
-                                              drafting)
-            d.forwarded = depth
-            parent = torch.stack([rl[-1].log_path for rl in d.layers])
-            own = [caps[i] if open_rows[i] else d.depths[i] for i in range(len(rows))]
-            self.add_layers(d.layers, tokens,
-                            self.propose(q, hidden, depth + 1, parent, rows, own))
-            depth += 1
-        d.depth = depth
-        d.reach = [max(0, min(d.depths[i], caps[i])) for i in range(len(rows))]
-        d.depths = self.planner.verify(d.reach)
+        run = drive(self.planner, caps,
+                    lambda depth, drew: self.frontiers(rows, d.layers, depth, drew),
+                    lambda depth, drafting, own: self.next_depth(
+                        rows, tokens, inputs, dc, d, timing, depth, drafting, own))
+        d.depth, d.reach, d.depths = run.depth, run.reach, run.verify
         return d
+
+    def next_depth(self, rows: list[Row], tokens: torch.Tensor, inputs: torch.Tensor,
+                   dc: StepCache, d: Drafted, timing: Timing, depth: int, drafting: list[bool],
+                   own: list[int]) -> None:
+        """Depth + 1 of every row: the frontier goes through the draft (the rows `drafting`),
+        which proposes the next layer (each row drawing to its `own` depth)."""
+        q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing, drafting)
+        d.forwarded = depth
+        parent = torch.stack([rl[-1].log_path for rl in d.layers])
+        self.add_layers(d.layers, tokens, self.propose(q, hidden, depth + 1, parent, rows, own))
 
     def first_layer(self, rows: list[Row], inputs: torch.Tensor, caps: list[int], dc: StepCache,
                     d: Drafted, timing: Timing) -> list[DraftLayer]:
@@ -143,23 +145,14 @@ class TreeDrafter:
                            counts=[(nodes.stop - nodes.start) * on for on in drafting])
         return self.dec.probs(out.logits), out.hidden if self.draft_hidden else None
 
-    def extend(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
-               caps: list[int], open_rows: list[bool], depths: list[int]) -> bool:
-        """After `depth`, the planner sees the frontier of every row that drafted it; rows it
-        stops, or that reached their cap, close at `depth`. Returns whether any row drafts
-        on."""
-        drew = [open_rows[i] and caps[i] >= depth for i in range(len(rows))]
-        if not any(drew):
-            return False
-        peers = [layers[i][depth - 1] for i in range(len(rows)) if drew[i]]  # one host copy
-        frontiers = [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
-                                   rows[i].st.trajectory, peers) if drew[i] else None
-                     for i in range(len(rows))]
-        votes = self.planner.extend(frontiers)
-        for i in range(len(rows)):
-            if drew[i] and (not votes[i] or depth >= caps[i]):
-                open_rows[i], depths[i] = False, depth
-        return any(open_rows[i] and depth < caps[i] for i in range(len(rows)))
+    def frontiers(self, rows: list[Row], layers: list[list[DraftLayer]], depth: int,
+                  drew: list[bool]) -> list[DraftFrontier | None]:
+        """The frontier of `depth` of each row that drew it (None elsewhere), read from the
+        host in one copy for all when a decision reads their features."""
+        peers = [layers[i][depth - 1] for i in range(len(rows)) if drew[i]]
+        return [DraftFrontier(layers[i][depth - 1], depth, self.tree.depth, self.tt,
+                              rows[i].st.trajectory, peers) if drew[i] else None
+                for i in range(len(rows))]
 
     def propose(self, q: torch.Tensor, hidden: torch.Tensor | None, d: int,
                 parent_log_path: torch.Tensor | None, rows: list[Row],

@@ -1,6 +1,7 @@
 """The planner a step engine consults (`planner_for`): a `Planner` named for the decoder (a
 verification budget) at the engine's batch size, or else `RowPlanner`, the one adapter through
-which per-row stoppers plan a step.
+which per-row stoppers plan a step; and `drive`, the one loop that runs a planner over a step's
+depths, for the engine (which drafts them) and for replay (which reads them from a collection).
 
 `RowPlanner` applies the batch's depth policy (`DecodeConfig.batch_depth`). A row drafts at all
 where its own stopper's `should_draft` says so. After each depth, the rows that may still go
@@ -12,7 +13,8 @@ itself. Every row verifies what it drafted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, Stopper
@@ -66,3 +68,38 @@ class RowPlanner(Planner):
 
     def check_tree(self, k_config: tuple[int, ...]) -> None:
         self.stopper.check_tree(k_config)
+
+
+@dataclass
+class Drive:
+    """What `drive` leaves of a step: per row the depth it drafted (`reach`) and the depths it
+    verifies (`verify`), and the depths drafted in all (`depth`)."""
+
+    reach: list[int]
+    verify: list[int]
+    depth: int
+
+
+def drive(planner: Planner, caps: list[int],
+          frontiers: Callable[[int, list[bool]], Sequence[Frontier | None]],
+          draft_next: Callable[[int, list[bool], list[int]], None]) -> Drive:
+    """Run `planner` over one step's depths, depth 1 drafted for every row with a cap. After each
+    depth the planner sees `frontiers(depth, drew)` (the frontier of each row that drew it, None
+    elsewhere); rows it stops, or at their cap, close there. While any row goes on,
+    `draft_next(depth, drafting, own)` drafts depth + 1 for the rows `drafting` (`own`: each
+    row's last depth of its own, its cap while it is open). Then the planner says what each row
+    verifies."""
+    n = len(caps)
+    depths, open_rows, depth = [0] * n, [c > 0 for c in caps], 1
+    while any(drew := [open_rows[i] and caps[i] >= depth for i in range(n)]):
+        votes = planner.extend(frontiers(depth, drew))
+        for i in range(n):
+            if drew[i] and (not votes[i] or depth >= caps[i]):
+                open_rows[i], depths[i] = False, depth
+        drafting = [open_rows[i] and depth < caps[i] for i in range(n)]
+        if not any(drafting):
+            break
+        draft_next(depth, drafting, [caps[i] if open_rows[i] else depths[i] for i in range(n)])
+        depth += 1
+    reach = [max(0, min(depths[i], caps[i])) for i in range(n)]
+    return Drive(reach, planner.verify(reach), depth)
