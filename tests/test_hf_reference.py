@@ -204,8 +204,11 @@ def test_ar_sampling_follows_the_target():
     expected = (first[:, None] * second).flatten() * n
     dec = ARDecoder(micro, DecodeConfig(temperature=temp, max_new_tokens=2))
     counts = torch.zeros(vocab * vocab)
-    for seed in range(n):
-        x1, x2 = dec.generate(prompt, seed=seed).token_ids
+    # the seeds as rows of one batch: each row draws with its own generator, as alone (seed 0)
+    rows = dec.generate_batch([prompt] * n, batch_size=n, seeds=range(n))
+    assert dec.generate(prompt, seed=0).token_ids == rows[0].token_ids
+    for r in rows:
+        x1, x2 = r.token_ids
         counts[x1 * vocab + x2] += 1
     keep = expected >= 5
     obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])

@@ -132,8 +132,10 @@ def _pair_counts(first_two, n: int) -> torch.Tensor:
 
 
 def _ar_counts(pair, n: int) -> torch.Tensor:
+    """As test_hf_reference draws them: the seeds as rows of one batch."""
     dec = ARDecoder(pair, DecodeConfig(temperature=0.7, max_new_tokens=2))
-    return _pair_counts(lambda seed: dec.generate(PROMPT, seed=seed).token_ids, n)
+    rows = dec.generate_batch([PROMPT] * n, batch_size=n, seeds=range(n))
+    return _pair_counts(lambda seed: rows[seed].token_ids, n)
 
 
 def test_ar_sampling_test_rejects_a_biased_sampler(micro, monkeypatch):
