@@ -109,8 +109,9 @@ class Planner:
     """Every decision the engine consults inside a step, for all rows of a batch at once (a
     batch of one included). Each step the engine asks `plan`, then `extend` after every depth
     that some row drafted (the last one too, where the answers are not read), then `verify`;
-    each row's outcome comes back through `outcome`. `for_batch` gives the planner that runs at
-    a batch size, `check_tree` refuses a tree it cannot plan."""
+    each row's outcome comes back through `outcome`. A planner named for a decoder (in place of
+    a stopper) is set up for a batch size and checked against the tree as a stopper is
+    (`for_batch`, `check_tree`)."""
 
     def plan(self, starts: Sequence[StepStart]) -> list[bool]:
         """Which rows draft this step: each row's `StepStart` (cap 0: it may not draft, because
@@ -129,12 +130,6 @@ class Planner:
     def outcome(self, row: object, drafted: int, accepted: int) -> None:
         """Row `row` (its `StepStart.row`) drafted `drafted` depths this step and `accepted` of
         them were accepted (0, 0 at its first token, and for a copied chain)."""
-        return None
-
-    def for_batch(self, batch_size: int) -> Planner:
-        return self
-
-    def check_tree(self, k_config: tuple[int, ...]) -> None:
         return None
 
 

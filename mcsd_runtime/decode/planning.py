@@ -66,9 +66,6 @@ class RowPlanner(Planner):
     def outcome(self, row: object, drafted: int, accepted: int) -> None:
         cast("RowState", row).stopper.update(drafted, accepted)
 
-    def check_tree(self, k_config: tuple[int, ...]) -> None:
-        self.stopper.check_tree(k_config)
-
 
 @dataclass
 class Drive:
