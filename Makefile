@@ -163,7 +163,7 @@ batches: venv
 # environment instead, then `pip install -e ".[toolkit]"`.
 VLLM_VENV := .venv-vllm
 VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_runtime.py tests/test_traces.py \
-	tests/test_schedule_export.py
+	tests/test_schedule_export.py tests/test_vllm_sampled.py
 $(VLLM_VENV)/bin/.installed: pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q "$(TORCH_SPEC)"

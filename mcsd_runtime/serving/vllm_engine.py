@@ -11,6 +11,9 @@ engine and worker processes. `EngineConfig.in_process` keeps both inside the cal
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor): about 10 s to start instead of 30 s on
 a 2-core CPU, which the tests use (`MCSD_VLLM_IN_PROCESS=1` makes it every engine's default);
 benchmarks run vLLM as a user does, in its own processes.
+
+Every engine started here runs with `serving.vllm_fixes` applied (the CPU build's sampled
+verification, vLLM issue #55005), in this process and, as a vLLM plugin, in the engine's own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcsd_runtime.errors import MCSDError
+from mcsd_runtime.serving.vllm_fixes import FIX_ENV
+from mcsd_runtime.serving.vllm_fixes import apply as apply_fixes
 
 SUPPORTED_VLLM = "0.32"  # the release line whose speculative options this module passes
 INSTALL_HINT = ('install the extra: pip install -e ".[vllm]" (on a CPU machine: make venv '
@@ -86,7 +91,7 @@ class Completion:
 
 def _engine_env(cfg: EngineConfig) -> dict[str, str]:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{cfg.kv_cache_gib:g}",
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", FIX_ENV: "1"}
     if cfg.in_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env | {k: str(v) for k, v in cfg.env.items()}
@@ -97,6 +102,8 @@ def start_engine(cfg: EngineConfig) -> tuple[Any, float]:
     it fails to start."""
     require_vllm()
     from vllm import LLM
+
+    apply_fixes()  # this process's; the engine's own processes apply them as a vLLM plugin
 
     env = _engine_env(cfg)
     saved = {k: os.environ.get(k) for k in env}
