@@ -6,6 +6,8 @@ plain vLLM's): tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -42,8 +44,9 @@ def greedy(model, context: list[int], n: int) -> list[int]:
 
 
 def proposer(monkeypatch, toy_tiny, stopper: str | None = "static:4",
-             copy: str | None = None) -> MCSDProposer:
-    spec = ProposerSpec(copy=copy, stopper=stopper, draft=str(toy_tiny / "draft"))
+             copy: str | None = None, schedule: str | None = None) -> MCSDProposer:
+    spec = ProposerSpec(copy=copy, stopper=stopper, draft=str(toy_tiny / "draft"),
+                        schedule=schedule)
     monkeypatch.setenv(PROPOSER_ENV, spec.to_env())
     return MCSDProposer(Config)
 
@@ -220,6 +223,28 @@ def test_a_learned_stopper_for_another_chain_is_refused(monkeypatch, toy_tiny):
         proposer(monkeypatch, toy_tiny, stopper="anything")
 
 
+def schedule_folder(tmp_path, bands) -> str:
+    from mcsd_runtime.serving.schedule import Schedule
+
+    Schedule(bands=bands).write(tmp_path / "schedule")
+    return str(tmp_path / "schedule")
+
+
+def test_a_schedule_caps_each_steps_drafts_by_the_requests_decoding(
+        monkeypatch, toy_tiny, draft, tmp_path):
+    """Bands: K=4 at one request, 2 at two, 0 from three: the chain drafts 4, then 2 a row,
+    then nothing; a row still in prefill does not count."""
+    p = proposer(monkeypatch, toy_tiny,
+                 schedule=schedule_folder(tmp_path, ((1, 1, 4), (2, 2, 2), (3, None, 0))))
+    other = [4, 4, 8, 1, 9, 30]
+    assert step(p, [PROMPT], [[PROMPT[-1]]]) == [greedy(draft, PROMPT, 4)]
+    assert step(p, [PROMPT, other, [6, 6]], [[PROMPT[-1]], [other[-1]], []]) == [
+        greedy(draft, PROMPT, 2), greedy(draft, other, 2), []]
+    third = [12, 13, 14]
+    assert step(p, [PROMPT, other, third],
+                [[PROMPT[-1]], [other[-1]], [third[-1]]]) == [[], [], []]
+
+
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([1, 2], [1, 2, 3]) == 2 and common_prefix([], [1]) == 0
@@ -281,6 +306,13 @@ def test_proposer_methods_parse_into_the_spec_the_class_reads(tmp_path):
     assert env_spec(m) == ProposerSpec(copy=str(copy.resolve()), stopper="static:3",
                                        draft="/drafts/d", depth=PROPOSER_CHAIN)
     assert m.speculative["num_speculative_tokens"] == 6 and len(found) == 2
+    table = schedule_folder(tmp_path, ((1, 7, 4), (8, None, 0)))
+    m = parse_method(f"proposer:{copy}+static:3+table:{table}", draft=draft)
+    assert env_spec(m) == ProposerSpec(copy=str(copy.resolve()), stopper="static:3",
+                                       draft="/drafts/d", depth=PROPOSER_CHAIN,
+                                       schedule=str(Path(table).resolve()))
+    with pytest.raises(MCSDError, match="no schedule at"):
+        parse_method(f"proposer:{copy}+table:{tmp_path / 'none'}")
 
 
 @pytest.mark.parametrize(("arg", "message"), [

@@ -25,8 +25,10 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
                       "[vllm] extra), one engine per method, all started before any timing, "
                       "with the methods ar (vLLM plain), ngram:K[:MIN:MAX] (its prompt lookup), "
                       "table:PATH (K by batch size from `mcsd train --decision schedule`), "
-                      "proposer:PATH (prompt lookup under a learned copy length, as vLLM's "
-                      "custom proposer class) and draft:K (vLLM's draft-model speculation, K "
+                      "proposer:COPY[+STOPPER][+table:PATH] (the toolkit's decisions as vLLM's "
+                      "custom proposer class: prompt lookup under a learned copy length, the "
+                      "pair's draft under a stopper, or both, capped by a schedule at the live "
+                      "batch size) and draft:K (vLLM's draft-model speculation, K "
                       "tokens a step from the target pair's own draft, exported once for vLLM "
                       "into the cache); default methods "
                       f"{DEFAULT_VLLM_METHODS}; speed is paired with vLLM's ar")

@@ -6,9 +6,12 @@
   table:PATH          K by batch size from a schedule (`mcsd train --decision schedule`), on the
                       drafter it was trained for (its meta.method: ngram), through vLLM's
                       num_speculative_tokens_per_batch_size
-  proposer:PATH       the toolkit's proposer class inside vLLM
-                      (`mcsd_runtime.serving.vllm_proposer`): prompt lookup under the learned
-                      copy length at PATH (`mcsd train --decision copy`)
+  proposer:PARTS      the toolkit's proposer class inside vLLM
+                      (`mcsd_runtime.serving.vllm_proposer`): COPY (prompt lookup under the
+                      learned copy length of `mcsd train --decision copy`), STOPPER (the pair's
+                      draft under a stopper) or COPY+STOPPER, each optionally followed by
+                      +table:PATH (a schedule capping each step's drafts by the live batch
+                      size, off where its K is 0)
   draft:K             vLLM's draft-model speculation, K tokens a step from the target pair's
                       default draft (its distilled draft exported with a full-vocabulary head,
                       `mcsd_runtime.serving.draft_export`); the draft is resolved, built and
@@ -101,10 +104,18 @@ def _proposer(method: str, arg: str, draft: DraftSource = None
     from mcsd_runtime.serving.vllm_proposer import PROPOSER_ENV, ProposerSpec
 
     parts = arg.split("+") if arg else []
+    schedule = None
+    if len(parts) > 1 and parts[-1].startswith("table:"):
+        from mcsd_runtime.serving.schedule import Schedule
+
+        schedule = parts.pop()[len("table:"):]
+        Schedule.load(Path(schedule))  # a clear error for a wrong folder, before any engine
+        schedule = str(Path(schedule).resolve())
     if not 1 <= len(parts) <= 2 or not all(parts):
         raise MCSDError(f"method {method!r}: use proposer:COPY, proposer:STOPPER or "
                         f"proposer:COPY+STOPPER (COPY: a folder of `mcsd train --decision copy`; "
-                        f"STOPPER: a stopper spec, e.g. stopper:runs/stop or static:3)")
+                        f"STOPPER: a stopper spec, e.g. stopper:runs/stop or static:3), "
+                        f"optionally +table:SCHEDULE last")
     copy, stopper = (parts[0], None) if _is_copy(parts[0]) else (None, parts[0])
     if len(parts) == 2:
         if copy is None or _is_copy(parts[1]):
@@ -125,7 +136,7 @@ def _proposer(method: str, arg: str, draft: DraftSource = None
             raise MCSDError(f"method {method!r} drafts with the pair's draft: `mcsd eval "
                             f"--engine vllm` finds it; in Python pass draft=FOLDER")
         draft = str(folder)
-    spec = ProposerSpec(copy, stopper, draft if stopper else None, depth)
+    spec = ProposerSpec(copy, stopper, draft if stopper else None, depth, schedule)
     config = {"method": "custom_class", "model": PROPOSER_CLASS,
               "num_speculative_tokens": max(min(max(ks), PROPOSER_MAX_K), 1)}
     return config, ((PROPOSER_ENV, spec.to_env()),)

@@ -11,7 +11,10 @@
   chosen per request and step by a stopper (a built-in spec or a trained stopper folder), through
   `mcsd_runtime.serving.draft_chain`;
 - both: a copy where the copy length copies, the draft's chain where it copies nothing (as
-  `lookup-learned:PATH+STOPPER` in the toolkit's decoder).
+  `lookup-learned:PATH+STOPPER` in the toolkit's decoder);
+- with a `schedule` (K by batch size, `mcsd train --decision schedule`), each step's drafts are
+  at most its K at the number of requests decoding, so that a band of K = 0 turns the class off
+  where speculation loses (vLLM's own table does the same for its built-in methods).
 
 Each request gets a draft of its own length, none where neither pays. vLLM verifies the chain,
 so decoding stays lossless.
@@ -59,6 +62,7 @@ from mcsd_runtime.decisions.copy_length import CopyHistory, CopyLength, features
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.lookup import find_match
 from mcsd_runtime.serving.draft_chain import DraftChain
+from mcsd_runtime.serving.schedule import Schedule
 
 PROPOSER_ENV = "MCSD_VLLM_PROPOSER"  # the ProposerSpec (JSON) the class reads
 TAIL = 8  # the last tokens of a row's context that recognise its request at the next step
@@ -68,12 +72,13 @@ TAIL = 8  # the last tokens of a row's context that recognise its request at the
 class ProposerSpec:
     """What `MCSDProposer` proposes with (module docstring): a copy-length folder, a stopper
     spec with the draft model folder it drafts with and the chain's depth (None: vLLM's K), or
-    both."""
+    both; optionally a schedule folder capping each step's drafts by the live batch size."""
 
     copy: str | None = None
     stopper: str | None = None
     draft: str | None = None
     depth: int | None = None
+    schedule: str | None = None
 
     def __post_init__(self) -> None:
         if not self.copy and not self.stopper:
@@ -145,6 +150,7 @@ class MCSDProposer:
         self.stopper, self.model, self.depth = None, None, min(spec.depth or self.k, self.k)
         if spec.stopper:
             self.stopper, self.model = _load_drafting(spec, self.depth, vllm_config)
+        self.schedule = Schedule.load(spec.schedule) if spec.schedule else None
         self.rows: list[RowState | None] = []
 
     def _new_state(self, context: np.ndarray) -> RowState:
@@ -163,10 +169,17 @@ class MCSDProposer:
                 return state
         return self._new_state(context)
 
-    def _propose_row(self, state: RowState, context: np.ndarray) -> list[int]:
+    def _cap(self, live: int) -> int:
+        """The most tokens a row may draft this step, `live` requests decoding."""
+        return min(self.k, self.schedule.k_for(live)) if self.schedule and live else self.k
+
+    def _propose_row(self, state: RowState, context: np.ndarray, cap: int) -> list[int]:
         ctx = context.tolist()
+        if cap < 1:
+            state.by = None
+            return []
         if self.policy is not None:
-            match = find_match(ctx, min(self.k, self.policy.max_copy), self.policy.min_ngram,
+            match = find_match(ctx, min(cap, self.policy.max_copy), self.policy.min_ngram,
                                self.policy.max_ngram)
             if match is not None:
                 alt = None
@@ -181,7 +194,7 @@ class MCSDProposer:
             state.by = None
             return []
         state.by = "draft"
-        return state.chain.propose(self.model, ctx, self.depth)
+        return state.chain.propose(self.model, ctx, min(self.depth, cap))
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
@@ -189,6 +202,7 @@ class MCSDProposer:
         drafts: list[list[int]] = []
         rows: list[RowState | None] = []
         claimed: set[int] = set()
+        cap = self._cap(sum(1 for sampled in sampled_token_ids if sampled))
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a row still in prefill, or not scheduled: nothing to extend
                 drafts.append([])
@@ -198,7 +212,7 @@ class MCSDProposer:
             context = np.asarray(token_ids_cpu[i, : int(num_tokens_no_spec[i])])
             state = self._state(i, context, claimed)
             state.observe(sampled)
-            draft = self._propose_row(state, context)
+            draft = self._propose_row(state, context, cap)
             state.length, state.proposed = len(context), draft
             state.tail = tuple(context[max(len(context) - TAIL, 0):].tolist())
             drafts.append(draft)
