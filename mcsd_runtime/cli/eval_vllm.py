@@ -35,19 +35,30 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", default="1", metavar="C[,C...]",
                    help="--engine vllm: requests in flight, e.g. 1,4,8,16: the prompts go in "
                         "waves of C submitted together; throughput is a wave's generated "
-                        "tokens per wall second, paired per prompt at 1 and per wave above "
-                        "(default %(default)s)")
+                        "tokens per wall second, paired per prompt at 1 and per wave above; "
+                        "an item such as 1+16+4+8 is one run whose waves take these sizes in "
+                        "turn, paired per wave (default %(default)s)")
 
 
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    """`--concurrency`: requests in flight, one count or several (1,4,8,16)."""
-    try:
-        values = sorted({int(x) for x in str(text).split(",") if x.strip()})
-    except ValueError:
-        raise MCSDError(f"--concurrency {text!r}: give counts such as 1 or 1,4,8,16") from None
-    if not values or values[0] < 1:
-        raise MCSDError(f"--concurrency {text!r}: give counts of at least 1, e.g. 1,4,8,16")
-    return tuple(values)
+def parse_concurrency(text: str) -> tuple[int | str, ...]:
+    """`--concurrency`: requests in flight, one count or several (1,4,8,16); an item A+B+...
+    is one run whose waves take these sizes in turn."""
+    items: list[int | str] = []
+    for item in (x.strip() for x in str(text).split(",")):
+        if not item:
+            continue
+        try:
+            sizes = [int(x) for x in item.split("+")]
+        except ValueError:
+            raise MCSDError(f"--concurrency {text!r}: give counts such as 1 or 1,4,8,16, or "
+                            f"waves of varying size such as 1+16+4+8") from None
+        if min(sizes) < 1:
+            raise MCSDError(f"--concurrency {text!r}: give counts of at least 1, e.g. 1,4,8,16")
+        items.append(sizes[0] if len(sizes) == 1 else "+".join(map(str, sizes)))
+    if not items:
+        raise MCSDError(f"--concurrency {text!r}: give counts such as 1 or 1,4,8,16")
+    ints = sorted({c for c in items if isinstance(c, int)})
+    return tuple(ints) + tuple(dict.fromkeys(c for c in items if isinstance(c, str)))
 
 
 def refuse_decoder_options(args: argparse.Namespace, default_methods: str) -> None:

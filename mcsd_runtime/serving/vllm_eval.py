@@ -6,8 +6,11 @@ configuration and left out). At each concurrency C, the prompts go in waves of C
 submitted together; every method decodes the same waves, wave by wave, in an order that rotates
 from wave to wave, after one untimed warm-up wave each. Throughput is a wave's generated tokens
 per second of wall time (its prefills included, as a user of the engine sees it). At
-concurrency 1 speed is paired per prompt, above it per wave. Each method's record carries
-vLLM's own per-step drafted and accepted counts (`per_request_spec_decode_metrics="detailed"`).
+concurrency 1 speed is paired per prompt, above it per wave. A concurrency may also vary
+within a run: "1+16+4+8" sends waves of 1, 16, 4 and 8 requests in turn, over and over, paired
+per wave (a table of K by batch size meets every band in one run). Each method's record
+carries vLLM's own per-step drafted and accepted counts
+(`per_request_spec_decode_metrics="detailed"`).
 
 Writes, per concurrency, the usual evaluation folder (`c1/`, `c4/`, ...: per_prompt.jsonl,
 summary.*, report.md) and across them `concurrency.md` and `concurrency.json`.
@@ -35,6 +38,24 @@ from mcsd_runtime.serving.vllm_engine import (
 )
 from mcsd_runtime.serving.vllm_methods import VllmMethod
 
+Concurrency = int | str  # requests in flight, or "1+16+4+8": waves of these sizes in turn
+
+
+def wave_sizes(concurrency: Concurrency) -> tuple[int, ...]:
+    """The sizes a run's waves take in turn: (C,) for a count, the cycle for "A+B+..."."""
+    return (concurrency,) if isinstance(concurrency, int) else tuple(
+        int(x) for x in concurrency.split("+"))
+
+
+def split_waves(encoded: list, concurrency: Concurrency) -> list[list]:
+    """`encoded` cut into consecutive waves whose sizes follow `wave_sizes`."""
+    sizes, waves, i = wave_sizes(concurrency), [], 0
+    while i < len(encoded):
+        n = sizes[len(waves) % len(sizes)]
+        waves.append(encoded[i : i + n])
+        i += n
+    return waves
+
 
 @dataclass(frozen=True)
 class VllmRun:
@@ -42,7 +63,7 @@ class VllmRun:
 
     model: str
     methods: tuple[VllmMethod, ...]
-    concurrency: tuple[int, ...] = (1,)
+    concurrency: tuple[Concurrency, ...] = (1,)
     dtype: str = "bfloat16"
     temperature: float = 0.0
     max_new_tokens: int = 64
@@ -56,7 +77,8 @@ class VllmRun:
 def engine_config(run: VllmRun, method: VllmMethod) -> EngineConfig:
     """The engine of one method: room for the largest wave."""
     return EngineConfig(model=run.model, dtype=run.dtype, speculative=method.speculative,
-                        max_num_seqs=max(max(run.concurrency), 1), seed=run.seed,
+                        max_num_seqs=max(max(wave_sizes(c)) for c in run.concurrency),
+                        seed=run.seed,
                         in_process=run.in_process, max_model_len=run.max_model_len,
                         env=dict(method.env))
 
@@ -95,12 +117,12 @@ def wave_records(label: str, wave: list[tuple[str, list[int]]], outputs: list, w
     return out
 
 
-def run_waves(engines: dict[str, Any], encoded: list[tuple[str, list[int]]], concurrency: int,
-              params: Any, progress: bool = True) -> list[Record]:
+def run_waves(engines: dict[str, Any], encoded: list[tuple[str, list[int]]],
+              concurrency: Concurrency, params: Any, progress: bool = True) -> list[Record]:
     """Every engine on every wave of `concurrency` prompts, interleaved (see the module doc)."""
     from mcsd_runtime.progress import progress as progress_bar
 
-    waves = [encoded[i : i + concurrency] for i in range(0, len(encoded), concurrency)]
+    waves = split_waves(encoded, concurrency)
     names = list(engines)
     for name in names:  # warm-up
         decode_wave(engines[name], [ids for _, ids in waves[0]], params)
@@ -110,7 +132,7 @@ def run_waves(engines: dict[str, Any], encoded: list[tuple[str, list[int]]], con
         for i, wave in enumerate(waves):
             for name in names[i % len(names):] + names[: i % len(names)]:
                 outputs, wall = decode_wave(engines[name], [ids for _, ids in wave], params)
-                unit = f"wave{i:04d}" if concurrency > 1 else None
+                unit = f"wave{i:04d}" if concurrency != 1 else None
                 records += wave_records(name, wave, outputs, wall, unit)
             bar.update(len(wave))
     return records
@@ -131,20 +153,22 @@ def running(run: VllmRun, log: Callable[[str], None] = print) -> Iterator[
 
 
 def evaluate(run: VllmRun, encoded: list[tuple[str, list[int]]],
-             log: Callable[[str], None] = print, progress: bool = True) -> dict[int, list[Record]]:
+             log: Callable[[str], None] = print, progress: bool = True
+             ) -> dict[Concurrency, list[Record]]:
     """Every method at every concurrency of `run` (concurrency -> records)."""
     with running(run, log) as (engines, params):
         return {c: run_waves(engines, encoded, c, params, progress) for c in run.concurrency}
 
 
-def concurrency_rows(by_c: dict[int, list[Record]], greedy: bool) -> list[dict]:
+def concurrency_rows(by_c: dict[Concurrency, list[Record]], greedy: bool) -> list[dict]:
     """One row per (concurrency, method): throughput, the paired speedup over `ar` (95% CI),
     mean accepted drafts per verify step, the acceptance rate and, greedy, equality with ar."""
     from mcsd_runtime.evaluate.batch_report import throughput
     from mcsd_runtime.evaluate.stats import group_by_method, paired_geomean
 
     rows = []
-    for c, records in sorted(by_c.items()):
+    for c, records in sorted(by_c.items(), key=lambda item: (isinstance(item[0], str),
+                                                             str(item[0]).zfill(6))):
         by_method = group_by_method(records)
         ar = by_method["ar"]
         outputs = {r.prompt_id: r.token_ids for r in ar}
