@@ -18,7 +18,7 @@ from mcsd_runtime.decisions.learned import load_stopper, stopper_from
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.tree import Tree
-from train.stop.calibrate import ece_by_depth, expected_calibration_error, fit_calibration
+from train.node_model import ece_by_depth, expected_calibration_error, fit_calibration
 
 OLD = Path(__file__).parent / "fixtures" / "stoppers-b8df3aa" / "lightgbm"
 

@@ -271,8 +271,8 @@ def test_training_free_rules_are_tuned_on_validation_prompts(
     import mcsd_runtime.decisions.learned as learned
     from train.budget.config import BudgetConfig
     from train.budget.trainer import BudgetTrainer, Fitted, Runs
+    from train.node_model import Prepared
     from train.stop.config import TrainConfig
-    from train.stop.pipeline import Prepared
 
     df = chain_rows([0, 0, 4, 4], new_tokens=12)  # p00, p01: accept nothing; p02, p03: all
     df["accepted_length"] = df["drafted_depth"].where(df["prompt_id"] >= "p02", 0)

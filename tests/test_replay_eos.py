@@ -18,8 +18,9 @@ from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
 from mcsd_runtime.pricing.profile import BatchCosts, CostProfile
 from mcsd_runtime.prompts.sets import Prompt
 from replay.runs import load_runs
+from train.node_model import fit, prepare
 from train.stop.config import TrainConfig
-from train.stop.pipeline import choose, fit, prepare
+from train.stop.pipeline import choose
 
 EOS, K, MAX_NEW = 36, (2, 2, 1), 12  # this pair ends prompt 8's output in EOS at token 11 of 12
 CONFIG = TrainConfig(aggregations=("max",), decision_us=0.0, progress=False)

@@ -334,9 +334,9 @@ def test_artifact_round_trip_same_predictions(artifacts, rows):
     check_pair(stopper, small_pair())
     # the MLP: the reloaded artifact scores the held-out rows as the trained model did (its
     # test metrics, computed in training from the in-memory model, come out the same)
+    from train.node_model import prepare
     from train.stop import report
     from train.stop.config import TrainConfig
-    from train.stop.pipeline import prepare
 
     folder, summary = artifacts["mlp"]
     prep = prepare(rows, [{"pair": small_pair().fingerprint}],

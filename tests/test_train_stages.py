@@ -19,14 +19,8 @@ from mcsd_runtime.decisions.learned import load_mlp, load_stopper
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from train.stop.config import TrainConfig, default_label
-from train.stop.pipeline import (
-    PEER_GRID,
-    choose,
-    deploy_static,
-    fit,
-    prepare,
-    write,
-)
+from train.node_model import fit, prepare
+from train.stop.pipeline import PEER_GRID, choose, deploy_static, write
 from train.stop.trainer import train_stopper
 
 PROFILE = CostProfile(tokens=[1, 8, 64], target_s=[1.0, 1.1, 2.0], draft_s=[0.2, 0.22, 0.4],

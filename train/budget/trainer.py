@@ -30,8 +30,8 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import working
 from replay.result import Column, Comparison, Report, pct
+from train import node_model as N
 from train.budget.config import BudgetConfig
-from train.stop import pipeline as P
 
 if TYPE_CHECKING:
     from mcsd_runtime.decisions.artifact import ArtifactSpec
@@ -46,7 +46,7 @@ PROFILE_FILE = "cost.json"
 class Runs:
     """The collected rows and their runs' manifests, prepared as for the stopper."""
 
-    prep: P.Prepared
+    prep: N.Prepared
     manifests: list[dict]
 
 
@@ -54,7 +54,7 @@ class Runs:
 class Fitted:
     """The node model, its provisional spec and its calibration."""
 
-    fit: P.Fit
+    fit: N.Fit
     spec: ArtifactSpec  # the node model's
     calibration: Calibration  # its calibration on validation prompts
     folder: Path  # where its model files are
@@ -80,19 +80,19 @@ class BudgetTrainer:
         from replay.runs import load_runs
 
         df, manifests = load_runs(list(self.config.runs))
-        return Runs(P.prepare(df, manifests, self.config.training, self.log), manifests)
+        return Runs(N.prepare(df, manifests, self.config.training, self.log), manifests)
 
     def fit(self, data: Runs, folder: Path) -> Fitted:
         from mcsd_runtime.decisions.learned import stopper_from
         from replay.runs import collected_prompt_format, pair_fingerprint
-        from train.stop.calibrate import fit_calibration
+        from train.node_model import fit_calibration
 
         prep = data.prep
         if prep.k_config is None or any(k != 1 for k in prep.k_config):
             raise MCSDError(f"the budget replays chains: collect with a chain --k-config such as "
                             f"1,1,1,1,1,1 (these runs drafted {prep.k_config})")
-        fit = P.fit(prep, self.config.training, folder, self.log)
-        spec = P._provisional_spec(prep, self.config.training, pair_fingerprint(data.manifests),
+        fit = N.fit(prep, self.config.training, folder, self.log)
+        spec = N.provisional_spec(prep, self.config.training, pair_fingerprint(data.manifests),
                                    prep.k_config, collected_prompt_format(data.manifests))
         scores = stopper_from(spec, folder).node_scores(prep.x["val"])
         calibration = fit_calibration(scores, prep.parts["val"]["label_hard"].to_numpy())
@@ -128,7 +128,7 @@ class BudgetTrainer:
         fitted.spec.write(folder)
         self.profile.save(folder / PROFILE_FILE)
         write_budget(folder, fitted.calibration, PROFILE_FILE, chosen["batch_sizes"])
-        P.write_json(folder / "metrics.json", {"fit": fitted.fit.metrics, **chosen})
+        N.write_json(folder / "metrics.json", {"fit": fitted.fit.metrics, **chosen})
 
     def check(self, data: Runs, chosen: dict, written: None) -> dict | None:
         return None

@@ -21,9 +21,9 @@ from mcsd_runtime.decisions.features import DECISION_FEATURES
 from mcsd_runtime.metrics import oracle_share
 from mcsd_runtime.pricing.profile import CostProfile
 from replay.runs import load_runs, output_lengths
+from train.node_model import expected_calibration_error
 from train.stop import labels as L
 from train.stop import report
-from train.stop.calibrate import expected_calibration_error
 
 METRIC = "throughput"
 

@@ -1,9 +1,10 @@
-"""The depth stopper's stages: rows -> labels -> grouped split -> model -> metrics ->
-replay-chosen threshold and aggregation -> artifact folder -> end-to-end check.
-`train.stop.trainer.StopTrainer` runs them as `train.decision` runs every decision's:
+"""The depth stopper's stages after the node model's (`train.node_model`: rows -> labels ->
+grouped split -> model -> metrics): replay-chosen threshold and aggregation -> artifact folder ->
+end-to-end check. `train.stop.trainer.StopTrainer` runs them as `train.decision` runs every
+decision's:
 
-    prep = prepare(df, manifests, config)             # labels, trajectory, split, arrays
-    fitted = fit(prep, config, out)                   # model files in `out`, node-level metrics
+    prep = prepare(df, manifests, config)             # train.node_model: labels, split, arrays
+    fitted = fit(prep, config, out)                   # train.node_model: model files, metrics
     choice = choose(prep, manifests, fitted.folder, config)  # latency, replay, peers, headline
     summary = write(prep, fitted, choice, manifests, out, config)  # plots, metrics, stopper.json
     checks = replay_checks(choice, final, manifests, config)  # decoded end to end
@@ -11,47 +12,42 @@ replay-chosen threshold and aggregation -> artifact folder -> end-to-end check.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import pandas as pd
 
 import replay as R
 from mcsd_runtime.benchmarks.decision_cost import stopper_latency
 from mcsd_runtime.decisions.aggregation import AGGREGATIONS, ROW_AGGREGATIONS
 from mcsd_runtime.decisions.artifact import ArtifactSpec, BatchSetting
 from mcsd_runtime.decisions.expected_rate import Calibration
-from mcsd_runtime.decisions.features import SCHEMA_VERSION
 from mcsd_runtime.decisions.learned import LearnedStopper, load_stopper, stopper_from
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.paths import atomic_write_text
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.tree import KConfig
 from replay.result import Comparison
 from replay.runs import (
-    check_rows,
-    collected_k_config,
     collected_prompt_format,
     output_lengths,
     pair_fingerprint,
-    prompt_groups,
     sequence_ids,
-    split_prompts,
 )
-from train.stop import labels as L
+from train.node_model import (
+    Fit,
+    Log,
+    Prepared,
+    ece_by_depth,
+    fit_calibration,
+    provisional_spec,
+    write_json,
+)
 from train.stop import report
-from train.stop.calibrate import ece_by_depth, fit_calibration
-from train.stop.config import LABEL_DOC, TrainConfig
+from train.stop.config import TrainConfig
 
 if TYPE_CHECKING:
-    from train.stop.models import LightGBMModel, MLPModel
+    pass
 
 PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "cumprod": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
@@ -59,129 +55,11 @@ PEER_GRID = {"confidence": (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
              "heuristic": (1, 2, 3, 4, 6, 8)}  # its initial depth budget
 METRIC = "throughput"  # what the replay maximizes and reports
 UNREACHABLE = 2.0  # a threshold no frontier score (in [0, 1]) reaches: a static depth
-SPLITS = ("train", "val", "test")
-Log = Callable[[str], object]
-
-
-def _xy(df: pd.DataFrame, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
-    x = (np.stack(df["hidden"].tolist()).astype(np.float32) if config.hidden
-         else df[list(config.feature_names)].to_numpy(np.float32))
-    return x, df[f"label_{config.label}"].to_numpy(np.float32)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    """`obj` as indented JSON (numpy scalars as floats), through a temporary file."""
-    atomic_write_text(path, json.dumps(obj, indent=1, default=float) + "\n")
 
 
 def _slim_manifest(m: dict) -> dict:
     return {k: v for k, v in m.items() if not isinstance(v, (list, dict)) or k in
             ("pair", "pair_fingerprint", "k_config", "counts")}
-
-
-# ------------------------------------------------------------------ 1. prepare
-@dataclass
-class Prepared:
-    """Labelled rows, their grouped split, and each split's decision rows as model arrays."""
-
-    df: pd.DataFrame  # every row, labelled, with the trajectory features trained on
-    masks: dict[str, np.ndarray]  # split -> boolean row mask over df
-    n_prompts: dict[str, int]  # split -> prompts in it
-    parts: dict[str, pd.DataFrame]  # split -> its decision rows
-    x: dict[str, np.ndarray]  # split -> model inputs of parts[split]
-    y: dict[str, np.ndarray]  # split -> the configured label of parts[split]
-    k_config: KConfig | None  # the collected tree (None: not recorded)
-
-    @property
-    def n_inputs(self) -> int:
-        return int(self.x["train"].shape[1])
-
-
-def prepare(df: pd.DataFrame, manifests: list[dict], config: TrainConfig,
-            log: Log = print) -> Prepared:
-    """Label the rows, recompute dense trajectories (config.trajectory), split prompts."""
-    check_rows(df, config.hidden)
-    k_config = collected_k_config(manifests)
-    df = L.add_labels(df)
-    if config.trajectory == "walk":  # dense runs: the stored prev_accepted leaks L
-        df = L.walk_trajectory(df)
-    groups, fallback = prompt_groups(df)
-    if fallback:
-        log(f"warning: {fallback} prompt(s) have rows without prompt_hash (collected before row "
-            f"schema 2), so they are split by run and prompt id: the same prompt in two runs "
-            f"can land in two splits; recollect them to split by the prompt itself")
-    masks = split_prompts(groups, config.val_frac, config.test_frac, config.seed)
-    n_prompts = {k: int(groups[m].nunique()) for k, m in masks.items()}
-    dec = df["decision"].to_numpy()
-    parts = {k: df[m & dec] for k, m in masks.items()}
-    if any(len(p) == 0 for p in parts.values()) or parts["train"]["label_hard"].nunique() < 2:
-        raise MCSDError("too little data: each split needs decision rows with both outcomes; "
-                        "collect more prompts")
-    xy = {k: _xy(parts[k], config) for k in SPLITS}
-    log(f"rows: {len(df)} ({int(dec.sum())} decision rows); prompts train/val/test "
-        f"{list(n_prompts.values())}; model {config.model}, label {config.label}"
-        + ("" if config.features == "all" else f", features {config.features}"))
-    return Prepared(df, masks, n_prompts, parts, {k: v[0] for k, v in xy.items()},
-                    {k: v[1] for k, v in xy.items()}, k_config)
-
-
-# ------------------------------------------------------------------ 2. fit
-@dataclass
-class Fit:
-    """The fitted model (its files already in the artifact folder) and node-level metrics."""
-
-    model: LightGBMModel | MLPModel
-    fit_s: float
-    metrics: dict  # "test"/"val" -> report.classification_metrics
-    calibration: dict  # on test
-    importance: dict | None  # on test rows; None for mlp-hidden (its inputs are hidden states)
-    folder: Path  # where its model files are
-
-
-def fit(prep: Prepared, config: TrainConfig, out: str | Path, log: Log = print) -> Fit:
-    """Fit config.model on the train split (validation for early stopping), save its model
-    files to `out`, and score it on held-out decision rows."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    x_tr, y_tr, x_va, y_va, x_te = (prep.x["train"], prep.y["train"], prep.x["val"],
-                                    prep.y["val"], prep.x["test"])
-    t0 = time.perf_counter()
-    model: LightGBMModel | MLPModel
-    booster = None  # LightGBM's
-    if config.model == "lightgbm":
-        import torch
-
-        from train.stop.models import fit_lightgbm
-
-        model = fit_lightgbm(x_tr, y_tr, x_va, y_va, soft=config.label == "soft",
-                             seed=config.seed, threads=torch.get_num_threads(),
-                             progress=config.progress, names=config.feature_names)
-        booster = model.booster
-    else:
-        from train.stop.config import HIDDEN_MLP_HIDDEN, MLP_EPOCHS, MLP_HIDDEN
-        from train.stop.models import fit_mlp
-
-        model = fit_mlp(x_tr, y_tr, x_va, y_va, out,
-                        hidden=HIDDEN_MLP_HIDDEN if config.hidden else MLP_HIDDEN,
-                        normalize=not config.hidden, seed=config.seed,
-                        max_epochs=config.max_epochs or MLP_EPOCHS, progress=config.progress)
-    fit_s = time.perf_counter() - t0
-    model.save(out)
-
-    test = prep.parts["test"]
-    p_te, y_te_hard = model.predict(x_te), test["label_hard"].to_numpy()
-    y_te_soft = test["label_soft"].to_numpy() if config.label == "soft" else None
-    metrics = {"test": report.classification_metrics(y_te_hard, p_te, y_te_soft),
-               "val": report.classification_metrics(prep.parts["val"]["label_hard"].to_numpy(),
-                                                    model.predict(x_va))}
-    names = config.feature_names
-    importance = (report.lightgbm_importance(booster, x_te, names)
-                  if booster is not None else None if config.hidden
-                  else report.permutation_importance(model, x_te, y_te_hard, names, config.seed))
-    log(f"fit {fit_s:.1f}s; held-out ROC-AUC {metrics['test'].get('roc_auc', float('nan')):.3f} "
-        f"PR-AUC {metrics['test'].get('pr_auc', float('nan')):.3f} "
-        f"(positive rate {metrics['test']['positive_rate']:.3f})")
-    return Fit(model, fit_s, metrics, report.calibration(y_te_hard, p_te), importance, out)
 
 
 # ------------------------------------------------------------------ 3. choose
@@ -207,18 +85,6 @@ class Choice:
     calibration: Calibration | None = None  # fitted on validation rows (the rule reads it)
     rates: list[dict] = field(default_factory=list)  # the rule's replayed points
     ece: dict = field(default_factory=dict)  # ece_by_depth on test rows
-
-
-def _provisional_spec(prep: Prepared, config: TrainConfig, fp: dict | None,
-                      k_config: KConfig, prompt_format: dict | None = None
-                      ) -> ArtifactSpec:
-    return ArtifactSpec(kind=config.model, schema_version=SCHEMA_VERSION,
-                        feature_names=config.feature_names,
-                        inputs="hidden" if config.hidden else "features",
-                        hidden_size=prep.n_inputs if config.hidden else None,
-                        aggregation="max", threshold=0.5, label=config.label,
-                        label_definition=LABEL_DOC[config.label], pair_fingerprint=fp,
-                        k_config=k_config, prompt_format=prompt_format)
 
 
 def _spec_fields(setting: dict, calibration: Calibration | None) -> dict:
@@ -288,7 +154,7 @@ def choose(prep: Prepared, manifests: list[dict], out: str | Path, config: Train
     fp = pair_fingerprint(manifests)
     data = R.ReplayData(prep.df, prep.k_config, mode=config.replay_mode, hidden=config.hidden,
                         new_tokens=output_lengths(manifests))
-    spec = _provisional_spec(prep, config, fp, data.tree.k_config,
+    spec = provisional_spec(prep, config, fp, data.tree.k_config,
                              collected_prompt_format(manifests))
     stopper = stopper_from(spec, out)
     latency = stopper_latency(stopper, prep.n_inputs if config.hidden else None, fp, prep.k_config)

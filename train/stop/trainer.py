@@ -17,6 +17,7 @@ import pandas as pd
 
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.progress import working
+from train import node_model as N
 from train.decision import run_stages
 from train.stop import pipeline as P
 from train.stop.config import TrainConfig
@@ -24,16 +25,16 @@ from train.stop.config import TrainConfig
 
 @dataclass
 class Runs:
-    """The collected rows and their runs' manifests, prepared (`pipeline.prepare`), and when
+    """The collected rows and their runs' manifests, prepared (`node_model.prepare`), and when
     the run started (time.perf_counter(), for metrics.json's elapsed_s)."""
 
-    prep: P.Prepared
+    prep: N.Prepared
     manifests: list[dict]
     started: float
 
 
 class StopTrainer:
-    """`train.decision.Trainer` of the depth stopper, `Trainer[Runs, pipeline.Fit,
+    """`train.decision.Trainer` of the depth stopper, `Trainer[Runs, node_model.Fit,
     pipeline.Choice, dict]` (write gives the summary, metrics.json): collected rows (`df` and
     `manifests`, or the run folders `runs`) in, a stopper folder out. `domains`: run folders of
     other domains replayed by the check (`train.stop.domains`)."""
@@ -41,7 +42,7 @@ class StopTrainer:
     decision = "stop"
 
     def __init__(self, out: str | Path, config: TrainConfig, profile: CostProfile | None = None,
-                 log: P.Log = print, runs: list[Path] | None = None,
+                 log: N.Log = print, runs: list[Path] | None = None,
                  df: pd.DataFrame | None = None, manifests: list[dict] | None = None,
                  domains: Sequence[Path] = ()) -> None:
         P.check_batch_sizes(config, profile)
@@ -59,18 +60,18 @@ class StopTrainer:
             assert self.runs is not None, "a StopTrainer is given the rows or their runs"
             df, manifests = load_runs(self.runs, hidden=self.config.hidden)
         started = time.perf_counter()
-        return Runs(P.prepare(df, manifests or [], self.config, self.log), manifests or [],
+        return Runs(N.prepare(df, manifests or [], self.config, self.log), manifests or [],
                     started)
 
-    def fit(self, data: Runs, folder: Path) -> P.Fit:
-        return P.fit(data.prep, self.config, folder, self.log)
+    def fit(self, data: Runs, folder: Path) -> N.Fit:
+        return N.fit(data.prep, self.config, folder, self.log)
 
-    def choose(self, data: Runs, fitted: P.Fit) -> P.Choice:
+    def choose(self, data: Runs, fitted: N.Fit) -> P.Choice:
         with working(f"choosing the settings by replaying {len(data.prep.df)} collected rows"):
             return P.choose(data.prep, data.manifests, fitted.folder, self.config,
                             self.profile, self.log)
 
-    def write(self, data: Runs, fitted: P.Fit, chosen: P.Choice, folder: Path) -> dict:
+    def write(self, data: Runs, fitted: N.Fit, chosen: P.Choice, folder: Path) -> dict:
         """The artifact's files; returns the summary (metrics.json)."""
         summary = P.write(data.prep, fitted, chosen, data.manifests, folder, self.config,
                           self.log, data.started)
@@ -90,7 +91,7 @@ class StopTrainer:
         if self.domains:
             ran["domains"] = self._check_domains(summary)
         if ran:
-            P.write_json(self.out / "metrics.json", with_checks(summary, ran))
+            N.write_json(self.out / "metrics.json", with_checks(summary, ran))
         return ran or None
 
     def _check_domains(self, summary: dict) -> dict:
@@ -128,7 +129,7 @@ def with_checks(summary: dict, ran: dict) -> dict:
 
 def train_stopper(df: pd.DataFrame, manifests: list[dict], out: str | Path,
                   config: TrainConfig | None = None, *, profile: CostProfile | None = None,
-                  log: P.Log = print, **options: Any) -> dict:
+                  log: N.Log = print, **options: Any) -> dict:
     """Train one stopper into the folder `out` (in place: other files there stay), with its
     end-to-end check when `config.check_prompts`; returns the summary (also metrics.json).
 
