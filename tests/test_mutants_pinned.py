@@ -291,7 +291,7 @@ def test_training_free_rules_are_tuned_on_validation_prompts(
     val = ReplayData(df[masks["val"]], k_config="1,1,1,1")
     test = ReplayData(df[masks["test"]], k_config="1,1,1,1")
     assert not set(val.prompts) & set(test.prompts)
-    ragged = chosen["replay"][2]["families"]["ragged static"]
+    ragged = chosen.replay[2]["families"]["ragged static"]
     specs = [f"static:{s}" for s in range(1, 5)]
     assert ragged["all"] == pytest.approx(
         {s: ragged_replay(val, s, PROFILE, 2).throughput for s in specs})

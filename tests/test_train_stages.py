@@ -18,8 +18,8 @@ from mcsd_runtime.decisions.features import DECISION_FEATURES
 from mcsd_runtime.decisions.learned import load_mlp, load_stopper
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from train.stop.config import TrainConfig, default_label
 from train.node_model import fit, prepare
+from train.stop.config import TrainConfig, default_label
 from train.stop.pipeline import PEER_GRID, choose, deploy_static, write
 from train.stop.trainer import train_stopper
 

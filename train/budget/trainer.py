@@ -60,9 +60,22 @@ class Fitted:
     folder: Path  # where its model files are
 
 
+@dataclass
+class BudgetReport:
+    """The replayed report: each batch size's record (what budget.json keeps) and the replay's
+    result (`replay.ragged.compare`), both by batch size."""
+
+    batch_sizes: dict
+    replay: dict
+
+    def fields(self) -> dict:
+        """What metrics.json keeps of it."""
+        return {"batch_sizes": self.batch_sizes, "replay": self.replay}
+
+
 class BudgetTrainer:
     """`train.decision.Trainer` of the learned verification budget (module docstring),
-    `Trainer[Runs, Fitted, dict, None]`; `profile` prices the replay and goes into the
+    `Trainer[Runs, Fitted, BudgetReport, None]`; `profile` prices the replay and goes into the
     artifact."""
 
     decision = "budget"
@@ -98,7 +111,7 @@ class BudgetTrainer:
         calibration = fit_calibration(scores, prep.parts["val"]["label_hard"].to_numpy())
         return Fitted(fit, spec, calibration, folder)
 
-    def choose(self, data: Runs, fitted: Fitted) -> dict:
+    def choose(self, data: Runs, fitted: Fitted) -> BudgetReport:
         """The replayed report (module docstring), printed."""
         from mcsd_runtime.decisions.learned import stopper_from
         from mcsd_runtime.decisions.verify_budget import LearnedSurvival
@@ -120,17 +133,17 @@ class BudgetTrainer:
         self.log(RG.table(result))
         self.log(text + "\n(tokens/s: the learned budget's; share: of the oracle's gain over "
                  "the best padded configuration, the learned budget's)")
-        return {"batch_sizes": dict(zip(result, records, strict=True)), "replay": result}
+        return BudgetReport(dict(zip(result, records, strict=True)), result)
 
-    def write(self, data: Runs, fitted: Fitted, chosen: dict, folder: Path) -> None:
+    def write(self, data: Runs, fitted: Fitted, chosen: BudgetReport, folder: Path) -> None:
         from mcsd_runtime.decisions.verify_budget import write_budget
 
         fitted.spec.write(folder)
         self.profile.save(folder / PROFILE_FILE)
-        write_budget(folder, fitted.calibration, PROFILE_FILE, chosen["batch_sizes"])
-        N.write_json(folder / "metrics.json", {"fit": fitted.fit.metrics, **chosen})
+        write_budget(folder, fitted.calibration, PROFILE_FILE, chosen.batch_sizes)
+        N.write_json(folder / "metrics.json", {"fit": fitted.fit.metrics, **chosen.fields()})
 
-    def check(self, data: Runs, chosen: dict, written: None) -> dict | None:
+    def check(self, data: Runs, chosen: BudgetReport, written: None) -> dict | None:
         return None
 
 

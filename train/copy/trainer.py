@@ -46,8 +46,20 @@ class Fitted:
     facts: dict
 
 
+@dataclass
+class CopyReport:
+    """The replayed report: by prompt set, and on the training mix (cross-fitted)."""
+
+    report: list[dict]
+    training_mix: dict
+
+    def fields(self) -> dict:
+        """What the copy length's artifact keeps of it."""
+        return {"report": self.report, "training_mix": self.training_mix}
+
+
 class CopyTrainer:
-    """`train.decision.Trainer` of the copy length, `Trainer[Priced, Fitted, dict, None]` (the
+    """`train.decision.Trainer` of the copy length, `Trainer[Priced, Fitted, CopyReport, None]` (the
     replayed report chosen)."""
 
     decision = "copy"
@@ -101,7 +113,7 @@ class CopyTrainer:
         policy.temperature, policy.draft_tree = c.temperature, c.k_config
         return Fitted(policy, text, facts)
 
-    def choose(self, data: Priced, fitted: Fitted) -> dict:
+    def choose(self, data: Priced, fitted: Fitted) -> CopyReport:
         """The policy chooses by its tuned rate; this replays it (the report)."""
         policy, a = fitted.policy, self.config
         with working(f"replaying the copy length and its peers on {len(data.traces)} sets"):
@@ -113,15 +125,15 @@ class CopyTrainer:
                              min(a.folds, len(train)), a.outputs.seed)
         report, mixed, text = write_report(policy, list(domains.values()), mix)
         print(text)
-        return {"report": report, "training_mix": mixed}
+        return CopyReport(report, mixed)
 
-    def write(self, data: Priced, fitted: Fitted, chosen: dict, folder: Path) -> None:
+    def write(self, data: Priced, fitted: Fitted, chosen: CopyReport, folder: Path) -> None:
         o = self.config.outputs
         fitted.policy.save(folder, fitted.text, {
             "training": fitted.facts, "prompts": o.prompts, "target": o.target,
-            "profile": str(o.cost_profile), "max_new_tokens": o.max_new_tokens, **chosen})
+            "profile": str(o.cost_profile), "max_new_tokens": o.max_new_tokens, **chosen.fields()})
 
-    def check(self, data: Priced, chosen: dict, written: None) -> dict | None:
+    def check(self, data: Priced, chosen: CopyReport, written: None) -> dict | None:
         c = self.config
         if not c.check_prompts:
             return None

@@ -33,9 +33,23 @@ class Ranked:
         return [o for name in self.outputs.train_domains for o in self.ranked[name]]
 
 
+@dataclass
+class WidthFit:
+    """The fitted width policy and its training facts."""
+
+    policy: WidthPolicy
+    facts: dict
+
+
+@dataclass
+class WidthReport:
+    """The replayed report, one entry per prompt set."""
+
+    sets: list[dict]
+
+
 class WidthTrainer:
-    """`train.decision.Trainer` of the width: `Trainer[Ranked, tuple[WidthPolicy, dict],
-    list[dict], None]` (the policy and its training facts; the replayed report)."""
+    """`train.decision.Trainer` of the width: `Trainer[Ranked, WidthFit, WidthReport, None]`."""
 
     decision = "width"
 
@@ -66,34 +80,33 @@ class WidthTrainer:
               flush=True)
         return data
 
-    def fit(self, data: Ranked, folder: Path) -> tuple[WidthPolicy, dict]:
+    def fit(self, data: Ranked, folder: Path) -> WidthFit:
         from train.width.fit import fit
 
-        return fit(data.training(), data.outputs.profile, self.k)
+        return WidthFit(*fit(data.training(), data.outputs.profile, self.k))
 
-    def choose(self, data: Ranked, fitted: tuple[WidthPolicy, dict]) -> list[dict]:
+    def choose(self, data: Ranked, fitted: WidthFit) -> WidthReport:
         """The policy chooses by its tuned rate; this replays it (the report)."""
         from replay.width import WidthReplay, compare, write_report
 
-        policy, _ = fitted
+        policy = fitted.policy
         replay, trained = WidthReplay(data.outputs.profile, self.k), data.outputs.train_domains
         with working(f"replaying the width and its peers on {len(data.ranked)} sets"):
             compared = [compare(policy, replay, outs, name, name in trained)
                         for name, outs in data.ranked.items()]
         report, text = write_report(policy, compared)
         print(text)
-        return report
+        return WidthReport(report)
 
-    def write(self, data: Ranked, fitted: tuple[WidthPolicy, dict], chosen: list[dict],
-              folder: Path) -> None:
-        o, (policy, facts) = self.config.outputs, fitted
-        policy.trained = {"training": facts, "prompts": o.prompts, "target": o.target,
+    def write(self, data: Ranked, fitted: WidthFit, chosen: WidthReport, folder: Path) -> None:
+        o, policy = self.config.outputs, fitted.policy
+        policy.trained = {"training": fitted.facts, "prompts": o.prompts, "target": o.target,
                           "draft": str(data.outputs.pair.draft_name),
                           "profile": str(o.cost_profile), "max_new_tokens": o.max_new_tokens,
-                          "report": chosen}
+                          "report": chosen.sets}
         policy.save(folder)
 
-    def check(self, data: Ranked, chosen: list[dict], written: None) -> dict | None:
+    def check(self, data: Ranked, chosen: WidthReport, written: None) -> dict | None:
         c = self.config
         if not c.check_prompts:
             return None
