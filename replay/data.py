@@ -1,6 +1,7 @@
 """What replay reads: full-depth collected rows arranged by prompt and step (`ReplayData`,
 `Prompt`, `Step`), and the frontier a stopper sees at one depth of a replayed step
-(`_Frontier`, served from the stored node features plus the replayed trajectory)."""
+(`_Frontier`, served from the stored node features plus the replayed trajectory) or before it
+(`_Start`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mcsd_runtime.decisions.contract import Frontier
+from mcsd_runtime.decisions.contract import Frontier, StepStart
 from mcsd_runtime.decisions.features import (
     FEATURE_NAMES,
     NODE_FEATURES,
@@ -78,6 +79,17 @@ class _Frontier:
             raise MCSDError("this replay has no hidden states: load the rows with hidden=True")
         self.read = True
         return torch.from_numpy(self._hidden)
+
+
+class _Start(_Frontier, StepStart):
+    """A row before its replayed step, as the planner sees it (`contract.StepStart`: depth 0, no
+    nodes, its `cap`, `pending` tokens and `row`), served as `_Frontier` so that replay's own
+    stoppers read its key and the step's accepted length."""
+
+    def __init__(self, max_depth: int, traj: list[float], cap: int, row: object,
+                 pending: int, accepted: int, key: tuple[str, int, int]) -> None:
+        super().__init__(0, max_depth, NO_NODES, traj, None, accepted, key)
+        self.cap, self.row, self.pending = cap, row, pending
 
 
 def replayed(frontier: Frontier) -> _Frontier:

@@ -20,6 +20,9 @@ admitted in order into free slots, each batch step's forwards over all active ro
 draft forward padded to the most pending tokens of any row, the target's to the deepest tree),
 one decision per drafted depth for the rows whose cap is deeper (`batch_continue`, or where it
 returns None, ANY row's own stopper), every row drafted to the batch's depth within its cap.
+The decisions are asked as the decoder asks them: through a `RowPlanner` that
+`mcsd_runtime.decode.planning.drive` runs over the step's depths (here read from the collection
+instead of drafted), counting what the replay prices.
 Batch size 1 is the replay of one sequence at a time. Before each step every row's stopper is
 asked whether it drafts at all (`should_draft`); a row that does not commits the target's one
 token and keeps its pending draft tokens, unless other rows of the batch draft (then it is fed
@@ -33,11 +36,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from mcsd_runtime import metrics
 from mcsd_runtime.decisions.builtin import make_stopper
-from mcsd_runtime.decisions.contract import Stopper, StopperBase
+from mcsd_runtime.decisions.contract import Frontier, Stopper, StopperBase
 from mcsd_runtime.decisions.features import Trajectory
+from mcsd_runtime.decode.planning import RowPlanner, drive
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import (
@@ -47,7 +52,7 @@ from mcsd_runtime.pricing.step_model import (
     step_outcome,
 )
 from mcsd_runtime.tree import Tree
-from replay.data import NO_NODES, Prompt, ReplayData, Step, _Frontier
+from replay.data import Prompt, ReplayData, Step, _Frontier, _Start
 from replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
 
 
@@ -87,9 +92,9 @@ class ReplayResult:
                                "acceptance_rate": self.acceptance_rate}
 
 
-class _Row:
-    """One sequence in the batch: its prompt, where the walk stands, its own stopper copy and
-    trajectory."""
+class WalkRow:
+    """One sequence of a replayed batch (here and in `replay.ragged`): its prompt, where the walk
+    stands, its own stopper copy and trajectory."""
 
     __slots__ = ("prompt", "stopper", "traj", "pending", "t", "steps", "step", "skip")
 
@@ -127,16 +132,24 @@ class _Row:
         else:
             next(self.steps, None)
 
-    def ask_draft(self, max_depth: int) -> None:
-        """Ask the stopper whether this step drafts at all (a step that may draft)."""
-        step = self.step
-        self.skip = step is not None and bool(step.cap) and not self.stopper.should_draft(_Frontier(
-            0, max_depth, NO_NODES, self.traj.values(), None, step.accepted,
-            (self.prompt.key, step.position, 0)))
+    def start(self, max_depth: int) -> _Start:
+        """What the planner sees of the row before its step (`StepStart`, with what replay's
+        own stoppers read: the step's key and accepted length); cap 0 where it may not draft."""
+        step, key = self.step, (self.prompt.key, self.step.position if self.step else self.t, 0)
+        return _Start(max_depth, self.traj.values(), step.cap if step else 0, self,
+                      self.pending, step.accepted if step else 0, key)
 
     @property
     def cap(self) -> int:
         return self.step.cap if self.step and not self.skip else 0
+
+    def frontier(self, depth: int, max_depth: int) -> _Frontier:
+        """What a stopper sees of this row's step at `depth` (drafted, so recorded)."""
+        step = self.step
+        assert step is not None, "a row asked about a depth is at a recorded step"
+        return _Frontier(depth, max_depth, step.nodes[depth - 1], self.traj.values(),
+                         step.hidden[depth - 1] if step.hidden else None, step.accepted,
+                         (self.prompt.key, step.position, depth))
 
     def commit(self, s: int, tree: Tree, exact: bool, res: ReplayResult,
                fed: bool = False) -> None:
@@ -147,6 +160,18 @@ class _Row:
         out = step_outcome(step.accepted if step else 0, s, self.pending,
                            p.new_tokens - self.t if exact else None, fed=fed or bool(s))
         self.settle(out, s, s, tree, res)
+
+    def commit_planned(self, drafted: int, verified: int, tree: Tree,
+                       res: ReplayResult) -> None:
+        """The row's step drafted `drafted` depths and verified `verified` of them (a ragged
+        step's plan, exact replay): count it in `res`, move the walk on."""
+        step, p = self.step, self.prompt
+        if not 0 <= verified <= drafted <= self.cap:
+            raise MCSDError(f"a ragged plan ({drafted}, {verified}) outside 0 <= verified <= "
+                            f"drafted <= cap {self.cap}")
+        full = min(step.accepted if step else 0, verified)
+        self.settle(step_outcome(full, drafted, self.pending, p.new_tokens - self.t), drafted,
+                    verified, tree, res)
 
     def settle(self, out: StepOutcome, drafted: int, verified: int, tree: Tree,
                res: ReplayResult) -> None:
@@ -198,23 +223,25 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     stopper = stopper.for_batch(batch_size)
     lookahead = stopper if isinstance(stopper, StepLookahead) else None
     res = ReplayResult(stopper=name, mode=data.mode, batch_size=batch_size)
+    planner = _CountingPlanner(stopper, res)
     tree, exact = data.tree, data.mode == "exact"
     queue = iter(data.prompts.values())
-    rows: list[_Row] = []
+    rows: list[WalkRow] = []
     step_prices: dict[tuple[int, int, int], tuple[float, int]] = {}  # (depth, pending, rows)
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
-            row = _Row(p, stopper)
+            row = WalkRow(p, stopper)
             if isinstance(stopper, NeverDraft):
                 row.take_prefill_token(exact, res)
             if row.advance(exact):
                 rows.append(row)
         if not rows:
             break
-        for row in rows:
-            row.ask_draft(data.depth)
+        drafts = planner.plan([row.start(data.depth) for row in rows])
+        for row, draft in zip(rows, drafts, strict=True):
+            row.skip = not draft
         depth = (lookahead.depth(rows, tree, profile) if lookahead
-                 else _batch_depth(stopper, rows, data.depth, res))
+                 else _batch_depth(planner, rows, data.depth))
         pending = max(r.pending for r in rows)  # the first draft forward pads to it
         key = (depth, pending, len(rows))  # a step's price and draft forwards, once per shape
         if (price := step_prices.get(key)) is None:
@@ -232,43 +259,49 @@ def replay(data: ReplayData, stopper, profile: CostProfile | None = None, name: 
     return res
 
 
-def _batch_depth(stopper: Stopper, rows: list[_Row], max_depth: int, res: ReplayResult) -> int:
-    """The depth the batch drafts to: 1 (0 when no row may draft), then one more while some
-    row's cap is deeper and the stopper says so; counts the decisions that looked at a frontier
-    (and the rows they read) in `res`: a `batch_continue` that answers is one decision, whatever
+class _CountingPlanner(RowPlanner):
+    """The planner replay drives: the batch's stopper asked first at every batch size (a batch
+    of one too, with its one frontier), else any row's own stopper that says so takes the batch
+    one depth deeper (`RowPlanner` in max mode). It counts in `res` the decisions that looked at
+    a frontier and the rows they read: a `batch_continue` that answers is one decision, whatever
     rows it read; where it returns None, every asked row's own copy decides, one decision each
     (what the batched call itself read is not counted)."""
-    s = 1 if any(r.cap for r in rows) else 0
-    while s:
-        asked = [r for r in rows if s < r.cap]
-        if not asked:
-            break
-        frontiers = [_frontier(r, s, max_depth) for r in asked]
-        go = stopper.batch_continue(frontiers)
+
+    def __init__(self, stopper: Stopper, res: ReplayResult) -> None:
+        super().__init__(stopper, batch_decides=True, by_row=False)
+        self.res = res
+
+    def batch_vote(self, shown: list[Frontier]) -> bool | None:
+        go = super().batch_vote(shown)
         if go is not None:
-            read = sum(f.read for f in frontiers)
-            res.decisions += read > 0  # a decision costs time only if it looked
-            res.decision_rows += read
-        else:  # every asked row's own stopper decides; the batch drafts on if ANY says so
-            for f in frontiers:
-                f.read = False
-            votes = [r.stopper.should_continue(f) for r, f in zip(asked, frontiers, strict=True)]
-            go = any(votes)
-            read = sum(f.read for f in frontiers)
-            res.decisions += read
-            res.decision_rows += read
-        if not go:
-            break
-        s += 1
-    return s
+            read = sum(cast(_Frontier, f).read for f in shown)
+            self.res.decisions += read > 0  # a decision costs time only if it looked
+            self.res.decision_rows += read
+        return go
+
+    def row_votes(self, ask: list[int], shown: list[Frontier]) -> list[bool]:
+        for f in shown:
+            cast(_Frontier, f).read = False
+        votes = super().row_votes(ask, shown)
+        read = sum(cast(_Frontier, f).read for f in shown)
+        self.res.decisions += read
+        self.res.decision_rows += read
+        return votes
 
 
-def _frontier(row: _Row, depth: int, max_depth: int) -> _Frontier:
-    step = row.step
-    assert step is not None, "a row asked about a depth is at a recorded step"
-    return _Frontier(depth, max_depth, step.nodes[depth - 1], row.traj.values(),
-                     step.hidden[depth - 1] if step.hidden else None, step.accepted,
-                     (row.prompt.key, step.position, depth))
+def _batch_depth(planner: RowPlanner, rows: list[WalkRow], max_depth: int) -> int:
+    """The depth the batch drafts to (`planning.drive`): 1 (0 when no row may draft), then one
+    more while some row's cap is deeper and the planner says so."""
+    caps = [r.cap for r in rows]
+
+    def frontiers(depth: int, drew: list[bool]) -> list[Frontier | None]:
+        return [r.frontier(depth, max_depth) if d and depth < cap else None
+                for r, d, cap in zip(rows, drew, caps, strict=True)]
+
+    def nothing_to_draft(depth: int, drafting: list[bool], own: list[int]) -> None:
+        """Replay reads each depth from the collection."""
+
+    return max(drive(planner, caps, frontiers, nothing_to_draft).reach, default=0)
 
 
 def _resolve(data: ReplayData, stopper, profile: CostProfile, name: str | None,

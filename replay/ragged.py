@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mcsd_runtime.decisions.builtin import make_stopper
-from mcsd_runtime.decisions.contract import StepStart, StopperBase
+from mcsd_runtime.decisions.contract import Planner, StopperBase
 from mcsd_runtime.decisions.sts import StsCalibration
 from mcsd_runtime.decisions.verify_budget import (
     DraftProbability,
@@ -43,13 +43,12 @@ from mcsd_runtime.decisions.verify_budget import (
     StsAcceptance,
     VerifyBudget,
 )
-from mcsd_runtime.decode.planning import drive
+from mcsd_runtime.decode.planning import Drive, RowPlanner, drive
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.tree import Tree
 from replay.data import ReplayData
-from replay.depth import NeverDraft, ReplayResult, _frontier, _Row, replay
+from replay.depth import NeverDraft, ReplayResult, WalkRow, replay
 
 RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
              "survival:Q (the budget rule on cumulative draft probability ^ Q), "
@@ -59,42 +58,32 @@ RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod s
              "row verifies min(L, cap)), oracle-budget (the budget rule fed the truth)")
 
 
-class _Row2(_Row):
-    """A row of the ragged walk: `_Row` with a commit of its own drafted and verified depths."""
-
-    __slots__ = ()
-
-    def commit_ragged(self, drafted: int, verified: int, tree: Tree, res: ReplayResult) -> None:
-        step, p = self.step, self.prompt
-        if not 0 <= verified <= drafted <= self.cap:
-            raise MCSDError(f"a ragged plan ({drafted}, {verified}) outside 0 <= verified <= "
-                            f"drafted <= cap {self.cap}")
-        full = min(step.accepted if step else 0, verified)
-        self.settle(step_outcome(full, drafted, self.pending, p.new_tokens - self.t), drafted,
-                    verified, tree, res)
-
-
 class _Plain(StopperBase):
     def should_continue(self, frontier) -> bool:
         return False
 
 
 class PerRow:
-    """Each row's own copy of a stopper decides its depth; it verifies what it drafted."""
+    """Each row's own copy of a stopper decides its depth (`RowPlanner` in row mode, driven by
+    `planning.drive`); it verifies what it drafted."""
 
     def __init__(self, spec: str) -> None:
         self.name, self.stopper = spec, make_stopper(spec)
 
-    def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
-        out = []
-        for row in rows:
-            row.ask_draft(tree.depth)
-            s = 1 if row.cap else 0
-            while s and s < row.cap and row.stopper.should_continue(
-                    _frontier(row, s, tree.depth)):
-                s += 1
-            out.append((s, s))
-        return out
+    def plan(self, rows: list[WalkRow], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
+        planner = RowPlanner(self.stopper, batch_decides=False, by_row=True)
+        for row, draft in zip(rows, planner.plan([r.start(tree.depth) for r in rows]),
+                              strict=True):
+            row.skip = not draft
+        run = _drive(planner, rows, [r.cap for r in rows], tree.depth)
+        return [(s, s) for s in run.reach]
+
+
+def _drive(planner: Planner, rows: list[WalkRow], caps: list[int], max_depth: int) -> Drive:
+    """`planning.drive` over the rows' recorded depths (nothing to forward in replay)."""
+    return drive(planner, caps, lambda depth, drew: [
+        r.frontier(depth, max_depth) if d else None
+        for r, d in zip(rows, drew, strict=True)], lambda *_: None)
 
 
 class Oracle:
@@ -102,16 +91,8 @@ class Oracle:
 
     name, stopper = "oracle", _Plain()
 
-    def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
+    def plan(self, rows: list[WalkRow], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
         return [(min(r.step.accepted, r.cap),) * 2 if r.step else (0, 0) for r in rows]
-
-
-class _Start(StepStart):
-    """A row's `StepStart` in replay, with the step's accepted length for the truth."""
-
-    def __init__(self, row: _Row2, max_depth: int) -> None:
-        super().__init__(max_depth, row.traj.values(), row.cap, row.pending, row)
-        self.oracle_accepted = row.step.accepted if row.step else 0
 
 
 class Truth:
@@ -142,17 +123,15 @@ class Budget:
     def __str__(self) -> str:
         return self.name
 
-    def plan(self, rows: list[_Row2], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
+    def plan(self, rows: list[WalkRow], tree: Tree, profile: CostProfile) -> list[tuple[int, int]]:
         if any(k != 1 for k in tree.sizes):
             raise MCSDError(f"the budget rules replay chains (1,1,...), not the tree {tree}")
         if self.budget is None or self.budget.profile is not profile:
             self.budget = VerifyBudget(self.estimate, profile, len(rows))
         budget = self.budget
-        go = budget.plan([_Start(r, tree.depth) for r in rows])
-        caps = [r.cap if g else 0 for r, g in zip(rows, go, strict=True)]
-        run = drive(budget, caps, lambda depth, drew: [
-            _frontier(r, depth, tree.depth) if d else None
-            for r, d in zip(rows, drew, strict=True)], lambda *_: None)  # nothing to forward
+        go = budget.plan([r.start(tree.depth) for r in rows])
+        run = _drive(budget, rows, [r.cap if g else 0 for r, g in zip(rows, go, strict=True)],
+                     tree.depth)
         return list(zip(run.reach, run.verify, strict=True))
 
 
@@ -243,10 +222,10 @@ def ragged_replay(data: ReplayData, rule, profile: CostProfile,
     rule = make_rule(rule) if isinstance(rule, str) else rule
     res = ReplayResult(stopper=rule.name, mode="exact", batch_size=batch_size)
     tree, queue = data.tree, iter(data.prompts.values())
-    rows: list[_Row2] = []
+    rows: list[WalkRow] = []
     while True:
         while len(rows) < batch_size and (p := next(queue, None)) is not None:
-            row = _Row2(p, rule.stopper)
+            row = WalkRow(p, rule.stopper)
             if row.advance(True):
                 rows.append(row)
         if not rows:
@@ -257,7 +236,7 @@ def ragged_replay(data: ReplayData, rule, profile: CostProfile,
         res.draft_forwards += max(d for d, _ in plans)
         res.batch_steps += 1
         for row, (d, v) in zip(list(rows), plans, strict=True):
-            row.commit_ragged(d, v, tree, res)
+            row.commit_planned(d, v, tree, res)
             if not row.advance(True):
                 rows.remove(row)
 

@@ -52,16 +52,23 @@ class RowPlanner(Planner):
         if not ask:
             return go
         shown = [cast(Frontier, frontiers[i]) for i in ask]
-        if self.batch_decides and (whole := self.stopper.batch_continue(shown)) is not None:
+        if self.batch_decides and (whole := self.batch_vote(shown)) is not None:
             votes = [bool(whole)] * len(ask)
         else:
-            votes = [self.rows[i].stopper.should_continue(f)
-                     for i, f in zip(ask, shown, strict=True)]
+            votes = self.row_votes(ask, shown)
             if not self.by_row:
                 votes = [any(votes)] * len(ask)
         for i, vote in zip(ask, votes, strict=True):
             go[i] = vote
         return go
+
+    def batch_vote(self, shown: list[Frontier]) -> bool | None:
+        """The batch's stopper on the asked rows' frontiers (None: each row decides)."""
+        return self.stopper.batch_continue(shown)
+
+    def row_votes(self, ask: list[int], shown: list[Frontier]) -> list[bool]:
+        """Each asked row's own stopper on its frontier, every one of them asked."""
+        return [self.rows[i].stopper.should_continue(f) for i, f in zip(ask, shown, strict=True)]
 
     def outcome(self, row: object, drafted: int, accepted: int) -> None:
         cast("RowState", row).stopper.update(drafted, accepted)
