@@ -113,16 +113,16 @@ class Admission:
             ids = upload([p[: lens[r]] + [0] * (n - lens[r]) for r, p in enumerate(prompts)],
                          self.dev, torch.long)
             pos = torch.arange(n, device=self.dev).expand(len(prompts), -1)
-            ragged = len(set(lens)) > 1
+            uneven = len(set(lens)) > 1  # prompts of unequal lengths: padded, masked
             lens_t = upload(lens, self.dev, torch.long)
-            valid = pos < lens_t[:, None] if ragged else None
+            valid = pos < lens_t[:, None] if uneven else None
             out = self.forward(model, new, ids, pos, self.dec.causal_block(n)[None], valid,
-                               timing, keep=n if ragged and logits else 1, prefill=True,
+                               timing, keep=n if uneven and logits else 1, prefill=True,
                                hidden=states, prev=prev)
             hidden = out.hidden if states else None
             if logits:
                 rows = torch.arange(len(prompts), device=self.dev)
-                last = out.logits[:, -1] if not ragged else out.logits[rows, lens_t - 1]
+                last = out.logits[:, -1] if not uneven else out.logits[rows, lens_t - 1]
             new.settle(lens)
         cache.extend(new)
         return last, hidden

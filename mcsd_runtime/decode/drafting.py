@@ -107,12 +107,12 @@ class TreeDrafter:
         if self.features:  # each pending token's target state, right-padded like the tokens
             prev = torch.nn.utils.rnn.pad_sequence([torch.cat(r.st.d_feats) for r in rows],
                                                    batch_first=True)
-        ragged = len(set(counts)) > 1
-        ids, n = inputs[:, 3 : 3 + m], inputs[:, 2:3] if ragged else m
+        uneven = len(set(counts)) > 1  # rows feeding unequal counts: padded, masked
+        ids, n = inputs[:, 3 : 3 + m], inputs[:, 2:3] if uneven else m
         offsets = torch.arange(m, device=self.dev)[None]
         pos = inputs[:, :1] - n + 1 + offsets.clamp(max=n - 1)
         out = self.forward(self.pair.draft, dc, ids, pos, self.dec.causal_block(m)[None],
-                           offsets < n if ragged else None, timing, keep=m if ragged else 1,
+                           offsets < n if uneven else None, timing, keep=m if uneven else 1,
                            hidden=self.draft_hidden, prev=prev, counts=counts)
         last = (n - 1).clamp(min=0)[:, :, None] if isinstance(n, torch.Tensor) else None
         logits = out.logits[:, -1] if last is None else out.logits.gather(
