@@ -54,8 +54,8 @@ class TreeDrafter:
         """Draft every row up to the depth the planner lets it reach, asking after each depth
         before forwarding it; then the planner says how much of it each row verifies."""
         d = Drafted([[] for _ in rows], [0] * len(rows), [len(r.st.d_pending) for r in rows],
-                    dc.length, copied=[False] * len(rows), refeed=self.features,
-                    ragged=self.ragged)
+                    dc.length, went=[0] * len(rows), copied=[False] * len(rows),
+                    refeed=self.features)
         if max(caps) <= 0:
             return d
         first = self.first_layer(rows, inputs, caps, dc, d, timing)
@@ -74,7 +74,9 @@ class TreeDrafter:
         """Depth + 1 of every row: the frontier goes through the draft (the rows `drafting`),
         which proposes the next layer (each row drawing to its `own` depth)."""
         q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing, drafting)
-        d.forwarded = depth
+        for i, on in enumerate(drafting):
+            if on or not self.ragged:  # a ragged forward takes only the rows drafting
+                d.went[i] = depth
         parent = torch.stack([rl[-1].log_path for rl in d.layers])
         self.add_layers(d.layers, tokens, self.propose(q, hidden, depth + 1, parent, rows, own))
 

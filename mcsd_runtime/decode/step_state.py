@@ -224,24 +224,19 @@ class Drafted:
     pending_base: int  # draft cache length before the pending tokens went in
     cache_base: int = 0  # draft cache length where depth-1 nodes start
     depth: int = 0  # the batch's depth (the deepest row's)
-    forwarded: int = 0  # deepest depth whose nodes went through the draft
+    went: list[int] = field(default_factory=list)  # per row: the deepest of its depths whose
+    # nodes went through the draft this step (and stay in its cache), whatever the layout
     fed: bool = False  # the pending draft tokens went through the draft this step
     copied: list[bool] = field(default_factory=list)  # per row: a prompt-lookup chain
     trees: dict[int, TreeTensors] = field(default_factory=dict)  # row -> its own tree, if not
     # the draft's (a copied chain's, a cut width's)
     refeed: bool = False  # a feature draft: accepted nodes go in again, with the target's states
-    ragged: bool = False  # depth forwards took only the rows still drafting
     reach: list[int] = field(default_factory=list)  # per row: drafted depth (>= verified depth)
 
     def seen(self, i: int) -> int:
         """The deepest of row i's depths whose nodes went through the draft and stay in its
-        cache (ragged: a row's depth d went through exactly when it drafted past d)."""
-        if self.copied[i] or self.refeed:
-            return 0
-        if not self.ragged:
-            return self.forwarded
-        drafted = self.reach[i] if self.reach else self.depths[i]
-        return max(0, min(self.forwarded, drafted - 1))
+        cache: none for a copied chain or where accepted nodes go in again."""
+        return 0 if self.copied[i] or self.refeed else self.went[i]
 
     def take(self, i: int, proposal: Proposal) -> None:
         """Row i verifies `proposal` in place of what the draft gave it."""
