@@ -82,10 +82,10 @@ def test_a_draft_without_mcsd_sdpa_keeps_the_batch_padded() -> None:
         return SimpleNamespace(config=cfg, pair=pair, tree=SimpleNamespace(depth=depth))
 
     with pytest.warns(RuntimeWarning, match="mcsd_sdpa.*not sdpa"):
-        assert not R.ragged_layout(dec(2), 3)
+        assert not R.packing_for(dec(2), 3).ragged
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert R.ragged_layout(dec(0), 3)  # no draft forwards: the target decides alone
+        assert R.packing_for(dec(0), 3).ragged  # no draft forwards: the target decides alone
 
     ps = [[5, 6, 7], [1, 2], [9, 4, 9, 4]]
     refs = [reference(pair, p, 6) for p in ps]

@@ -24,6 +24,7 @@ from mcsd_runtime.decode import speculative_sampling as V
 from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.graphs import Forward
 from mcsd_runtime.decode.planning import drive
+from mcsd_runtime.decode.ragged import Packing
 from mcsd_runtime.decode.step_state import Drafted, DraftFrontier, DraftLayer
 
 if TYPE_CHECKING:
@@ -34,13 +35,12 @@ if TYPE_CHECKING:
 class TreeDrafter:
     """Drafts every row's tree, depth by depth, for one engine: `forward` is the engine's timed
     forward, `planner` the engine's (asked after each depth, then how much each row verifies);
-    `features`: a feature draft (reads the target's states); `ragged`: depth forwards take only
-    the rows drafting."""
+    `features`: a feature draft (reads the target's states); `packing`: the engine's forwards'
+    layout (ragged ones take only the rows drafting)."""
 
     def __init__(self, dec: Decoding, forward: Forward, planner: Planner, features: bool,
-                 ragged: bool = False) -> None:
-        self.dec, self.forward, self.planner = dec, forward, planner
-        self.ragged = ragged  # depth forwards take only the rows still drafting
+                 packing: Packing) -> None:
+        self.dec, self.forward, self.planner, self.packing = dec, forward, planner, packing
         self.cfg, self.tree, self.tt, self.pair = dec.config, dec.tree, dec.tt, dec.pair
         self.dev, self.features = dec.pair.device, features
         self.draft_hidden = dec.needs_hidden or features
@@ -75,7 +75,7 @@ class TreeDrafter:
         which proposes the next layer (each row drawing to its `own` depth)."""
         q, hidden = self.forward_frontier(rows, tokens, inputs, dc, d, depth, timing, drafting)
         for i, on in enumerate(drafting):
-            if on or not self.ragged:  # a ragged forward takes only the rows drafting
+            if self.packing.takes(on):
                 d.went[i] = depth
         parent = torch.stack([rl[-1].log_path for rl in d.layers])
         self.add_layers(d.layers, tokens, self.propose(q, hidden, depth + 1, parent, rows, own))
@@ -87,7 +87,7 @@ class TreeDrafter:
         d.pending = self.feeds(rows, caps)
         q, hidden = self.feed_pending(rows, dc, inputs, timing, d.pending)
         for r, n in zip(rows, d.pending, strict=True):
-            if n or not self.ragged:
+            if self.packing.takes(n > 0):
                 r.st.d_pending, r.st.d_feats = [], []
         d.fed = True
         return self.propose(q[:, None], hidden, 1, None, rows, caps)
@@ -95,7 +95,7 @@ class TreeDrafter:
     def feeds(self, rows: list[Row], caps: list[int]) -> list[int]:
         """The pending draft tokens each row feeds the step's first draft forward: all of them,
         except, ragged, a row that drafts nothing (cap 0), which keeps them for later."""
-        return [len(r.st.d_pending) if c or not self.ragged else 0
+        return [len(r.st.d_pending) if self.packing.takes(c > 0) else 0
                 for r, c in zip(rows, caps, strict=True)]
 
     def feed_pending(self, rows: list[Row], dc: StepCache, inputs: torch.Tensor,

@@ -87,7 +87,7 @@ from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
 from mcsd_runtime.decode.planning import planner_for
 from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
-from mcsd_runtime.decode.ragged import Ragged, ragged_layout
+from mcsd_runtime.decode.ragged import packing_for
 from mcsd_runtime.decode.records import DecodeStats, GenerationResult
 from mcsd_runtime.decode.step_state import Decoding, Draft, Drafted, Row, RowState, Timing, Verdict
 from mcsd_runtime.decode.verifying import Verifier
@@ -127,7 +127,7 @@ class Engine:
         # forward, and the draft takes each accepted token again with the target's state
         self.features = bool(self.tree.depth) and bool(
             getattr(self.pair.draft, "is_feature_draft", False))
-        self.ragged = ragged_layout(dec, batch_size)
+        self.packing = packing_for(dec, batch_size)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
         # every decision inside a step: the stoppers' (through one adapter) or a budget's
         self.planner = planner_for(self.stopper, batch_size, self.cfg.batch_depth)
@@ -146,7 +146,7 @@ class Engine:
     def phases(self) -> tuple[TreeDrafter, Admission, Verifier]:
         """The draft, admission and verify phases (a subclass's own: `target_init`)."""
         dec, b = self.dec, self.batch_size
-        return (TreeDrafter(dec, self.forward, self.planner, self.features, self.ragged),
+        return (TreeDrafter(dec, self.forward, self.planner, self.features, self.packing),
                 Admission(dec, self.forward, self.stopper, b, self.features, self.lookup,
                           self.accounts, self.stats),
                 Verifier(self.cfg, dec.probs, dec.recorder is not None, self.wants_conf))
@@ -383,9 +383,7 @@ class Engine:
         prefix of its n (with a ragged layout only those go through the model)."""
         sync = self.dec.sync_forwards
         mask = cache.mask(block, self.dtype)
-        layout = None
-        if self.ragged and counts is not None and Ragged.needed(counts, ids.shape[1]):
-            layout = Ragged(counts, ids.shape[1], self.dev)
+        layout = self.packing.layout(counts, ids.shape[1])
         if sync:
             torch.cuda.synchronize()  # sync: timing forwards on a GPU (profile=True)
         t0 = time.perf_counter()

@@ -129,11 +129,36 @@ def supports_ragged(model) -> bool:
     return getattr(config, "_attn_implementation", None) == NAME
 
 
-def ragged_layout(dec, batch_size: int) -> bool:
-    """Whether an engine of `dec` at `batch_size` runs ragged forwards: asked for
-    (`DecodeConfig.batch_layout`), more than one row, lossless init (target-initialized
+class Packing:
+    """How an engine's forwards lay out their rows: padded (`ragged` False: every row at the
+    forward's width) or ragged (only each row's real tokens, packed into one sequence, where
+    the rows' counts differ)."""
+
+    def __init__(self, ragged: bool, device: torch.device) -> None:
+        self.ragged, self.device = ragged, device
+
+    def layout(self, counts: list[int] | None, width: int) -> Ragged | None:
+        """The packed layout of a forward whose rows hold `counts` real tokens of `width`
+        (None: padded)."""
+        if not self.ragged or counts is None or not Ragged.needed(counts, width):
+            return None
+        return Ragged(counts, width, self.device)
+
+    def takes(self, real: bool) -> bool:
+        """Whether a row goes through a forward, `real` whether it has tokens of its own there:
+        padded forwards take every row."""
+        return real or not self.ragged
+
+
+def packing_for(dec, batch_size: int) -> Packing:
+    """The packing of an engine of `dec` at `batch_size`: ragged where asked for
+    (`DecodeConfig.batch_layout`), with more than one row, lossless init (target-initialized
     candidates decode batches of one), and both models on `mcsd_sdpa` (else one warning, and
     padded forwards)."""
+    return Packing(_ragged_ok(dec, batch_size), dec.pair.device)
+
+
+def _ragged_ok(dec, batch_size: int) -> bool:
     cfg = dec.config
     if cfg.batch_layout != "ragged" or batch_size <= 1 or cfg.init != "draft":
         return False

@@ -152,7 +152,7 @@ class TargetInitEngine(Engine):
         self.init = TargetInit(dec, self.forward, b, self.features)
         self.accounts.proposers.append(self.init)
         return (InitDrafter(self.init, dec, self.forward, self.planner, self.features,
-                            self.ragged),
+                            self.packing),
                 InitAdmission(dec, self.forward, self.stopper, b, self.features, self.lookup,
                               self.accounts, self.stats),
                 InitVerifier(self.cfg, dec.probs, dec.recorder is not None, self.wants_conf))
