@@ -30,13 +30,16 @@ from mcsd_runtime.serving.vllm_methods import parse_method, parse_methods
 VOCAB, TOKENS = 128, 24
 
 
-def _tiny_target(folder) -> str:
+def tiny_target(folder, vocab: int = VOCAB, seed: int = 3, init: float = 0.3,
+                positions: int = 256) -> str:
+    """A random tiny Llama saved in `folder` (heads of 32, which vLLM's CPU attention runs)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(3)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                      max_position_embeddings=256, initializer_range=0.3, bos_token_id=None,
+                      max_position_embeddings=positions, initializer_range=init,
+                      bos_token_id=None,
                       eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
     LlamaForCausalLM(cfg).eval().save_pretrained(folder)
     return str(folder)
@@ -105,7 +108,7 @@ def decoded(tmp_path_factory):
     copy = _copy_policy(root / "copy")
     methods = ["ar", "ngram:3:1:3", f"table:{_schedule(root / 'schedule')}",
                f"proposer:{copy}", "draft:2", "proposer:static:3", f"proposer:{copy}+static:2"]
-    target = _tiny_target(root / "target")
+    target = tiny_target(root / "target")
     draft = _draft(root, target)
     run = VllmRun(model=target, methods=tuple(parse_method(m, draft) for m in methods),
                   concurrency=(1, 3),

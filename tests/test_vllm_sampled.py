@@ -19,6 +19,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from test_vllm_engine import tiny_target
 
 from mcsd_runtime.serving import vllm_fixes
 
@@ -62,18 +63,6 @@ def test_the_cpu_stand_in_is_defective_and_apply_replaces_it_once():
     assert vllm_fixes.apply() == []
 
 
-def _tiny_target(folder) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(5)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                      max_position_embeddings=64, initializer_range=0.5, bos_token_id=None,
-                      eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    LlamaForCausalLM(cfg).eval().save_pretrained(folder)
-    return str(folder)
-
-
 def _second_tokens(target: str, speculative: dict | None, env: dict) -> list[int]:
     """The second new token of N requests of one prompt, request i sampled at T=0.7 with seed
     i, on an in-process engine."""
@@ -111,7 +100,7 @@ def _two_sample_pvalue(a: list[int], b: list[int]) -> float:
 
 def test_sampled_verification_keeps_vllm_plains_distribution(tmp_path):
     pytest.importorskip("vllm")
-    target = _tiny_target(tmp_path / "target")
+    target = tiny_target(tmp_path / "target", vocab=VOCAB, seed=5, init=0.5, positions=64)
     plain = _second_tokens(target, None, {})
     fixed = Counter(plain).most_common(1)[0][0]  # drafted at the second position: accepted
     # often, rejected often enough that rejections sample the rest
