@@ -60,7 +60,9 @@ def main(out: str) -> None:
     result: dict[str, object] = {}
     for label, name, cfg, b in settings():
         try:
-            dec = MCSDDecoder(pair, cfg, stopper=STOPPERS[name]())
+            decision = STOPPERS[name]()
+            dec = (MCSDDecoder(pair, cfg, planner=decision) if name in BUDGETS
+                   else MCSDDecoder(pair, cfg, stopper=decision))
             rows = (dec.generate_batch(prompts, batch_size=b) if b > 1
                     else [dec.generate(p) for p in prompts])
             result[label] = [[r.token_ids, [(s.drafted, s.accepted, s.committed, s.tree_size,

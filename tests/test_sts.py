@@ -15,7 +15,7 @@ import torch
 from test_train_data import dense_rows
 
 from mcsd_runtime.cli import main
-from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.builtin import make_decision
 from mcsd_runtime.decisions.features import NODE_FEATURES
 from mcsd_runtime.decisions.sts import (
     GRID,
@@ -325,7 +325,7 @@ def test_the_survival_sts_estimate(tmp_path):
     table().write(tmp_path)
     PROFILE.save(tmp_path / "cost.json")
     spec = f"survival-sts:{tmp_path}@{tmp_path / 'cost.json'}"
-    budget = make_stopper(spec)
+    budget = make_decision(spec)
     assert isinstance(budget, VerifyBudget) and isinstance(budget.estimate, StsAcceptance)
     assert budget.estimate.calibration == table()
     assert explicit_label(spec, (1, 1, 1, 1)) == spec
@@ -336,7 +336,7 @@ def test_the_survival_sts_estimate(tmp_path):
                          (f"survival-sts:{tmp_path / 'no'}@{tmp_path / 'cost.json'}",
                           "no STS table")):
         with pytest.raises(MCSDError, match=message):
-            make_stopper(bad)
+            make_decision(bad)
     rule = make_rule(f"survival-sts:{tmp_path / 'sts.json'}")  # replay's rule: the same estimate
     assert isinstance(rule, Budget) and rule.estimate.calibration == table()
     assert rule.name == "survival-sts:sts.json"
@@ -378,7 +378,7 @@ def test_train_sts_end_to_end(tmp_path, capsys):
     assert "| position |" in (out / "report.md").read_text()
     assert trtllm_load(out / STS_FILE) == sglang_load(out / STS_FILE)["temperatures"]
     PROFILE.save(tmp_path / "cost.json")
-    budget = make_stopper(f"survival-sts:{out}@{tmp_path / 'cost.json'}")
+    budget = make_decision(f"survival-sts:{out}@{tmp_path / 'cost.json'}")
     # the budget on the table decides: some steps draft nothing, some deep
     r = ragged_replay(ReplayData(dense_rows("chain", CHAIN)), Budget(budget.estimate), PROFILE)
     assert 0 < r.drafted_depth < r.steps * gamma

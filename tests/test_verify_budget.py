@@ -1,6 +1,7 @@
-"""The verification budget as a stopper (`decisions.verify_budget`): in the decoder it takes the
-steps `replay.ragged` replays for the same rule (tokens, steps, drafted depths, verified tokens,
-batch steps), its rows stay the target's own, and a profile is required to name one."""
+"""The verification budget as a decoder's planner (`decisions.verify_budget`): in the decoder it
+takes the steps `replay.ragged` replays for the same rule (tokens, steps, drafted depths,
+verified tokens, batch steps), its rows stay the target's own, and a profile is required to name
+one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_train_data import K_CONFIG, MAX_NEW, dense_rows, prompts
 import replay.data as R
 from conftest import make_pair
 from mcsd_runtime.cli import build_parser, run_parser
-from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.builtin import make_decision, make_stopper
 from mcsd_runtime.decisions.features import NODE_FEATURES
 from mcsd_runtime.decisions.manifest import load_decision
 from mcsd_runtime.decisions.verify_budget import DraftProbability, OnlineAcceptance, VerifyBudget
@@ -67,7 +68,7 @@ def test_the_decoder_takes_the_replayed_steps(data, pair, ar_outputs, spec, batc
     order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
     cfg = DecodeConfig(k_config=CHAIN, max_new_tokens=MAX_NEW, batch_layout="ragged",
                        batch_depth="row")
-    dec = MCSDDecoder(pair, cfg, stopper=VerifyBudget(ESTIMATES[spec](), PROFILE))
+    dec = MCSDDecoder(pair, cfg, planner=VerifyBudget(ESTIMATES[spec](), PROFILE))
     ps = [prompts()[i] for i in order]
     out = dec.generate_batch(ps, batch_size=batch_size)
     steps = [s for g in out for s in g.steps]
@@ -83,19 +84,37 @@ def test_the_decoder_takes_the_replayed_steps(data, pair, ar_outputs, spec, batc
 
 def test_a_budget_needs_a_cost_profile(tmp_path):
     with pytest.raises(MCSDError, match="cost profile"):
-        make_stopper("survival:1")
+        make_decision("survival:1")
     with pytest.raises(MCSDError, match="no cost profile"):
-        make_stopper(f"survival:1@{tmp_path / 'missing.json'}")
+        make_decision(f"survival:1@{tmp_path / 'missing.json'}")
     with pytest.raises(MCSDError, match="Q"):
-        make_stopper(f"survival:x@{tmp_path / 'missing.json'}")
+        make_decision(f"survival:x@{tmp_path / 'missing.json'}")
     path = tmp_path / "cost.json"
     PROFILE.save(path)
-    budget = make_stopper(f"survival:0.5@{path}")
+    budget = make_decision(f"survival:0.5@{path}")
     assert isinstance(budget, VerifyBudget) and budget.estimate.power == 0.5
     assert budget.for_batch(4).batch_size == 4
-    assert make_stopper(f"survival@{path}").estimate.power == 1.0
-    online = make_stopper(f"survival-online@{path}").estimate
+    assert make_decision(f"survival@{path}").estimate.power == 1.0
+    online = make_decision(f"survival-online@{path}").estimate
     assert isinstance(online, OnlineAcceptance) and online.lr == 0.05
+
+
+def test_a_budget_is_a_planner_not_a_stopper(tmp_path, pair):
+    """A budget goes in the decoder's planner slot; the stopper slot refuses it, the planner
+    slot a stopper, and a decoder refuses both at once."""
+    path = tmp_path / "cost.json"
+    PROFILE.save(path)
+    spec = f"survival:1@{path}"
+    with pytest.raises(MCSDError, match="planner="):
+        make_stopper(spec)
+    with pytest.raises(MCSDError, match="planner="):
+        MCSDDecoder(pair, DecodeConfig(k_config=CHAIN), stopper=spec)
+    with pytest.raises(MCSDError, match="is a stopper"):
+        MCSDDecoder(pair, DecodeConfig(k_config=CHAIN), planner="static:2")
+    with pytest.raises(MCSDError, match="not both"):
+        MCSDDecoder(pair, DecodeConfig(k_config=CHAIN), stopper="static:2", planner=spec)
+    dec = MCSDDecoder(pair, DecodeConfig(k_config=CHAIN), planner=spec)
+    assert isinstance(dec.planner, VerifyBudget) and dec.planner.batch_size == 1
 
 
 def test_the_online_estimate_learns_from_the_verdicts(data):
@@ -152,14 +171,14 @@ def test_a_learned_budget_trains_decodes_and_replays_alike(tmp_path, data, pair,
                report.values())
     budget = load_decision(out)
     assert isinstance(budget, VerifyBudget) and budget.decision == "budget"
-    assert isinstance(make_stopper(f"budget:{out}"), VerifyBudget)
+    assert isinstance(make_decision(f"budget:{out}"), VerifyBudget)
 
     r = ragged_replay(data, Budget(budget.estimate), PROFILE, batch_size=4)
     order = [int(key.rsplit("/p", 1)[1]) for key in data.prompts]
     cfg = DecodeConfig(k_config=CHAIN, max_new_tokens=MAX_NEW, batch_layout="ragged",
                        batch_depth="row")
     ps = [prompts()[i] for i in order]
-    got = MCSDDecoder(pair, cfg, stopper=load_decision(out)).generate_batch(ps, batch_size=4)
+    got = MCSDDecoder(pair, cfg, planner=load_decision(out)).generate_batch(ps, batch_size=4)
     steps = [s for g in got for s in g.steps]
     assert (r.tokens, r.steps, r.batch_steps, r.draft_forwards) == (
         got.stats.new_tokens, len(steps), got.stats.target_calls, got.stats.draft_calls)

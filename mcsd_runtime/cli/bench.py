@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcsd_runtime.decisions.builtin import make_stopper
+    from mcsd_runtime.decisions.builtin import make_decision
     from mcsd_runtime.decisions.learned import check_pair
     from mcsd_runtime.evaluate.bench import run_bench
     from mcsd_runtime.evaluate.eval_report import markdown_notes
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     stopper = explicit_label(args.stopper, k_config)
     config = decode_config_from_args(args, k_config=k_config)
     pair = pair_from_args(args)
-    built = make_stopper(stopper)
+    built = make_decision(stopper)
     check_pair(built, pair)  # a learned stopper must come from this pair's collections
     prompts = load_prompts(args.prompts, limit=args.limit)
     fmt = check_prompt_formats([stopper], {args.prompts: prompts}, pair.tokenizer, args.chat,

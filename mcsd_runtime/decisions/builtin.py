@@ -1,5 +1,6 @@
-"""The built-in early-stop policies, and stopper specs: the strings that name a stopper, parsed
-in one place with one set of rules (`make_stopper`, `parse_stopper_spec`).
+"""The built-in early-stop policies, and decision specs: the strings that name a stopper or a
+verification budget, parsed in one place with one set of rules (`make_decision`, `make_stopper`,
+`parse_stopper_spec`).
 
 Every stopper keeps the contract of `mcsd_runtime.decisions.contract` (`Stopper`, `Frontier`,
 `StopperBase`; importable from here too). A spec is one of
@@ -7,7 +8,9 @@ Every stopper keeps the contract of `mcsd_runtime.decisions.contract` (`Stopper`
 - `NAME[:P[:P]]`: a built-in of `BUILTIN` with its numeric parameters (`static:4`,
   `confidence:0.4`, `heuristic`, `switch:0.6:2`);
 - `stopper:PATH`, or a bare PATH that is a folder: a trained stopper's artifact folder, which must
-  hold `stopper.json` (`mcsd_runtime.decisions.learned`).
+  hold `stopper.json` (`mcsd_runtime.decisions.learned`);
+- `survival...@PROFILE` or `budget:PATH`: a verification budget, which is a whole-step `Planner`
+  (a decoder's `planner`, not its stopper).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime.decisions.artifact import ArtifactSpec
-from mcsd_runtime.decisions.contract import MEMBERS, Frontier, Stopper, StopperBase
+from mcsd_runtime.decisions.contract import (
+    MEMBERS,
+    Decision,
+    Frontier,
+    Planner,
+    Stopper,
+    StopperBase,
+)
 from mcsd_runtime.decisions.learned import stopper_from
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
 from mcsd_runtime.decisions.verify_budget import (
@@ -32,8 +42,9 @@ from mcsd_runtime.decisions.verify_budget import (
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import k_text, parse_k_config
 
-__all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperSpec", "UnknownStopperError",
-           "make_stopper", "parse_stopper_spec", "stopper_help"]
+__all__ = ["BUILTIN", "Decision", "Frontier", "Stopper", "StopperBase", "StopperSpec",
+           "UnknownStopperError", "make_decision", "make_stopper", "parse_stopper_spec",
+           "stopper_help"]
 
 
 class StaticStopper(StopperBase):
@@ -159,7 +170,7 @@ def _floats(args: list[str], spec: str, n_max: int) -> list[float]:
             f"stopper {spec!r}: parameters must be numbers, e.g. confidence:0.4") from None
 
 
-Builder = Callable[[list[str], str], Stopper]
+Builder = Callable[[list[str], str], Decision]
 
 BUILTIN: dict[str, tuple[str, Builder]] = {
     "none": ("none draft nothing: the target alone (with lookup, where nothing is copied)",
@@ -216,8 +227,8 @@ class StopperSpec:
     def learned(self) -> bool:
         return self.folder is not None
 
-    def build(self) -> Stopper:
-        """The stopper it names (a learned one is loaded from its folder)."""
+    def build(self) -> Decision:
+        """The stopper or budget it names (a learned one is loaded from its folder)."""
         if self.name == BUDGET and self.folder is not None:  # `parse_stopper_spec` gives it one
             return load_budget(self.folder)
         if self.folder is not None:  # a folder, as `check` reads it (not its stopper.json)
@@ -259,22 +270,35 @@ def parse_stopper_spec(text: str) -> StopperSpec:
     return StopperSpec(text, folder=folder)
 
 
+def make_decision(spec: str | Decision | None,
+                  k_config: tuple[int, ...] | None = None) -> Decision:
+    """The stopper or planner (a verification budget) a spec string names (see the module
+    docstring), or a `Stopper` or `Planner` object as it is; None: the static full-depth
+    stopper. With `k_config` (the decoder's tree), `check_tree` runs."""
+    if spec is None:
+        decision: Decision = StaticStopper()
+    elif isinstance(spec, str):
+        decision = parse_stopper_spec(spec).build()
+    else:
+        decision = spec
+    if not isinstance(decision, Planner):
+        missing = [m for m in MEMBERS if not hasattr(decision, m)]
+        if missing:
+            raise MCSDError(f"{type(decision).__name__} is not a stopper: it lacks "
+                            f"{', '.join(missing)}; subclass "
+                            "mcsd_runtime.decisions.contract.StopperBase")
+    if k_config is not None:
+        decision.check_tree(parse_k_config(k_config))
+    return decision
+
+
 def make_stopper(spec: str | Stopper | None,
                  k_config: tuple[int, ...] | None = None) -> Stopper:
-    """A stopper from a spec string (see the module docstring), or a `Stopper` object as it is;
-    None: the static full-depth stopper. With `k_config` (the decoder's tree), `check_tree`
-    runs."""
-    if spec is None:
-        stopper: Stopper = StaticStopper()
-    elif isinstance(spec, str):
-        stopper = parse_stopper_spec(spec).build()
-    else:
-        stopper = spec
-    missing = [m for m in MEMBERS if not hasattr(stopper, m)]
-    if missing:
-        raise MCSDError(f"{type(stopper).__name__} is not a stopper: it lacks "
-                        f"{', '.join(missing)}; subclass "
-                        "mcsd_runtime.decisions.contract.StopperBase")
-    if k_config is not None:
-        stopper.check_tree(parse_k_config(k_config))
-    return stopper
+    """`make_decision` where a per-row stopper is needed: a planner (a verification budget)
+    is refused."""
+    decision = make_decision(spec, k_config)
+    if isinstance(decision, Planner):
+        raise MCSDError(f"{spec!r} is a verification budget, which plans whole steps rather "
+                        f"than stopping each row: give it to a decoder as its planner "
+                        f"(MCSDDecoder(pair, config, planner=...)), not as a stopper")
+    return decision

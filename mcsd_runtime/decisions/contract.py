@@ -32,7 +32,9 @@ The engine consults none of these directly: every decision inside a step goes th
 row's outcome), for one row or a batch alike. A stopper reaches it through the decoder's
 per-row adapter (`mcsd_runtime.decode.planning.RowPlanner`, which also applies the batch's depth
 policy); a decision that chooses every row's tree across the batch (a verification budget,
-`mcsd_runtime.decisions.verify_budget`) is a `Planner` itself.
+`mcsd_runtime.decisions.verify_budget`) is a `Planner` itself, given to the decoder as its
+planner (`MCSDDecoder(planner=...)`), not as a stopper. `Decision` is either kind: what a spec
+string names (`mcsd_runtime.decisions.builtin.make_decision`).
 
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
@@ -109,9 +111,20 @@ class Planner:
     """Every decision the engine consults inside a step, for all rows of a batch at once (a
     batch of one included). Each step the engine asks `plan`, then `extend` after every depth
     that some row drafted (the last one too, where the answers are not read), then `verify`;
-    each row's outcome comes back through `outcome`. A planner named for a decoder (in place of
-    a stopper) is set up for a batch size and checked against the tree as a stopper is
-    (`for_batch`, `check_tree`)."""
+    each row's outcome comes back through `outcome`. A planner given to a decoder
+    (`MCSDDecoder(planner=...)`, in place of per-row stoppers) is set up for each batch size
+    (`for_batch`; a batch of one runs the decoder's own) and checked against the tree once
+    (`check_tree`); `needs_hidden` as a stopper's."""
+
+    needs_hidden: bool = False
+
+    def for_batch(self, batch_size: int) -> Planner:
+        """The planner of a batch of `batch_size` rows (default: itself)."""
+        return self
+
+    def check_tree(self, k_config: tuple[int, ...]) -> None:
+        """Refuse (MCSDError) a tree this planner was not made for (default: any)."""
+        return None
 
     def plan(self, starts: Sequence[StepStart]) -> list[bool]:
         """Which rows draft this step: each row's `StepStart` (cap 0: it may not draft, because
@@ -131,6 +144,9 @@ class Planner:
         """Row `row` (its `StepStart.row`) drafted `drafted` depths this step and `accepted` of
         them were accepted (0, 0 at its first token, and for a copied chain)."""
         return None
+
+
+Decision = Stopper | Planner  # what a method's spec names: per-row stoppers or a whole-step planner
 
 
 class StopperBase:

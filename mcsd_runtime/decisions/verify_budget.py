@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol, TypeGuard
 
 from mcsd_runtime.decisions.budget import draft_rows, verify_counts
-from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, StopperBase
+from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart
 from mcsd_runtime.decisions.features import TRAJECTORY_FEATURES
 from mcsd_runtime.decisions.sts import StsCalibration, confidence_logit
 from mcsd_runtime.errors import MCSDError
@@ -184,11 +184,11 @@ class StsAcceptance:
         return survival, survival * conf(x, frontier.depth + 1)
 
 
-class VerifyBudget(StopperBase, Planner):
+class VerifyBudget(Planner):
     """The budget of the module docstring for `estimate` under `profile` (a `CostProfile`) at
-    `batch_size` rows (`for_batch` gives each batch size its own). It stands where a stopper
-    is named (a spec, `MCSDDecoder(stopper=...)`) and plans the step itself. A learned one is a
-    `Decision` (`mcsd_runtime.decisions.manifest`): `load` reads its folder."""
+    `batch_size` rows (`for_batch` gives each batch size its own): a decoder's planner
+    (`MCSDDecoder(planner=...)`, or a spec such as `survival:1@PROFILE`). A learned one is a
+    trained decision (`mcsd_runtime.decisions.manifest`): `load` reads its folder."""
 
     decision: ClassVar[str] = "budget"
     temperature: float = 0.0  # of the outputs a learned one was trained on
@@ -225,10 +225,6 @@ class VerifyBudget(StopperBase, Planner):
         stopper = getattr(self.estimate, "stopper", None)
         if stopper is not None:
             stopper.check_tree(k_config)
-
-    def should_continue(self, frontier: Frontier) -> bool:
-        raise MCSDError(f"{self!r} plans a whole step (`plan`, `extend`, `verify`): it is not "
-                        f"asked depth by depth")
 
     # ------------------------------------------------------------------ the planner
     def plan(self, starts: Sequence[StepStart]) -> list[bool]:
@@ -320,15 +316,15 @@ def survival_budget(args: list[str], spec: str, online: bool = False) -> VerifyB
     power, _, path = ":".join(args).partition("@")
     name = "survival-online:LR" if online else "survival:Q"
     if not path:
-        raise MCSDError(f"stopper {spec!r}: the budget prices tokens with a cost profile: "
+        raise MCSDError(f"budget {spec!r}: the budget prices tokens with a cost profile: "
                         f"{name}@PROFILE.json (`mcsd profile --batch-size 1,4,8,16` writes one)")
     try:
         q = float(power) if power else (0.05 if online else 1.0)
     except ValueError:
-        raise MCSDError(f"stopper {spec!r}: {name[-1]} must be a number, e.g. "
+        raise MCSDError(f"budget {spec!r}: {name[-1]} must be a number, e.g. "
                         f"{name.partition(':')[0]}:1@cost.json") from None
     if not Path(path).is_file():
-        raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
+        raise MCSDError(f"budget {spec!r}: no cost profile at {path}")
     estimate = OnlineAcceptance(q) if online else DraftProbability(q)
     return VerifyBudget(estimate, CostProfile.load(path))
 
@@ -340,11 +336,11 @@ def sts_budget(args: list[str], spec: str) -> VerifyBudget:
 
     table, _, path = ":".join(args).partition("@")
     if not table or not path:
-        raise MCSDError(f"stopper {spec!r}: survival-sts:PATH@PROFILE.json names an STS table "
+        raise MCSDError(f"budget {spec!r}: survival-sts:PATH@PROFILE.json names an STS table "
                         f"(`mcsd train --decision sts` writes one) and a cost profile (`mcsd "
                         f"profile --batch-size 1,4,8,16` writes one)")
     if not Path(path).is_file():
-        raise MCSDError(f"stopper {spec!r}: no cost profile at {path}")
+        raise MCSDError(f"budget {spec!r}: no cost profile at {path}")
     name = Path(table).name
     estimate = StsAcceptance(StsCalibration.load(table), f"survival-sts:{name}")
     return VerifyBudget(estimate, CostProfile.load(path))

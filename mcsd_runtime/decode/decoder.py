@@ -16,7 +16,7 @@ from typing import cast
 
 import torch
 
-from mcsd_runtime.decisions.builtin import Stopper, make_stopper
+from mcsd_runtime.decisions.builtin import Planner, Stopper, make_decision, make_stopper
 from mcsd_runtime.decisions.copy_length import CopyLength
 from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.decode.engine import BatchResult, CommitHook, Engine
@@ -50,15 +50,23 @@ class MCSDDecoder:
 
     def __init__(self, pair: Pair, config: DecodeConfig | None = None,
                  stopper: Stopper | str | None = None, recorder: Recorder | None = None,
-                 copy_length: CopyLength | None = None, width: WidthPolicy | None = None) -> None:
-        """`copy_length`: a learned prompt-lookup copy length (`mcsd_runtime.decisions.copy_length`)
-        choosing how much of each match to verify; needs `config.lookup` at least its
-        `max_copy`. `width`: a learned width (`mcsd_runtime.decisions.width`) choosing how many of
-        the first depth's candidates a step drafted to depth 1 verifies; needs the tree's first
-        depth to draft its k."""
+                 copy_length: CopyLength | None = None, width: WidthPolicy | None = None,
+                 planner: Planner | str | None = None) -> None:
+        """`stopper`: each row's early-stop policy (a `Stopper` or a spec such as `static:4`;
+        default: the whole tree). `planner`: instead of stoppers, one decision that plans every
+        row's step across the batch (a verification budget, `Planner`, or its spec such as
+        `survival:1@PROFILE`). `copy_length`: a learned prompt-lookup copy length
+        (`mcsd_runtime.decisions.copy_length`) choosing how much of each match to verify; needs
+        `config.lookup` at least its `max_copy`. `width`: a learned width
+        (`mcsd_runtime.decisions.width`) choosing how many of the first depth's candidates a step
+        drafted to depth 1 verifies; needs the tree's first depth to draft its k."""
         self.pair = pair
         self.config = config or DecodeConfig()
         self.stopper = make_stopper(stopper, self.config.k_config)
+        self.planner = None if planner is None else _planner(planner, self.config.k_config)
+        if self.planner is not None and stopper is not None:
+            raise MCSDError("give a decoder a stopper or a planner, not both: a planner decides "
+                            "every row's step itself")
         self.recorder = recorder
         self.tree = Tree(self.config.k_config)
         self.tt = TreeTensors.build(self.tree, pair.device, pair.dtype)
@@ -87,8 +95,9 @@ class MCSDDecoder:
                                 f"{self.config.k_config}, init={self.config.init!r})")
             self.widths = {w: TreeTensors.build(Tree(KConfig((w,))), pair.device, pair.dtype)
                            for w in range(1, width.k)}
-        self.needs_hidden = self.stopper.needs_hidden or (recorder is not None
-                                                          and recorder.needs_hidden)
+        decides = self.planner if self.planner is not None else self.stopper
+        self.needs_hidden = decides.needs_hidden or (recorder is not None
+                                                     and recorder.needs_hidden)
         self._causal = causal_bias(max(self.tree.num_nodes + 1, 8), pair.dtype, pair.device)
         self.sync_forwards = pair.device.type != "cpu" and self.config.profile
         self.forwards = make_forwards(self.config.graphs, pair.device)
@@ -175,6 +184,15 @@ class MCSDDecoder:
         if n <= self._causal.shape[0]:
             return self._causal[:n, :n]
         return causal_bias(n, self.pair.dtype, self.pair.device)  # a long prompt's prefill
+
+
+def _planner(spec: Planner | str, k_config: tuple[int, ...]) -> Planner:
+    """The planner a spec names (checked against the tree); a stopper's spec is refused."""
+    planner = make_decision(spec, k_config)
+    if not isinstance(planner, Planner):
+        raise MCSDError(f"{spec!r} is a stopper, which decides each row's depth: give it as "
+                        f"stopper=..., not as the planner")
+    return planner
 
 
 class ARDecoder(MCSDDecoder):

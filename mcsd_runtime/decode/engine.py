@@ -41,8 +41,8 @@ padded forwards make a shallower tree no cheaper, so every row is drafted to the
 capped by its own token budget, one depth more while the stopper's `batch_continue(frontiers)`
 says so, or else while ANY row's own stopper (a copy of the given one) does;
 `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own stopper chooses; a
-batch of one asks the decoder's stopper itself. A verification budget is a planner of its own,
-choosing every row's tree across the batch.
+batch of one asks the decoder's stopper itself. A verification budget is the decoder's planner
+(`MCSDDecoder(planner=...)`), choosing every row's tree across the batch.
 
 Layout (`DecodeConfig.batch_layout`): padded, every forward runs each row at the batch's widest;
 ragged (`ragged.Ragged`), the target's, the draft's depths and its first forward carry each
@@ -130,7 +130,7 @@ class Engine:
         self.packing = packing_for(dec, batch_size)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
         # every decision inside a step: the stoppers' (through one adapter) or a budget's
-        self.planner = planner_for(self.stopper, batch_size, self.cfg.batch_depth)
+        self.planner = planner_for(dec.planner, self.stopper, batch_size, self.cfg.batch_depth)
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None

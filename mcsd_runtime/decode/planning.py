@@ -1,4 +1,4 @@
-"""The planner a step engine consults (`planner_for`): a `Planner` named for the decoder (a
+"""The planner a step engine consults (`planner_for`): the decoder's own `Planner` (a
 verification budget) at the engine's batch size, or else `RowPlanner`, the one adapter through
 which per-row stoppers plan a step; and `drive`, the one loop that runs a planner over a step's
 depths, for the engine (which drafts them) and for replay (which reads them from a collection).
@@ -23,10 +23,12 @@ if TYPE_CHECKING:
     from mcsd_runtime.decode.step_state import RowState
 
 
-def planner_for(stopper: Stopper | Planner, batch_size: int, batch_depth: str) -> Planner:
-    """The planner of an engine at `batch_size`; `stopper` is the batch's (`for_batch`)."""
-    if isinstance(stopper, Planner):
-        return stopper
+def planner_for(planner: Planner | None, stopper: Stopper, batch_size: int,
+                batch_depth: str) -> Planner:
+    """The planner of an engine at `batch_size`: the decoder's `planner` (its own in a batch of
+    one, else `for_batch`), or else `RowPlanner` over `stopper` (the batch's: `for_batch`)."""
+    if planner is not None:
+        return planner if batch_size == 1 else planner.for_batch(batch_size)
     return RowPlanner(stopper, batch_size > 1 and batch_depth == "max", batch_depth == "row")
 
 

@@ -27,7 +27,7 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import TreeTensors
 
 if TYPE_CHECKING:  # what the engine reads of the decoder (`Decoding`)
-    from mcsd_runtime.decisions.contract import Stopper
+    from mcsd_runtime.decisions.contract import Planner, Stopper
     from mcsd_runtime.decisions.copy_length import CopyLength
     from mcsd_runtime.decisions.width import WidthPolicy
     from mcsd_runtime.decode.graphs import EagerForwards, FixedForwards
@@ -268,9 +268,10 @@ class Decoding(Protocol):
     tt: TreeTensors
     chain: TreeTensors | None  # copies' own chain tree (a draft tree of several candidates)
     stopper: Stopper
+    planner: Planner | None  # a whole-step planner in place of per-row stoppers (a budget)
     recorder: Recorder | None
     forwards: EagerForwards | FixedForwards  # eager, or fixed shapes captured as CUDA graphs
-    needs_hidden: bool  # the stopper or the recorder reads draft hidden states
+    needs_hidden: bool  # the stopper, planner or recorder reads draft hidden states
     eos: set[int]
     sync_forwards: bool  # synchronize around forwards to time them (a GPU, profile=True)
     copy_length: CopyLength | None  # a learned prompt-lookup copy length

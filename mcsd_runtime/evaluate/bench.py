@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+from mcsd_runtime.decode.decoder import DecodeConfig
 from mcsd_runtime.evaluate.loop import run_runners
 from mcsd_runtime.evaluate.methods import short_name
 from mcsd_runtime.evaluate.record import Record
-from mcsd_runtime.evaluate.runners import DecoderRunner, build_method, encode_prompt
+from mcsd_runtime.evaluate.runners import DecoderRunner, build_method, decoder_for, encode_prompt
 from mcsd_runtime.evaluate.stats import summarize
 from mcsd_runtime.models.pair import Pair
 
@@ -28,7 +28,7 @@ def bench_runners(pair: Pair, config: DecodeConfig, stopper: str, built,
     if stopper != f"static:{len(config.k_config)}":
         sd_name += f"+{short_name(stopper)}"
     runners = {"ar": build_method("ar", pair, config), "hf": build_method("hf", pair, config),
-               sd_name: DecoderRunner(MCSDDecoder(pair, config, stopper=built))}
+               sd_name: DecoderRunner(decoder_for(pair, config, built))}
     if batch_size > 1:
         del runners["hf"]
     return runners

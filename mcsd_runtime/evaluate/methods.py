@@ -13,7 +13,7 @@ from mcsd_runtime.decisions.artifact import ArtifactSpec
 from mcsd_runtime.decisions.builtin import (
     BUILTIN,
     UnknownStopperError,
-    make_stopper,
+    make_decision,
     parse_stopper_spec,
 )
 from mcsd_runtime.decode.records import DecodeConfig
@@ -261,7 +261,7 @@ def explicit_label(method: str, k_config: tuple[int, ...]) -> str:
     if kind not in BUILTIN:
         return method
     try:
-        stopper = make_stopper(method, k_config)
+        stopper = make_decision(method, k_config)
     except MCSDError as err:
         raise MCSDError(f"method {method!r}: {err}") from None
     if kind == "static":

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime import metrics
-from mcsd_runtime.decisions.builtin import make_stopper
+from mcsd_runtime.decisions.builtin import Decision, Planner, make_decision, make_stopper
 from mcsd_runtime.decisions.learned import check_pair, training_temperatures
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
@@ -253,8 +253,8 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     if (learned := parse_learned_lookup(name)) is not None:
         return learned_lookup_runner(pair, base, *learned)
     if kind == WIDTH:
-        stopper, width = stopper_and_width(name, pair, base.temperature)
-        return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper, width=width))
+        decision, width = decision_and_width(name, pair, base.temperature)
+        return DecoderRunner(decoder_for(pair, replace(base, init="draft"), decision, width=width))
     if name in ("hf", "hf-assisted"):
         if name == "hf-assisted" and getattr(pair.draft, "is_feature_draft", False):
             raise MCSDError("hf-assisted runs the draft inside transformers' generate(), which "
@@ -271,10 +271,18 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
         return HFGenerate(pair, base, static=True, compiled=compiled)
     if kind == "hf-generate":
         return HFCustomGenerate(pair, replace(base, init="draft"), arg)
-    stopper = make_stopper(name)
-    check_pair(stopper, pair)
-    warn_temperature(stopper, base.temperature, name)
-    return DecoderRunner(MCSDDecoder(pair, replace(base, init="draft"), stopper))
+    decision = make_decision(name)
+    check_pair(decision, pair)
+    warn_temperature(decision, base.temperature, name)
+    return DecoderRunner(decoder_for(pair, replace(base, init="draft"), decision))
+
+
+def decoder_for(pair: Pair, config: DecodeConfig, decision: Decision, **kwargs) -> MCSDDecoder:
+    """An `MCSDDecoder` with `decision` where it belongs: a planner (a verification budget) as
+    its planner, a stopper as its stopper."""
+    if isinstance(decision, Planner):
+        return MCSDDecoder(pair, config, planner=decision, **kwargs)
+    return MCSDDecoder(pair, config, decision, **kwargs)
 
 
 def warn_temperature(stopper, temperature: float, name: str) -> None:
@@ -308,10 +316,11 @@ def _warn_temperature_once(who: str, trained: list[float], temperature: float, e
                    f"({fix})", stacklevel=4)
 
 
-def stopper_and_width(spec: str | None, pair: Pair, temperature: float = 0.0):
-    """The stopper a spec names and the learned width it verifies with: `width:PATH` is the
-    first depth (`static:1`) cut to the width PATH chooses (`mcsd_runtime.decisions.width`); any
-    other spec its stopper at full width (None: the target alone)."""
+def decision_and_width(spec: str | None, pair: Pair, temperature: float = 0.0):
+    """The stopper or budget a spec names and the learned width it verifies with: `width:PATH`
+    is the first depth (`static:1`) cut to the width PATH chooses
+    (`mcsd_runtime.decisions.width`); any other spec its decision at full width (None: the
+    target alone)."""
     from mcsd_runtime.decisions.width import WidthPolicy, parse_width
 
     if (folder := parse_width(spec)) is not None:
@@ -319,9 +328,9 @@ def stopper_and_width(spec: str | None, pair: Pair, temperature: float = 0.0):
         _warn_temperature_once(f"{folder} was calibrated on outputs at", [width.temperature],
                                temperature, "hit-chance", "its calibration is greedy")
         return make_stopper("static:1"), width
-    stopper = make_stopper(spec or "none")
-    check_pair(stopper, pair)
-    return stopper, None
+    decision = make_decision(spec or "none")
+    check_pair(decision, pair)
+    return decision, None
 
 
 def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
@@ -330,9 +339,9 @@ def lookup_runner(pair: Pair, base: DecodeConfig, k: int | None, n: int,
     repeats itself, else STOPPER's step on --k-config, or the target alone (`none`) on a chain
     of K depths."""
     k, tree = lookup_tree(k, spec, base.k_config)
-    stopper, width = stopper_and_width(spec, pair, base.temperature)
+    decision, width = decision_and_width(spec, pair, base.temperature)
     cfg = replace(base, k_config=tree, init="draft", lookup=k, lookup_min_ngram=n)
-    return DecoderRunner(MCSDDecoder(pair, cfg, stopper, width=width))
+    return DecoderRunner(decoder_for(pair, cfg, decision, width=width))
 
 
 def learned_lookup_runner(pair: Pair, base: DecodeConfig, folder: Path,
@@ -363,8 +372,8 @@ def learned_lookup_decoder(pair: Pair, base: DecodeConfig, policy,
     tree = (1,) * k if spec is None else base.k_config
     cfg = replace(base, k_config=tree, init="draft", lookup=k,
                   lookup_min_ngram=policy.min_ngram, lookup_max_ngram=policy.max_ngram)
-    stopper, width = stopper_and_width(spec, pair, base.temperature)
-    return MCSDDecoder(pair, cfg, stopper, copy_length=policy, width=width)
+    decision, width = decision_and_width(spec, pair, base.temperature)
+    return decoder_for(pair, cfg, decision, copy_length=policy, width=width)
 
 
 def encode_prompt(pair: Pair, prompt, chat: str = "auto") -> list[int]:
