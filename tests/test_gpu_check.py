@@ -109,9 +109,9 @@ def test_eval_takes_the_learned_decisions_that_finished(tmp_path):
 
 
 def test_sizes_take_overrides_and_refuse_unknown_fields():
-    got = plan.GPU.with_overrides(["collect_limit=400", "device=cuda:1", "budget.distill=300"])
-    assert (got.collect_limit, got.device, got.budgets["distill"]) == (400, "cuda:1", 300.0)
-    assert plan.GPU.collect_limit == 128 and plan.GPU.budgets["distill"] == 105
+    got = plan.GPU.with_overrides(["collect_limit=400", "device=cuda:1", "allowance.distill=300"])
+    assert (got.collect_limit, got.device, got.allowances["distill"]) == (400, "cuda:1", 300.0)
+    assert plan.GPU.collect_limit == 128 and plan.GPU.allowances["distill"] == 105
     got = plan.GPU.with_overrides(["breakdown_eager_batch=8:ragged"])
     assert "--eager-batch 8:ragged" in " ".join(plan.engine_cmd(got, "smollm2", Path("e")))
     with pytest.raises(ValueError, match="FIELD=VALUE"):
@@ -123,7 +123,7 @@ def _py(code: str) -> list[str]:
 
 
 def _stages(flag: Path) -> list[plan.Stage]:
-    """a writes its output; b fails until `flag` exists; c needs b; d outlives its budget."""
+    """a writes its output; b fails until `flag` exists; c needs b; d outlives its allowance."""
     write = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text('x'); print('wrote')"
     fail = (f"import pathlib, sys; print('b ran'); "
             f"sys.exit(0 if pathlib.Path({str(flag)!r}).exists() else 3)")
@@ -150,7 +150,7 @@ def test_stages_keep_going_past_failures_and_a_rerun_resumes(tmp_path, capsys):
     assert first["a"]["status"] == "done" and first["a"]["figures"] == {"size": 1}
     assert first["b"]["status"] == "failed" and first["b"]["rc"] == 3
     assert first["b"]["log_tail"][-1] == "b ran"
-    assert first["c"] == {"stage": "c", "budget_s": 30, "status": "skipped",
+    assert first["c"] == {"stage": "c", "allowance_s": 30, "status": "skipped",
                           "reason": "needs b"}
     assert first["d"]["status"] == "timeout" and first["d"]["wall_s"] < 10
     run = tmp_path / "run"
@@ -210,7 +210,7 @@ def test_a_deadline_stops_the_stage_running_and_starts_no_other(tmp_path, monkey
     records = Runner(stages, Options(run=tmp_path, deadline_s=2.0, quiet=True),
                      lambda records: None).run()
     assert records[0]["status"] == "timeout" and records[0]["wall_s"] < 10
-    assert records[1] == {"stage": "a", "budget_s": 30, "status": "not run",
+    assert records[1] == {"stage": "a", "allowance_s": 30, "status": "not run",
                           "reason": "out of time"}
 
 

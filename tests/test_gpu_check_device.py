@@ -1,5 +1,5 @@
 """The GPU check in a simulated device layout, on this CPU: no git, no network, a carried wheel
-that fails to install, a stage over its budget, a call killed mid-stage and its resume, the
+that fails to install, a stage over its allowance, a call killed mid-stage and its resume, the
 deadline's clock from the device command, SIGTERM; the engine check's JSON written as it is
 measured, and the figures' captured/eager column."""
 
@@ -158,7 +158,7 @@ def test_sigterm_stops_the_stage_and_writes_the_report(tmp_path):
     assert not _alive(stage_pid)
 
 
-def test_a_stage_over_its_budget_is_stopped_as_a_group(tmp_path):
+def test_a_stage_over_its_allowance_is_stopped_as_a_group(tmp_path):
     code = ("import subprocess, sys, time; "
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             "print(p.pid, flush=True); time.sleep(60)")

@@ -1,6 +1,6 @@
-"""The GPU check against the lease it must fit, simulated on this CPU: the budgets and the
-15 minutes, a preflight slower than its budget (a cold start) that still leaves the engine its
-captured rows, a stage stopped at its budget whose figures reach the report, an evaluation that
+"""The GPU check against the lease it must fit, simulated on this CPU: the allowances and the
+15 minutes, a preflight slower than its allowance (a cold start) that still leaves the engine its
+captured rows, a stage stopped at its allowance whose figures reach the report, an evaluation that
 keeps each record as it is decoded, call 2 on a fresh machine without call 1's parts, and the
 whole device command against a fake $OUT. Stages are stand-in processes: nothing here decodes."""
 
@@ -38,15 +38,15 @@ def _py(code: str, *args: str) -> list[str]:
 
 
 def test_the_lease_fits_15_minutes_with_a_minute_to_spare():
-    budgets, deadlines = plan.GPU.budgets, plan.CALL_DEADLINES
-    late = [n for n in budgets if n.startswith(plan.LATE)]
-    by_call = {1: [n for n in budgets if n.startswith("engine-")],
-               2: [n for n in budgets if not n.startswith("engine-") and n not in late]}
-    for call, names in by_call.items():  # each call's budgets, reserve and room
-        used = sum(budgets[n] for n in names) + lease.CALL_RESERVE_S[call]
+    allowances, deadlines = plan.GPU.allowances, plan.CALL_DEADLINES
+    late = [n for n in allowances if n.startswith(plan.LATE)]
+    by_call = {1: [n for n in allowances if n.startswith("engine-")],
+               2: [n for n in allowances if not n.startswith("engine-") and n not in late]}
+    for call, names in by_call.items():  # each call's allowances, reserve and room
+        used = sum(allowances[n] for n in names) + lease.CALL_RESERVE_S[call]
         assert used + lease.CALL_ROOM_S == deadlines[call] and lease.CALL_ROOM_S >= 10
     # the machine's start, both calls and the gap between them, with 60 s to spare
-    stages = sum(budgets[n] for names in by_call.values() for n in names)
+    stages = sum(allowances[n] for names in by_call.values() for n in names)
     total = stages + sum(lease.CALL_RESERVE_S.values()) + 2 * lease.CALL_ROOM_S
     assert 120 + total + 30 + 60 <= 15 * 60 and lease.lease_left(deadlines) >= 60
     # even if both calls run to their timeouts
@@ -61,23 +61,23 @@ def test_each_engine_stage_fits_its_estimate_with_a_1_5x_margin():
         estimate = lease.engine_estimate(lease.SHAPES[shape], run)
         assert list(estimate)[1:] == list(lease.PHASES)
         cold = lease.COLD_START_S if i == 0 else 0
-        assert plan.GPU.budgets[f"engine-{shape}"] - cold >= 1.5 * sum(estimate.values())
+        assert plan.GPU.allowances[f"engine-{shape}"] - cold >= 1.5 * sum(estimate.values())
         # the eager batch rows at both layouts (B=1, B=8 padded and ragged) would not fit
         full = dataclasses.replace(run, eager_batch=(1, 8, 8), eager_repeats=3, eager_tokens=64)
-        assert lease.engine_budget(lease.SHAPES[shape], full) > plan.GPU.budgets[
+        assert lease.engine_allowance(lease.SHAPES[shape], full) > plan.GPU.allowances[
             f"engine-{shape}"]
     estimate = lease.engine_estimate(lease.SHAPES["smollm2"], plan.engine_run(plan.GPU,
                                                                                 "smollm2"))
-    assert round(sum(estimate.values())) == 56  # the budget note in plan.py and the docs
+    assert round(sum(estimate.values())) == 56  # the allowance note in plan.py and the docs
 
 
-def test_the_docs_give_the_plans_budgets_and_deadlines():
+def test_the_docs_give_the_plans_allowances_and_deadlines():
     doc = (ROOT / "docs" / "gpu-check.md").read_text()
     for call, deadline in plan.CALL_DEADLINES.items():
         row = next(line for line in doc.splitlines() if line.startswith(f"| {call} "))
         assert f"| {deadline} ({deadline + lease.TIMEOUT_SLACK_S}) |" in row, row
         for name, seconds in re.findall(r"([a-z0-9.-]+) (\d+)", row.split("|")[2]):
-            assert plan.GPU.budgets[name] == int(seconds), (name, seconds)
+            assert plan.GPU.allowances[name] == int(seconds), (name, seconds)
     for line in check_report.device_calls():
         assert line.split(": ", 1)[1] in doc  # the calls to paste, as the script prints them
 
@@ -113,7 +113,7 @@ HANG = "import shutil, sys, time; shutil.copy(sys.argv[1], sys.argv[2]); time.sl
 
 def test_a_slow_preflight_is_stopped_and_the_engine_still_returns_its_captured_rows(tmp_path):
     (tmp_path / "pkgs").mkdir()
-    (tmp_path / "pkgs" / "slowpkg.py").write_text(SLOW)  # a cold import slower than the budget
+    (tmp_path / "pkgs" / "slowpkg.py").write_text(SLOW)  # a cold import slower than the allowance
     run, src = tmp_path / "run", _engine_json(tmp_path / "measured.json")
     preflight = [sys.executable, "-m", "mcsd_runtime.gpu_check.preflight", "--out",
                  str(run / "preflight.json"), "--packages", "json,slowpkg,csv", "--found", ""]

@@ -25,11 +25,11 @@ import torch
 from mcsd_runtime.decisions.artifact import ArtifactSpec
 from mcsd_runtime.decisions.contract import (
     MEMBERS,
-    Decision,
     Frontier,
     Planner,
     Stopper,
     StopperBase,
+    StopperOrPlanner,
 )
 from mcsd_runtime.decisions.learned import stopper_from
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, SkipsDrafts
@@ -42,7 +42,7 @@ from mcsd_runtime.decisions.verify_budget import (
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.tree import k_text, parse_k_config
 
-__all__ = ["BUILTIN", "Decision", "Frontier", "Stopper", "StopperBase", "StopperSpec",
+__all__ = ["BUILTIN", "Frontier", "Stopper", "StopperBase", "StopperOrPlanner", "StopperSpec",
            "UnknownStopperError", "make_decision", "make_stopper", "parse_stopper_spec",
            "stopper_help"]
 
@@ -110,22 +110,23 @@ class CumprodStopper(StopperBase):
 
 
 class HeuristicStopper(StopperBase):
-    """HF's assisted-generation schedule: a depth budget, +2 after a fully accepted step and
-    -1 (not below 1) otherwise. Starts at the tree's depth."""
+    """HF's assisted-generation schedule: a draft depth (HF's `num_assistant_tokens`), +2 after
+    a fully accepted step and -1 (not below 1) otherwise. Starts at the tree's depth."""
 
     def __init__(self, initial: int | None = None) -> None:
         self.initial = initial
-        self.budget: float = initial or math.inf
+        self.draft_depth: float = initial or math.inf
 
     def reset(self) -> None:
-        self.budget = self.initial or math.inf
+        self.draft_depth = self.initial or math.inf
 
     def should_continue(self, frontier: Frontier) -> bool:
-        self.budget = min(self.budget, frontier.max_depth)
-        return frontier.depth < self.budget
+        self.draft_depth = min(self.draft_depth, frontier.max_depth)
+        return frontier.depth < self.draft_depth
 
     def update(self, drafted: int, accepted: int) -> None:
-        self.budget = self.budget + 2 if accepted == drafted else max(1, self.budget - 1)
+        depth = self.draft_depth
+        self.draft_depth = depth + 2 if accepted == drafted else max(1, depth - 1)
 
 
 class SwitchStopper(SkipsDrafts, StaticStopper):
@@ -170,7 +171,7 @@ def _floats(args: list[str], spec: str, n_max: int) -> list[float]:
             f"stopper {spec!r}: parameters must be numbers, e.g. confidence:0.4") from None
 
 
-Builder = Callable[[list[str], str], Decision]
+Builder = Callable[[list[str], str], StopperOrPlanner]
 
 BUILTIN: dict[str, tuple[str, Builder]] = {
     "none": ("none draft nothing: the target alone (with lookup, where nothing is copied)",
@@ -227,7 +228,7 @@ class StopperSpec:
     def learned(self) -> bool:
         return self.folder is not None
 
-    def build(self) -> Decision:
+    def build(self) -> StopperOrPlanner:
         """The stopper or budget it names (a learned one is loaded from its folder)."""
         if self.name == BUDGET and self.folder is not None:  # `parse_stopper_spec` gives it one
             return load_budget(self.folder)
@@ -270,13 +271,13 @@ def parse_stopper_spec(text: str) -> StopperSpec:
     return StopperSpec(text, folder=folder)
 
 
-def make_decision(spec: str | Decision | None,
-                  k_config: tuple[int, ...] | None = None) -> Decision:
+def make_decision(spec: str | StopperOrPlanner | None,
+                  k_config: tuple[int, ...] | None = None) -> StopperOrPlanner:
     """The stopper or planner (a verification budget) a spec string names (see the module
     docstring), or a `Stopper` or `Planner` object as it is; None: the static full-depth
     stopper. With `k_config` (the decoder's tree), `check_tree` runs."""
     if spec is None:
-        decision: Decision = StaticStopper()
+        decision: StopperOrPlanner = StaticStopper()
     elif isinstance(spec, str):
         decision = parse_stopper_spec(spec).build()
     else:

@@ -33,8 +33,8 @@ row's outcome), for one row or a batch alike. A stopper reaches it through the d
 per-row adapter (`mcsd_runtime.decode.planning.RowPlanner`, which also applies the batch's depth
 policy); a decision that chooses every row's tree across the batch (a verification budget,
 `mcsd_runtime.decisions.verify_budget`) is a `Planner` itself, given to the decoder as its
-planner (`MCSDDecoder(planner=...)`), not as a stopper. `Decision` is either kind: what a spec
-string names (`mcsd_runtime.decisions.builtin.make_decision`).
+planner (`MCSDDecoder(planner=...)`), not as a stopper. `StopperOrPlanner` is either kind:
+what a spec string names (`mcsd_runtime.decisions.builtin.make_decision`).
 
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
@@ -128,7 +128,7 @@ class Planner:
 
     def plan(self, starts: Sequence[StepStart]) -> list[bool]:
         """Which rows draft this step: each row's `StepStart` (cap 0: it may not draft, because
-        it copies a chain or its token budget is spent)."""
+        it copies a chain or it has no tokens left)."""
         raise NotImplementedError
 
     def extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
@@ -146,7 +146,7 @@ class Planner:
         return None
 
 
-Decision = Stopper | Planner  # what a method's spec names: per-row stoppers or a whole-step planner
+StopperOrPlanner = Stopper | Planner  # what a spec names: per-row stoppers, or a step planner
 
 
 class StopperBase:
@@ -181,7 +181,7 @@ class StopperBase:
 class StepStart:
     """A row before its step (what `Planner.plan` sees of it, and the `Frontier` of a stopper's
     `should_draft`): depth 0, no nodes, served alike by the decoder and by replay; `cap` the
-    depth the row may draft to this step (its token budget; 0: it may not draft), `pending` the
+    depth the row may draft to this step (its tokens left; 0: it may not draft), `pending` the
     draft tokens it feeds first."""
 
     depth = 0

@@ -4,9 +4,10 @@ goes through the draft (one forward for all rows, tree attention) and the next d
 proposed. The result is `Drafted`: each row's layers, the depth it drafted (`reach`) and the
 depth it verifies (the planner's `verify`).
 
-Each row is drafted at most to its cap (its token budget); the planner chooses which rows draft
-each next depth (in max mode the batch's depth: all rows while any goes on). Sampled rows draw
-with their own generator up to their own depth and from a spare generator past it.
+Each row is drafted at most to its cap (the new tokens it may still commit); the planner
+chooses which rows draft each next depth (in max mode the batch's depth: all rows while any goes
+on). Sampled rows draw with their own generator up to their own depth and from a spare generator
+past it.
 
 The first layer comes from `first_layer` (the draft's proposals at each row's last pending
 token); a subclass may supply it otherwise (`target_init.InitDrafter`).

@@ -16,7 +16,7 @@ A step, over every row of the batch at once (`Engine.step`, one numbered phase e
    row where rows lie on different trees; explicit position ids);
 3. verify each row's tree on the device, the accepted path and the token after it, then one
    host copy of all rows' verdicts (`verifying.Verifier`);
-4. commit each row's tokens, clipped at EOS and the token budget, and cut both caches to the
+4. commit each row's tokens, clipped at EOS and at max_new_tokens, and cut both caches to the
    accepted paths;
 5. account: recorder, trajectory, stopper, statistics (`accounting.Accounts`).
 
@@ -38,11 +38,11 @@ Decisions: every decision inside a step goes through one `Planner` (`planning.pl
 which rows draft at all (phase 0), which draft each next depth (phase 1), how much each verifies,
 and each row's outcome (phase 5). Stoppers plan through one adapter (`planning.RowPlanner`):
 padded forwards make a shallower tree no cheaper, so every row is drafted to the batch's depth,
-capped by its own token budget, one depth more while the stopper's `batch_continue(frontiers)`
-says so, or else while ANY row's own stopper (a copy of the given one) does;
-`DecodeConfig(batch_depth="row")` gives each row exactly the tree its own stopper chooses; a
-batch of one asks the decoder's stopper itself. A verification budget is the decoder's planner
-(`MCSDDecoder(planner=...)`), choosing every row's tree across the batch.
+capped by the new tokens it may still commit, one depth more while the stopper's
+`batch_continue(frontiers)` says so, or else while ANY row's own stopper (a copy of the given
+one) does; `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own stopper
+chooses; a batch of one asks the decoder's stopper itself. A verification budget is the
+decoder's planner (`MCSDDecoder(planner=...)`), choosing every row's tree across the batch.
 
 Layout (`DecodeConfig.batch_layout`): padded, every forward runs each row at the batch's widest;
 ragged (`ragged.Ragged`), the target's, the draft's depths and its first forward carry each
@@ -202,7 +202,7 @@ class Engine:
     def step(self, rows: list[Row], tc: StepCache, dc: StepCache) -> None:
         """Plan every row's step, propose all rows' trees, verify them in one target forward,
         commit each row, account."""
-        # 0. plan: each row's token budget, copied chain and draft depth cap; one upload
+        # 0. plan: each row's tokens left, copied chain and draft depth cap; one upload
         remaining, copied, caps = self.plan(rows)
         inputs, at = self.upload(rows, copied, caps)
         timing = Timing()
@@ -227,8 +227,8 @@ class Engine:
         self.accounts.account(rows, outcomes, timing, tc, dc)
 
     def plan(self, rows: list[Row]) -> tuple[list[int], list[list[int]], list[int]]:
-        """Each row's remaining token budget, the chain prompt lookup copies for it (or []) and
-        the depth its tree may reach (0: verify no tree)."""
+        """Each row's tokens left (max_new_tokens less those committed), the chain prompt lookup
+        copies for it (or []) and the depth its tree may reach (0: verify no tree)."""
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
         # a row whose context repeats itself verifies what followed before (prompt lookup)
@@ -237,7 +237,8 @@ class Engine:
 
     def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:
         """The depth each row may draft: a step commits up to s + 1 tokens, so never past the
-        row's budget; 0 for a row that copies, or that the planner leaves undrafted this step."""
+        row's tokens left; 0 for a row that copies, or that the planner leaves undrafted this
+        step."""
         depth = self.tree.depth
         caps = [0 if look else max(0, min(depth, m - 1))
                 for m, look in zip(remaining, copied, strict=True)]

@@ -145,7 +145,7 @@ class InitVerifier(Verifier):
 class TargetInitEngine(Engine):
     """`Engine` for `init="target"`: the target supplies every tree's first layer, so the target's
     forward carries no root, keeps no root slot and commits no bonus token; a step may draft up to
-    the row's remaining budget, and its stopper is not asked whether to draft."""
+    the new tokens the row may still commit, and its stopper is not asked whether to draft."""
 
     def phases(self) -> tuple[TreeDrafter, Admission, Verifier]:
         dec, b = self.dec, self.batch_size

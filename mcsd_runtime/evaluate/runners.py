@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from mcsd_runtime import metrics
-from mcsd_runtime.decisions.builtin import Decision, Planner, make_decision, make_stopper
+from mcsd_runtime.decisions.builtin import Planner, StopperOrPlanner, make_decision, make_stopper
 from mcsd_runtime.decisions.learned import check_pair, training_temperatures
 from mcsd_runtime.decode.decoder import ARDecoder, DecodeConfig, GenerationResult, MCSDDecoder
 from mcsd_runtime.errors import MCSDError
@@ -277,7 +277,8 @@ def build_method(name: str, pair: Pair, base: DecodeConfig):
     return DecoderRunner(decoder_for(pair, replace(base, init="draft"), decision))
 
 
-def decoder_for(pair: Pair, config: DecodeConfig, decision: Decision, **kwargs) -> MCSDDecoder:
+def decoder_for(pair: Pair, config: DecodeConfig, decision: StopperOrPlanner,
+                **kwargs) -> MCSDDecoder:
     """An `MCSDDecoder` with `decision` where it belongs: a planner (a verification budget) as
     its planner, a stopper as its stopper."""
     if isinstance(decision, Planner):

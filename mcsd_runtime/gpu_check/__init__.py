@@ -20,9 +20,9 @@ and one Markdown report a call, with every goal reached so far.
     python scripts/gpu_check.py join         # there, at the start of each call
     python scripts/gpu_check.py run --call 1 --deadline 235 --copy-to "$OUT"
     python scripts/gpu_check.py run --smoke  # every stage at toy sizes on this CPU
-    python scripts/gpu_check.py plan         # the stages, budgets and commands, nothing run
+    python scripts/gpu_check.py plan         # the stages, allowances and commands, nothing run
 
-Each stage runs as its own process with a time budget (stopped past it, and at the deadline,
+Each stage runs as its own process with a time allowance (stopped past it, and at the deadline,
 counted from `MCSD_CHECK_START` when the device command sets it), writes its output under the
 run folder as it goes and, when it finishes, a done-marker (`stages/NAME.json`); a rerun skips
 finished stages (`--force NAME` reruns one), so a check cut off resumes where it stopped. A
@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (("run", "run the stages (resuming a run folder's finished ones)"),
-                       ("plan", "print the stages, their budgets and commands; run nothing")):
+                       ("plan", "print the stages, their allowances and commands; run nothing")):
         q = sub.add_parser(name, help=text)
         q.add_argument("--smoke", action="store_true",
                        help="the toy pair on this CPU at toy sizes (a few minutes)")
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"run folder (default {DEFAULT_RUN.relative_to(staging.ROOT)}, "
                             f"with --smoke {SMOKE_RUN.relative_to(staging.ROOT)})")
         q.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                       help="override a size (e.g. collect_limit=400, budget.distill=300)")
+                       help="override a size (e.g. collect_limit=400, allowance.distill=300)")
         q.add_argument("--only", default="", help="stages to run, comma-separated")
         q.add_argument("--skip", default="", help="stages not to run, comma-separated")
     r = sub.choices["run"]
@@ -74,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="seconds for the whole check from its start, the report included: a "
                         "stage is stopped at what is left")
-    r.add_argument("--budget-scale", type=float, default=1.0,
-                   help="multiply every stage's budget (default %(default)s)")
+    r.add_argument("--allowance-scale", type=float, default=1.0,
+                   help="multiply every stage's allowance (default %(default)s)")
     r.add_argument("--copy-to", type=Path, default=None, metavar="DIR",
                    help="also copy the report and a tarball of the logs and small outputs "
                         "here after every stage (on the device: $OUT)")
@@ -120,7 +120,7 @@ def do_plan(args) -> int:
             st.name not in _names(args.skip)
         mark = "" if chosen else "  (not selected)"
         needs = f" after {', '.join(st.needs)}" if st.needs else ""
-        print(f"{st.name}: {st.budget_s:.0f} s{needs}{mark}\n  {shlex.join(st.argv(run))}")
+        print(f"{st.name}: {st.allowance_s:.0f} s{needs}{mark}\n  {shlex.join(st.argv(run))}")
     return 0
 
 
@@ -189,7 +189,7 @@ def do_run(args) -> int:
     note, absent = fresh_machine(args, sizes, stages)
     if note:
         print(f"== {note}", flush=True)
-    opts = Options(run=run, deadline_s=args.deadline, budget_scale=args.budget_scale,
+    opts = Options(run=run, deadline_s=args.deadline, allowance_scale=args.allowance_scale,
                    only=_names(args.only), skip=_names(args.skip), force=_names(args.force),
                    env=child_env(args.site), quiet=args.quiet, calls=set(args.call),
                    start=start_time(), absent=absent)

@@ -1,5 +1,5 @@
 """The GPU check's report: `report.json` and `report.md` in the run folder (stage, command, wall
-seconds, budget, key figures, failures with their logs' tails, what the toolkit lacks), copied
+seconds, allowance, key figures, failures with their logs' tails, what the toolkit lacks), copied
 with a tarball of the logs and the small outputs to `--copy-to` after every stage."""
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ def markdown(rep: dict) -> str:
             f"{rep.get('transformers')}, commit {rep.get('commit')}; started {rep['started']}, "
             f"{rep['total_wall_s']:.0f} s of stages.", "",
             *[f"**{note}**\n" for note in rep.get("notes", [])],
-            "| stage | status | wall s | budget s | key figures |", "|---|---|---|---|---|"]
+            "| stage | status | wall s | allowance s | key figures |", "|---|---|---|---|---|"]
     for r in rep["stages"]:
         why = f" ({r['reason']})" if r.get("reason") else ""
         again = " (earlier run)" if r.get("resumed") else ""
         wall = f"{r['wall_s']:.1f}" if "wall_s" in r else "-"
-        head.append(f"| {r['stage']} | {r['status']}{why}{again} | {wall} | {r['budget_s']:.0f} "
+        head.append(f"| {r['stage']} | {r['status']}{why}{again} | {wall} | {r['allowance_s']:.0f} "
                     f"| {_cell(r.get('figures') or {}).replace('|', '/')} |")
     body = goals_table(rep.get("goals", {})) + ["", "## Commands", ""]
     body += [f"- {r['stage']}: `{r['command']}`" for r in rep["stages"] if r.get("command")]

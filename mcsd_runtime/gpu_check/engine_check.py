@@ -3,7 +3,7 @@
 `python -m mcsd_runtime.gpu_check.engine_check --shape llama2-7b --device cuda --out F.json`
 builds a random-weight pair of the shape on the device (`step_breakdown.shaped_pair`) and
 measures, in this order (`lease.PHASES`), each written into `F.json` as soon as it is measured
-(so a stage stopped at its budget keeps every row before it), the seconds of each phase in
+(so a stage stopped at its allowance keeps every row before it), the seconds of each phase in
 `phases`:
 
 1. `bound`: the bandwidth bound of one target forward;
@@ -23,7 +23,7 @@ measures, in this order (`lease.PHASES`), each written into `F.json` as soon as 
 6. everything eager: the target's own `generate()` as `hf` (`--repeats` runs: a goal's
    reference), AR and `static:1` (`--eager-repeats` runs of `--eager-tokens`), the eager
    launches, and the eager batch rows `--eager-batch` names (none in the GPU check: issue 52
-   measured them, and they do not fit the stage's budget);
+   measured them, and they do not fit the stage's allowance);
 7. `probe`: the eager forward probe (`step_breakdown.forward_probe`).
 
 `goals` is rewritten with every write: each of issue 52's and 57's figures (`GOALS`), its value

@@ -3,7 +3,7 @@
 `python -m mcsd_runtime.gpu_check.eval_stage --records F.jsonl eval ARGS...` runs `mcsd eval
 ARGS...` with one more observer of its interleaved loop (`evaluate.loop.RECORD_OBSERVERS`): each
 method's record of each prompt is appended to `F.jsonl` as soon as it is decoded (method,
-prompt, sample, new tokens, seconds, tokens/s, acceptance), so a stage stopped at its budget
+prompt, sample, new tokens, seconds, tokens/s, acceptance), so a stage stopped at its allowance
 leaves every method's result so far; `figures.evaluation` reads them when `mcsd eval` did not
 get to write its tables. `F.jsonl` starts empty at every run.
 """

@@ -1,13 +1,13 @@
-"""The GPU check's clock: what each phase of an engine stage costs on an H200, the stage budgets
+"""The GPU check's clock: what each phase of an engine stage costs on an H200, the stage allowances
 that follow, and the lease they fit (tests/test_gpu_check_lease.py checks every sum here).
 
 A lease is 15 minutes of device time. Two calls fit it: the machine's start (2 minutes), call 1
 (the engine at both shapes), a gap of at most 30 s while the machine stays warm, then call 2 (the
 real pair's pipeline), with at least a minute to spare for the transfers. Each call's deadline
-is its stages' budgets, `join` and the report (`CALL_RESERVE_S`) and room left over
-(`CALL_ROOM_S`): no call's budgets sum to its whole limit.
+is its stages' allowances, `join` and the report (`CALL_RESERVE_S`) and room left over
+(`CALL_ROOM_S`): no call's allowances sum to its whole limit.
 
-An engine stage's budget is `MARGIN` (1.5) times `engine_estimate`, rounded up to 5 s, plus, for
+An engine stage's allowance is `MARGIN` (1.5) times `engine_estimate`, rounded up to 5 s, plus, for
 the first stage of call 1, `COLD_START_S` for imports and CUDA's start on a fresh machine (no
 one has timed that yet; call 2's preflight takes the same role there). The estimate prices each
 phase of `engine_check.measure` from the H200 figures of docs/results-gpu.md and issue 52
@@ -25,10 +25,10 @@ LEASE_S = 900  # device time of one lease
 MACHINE_START_S = 120  # a fresh machine's start, charged to the lease
 CALL_GAP_S = 30  # between the calls: the machine stays warm this long after call 1
 SPARE_S = 60  # the least the two calls must leave of the lease (transfers, pasting)
-MARGIN = 1.5  # budget over the H200 estimate
+MARGIN = 1.5  # allowance over the H200 estimate
 COLD_START_S = 20  # the first stage of call 1: cold imports and CUDA's start
 CALL_RESERVE_S = {1: 15, 2: 25}  # `join` before the stages (call 2 installs wheels), the report
-CALL_ROOM_S = 10  # of each call's deadline, beyond its budgets and reserve
+CALL_ROOM_S = 10  # of each call's deadline, beyond its allowances and reserve
 TIMEOUT_SLACK_S = 20  # the device call's timeout_s beyond its deadline
 RECOVERY_JOIN_S = 60  # timeout_s of the join-only call that carries call 1's part again
 RECOVERY_SPARE_S = 30  # the recovery's transfers
@@ -121,14 +121,14 @@ def ceil5(seconds: float) -> int:
     return int(5 * math.ceil(seconds / 5 - 1e-9))
 
 
-def engine_budget(c: ShapeCost, r: EngineRun, first: bool = False) -> int:
+def engine_allowance(c: ShapeCost, r: EngineRun, first: bool = False) -> int:
     """`MARGIN` x the estimate, up to 5 s; `COLD_START_S` more for call 1's first stage."""
     return ceil5(MARGIN * sum(engine_estimate(c, r).values())) + (COLD_START_S if first else 0)
 
 
-def call_deadline(budgets: list[float], call: int) -> int:
-    """A call's deadline: its stages' budgets, its reserve and `CALL_ROOM_S`."""
-    return int(math.ceil(sum(budgets))) + CALL_RESERVE_S[call] + CALL_ROOM_S
+def call_deadline(allowances: list[float], call: int) -> int:
+    """A call's deadline: its stages' allowances, its reserve and `CALL_ROOM_S`."""
+    return int(math.ceil(sum(allowances))) + CALL_RESERVE_S[call] + CALL_ROOM_S
 
 
 def lease_left(deadlines: dict[int, float]) -> float:

@@ -1,4 +1,4 @@
-"""The GPU check's stages: what each one runs, its time budget, the stages it needs, where it
+"""The GPU check's stages: what each one runs, its time allowance, the stages it needs, where it
 writes, and the figures the report takes from its output.
 
 Every command line of the check is built in this module, by the functions under "Command
@@ -64,31 +64,31 @@ class Sizes:
     breakdown_eager_tokens: int  # their new tokens
     breakdown_eager_batch: str  # the eager batch rows, ROWS:LAYOUT,... ("": none)
     breakdown_copy_mib: int
-    budgets: dict = field(default_factory=dict)  # stage -> seconds
+    allowances: dict = field(default_factory=dict)  # stage -> seconds
 
     def with_overrides(self, pairs: list[str]) -> Sizes:
-        """A copy with `FIELD=VALUE` overrides (budgets as `budget.STAGE=SECONDS`)."""
-        changes, budgets = {}, dict(self.budgets)
+        """A copy with `FIELD=VALUE` overrides (allowances as `allowance.STAGE=SECONDS`)."""
+        changes, allowances = {}, dict(self.allowances)
         fields = {f.name: f for f in dataclasses.fields(self)}
         for pair in pairs:
             key, eq, value = pair.partition("=")
             key = key.strip().replace("-", "_")
-            if key.startswith("budget."):
-                budgets[key.removeprefix("budget.")] = float(value)
-            elif not eq or key not in fields or key == "budgets":
+            if key.startswith("allowance."):
+                allowances[key.removeprefix("allowance.")] = float(value)
+            elif not eq or key not in fields or key == "allowances":
                 raise ValueError(f"--set takes FIELD=VALUE with FIELD one of "
-                                 f"{', '.join(k for k in fields if k != 'budgets')} or "
-                                 f"budget.STAGE, got {pair!r}")
+                                 f"{', '.join(k for k in fields if k != 'allowances')} or "
+                                 f"allowance.STAGE, got {pair!r}")
             else:
                 kind = type(getattr(self, key))
                 changes[key] = kind(value) if kind is not str else value
-        return dataclasses.replace(self, budgets=budgets, **changes)
+        return dataclasses.replace(self, allowances=allowances, **changes)
 
 
 # Call 2's seconds per stage on a lent H100/H200, from the H200 figures measured so far
 # (docs/results-gpu.md, issue 52) times 1.5; call 1's (the engine stages) follow from
-# `lease.engine_estimate` (`gpu_budgets`), which prices each of the stage's phases the same way
-# and counts the ragged rows. Each call's deadline is its budgets, its reserve (`join`, the
+# `lease.engine_estimate` (`gpu_allowances`), which prices each of the stage's phases the same way
+# and counts the ragged rows. Each call's deadline is its allowances, its reserve (`join`, the
 # report) and 10 s of room; with the machine's start and the 30 s between the calls both fit
 # 15 minutes with a minute to spare (`lease`, tests/test_gpu_check_lease.py).
 # - engine-smollm2 (the first stage of call 1, 20 s more for a cold start) and engine-llama2-7b:
@@ -112,7 +112,7 @@ class Sizes:
 #   as it is decoded (`eval_stage`), so a stopped evaluation keeps what it measured.
 # eval-static and the spikes (torch.compile: tens of seconds a shape) come after everything
 # else, each with its own hard limit, and run only if time is left.
-PIPELINE_BUDGETS = {"preflight": 25, "target": 45, "distill": 105, "collect": 45, "profile": 35,
+PIPELINE_ALLOWANCES = {"preflight": 25, "target": 45, "distill": 105, "collect": 45, "profile": 35,
                     "train-lightgbm": 20, "train-mlp": 25, "train-copy": 30, "eval-t0": 45,
                     "eval-t0.7": 35, "eval-static": 60, "spike-smollm2": 60,
                     "spike-llama2-7b": 90}
@@ -129,19 +129,19 @@ def engine_run(s: Sizes, shape: str) -> lease.EngineRun:
         exact=shape == s.exact_shape)
 
 
-def gpu_budgets(s: Sizes) -> dict[str, float]:
-    """Every stage's budget at `s`: the engine stages' from their estimate, the others'
-    `PIPELINE_BUDGETS`."""
+def gpu_allowances(s: Sizes) -> dict[str, float]:
+    """Every stage's allowance at `s`: the engine stages' from their estimate, the others'
+    `PIPELINE_ALLOWANCES`."""
     shapes = [x for x in s.shapes.split(",") if x]
-    return {**{f"engine-{x}": lease.engine_budget(lease.SHAPES[x], engine_run(s, x), i == 0)
-               for i, x in enumerate(shapes)}, **PIPELINE_BUDGETS}
+    return {**{f"engine-{x}": lease.engine_allowance(lease.SHAPES[x], engine_run(s, x), i == 0)
+               for i, x in enumerate(shapes)}, **PIPELINE_ALLOWANCES}
 
 
 def call_deadlines(s: Sizes) -> dict[int, int]:
-    """Each device call's deadline: its stages' budgets (the late ones run in what is left),
+    """Each device call's deadline: its stages' allowances (the late ones run in what is left),
     its reserve and room (`lease.call_deadline`)."""
-    calls = {1: [b for n, b in s.budgets.items() if n.startswith("engine-")],
-             2: [b for n, b in s.budgets.items()
+    calls = {1: [b for n, b in s.allowances.items() if n.startswith("engine-")],
+             2: [b for n, b in s.allowances.items()
                  if not n.startswith(("engine-", *LATE))]}
     return {call: lease.call_deadline(b, call) for call, b in calls.items()}
 
@@ -158,8 +158,8 @@ _GPU = Sizes(
     breakdown_k_config="4,2,2,1", breakdown_prompt_tokens=256, breakdown_tokens=64,
     breakdown_repeats=3, breakdown_eager_repeats=1, breakdown_eager_tokens=32,
     breakdown_eager_batch="", breakdown_copy_mib=1024)
-GPU = dataclasses.replace(_GPU, budgets=gpu_budgets(_GPU))
-GPU_BUDGETS = GPU.budgets
+GPU = dataclasses.replace(_GPU, allowances=gpu_allowances(_GPU))
+GPU_ALLOWANCES = GPU.allowances
 CALL_DEADLINES = call_deadlines(GPU)  # seconds, `run --call N --deadline ...` on the device
 
 # the toy pair on this CPU: every stage at toy sizes, a few minutes in all
@@ -174,8 +174,8 @@ SMOKE = Sizes(
     breakdown_k_config="2,1", breakdown_prompt_tokens=16, breakdown_tokens=8,
     breakdown_repeats=1, breakdown_eager_repeats=1, breakdown_eager_tokens=8,
     breakdown_eager_batch="1:padded,8:padded,8:ragged", breakdown_copy_mib=8,
-    budgets={"preflight": 60, "engine-tiny": 120, "target": 120, "distill": 120, "collect": 180})
-SMOKE_BUDGET = 120  # seconds, a smoke stage without a budget of its own
+    allowances={"preflight": 60, "engine-tiny": 120, "target": 120, "distill": 120, "collect": 180})
+SMOKE_ALLOWANCE = 120  # seconds, a smoke stage without an allowance of its own
 SMOKE_DEADLINES = {1: 200, 2: 1200}
 
 
@@ -306,7 +306,7 @@ def eval_cmd(s: Sizes, temperature: str, methods: list[str], out: Path) -> list[
 
 # GPU baselines the issue asks for beside `hf`: the target's generate() on a static cache,
 # compiled (`hf-static`, compiled on CUDA). They run in a stage of their own (`eval-static`,
-# greedy, beside `ar` and `hf`), so that a compile slower than its budget costs only them. Those
+# greedy, beside `ar` and `hf`), so that a compile slower than its allowance costs only them. Those
 # `mcsd eval` has no method for are named in the report as missing; when eval gains one, add
 # its name to GPU_BASELINES.
 GPU_BASELINES: tuple[str, ...] = ("hf-static",)
@@ -321,7 +321,7 @@ MISSING = ("HF assisted generation (hf-assisted) cannot run a feature draft (gen
 @dataclass
 class Stage:
     name: str
-    budget_s: float
+    allowance_s: float
     needs: tuple[str, ...]
     output: str  # what it writes, relative to the run folder
     argv: Callable[[Path], list[str]]  # its command line, built when it starts
@@ -341,7 +341,7 @@ def _engine_stages(s: Sizes) -> list[Stage]:
     out = []
     for shape in filter(None, s.shapes.split(",")):
         name = f"engine-{shape}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
+        out.append(Stage(name, s.allowances.get(name, SMOKE_ALLOWANCE), (), f"{name}.json",
                          lambda run, shape=shape, name=name: engine_cmd(
                              s, shape, run / f"{name}.json"),
                          lambda run, name=name: fig.engine(run / f"{name}.json"), call=1,
@@ -363,14 +363,14 @@ def _train_stages(s: Sizes) -> list[Stage]:
     out = []
     for model in ("lightgbm", "mlp"):
         name = f"train-{model}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("collect", "profile"),
+        out.append(Stage(name, s.allowances.get(name, SMOKE_ALLOWANCE), ("collect", "profile"),
                          f"stoppers/{model}",
                          lambda run, model=model: train_stop_cmd(
                              s, model, run / "collect", run / "cost.json",
                              run / "stoppers" / model),
                          lambda run, model=model: fig.stopper(run / "stoppers" / model),
                          packages=("lightgbm",) if model == "lightgbm" else ()))
-    out.append(Stage("train-copy", s.budgets.get("train-copy", SMOKE_BUDGET), ("profile",),
+    out.append(Stage("train-copy", s.allowances.get("train-copy", SMOKE_ALLOWANCE), ("profile",),
                      "copy-draft", lambda run: train_copy_cmd(
                          s, run / "cost.json", run / "traces.json", run / "copy-draft"),
                      lambda run: fig.copy_policy(run / "copy-draft"), packages=("lightgbm",)))
@@ -379,13 +379,13 @@ def _train_stages(s: Sizes) -> list[Stage]:
 
 def _late_stages(s: Sizes) -> list[Stage]:
     """After everything else, each with its own hard limit: run if time is left."""
-    out = [Stage("eval-static", s.budgets.get("eval-static", SMOKE_BUDGET), ("distill",),
+    out = [Stage("eval-static", s.allowances.get("eval-static", SMOKE_ALLOWANCE), ("distill",),
                  "eval-static", lambda run: eval_cmd(
                      s, "0", ["ar", "hf", *GPU_BASELINES], run / "eval-static"),
                  lambda run: fig.evaluation(run / "eval-static"))]
     for shape in filter(None, s.shapes.split(",")):
         name = f"spike-{shape}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), (), f"{name}.json",
+        out.append(Stage(name, s.allowances.get(name, SMOKE_ALLOWANCE), (), f"{name}.json",
                          lambda run, shape=shape, name=name: spike_cmd(
                              s, shape, run / f"{name}.json"),
                          lambda run, name=name: spike_figures(run / f"{name}.json")))
@@ -397,24 +397,24 @@ def stages(s: Sizes) -> list[Stage]:
     nothing but torch), then call 2's (the preflight, the real pair's pipeline, the late stages
     last). No stage needs the preflight: it only tells which carried packages are missing."""
     out = [*_engine_stages(s),
-           Stage("preflight", s.budgets.get("preflight", SMOKE_BUDGET), (), "preflight.json",
+           Stage("preflight", s.allowances.get("preflight", SMOKE_ALLOWANCE), (), "preflight.json",
                  lambda run: preflight_cmd(run / "preflight.json", tuple(
                      p for p in target_packages(s) if p != "gguf")),
                  lambda run: fig.preflight(run / "preflight.json"), always=True),
-           Stage("target", s.budgets.get("target", SMOKE_BUDGET), (), "",
+           Stage("target", s.allowances.get("target", SMOKE_ALLOWANCE), (), "",
                  lambda run: target_cmd(s), packages=target_packages(s)),
-           Stage("distill", s.budgets.get("distill", SMOKE_BUDGET), ("target",), "draft",
+           Stage("distill", s.allowances.get("distill", SMOKE_ALLOWANCE), ("target",), "draft",
                  lambda run: distill_cmd(s, run)),
-           Stage("collect", s.budgets.get("collect", SMOKE_BUDGET), ("distill",), "collect",
+           Stage("collect", s.allowances.get("collect", SMOKE_ALLOWANCE), ("distill",), "collect",
                  lambda run: collect_cmd(s, run / "collect"),
                  lambda run: fig.collect(run / "collect", run)),
-           Stage("profile", s.budgets.get("profile", SMOKE_BUDGET), ("distill",), "cost.json",
+           Stage("profile", s.allowances.get("profile", SMOKE_ALLOWANCE), ("distill",), "cost.json",
                  lambda run: profile_cmd(s, run / "cost.json"),
                  lambda run: fig.profile(run / "cost.json")),
            *_train_stages(s)]
     for temp in filter(None, s.temperatures.split(",")):
         name = f"eval-t{temp}"
-        out.append(Stage(name, s.budgets.get(name, SMOKE_BUDGET), ("distill",), name,
+        out.append(Stage(name, s.allowances.get(name, SMOKE_ALLOWANCE), ("distill",), name,
                          lambda run, temp=temp, name=name: eval_cmd(
                              s, temp, eval_methods(s, run), run / name),
                          lambda run, name=name: fig.evaluation(run / name)))

