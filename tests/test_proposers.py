@@ -21,7 +21,7 @@ V = 16
 def lookup(chain=None) -> PromptLookup:
     dec = SimpleNamespace(config=SimpleNamespace(), copy_length=None, chain=chain,
                           pair=SimpleNamespace(vocab_size=V))
-    return PromptLookup(dec, beside_draft=True)
+    return PromptLookup(dec)
 
 
 def drafted_value(lo: int, depth: int, copied: bool = False) -> float:
@@ -59,7 +59,14 @@ def test_width_cut_cuts_drafted_depth_one_rows_and_every_per_node_tensor():
     dec = SimpleNamespace(width=SimpleNamespace(choose=lambda top: w),
                           widths={1: "tree of 1", 2: "tree of 2", 3: "tree of 3"},
                           config=SimpleNamespace(k_config=(k, 1)))
-    proposals = WidthCut(dec).propose(Proposing(d, torch.zeros(4, 0), [0] * 4))
+    asked = []
+
+    def choose(tops: list[list[float]]) -> list[int]:  # the planner's `width`
+        asked.append(tops)
+        return [w] * len(tops)
+
+    proposals = WidthCut(dec, choose).propose(Proposing(d, torch.zeros(4, 0), [0] * 4))
+    assert len(asked) == 1 and len(asked[0]) == 2 and all(len(t) == k for t in asked[0])
     # not the copied row 1, not row 3 (depth 2)
     assert [p is not None for p in proposals] == [True, False, True, False]
     assert [p.tt for p in proposals if p is not None] == ["tree of 2", "tree of 2"]

@@ -28,13 +28,15 @@ members let a stopper decide for the batch (`StopperBase` gives both defaults):
   so.
 
 The engine consults none of these directly: every decision inside a step goes through a
-`Planner` (which rows draft, which extend after each depth, how much each verifies, and each
-row's outcome), for one row or a batch alike. A stopper reaches it through the decoder's
-per-row adapter (`mcsd_runtime.decode.planning.RowPlanner`, which also applies the batch's depth
-policy); a decision that chooses every row's tree across the batch (a verification budget,
+`Planner` (what each row copies, which rows draft, which extend after each depth, the first
+depth's width, how much each verifies, and each row's outcome), for one row or a batch alike. A
+stopper reaches it through the decoder's per-row adapter
+(`mcsd_runtime.decode.planning.RowPlanner`, which also applies the batch's depth policy); a
+decision that chooses every row's tree across the batch (a verification budget,
 `mcsd_runtime.decisions.verify_budget`) is a `Planner` itself, given to the decoder as its
 planner (`MCSDDecoder(planner=...)`), not as a stopper. `StopperOrPlanner` is either kind:
-what a spec string names (`mcsd_runtime.decisions.builtin.make_decision`).
+what a spec string names (`mcsd_runtime.decisions.builtin.make_decision`). The copy length and
+the width join them in the engine's one planner (`mcsd_runtime.decode.planning.StepPlanner`).
 
 A `Frontier` is what a stopper sees: the nodes of the depth just drafted. The decoder serves it
 from the tensors it drafted with, offline replay from collected rows; both compute features only
@@ -109,8 +111,9 @@ class Stopper(Protocol):
 
 class Planner:
     """Every decision the engine consults inside a step, for all rows of a batch at once (a
-    batch of one included). Each step the engine asks `plan`, then `extend` after every depth
-    that some row drafted (the last one too, where the answers are not read), then `verify`;
+    batch of one included). Each step the engine asks `copy` (prompt lookup's copies), `plan`,
+    then `extend` after every depth that some row drafted (the last one too, where the answers
+    are not read), `width` (the first depth's, where a row drafted no deeper), then `verify`;
     each row's outcome comes back through `outcome`. A planner given to a decoder
     (`MCSDDecoder(planner=...)`, in place of per-row stoppers) is set up for each batch size
     (`for_batch`; a batch of one runs the decoder's own) and checked against the tree once
@@ -126,6 +129,12 @@ class Planner:
         """Refuse (MCSDError) a tree this planner was not made for (default: any)."""
         return None
 
+    def copy(self, rows: Sequence[object], caps: list[int]) -> list[list[int]]:
+        """First in a step: the tokens prompt lookup copies for each row (its own object, as
+        `StepStart.row`), at most `caps[i]` of them ([]: none; a row that copies drafts
+        nothing). Default: none."""
+        return [[] for _ in rows]
+
     def plan(self, starts: Sequence[StepStart]) -> list[bool]:
         """Which rows draft this step: each row's `StepStart` (cap 0: it may not draft, because
         it copies a chain or it has no tokens left)."""
@@ -135,6 +144,12 @@ class Planner:
         """After a depth: the frontier of each row that drafted it, None elsewhere; whether each
         drafts one more (a row at its cap stops whatever the answer)."""
         raise NotImplementedError
+
+    def width(self, tops: Sequence[list[float]]) -> list[int]:
+        """After the draft, for each row that drafted its first depth only: how many of that
+        depth's candidates it verifies (1..k), from the draft's k largest probabilities at its
+        root (`tops[i]`, highest first). Default: all k."""
+        return [len(top) for top in tops]
 
     def verify(self, drafted: list[int]) -> list[int]:
         """How many of its drafted depths each row verifies (at most `drafted`; default all)."""

@@ -34,15 +34,16 @@ tokens, and the draft takes every accepted token again with the target's state (
 the draft is kept: its guessed states never stay in its cache); a drafted node reads the draft's
 own state at its parent.
 
-Decisions: every decision inside a step goes through one `Planner` (`planning.planner_for`):
-which rows draft at all (phase 0), which draft each next depth (phase 1), how much each verifies,
-and each row's outcome (phase 5). Stoppers plan through one adapter (`planning.RowPlanner`):
-padded forwards make a shallower tree no cheaper, so every row is drafted to the batch's depth,
-capped by the new tokens it may still commit, one depth more while the stopper's
-`batch_continue(frontiers)` says so, or else while ANY row's own stopper (a copy of the given
-one) does; `DecodeConfig(batch_depth="row")` gives each row exactly the tree its own stopper
-chooses; a batch of one asks the decoder's stopper itself. A verification budget is the
-decoder's planner (`MCSDDecoder(planner=...)`), choosing every row's tree across the batch.
+Decisions: every decision inside a step goes through one `Planner` (`planning.StepPlanner`):
+what each row copies and which rows draft at all (phase 0), which draft each next depth and the
+first depth's width (phase 1), how much each verifies, and each row's outcome (phase 5).
+Stoppers plan through one adapter (`planning.RowPlanner`): padded forwards make a shallower
+tree no cheaper, so every row is drafted to the batch's depth, capped by the new tokens it may
+still commit, one depth more while the stopper's `batch_continue(frontiers)` says so, or else
+while ANY row's own stopper (a copy of the given one) does; `DecodeConfig(batch_depth="row")`
+gives each row exactly the tree its own stopper chooses; a batch of one asks the decoder's
+stopper itself. A verification budget is the decoder's planner (`MCSDDecoder(planner=...)`),
+choosing every row's tree across the batch.
 
 Layout (`DecodeConfig.batch_layout`): padded, every forward runs each row at the batch's widest;
 ragged (`ragged.Ragged`), the target's, the draft's depths and its first forward carry each
@@ -85,7 +86,7 @@ from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
-from mcsd_runtime.decode.planning import planner_for
+from mcsd_runtime.decode.planning import CopyRule, StepPlanner, planner_for
 from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
 from mcsd_runtime.decode.ragged import packing_for
 from mcsd_runtime.decode.records import DecodeStats, GenerationResult
@@ -129,17 +130,20 @@ class Engine:
             getattr(self.pair.draft, "is_feature_draft", False))
         self.packing = packing_for(dec, batch_size)
         self.stopper = dec.stopper.for_batch(batch_size) if batch_size > 1 else dec.stopper
-        # every decision inside a step: the stoppers' (through one adapter) or a budget's
-        self.planner = planner_for(dec.planner, self.stopper, batch_size, self.cfg.batch_depth)
+        # which rows draft, extend and verify: the stoppers' (through one adapter) or a budget's;
+        # with prompt lookup's copies and a learned width, one planner for every decision
+        inner = planner_for(dec.planner, self.stopper, batch_size, self.cfg.batch_depth)
         self.stats = DecodeStats()
         # a learned copy length reads the target's confidence in the tokens it commits
         self.wants_conf = dec.copy_length is not None
         # ...and, trained beside a draft, weighs copying against the stopper's drafted step
         beside_draft = (dec.copy_length is not None and dec.copy_length.draft_costs is not None
                         and self.tree.depth > 0 and not isinstance(self.stopper, NoDraftStopper))
-        self.lookup = PromptLookup(dec, beside_draft)
+        self.planner = StepPlanner(inner, CopyRule(self.cfg, dec.copy_length, beside_draft),
+                                   dec.width)
+        self.lookup = PromptLookup(dec)
         # after the draft's depths, in this order: prompt lookup's chains, the learned width
-        self.proposers: list[Proposer] = [self.lookup, WidthCut(dec)]
+        self.proposers: list[Proposer] = [self.lookup, WidthCut(dec, self.planner.width)]
         self.accounts = Accounts(dec, self.stats, self.planner, [self.lookup], on_commit)
         self.drafter, self.admission, self.verifier = self.phases()
 
@@ -232,7 +236,7 @@ class Engine:
         remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
                      for r in rows]
         # a row whose context repeats itself verifies what followed before (prompt lookup)
-        copied = [self.lookup.plan(r.st, m - 1) for r, m in zip(rows, remaining, strict=True)]
+        copied = self.planner.copy([r.st for r in rows], [m - 1 for m in remaining])
         return remaining, copied, self.caps(rows, remaining, copied)
 
     def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:

@@ -1,7 +1,10 @@
-"""The planner a step engine consults (`planner_for`): the decoder's own `Planner` (a
-verification budget) at the engine's batch size, or else `RowPlanner`, the one adapter through
-which per-row stoppers plan a step; and `drive`, the one loop that runs a planner over a step's
-depths, for the engine (which drafts them) and for replay (which reads them from a collection).
+"""The planner a step engine consults, `StepPlanner`: every decision of a step in one object.
+It copies by prompt lookup's rule (`CopyRule`, a learned copy length where the decoder has one),
+cuts the first depth to a learned width where the decoder has one, and asks `planner_for`'s
+planner the rest: the decoder's own `Planner` (a verification budget) at the engine's batch
+size, or else `RowPlanner`, the one adapter through which per-row stoppers plan a step. `drive`
+is the one loop that runs a planner over a step's depths, for the engine (which drafts them)
+and for replay (which reads them from a collection).
 
 `RowPlanner` applies the batch's depth policy (`DecodeConfig.batch_depth`). A row drafts at all
 where its own stopper's `should_draft` says so. After each depth, the rows that may still go
@@ -18,8 +21,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, Stopper
+from mcsd_runtime.decisions.copy_length import features
+from mcsd_runtime.lookup import find_match
+from mcsd_runtime.lookup import propose as propose_chain
 
 if TYPE_CHECKING:
+    from mcsd_runtime.decisions.copy_length import CopyLength
+    from mcsd_runtime.decisions.width import WidthPolicy
+    from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.decode.step_state import RowState
 
 
@@ -74,6 +83,65 @@ class RowPlanner(Planner):
 
     def outcome(self, row: object, drafted: int, accepted: int) -> None:
         cast("RowState", row).stopper.update(drafted, accepted)
+
+
+class CopyRule:
+    """Prompt lookup's copy length (`DecodeConfig.lookup`): where a row's context repeats
+    itself, the tokens that followed, up to `lookup` of them, or as many as a learned copy
+    length (`policy`) chooses; `beside_draft`: the policy weighs copying against the drafted
+    step it was trained beside."""
+
+    def __init__(self, config: DecodeConfig, policy: CopyLength | None,
+                 beside_draft: bool) -> None:
+        self.cfg, self.policy, self.beside_draft = config, policy, beside_draft
+
+    def copy(self, st: RowState, cap: int) -> list[int]:
+        """The tokens the row copies this step (at most `cap`), or []."""
+        cfg, policy = self.cfg, self.policy
+        if not cfg.lookup or cap <= 0:
+            return []
+        if policy is None:
+            return propose_chain(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
+                                 cfg.lookup_max_ngram)
+        match = find_match(st.committed, min(policy.max_copy, cap), policy.min_ngram,
+                           policy.max_ngram)
+        if match is None:
+            return []
+        feats = features(match, len(st.committed), st.n_prompt, st.copy_history)
+        alt = (policy.alternative(st.copy_history, len(st.d_pending))
+               if self.beside_draft else None)
+        return match.tokens[: policy.choose(match, feats, alt)]
+
+
+class StepPlanner(Planner):
+    """The engine's one planner: `inner` (the decoder's planner, or `RowPlanner` over its
+    stoppers) chooses which rows draft, extend and verify and learns their outcomes; `copying`
+    each row's copy; `width_policy` (a learned `WidthPolicy`, or None: all) the first depth's
+    width."""
+
+    def __init__(self, inner: Planner, copying: CopyRule,
+                 width_policy: WidthPolicy | None) -> None:
+        self.inner, self.copying, self.width_policy = inner, copying, width_policy
+
+    def copy(self, rows: Sequence[object], caps: list[int]) -> list[list[int]]:
+        return [self.copying.copy(cast("RowState", r), c) for r, c in zip(rows, caps, strict=True)]
+
+    def plan(self, starts: Sequence[StepStart]) -> list[bool]:
+        return self.inner.plan(starts)
+
+    def extend(self, frontiers: Sequence[Frontier | None]) -> list[bool]:
+        return self.inner.extend(frontiers)
+
+    def width(self, tops: Sequence[list[float]]) -> list[int]:
+        if self.width_policy is None:
+            return super().width(tops)
+        return [self.width_policy.choose(top) for top in tops]
+
+    def verify(self, drafted: list[int]) -> list[int]:
+        return self.inner.verify(drafted)
+
+    def outcome(self, row: object, drafted: int, accepted: int) -> None:
+        self.inner.outcome(row, drafted, accepted)
 
 
 @dataclass

@@ -5,29 +5,28 @@ generators: `propose(step)` returns each row's `Proposal` (or None: the row keep
 gives each row the proposals in the proposers' order (`Drafted.take`).
 
 - `PromptLookup` (`DecodeConfig.lookup`): a row whose context repeats itself verifies the tokens
-  that followed the repeat as a chain. `plan` chooses them on the host before the forwards (they
-  go up with the step's one upload), `propose` returns them as the row's tree in place of a
-  draft, `update` tells a learned copy length's history how the step went.
+  that followed the repeat as a chain. The planner chooses them on the host before the forwards
+  (`Planner.copy`; they go up with the step's one upload), `propose` returns them as the row's
+  tree in place of a draft, `update` tells a learned copy length's history how the step went.
 - `WidthCut` (a learned `WidthPolicy`): `propose` cuts each row drafted to depth 1 to the width
-  the policy chooses (one host copy for all rows).
+  the planner chooses (`Planner.width`, one host copy for all rows).
 
 The engine calls each at a fixed point of its step, in a fixed order, so random draws and host
-syncs happen where they always have: `plan` before the upload, the draft's depths, then
+syncs happen where they always have: the copies before the upload, the draft's depths, then
 `PromptLookup.propose` and `WidthCut.propose`; `update` when the step is accounted for.
 Target-initialized candidates, which are not lossless, live apart (`target_init`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from mcsd_runtime.decisions.copy_length import CopyHistory, features
+from mcsd_runtime.decisions.copy_length import CopyHistory
 from mcsd_runtime.decode.step_state import Draft, DraftLayer, Proposal, RowState, Verdict
-from mcsd_runtime.lookup import find_match
-from mcsd_runtime.lookup import propose as propose_chain
 
 if TYPE_CHECKING:
     from mcsd_runtime.decode.step_state import Decoding, Drafted
@@ -69,36 +68,17 @@ def chain_layers(tokens: torch.Tensor, vocab_size: int) -> list[DraftLayer]:
 
 
 class PromptLookup(Proposer):
-    """Prompt lookup's chains (`mcsd_runtime.lookup` finds them; `chain_layers`), of a length
-    `DecodeConfig.lookup` caps or a learned copy length (`policy`) chooses; `chain`: the tree a
-    copied chain lies on when the draft's first depths are not a chain (`Decoding.chain`)."""
+    """Prompt lookup's chains (`chain_layers`), as the planner chose them
+    (`mcsd_runtime.decode.planning.CopyRule`); `chain`: the tree a copied chain lies on when the
+    draft's first depths are not a chain (`Decoding.chain`)."""
 
-    def __init__(self, dec: Decoding, beside_draft: bool) -> None:
-        self.cfg, self.policy, self.chain = dec.config, dec.copy_length, dec.chain
+    def __init__(self, dec: Decoding) -> None:
+        self.policy, self.chain = dec.copy_length, dec.chain
         self.vocab_size = dec.pair.vocab_size
-        # a learned copy length trained beside a draft weighs copying against the drafted step
-        self.beside_draft = beside_draft
 
     def history(self) -> CopyHistory | None:
         """A new row's copy history, which a learned copy length reads."""
         return self.policy.history() if self.policy else None
-
-    def plan(self, st: RowState, cap: int) -> list[int]:
-        """The tokens prompt lookup proposes for a row this step (at most `cap`), or []."""
-        cfg, policy = self.cfg, self.policy
-        if not cfg.lookup or cap <= 0:
-            return []
-        if policy is not None:
-            match = find_match(st.committed, min(policy.max_copy, cap), policy.min_ngram,
-                               policy.max_ngram)
-            if match is None:
-                return []
-            feats = features(match, len(st.committed), st.n_prompt, st.copy_history)
-            alt = (policy.alternative(st.copy_history, len(st.d_pending))
-                   if self.beside_draft else None)
-            return match.tokens[: policy.choose(match, feats, alt)]
-        return propose_chain(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
-                             cfg.lookup_max_ngram)
 
     def propose(self, step: Proposing) -> list[Proposal | None]:
         """Each row's planned chain as its tree, in place of a draft (whose forwards the row's
@@ -120,11 +100,12 @@ class PromptLookup(Proposer):
 
 
 class WidthCut(Proposer):
-    """A learned width of the first depth (`mcsd_runtime.decisions.width`; None: no cut): `widths`
+    """The first depth cut to the width the planner chooses (`choose`: `Planner.width`), where
+    the decoder has a learned width (`mcsd_runtime.decisions.width`; else no cut): `widths`
     holds the first depth cut to w < k candidates, by w (`Decoding.widths`)."""
 
-    def __init__(self, dec: Decoding) -> None:
-        self.policy, self.widths, self.cfg = dec.width, dec.widths, dec.config
+    def __init__(self, dec: Decoding, choose: Callable[[list[list[float]]], list[int]]) -> None:
+        self.policy, self.widths, self.cfg, self.choose = dec.width, dec.widths, dec.config, choose
 
     def propose(self, step: Proposing) -> list[Proposal | None]:
         """Each row drafted to depth 1, cut to the width the policy chooses from the draft's k
@@ -143,8 +124,7 @@ class WidthCut(Proposer):
         tops = [layer.top[0, :k] if layer.top is not None and layer.top.shape[-1] >= k
                 else layer.proposal[0].topk(k).values for layer in firsts]
         host = torch.stack(tops).float().tolist()  # sync: the widths' decision
-        for i, layer, top in zip(rows, firsts, host, strict=True):
-            w = self.policy.choose(top)
+        for i, layer, w in zip(rows, firsts, self.choose(host), strict=True):
             if w < k:
                 cut = replace(layer, tokens=layer.tokens[:w], prob=layer.prob[:w],
                               log_path=layer.log_path[:w], _node_features=None, _host=None)
