@@ -195,6 +195,33 @@ def test_methods_are_checked_before_any_engine_starts(tmp_path):
     assert parse_method("ngram:4").speculative == {"method": "ngram", "num_speculative_tokens": 4}
 
 
+def test_ar_sync_starts_plain_vllm_without_async_scheduling(monkeypatch):
+    """`ar:sync` is vLLM plain with async scheduling off (as vLLM runs every host proposer);
+    `ar` leaves it to vLLM."""
+    pytest.importorskip("vllm")
+    import vllm
+
+    from mcsd_runtime.serving.vllm_eval import VllmRun, engine_config
+
+    started = []
+
+    class Recorded:
+        def __init__(self, **kwargs) -> None:
+            started.append(kwargs)
+
+    monkeypatch.setattr(vllm, "LLM", Recorded)
+    methods = parse_methods("ar,ar:sync")
+    assert [(m.label, m.speculative, m.async_scheduling) for m in methods] == [
+        ("ar", None, None), ("ar:sync", None, False)]
+    run = VllmRun(model="m", methods=tuple(methods), concurrency=(1,), dtype="float32",
+                  max_new_tokens=4, ignore_eos=True, in_process=False)
+    for m in methods:
+        vllm_engine.start_engine(engine_config(run, m))
+    assert "async_scheduling" not in started[0] and started[1]["async_scheduling"] is False
+    with pytest.raises(MCSDError, match="does not run with --engine vllm"):
+        parse_method("ar:fast")
+
+
 def test_missing_or_other_vllm_names_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     with pytest.raises(MCSDError, match=r"pip install -e \"\.\[vllm\]\""):

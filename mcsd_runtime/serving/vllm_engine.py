@@ -72,6 +72,7 @@ class EngineConfig:
     kv_cache_gib: float = 1.0
     in_process: bool = field(default_factory=in_process_default)
     env: dict = field(default_factory=dict)  # set while the engine starts (a proposer's path)
+    async_scheduling: bool | None = None  # None: vLLM's choice
 
 
 @dataclass
@@ -113,6 +114,8 @@ def start_engine(cfg: EngineConfig) -> tuple[Any, float]:
         max_model_len=cfg.max_model_len, enforce_eager=True, gpu_memory_utilization=0.2,
         speculative_config=cfg.speculative, skip_tokenizer_init=True,
         per_request_spec_decode_metrics="detailed" if cfg.speculative else "none")
+    if cfg.async_scheduling is not None:
+        kwargs["async_scheduling"] = cfg.async_scheduling
     if cfg.in_process:
         kwargs["distributed_executor_backend"] = "uni"
         _tolerate_kernel_scan()

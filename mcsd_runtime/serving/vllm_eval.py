@@ -80,7 +80,7 @@ def engine_config(run: VllmRun, method: VllmMethod) -> EngineConfig:
                         max_num_seqs=max(max(wave_sizes(c)) for c in run.concurrency),
                         seed=run.seed,
                         in_process=run.in_process, max_model_len=run.max_model_len,
-                        env=dict(method.env))
+                        env=dict(method.env), async_scheduling=method.async_scheduling)
 
 
 def start_engines(run: VllmRun, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -1,6 +1,9 @@
 """The methods `mcsd eval --engine vllm` runs, each as vLLM's `speculative_config`:
 
   ar                  vLLM without speculation
+  ar:sync             vLLM without speculation and without async scheduling, which vLLM turns
+                      off for every proposer on the host (a proposer class, the CPU n-gram):
+                      what that alone costs, apart from drafting and verifying
   ngram:K[:MIN:MAX]   vLLM's prompt lookup, K tokens from a match of MIN..MAX tokens (vLLM's
                       defaults without them: 5..5)
   table:PATH          K by batch size from a schedule (`mcsd train --decision schedule`), on the
@@ -32,7 +35,7 @@ from pathlib import Path
 from mcsd_runtime.errors import MCSDError
 
 KINDS = ("ar", "ngram", "table", "proposer", "draft")
-METHODS_HELP = "ar, ngram:K, ngram:K:MIN:MAX, table:PATH, proposer:PATH or draft:K"
+METHODS_HELP = "ar, ar:sync, ngram:K, ngram:K:MIN:MAX, table:PATH, proposer:PATH or draft:K"
 DraftSource = str | Path | Callable[[], str | Path] | None  # a draft folder, or what finds it
 PROPOSER_CLASS = "mcsd_runtime.serving.vllm_proposer.MCSDProposer"
 PROPOSER_CHAIN = 4  # the chain a built-in stopper drafts in the proposer class, at most
@@ -43,12 +46,13 @@ TABLE_MAX_BATCH = 1024  # where a schedule's open last band ends in vLLM's table
 
 @dataclass(frozen=True)
 class VllmMethod:
-    """A method's label, vLLM speculative config (None: plain) and the environment its engine
-    starts with."""
+    """A method's label, vLLM speculative config (None: plain), the environment its engine
+    starts with and its async scheduling (None: vLLM's choice)."""
 
     label: str
     speculative: dict | None
     env: tuple[tuple[str, str], ...] = ()
+    async_scheduling: bool | None = None  # None: vLLM's choice
 
 
 def _ints(method: str, parts: list[str]) -> list[int]:
@@ -229,6 +233,8 @@ def parse_method(method: str, draft: DraftSource = None) -> VllmMethod:
     kind, _, arg = method.strip().partition(":")
     if kind == "ar" and not arg:
         return VllmMethod("ar", None)
+    if kind == "ar" and arg == "sync":
+        return VllmMethod(method, None, async_scheduling=False)
     if kind == "ngram":
         return VllmMethod(method, _ngram(method, arg))
     if kind == "table":
