@@ -170,7 +170,7 @@ def test_stopper_for_another_pair_is_refused(toy_pair, monkeypatch):
     class Foreign:
         pair_fingerprint = dict(toy_pair.fingerprint, target_config="0" * 16)
 
-    monkeypatch.setattr(evaluate, "make_stopper", lambda spec: Foreign())
+    monkeypatch.setattr(evaluate, "make_decision", lambda spec: Foreign())
     monkeypatch.setattr(evaluate, "check_method", lambda name: None)
     with pytest.raises(MCSDError, match="trained for the pair"):
         evaluate.build_method("stopper:elsewhere", toy_pair, DecodeConfig())
