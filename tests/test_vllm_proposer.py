@@ -140,7 +140,7 @@ def test_a_stopper_that_does_not_draft_proposes_nothing_and_feeds_nothing(draft)
     assert chain.propose(draft, PROMPT, K) == [] and chain.forwards == 0
 
 
-def test_outcomes_reach_the_stopper_only_for_its_own_drafts(monkeypatch, toy_tiny):
+def test_outcomes_reach_the_requests_own_stopper_at_every_step(monkeypatch, toy_tiny):
     p = proposer(monkeypatch, toy_tiny)
     base = Depth(K)
     p.stopper = base
@@ -149,6 +149,22 @@ def test_outcomes_reach_the_stopper_only_for_its_own_drafts(monkeypatch, toy_tin
     step(p, [ctx], [[first[0], first[1] + 1]])
     own = p.rows[0].chain.stopper
     assert own is not base and own.updates == [(K, 1)] and base.updates == []
+    own.draft_at_all = False  # a step it drafts nothing in still reaches it, as (0, 0)
+    second = step(p, [ctx + [7]], [[7]])[0]
+    step(p, [ctx + [7, 3]], [[3]])
+    assert p.rows[0].chain.stopper is own
+    assert second == [] and own.updates == [(K, 1), (K, 0), (0, 0)]
+
+
+def test_a_skip_gate_closed_at_the_start_probes_after_its_steps_without_a_draft(
+        monkeypatch, toy_tiny, draft):
+    # the recent acceptance rate starts at the prior 1/2, below the gate's 0.6: no draft for
+    # 3 steps, then a probe (a gate that never heard its idle steps would never draft)
+    p = proposer(monkeypatch, toy_tiny, stopper="switch:0.6:2:3")
+    contexts = [PROMPT + [40, 41, 42, 43][:n] for n in range(5)]
+    drafts = [step(p, [ctx], [[ctx[-1]]])[0] for ctx in contexts]
+    # the probe's two tokens are rejected (the next context goes on with 43): closed again
+    assert drafts == [[], [], [], greedy(draft, contexts[3], 2), []]
 
 
 def test_requests_are_recognised_when_rows_move_and_new_ones_start_fresh(

@@ -109,9 +109,10 @@ class DraftChain:
 
     def observe(self, drafted: int, accepted: int, committed: int) -> None:
         """What the engine did with the last proposal: `drafted` tokens proposed by this chain
-        (0: none, or another proposer's), `accepted` of them, `committed` tokens in all."""
-        if drafted:
-            self.stopper.update(drafted, accepted)
+        (0: none, or another proposer's), `accepted` of them, `committed` tokens in all. The
+        stopper hears every step, (0, 0) where it drafted nothing, as in the toolkit's decoder
+        (`decode.accounting`): a skip gate counts those steps to know when to probe again."""
+        self.stopper.update(drafted, accepted)
         self.trajectory.update(accepted, committed, drafted)
 
     def propose(self, model: Any, context: list[int], k: int) -> list[int]:
