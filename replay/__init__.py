@@ -25,7 +25,7 @@ evaluation, and `replay.runs` reads collected runs.
 """
 
 from replay.data import Prompt, ReplayData, Step
-from replay.depth import NeverDraft, ReplayResult, lookahead_schedule, replay
+from replay.depth import NeverDraft, lookahead_schedule, replay
 from replay.oracles import (
     AcceptedOracle,
     PlanStopper,
@@ -33,6 +33,7 @@ from replay.oracles import (
     optimal_plan,
     oracle_bound,
 )
+from replay.result import ReplayResult
 from replay.sweeps import (
     GATES,
     MIN_DEPTHS,

@@ -311,15 +311,16 @@ def copy_replayed(policy: CopyLength, costs: list[float]) -> Replayed:
         if name == "ar":  # the first token comes from the prefill's logits
             return (len(trace.tokens) - 1) * costs[0], len(trace.tokens)
         if name == LEARNED:
-            r = Replay(trace, policy.max_copy, policy.min_ngram, policy.max_ngram)
-            return r.walk(policy.choose, costs, None, draft_costs, prior), r.steps
+            walked = Replay(trace, policy.max_copy, policy.min_ngram, policy.max_ngram).walk(
+                policy.choose, costs, None, draft_costs, prior)
+            return walked.cost_s, walked.steps
         if name == BESIDE:
-            r = Replay(trace, 1, 4, 4)
-            return r.walk(never, costs, None, draft_costs, prior), r.steps
+            walked = Replay(trace, 1, 4, 4).walk(never, costs, None, draft_costs, prior)
+            return walked.cost_s, walked.steps
         k, n = (int(v) for v in name.partition("+")[0].split(":")[1:])
-        r = Replay(trace, k, n, 4)
         beside = draft_costs if "+" in name else None
-        return r.walk(copy_all(k), costs[: k + 1], None, beside, prior), r.steps
+        walked = Replay(trace, k, n, 4).walk(copy_all(k), costs[: k + 1], None, beside, prior)
+        return walked.cost_s, walked.steps
 
     return replayed
 
@@ -389,8 +390,8 @@ def width_check(pair, policy: WidthPolicy, traces: dict[str, list[Trace]],
         if name == "ar":
             return (len(trace.tokens) - 1) * ar_s, len(trace.tokens)
         rule = learned(policy) if name == LEARNED else static(int(name.split()[1]))
-        _, seconds, widths = walker.walk(rank_of[id(trace)], rule)
-        return seconds, len(widths)
+        walked = walker.walk(rank_of[id(trace)], rule)
+        return walked.cost_s, walked.steps
 
     return outputs_check(decoders, traces, replayed, f"width {k}", 0.0, limit, seed, progress,
                          profile, (k,))

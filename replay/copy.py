@@ -20,7 +20,7 @@ from mcsd_runtime.decisions.copy_length import CopyHistory, drafted_step, featur
 from mcsd_runtime.lookup import Match, find_match
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import copy_outcome, step_outcome
-from replay.result import ABSENT, Column, Comparison, Report, ci, pct
+from replay.result import ABSENT, Column, Comparison, ReplayResult, Report, ci, pct
 
 BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--k-config`)
 
@@ -51,21 +51,20 @@ class Replay:
                         for s in range(len(trace.tokens))]
         self.accepted = [0 if m is None else _common(m.tokens, trace.tokens[s:])
                          for s, m in enumerate(self.matches)]
-        self.steps = 0  # of the last walk
 
     def walk(self, choose: Choose, costs: list[float], rows: list | None = None,
-             draft_costs: list[float] | None = None, prior: float = 1.0) -> float:
-        """Seconds to decode the output copying `choose(match, features, alt)` tokens at each
-        match (`self.steps`: the walk's steps); with `rows`, appends (features + [i], accepted
-        >= i) for every length i of each match. A step that copies nothing decodes one token
-        with the target alone, or, given `draft_costs` (seconds of a drafted step by the
-        draft's pending tokens, `CopyLength.draft_costs`; the trace needs `hits`), drafts the
-        first depth, `alt` being its (running value from `prior`, seconds)."""
+             draft_costs: list[float] | None = None, prior: float = 1.0) -> ReplayResult:
+        """The output decoded copying `choose(match, features, alt)` tokens at each match (the
+        result's `choices`: each step's copy length, 0 where it copied nothing); with `rows`,
+        appends (features + [i], accepted >= i) for every length i of each match. A step that
+        copies nothing decodes one token with the target alone, or, given `draft_costs`
+        (seconds of a drafted step by the draft's pending tokens, `CopyLength.draft_costs`; the
+        trace needs `hits`), drafts the first depth, `alt` being its (running value from
+        `prior`, seconds)."""
         t, s, history = self.trace, 0, CopyHistory(draft_value=prior)
-        beside = draft_costs is not None
-        if beside and t.hits is None:
+        if draft_costs is not None and t.hits is None:
             raise ValueError("a walk beside a draft needs the trace's hits (`draft_hits`)")
-        n, seconds, self.steps, pending = len(t.tokens), 0.0, 0, 1
+        n, pending, res = len(t.tokens), 1, ReplayResult("copy", "exact")
         while s < n:
             match, k, a = self.matches[s], 0, self.accepted[s]
             alt = drafted_step(history, draft_costs, pending) if draft_costs is not None else None
@@ -77,24 +76,24 @@ class Replay:
                     rows += [(feats + [i], a >= i) for i in range(1, len(match.tokens) + 1)]
             if k or alt is None or n - s == 1:  # a copy, or the target alone
                 out = copy_outcome(a, k, pending, n - s)
-                seconds += costs[k]
+                res.count(out, k, k, 1 + k, costs[k])
                 history.update(k, out.accepted, t.conf[s : s + out.committed])
             else:  # the draft's first depth
                 assert t.hits is not None, "checked above: a walk beside a draft has the hits"
                 out = step_outcome(t.hits[s], 1, pending, n - s)
-                seconds += alt[1]
+                res.count(out, 1, 1, 2, alt[1])
                 history.update(0, 0, t.conf[s : s + out.committed])
                 history.drafted(out.committed)
+            res.choices.append(k)
             pending = out.pending
-            self.steps += 1
             s += out.committed
-        return seconds
+        return res
 
     def speedup(self, choose: Choose, costs: list[float],
                 draft_costs: list[float] | None = None, prior: float = 1.0) -> float:
         """Replayed speed of the rule over decoding the output one token a step."""
-        return len(self.trace.tokens) * costs[0] / self.walk(choose, costs, None, draft_costs,
-                                                               prior)
+        walked = self.walk(choose, costs, None, draft_costs, prior)
+        return len(self.trace.tokens) * costs[0] / walked.cost_s
 
     def oracle_speedup(self, costs: list[float], draft_costs: list[float] | None = None,
                        alone: bool = True) -> float:

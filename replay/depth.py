@@ -35,10 +35,8 @@ it), and `oracle_bound` is an upper bound on every schedule; the best schedule l
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
 from typing import cast
 
-from mcsd_runtime import metrics
 from mcsd_runtime.decisions.builtin import make_stopper
 from mcsd_runtime.decisions.contract import Frontier, Stopper, StopperBase
 from mcsd_runtime.decisions.features import Trajectory
@@ -54,42 +52,7 @@ from mcsd_runtime.pricing.step_model import (
 from mcsd_runtime.tree import Tree
 from replay.data import Prompt, ReplayData, Step, _Frontier, _Start
 from replay.oracles import AcceptedOracle, PlanStopper, StepLookahead, optimal_plan
-
-
-@dataclass
-class ReplayResult:
-    stopper: str
-    mode: str  # "exact" or "estimate"
-    tokens: int = 0  # committed tokens (exact) / expected tokens (estimate)
-    steps: int = 0  # target calls (at B > 1: steps of rows, one per row per batch step)
-    accepted: int = 0
-    drafted_depth: int = 0  # sum over steps of s
-    drafted_tokens: int = 0  # tree nodes drafted
-    target_tokens: int = 0  # tokens through the target
-    draft_forwards: int = 0
-    decisions: int = 0  # stopper consultations
-    cost_s: float = 0.0
-    acceptance_sum: float = 0.0
-    drafting_steps: int = 0  # steps that drafted at least one depth
-    batch_size: int = 1
-    batch_steps: int = 0  # steps of the batch (forwards of the target); `steps` counts rows'
-    decision_rows: int = 0  # frontiers the decisions read (a batched call reads several)
-
-    @property
-    def tau(self) -> float:
-        return metrics.tau(self.tokens, self.steps)
-
-    @property
-    def throughput(self) -> float:
-        return metrics.throughput(self.tokens, self.cost_s)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return metrics.acceptance_rate(self.acceptance_sum, self.drafting_steps)
-
-    def as_dict(self) -> dict:
-        return asdict(self) | {"tau": self.tau, "throughput": self.throughput,
-                               "acceptance_rate": self.acceptance_rate}
+from replay.result import ReplayResult
 
 
 class WalkRow:
@@ -178,15 +141,7 @@ class WalkRow:
         """Count a step that drafted `drafted` depths and verified `verified` of them, with
         outcome `out`, in `res`; the trajectory and the stopper learn what was verified (as in
         the decoder: a depth drafted and then not verified tells nothing of acceptance)."""
-        res.tokens += out.committed
-        res.steps += 1
-        res.accepted += out.accepted
-        res.drafted_depth += drafted
-        res.drafted_tokens += tree.cum[drafted]
-        res.target_tokens += 1 + tree.cum[verified]
-        if drafted:
-            res.acceptance_sum += out.accepted / drafted
-            res.drafting_steps += 1
+        res.count(out, drafted, tree.cum[drafted], 1 + tree.cum[verified])
         self.traj.update(out.accepted, out.committed, verified)
         self.stopper.update(verified, out.accepted)
         self.t += out.committed

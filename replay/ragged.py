@@ -48,7 +48,8 @@ from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.tree import Tree
 from replay.data import ReplayData
-from replay.depth import NeverDraft, ReplayResult, WalkRow, replay
+from replay.depth import NeverDraft, WalkRow, replay
+from replay.result import ReplayResult
 
 RULE_HELP = ("static:S (each row depth S), cumprod:T (each row its own cumprod stopper), "
              "survival:Q (the budget rule on cumulative draft probability ^ Q), "

@@ -1,4 +1,5 @@
-"""One replayed comparison, and the one writer of its report, for every decision.
+"""What a decision did over a replay (`ReplayResult`, every replay's one result), one replayed
+comparison, and the one writer of its report, for every decision.
 
 A `Comparison` is what one group (a domain, a category, a split, a batch size) replayed: each
 method's speed (tokens/s, or speed over AR) beside the learned decision's, which of them is the
@@ -21,10 +22,69 @@ and records and prints them through `Report.write`:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mcsd_runtime import metrics
+from mcsd_runtime.pricing.step_model import StepOutcome
+
+
+@dataclass
+class ReplayResult:
+    """What one decision did over a replay, whichever replay (`replay.depth`, `replay.ragged`,
+    `replay.copy`, `replay.width`): counts summed over its steps, `count`ed one step at a time,
+    and the seconds they cost under the profile. `choices`: the copy length or width chosen at
+    each step, where the replay records them (left out of `as_dict`)."""
+
+    stopper: str  # the decision replayed
+    mode: str  # "exact" or "estimate"
+    tokens: int = 0  # committed tokens (exact) / expected tokens (estimate)
+    steps: int = 0  # target calls (at B > 1: steps of rows, one per row per batch step)
+    accepted: int = 0
+    drafted_depth: int = 0  # sum over steps of s
+    drafted_tokens: int = 0  # tree nodes drafted (copied tokens, for a copy)
+    target_tokens: int = 0  # tokens through the target
+    draft_forwards: int = 0
+    decisions: int = 0  # stopper consultations
+    cost_s: float = 0.0
+    acceptance_sum: float = 0.0
+    drafting_steps: int = 0  # steps that drafted (or copied) at least one depth
+    batch_size: int = 1
+    batch_steps: int = 0  # steps of the batch (forwards of the target); `steps` counts rows'
+    decision_rows: int = 0  # frontiers the decisions read (a batched call reads several)
+    choices: list[int] = field(default_factory=list)
+
+    def count(self, out: StepOutcome, depth: int, drafted: int, verified: int,
+              seconds: float = 0.0) -> None:
+        """One step with outcome `out` that drafted `depth` depths (`drafted` tokens) and sent
+        `verified` tokens through the target, costing `seconds`."""
+        self.tokens += out.committed
+        self.steps += 1
+        self.accepted += out.accepted
+        self.drafted_depth += depth
+        self.drafted_tokens += drafted
+        self.target_tokens += verified
+        self.cost_s += seconds
+        if depth:
+            self.acceptance_sum += out.accepted / depth
+            self.drafting_steps += 1
+
+    @property
+    def tau(self) -> float:
+        return metrics.tau(self.tokens, self.steps)
+
+    @property
+    def throughput(self) -> float:
+        return metrics.throughput(self.tokens, self.cost_s)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return metrics.acceptance_rate(self.acceptance_sum, self.drafting_steps)
+
+    def as_dict(self) -> dict:
+        values = {k: v for k, v in asdict(self).items() if k != "choices"}
+        return values | {"tau": self.tau, "throughput": self.throughput,
+                         "acceptance_rate": self.acceptance_rate}
 
 
 class _Absent:

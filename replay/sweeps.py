@@ -17,7 +17,8 @@ from mcsd_runtime.decisions.learned import LearnedStopper
 from mcsd_runtime.decisions.skip import DEFAULT_PROBE, SkipGate, break_even_rate
 from mcsd_runtime.pricing.profile import CostProfile
 from replay.data import ReplayData, _Frontier, replayed
-from replay.depth import NeverDraft, ReplayResult, replay
+from replay.depth import NeverDraft, replay
+from replay.result import ReplayResult
 
 
 class MemoStopper(LearnedStopper):

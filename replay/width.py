@@ -20,7 +20,7 @@ from mcsd_runtime.decisions.width import WidthPolicy
 from mcsd_runtime.pricing.profile import CostProfile
 from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.tree import KConfig, Tree
-from replay.result import Column, Comparison, Report, ci, pct
+from replay.result import Column, Comparison, ReplayResult, Report, ci, pct
 
 Rule = Callable[["Ranked", int], int]  # an output and a position -> a width in 1..k
 
@@ -36,30 +36,29 @@ class WidthReplay:
                         for w in range(1, k + 1)]
         self.last = [profile.step_seconds(Tree(KConfig((k,))), 0, p) for p in pendings]
 
-    def walk(self, out: Ranked, rule: Rule) -> tuple[int, float, list[int]]:
-        """(tokens, seconds, the width of every step) of one output decoded with `rule`."""
-        n, t, pending, seconds, widths = len(out.rank), 0, 1, 0.0, []
+    def walk(self, out: Ranked, rule: Rule) -> ReplayResult:
+        """One output decoded with `rule` (the result's `choices`: every step's width)."""
+        n, t, pending, res = len(out.rank), 0, 1, ReplayResult("width", "exact")
         while t < n:
             if t == n - 1:  # the budget's last token: the decoder drafts nothing (width 0)
-                seconds += self.last[pending - 1]
-                widths.append(0)
+                res.count(step_outcome(0, 0, pending, 1), 0, 0, 1, self.last[pending - 1])
+                res.choices.append(0)
                 break
             w = rule(out, t)
-            widths.append(w)
-            seconds += self.drafted[w - 1][pending - 1]
             step = step_outcome(int(0 <= out.rank[t] < w), 1, pending, n - t)
+            res.count(step, 1, w, 1 + w, self.drafted[w - 1][pending - 1])
+            res.choices.append(w)
             pending = step.pending
             t += step.committed
-        return n, seconds, widths
+        return res
 
     def speed(self, out: Ranked, rule: Rule) -> float:
-        tokens, seconds, _ = self.walk(out, rule)
-        return tokens / seconds
+        return self.walk(out, rule).throughput
 
     def rate(self, outs: Sequence[Ranked], rule: Rule) -> float:
         """Pooled tokens/s of `rule` over `outs`."""
         walks = [self.walk(o, rule) for o in outs]
-        return sum(w[0] for w in walks) / sum(w[1] for w in walks)
+        return sum(w.tokens for w in walks) / sum(w.cost_s for w in walks)
 
 
 def static(w: int) -> Rule:
@@ -87,9 +86,9 @@ def compare(policy, replay: WidthReplay, outs: Sequence[Ranked], category: str,
     outputs, widths = {}, []
     for label, rule in rules.items():
         walks = [replay.walk(o, rule) for o in outs]
-        outputs[label] = [tokens / seconds for tokens, seconds, _ in walks]
+        outputs[label] = [w.throughput for w in walks]
         if label == "learned":
-            widths = [w for _, _, taken in walks for w in taken if w]
+            widths = [c for w in walks for c in w.choices if c]
     return Comparison.of_outputs(category, outputs, f"width {policy.k}", trained=trained,
                                  facts={"mean_width": sum(widths) / max(len(widths), 1)})
 

@@ -132,19 +132,20 @@ def test_beside_a_draft_the_decoder_copies_or_drafts_as_its_replay_does(pair, fe
         policy = CopyLength(live, COSTS, 0.6, draft_costs=DRAFT_COSTS, draft_prior=1.5)
         out = beside_draft(p, policy).generate(trace.prompt)
         assert out.token_ids == trace.tokens
-        replay = Replay(trace, 8, 1, 4)
-        replay.walk(CopyLength(replayed, COSTS, 0.6, draft_costs=DRAFT_COSTS,
-                               draft_prior=1.5).choose, COSTS, None, DRAFT_COSTS, 1.5)
-        assert replay.steps == len(out.steps)
+        walked = Replay(trace, 8, 1, 4).walk(
+            CopyLength(replayed, COSTS, 0.6, draft_costs=DRAFT_COSTS, draft_prior=1.5).choose,
+            COSTS, None, DRAFT_COSTS, 1.5)
+        assert walked.steps == len(out.steps)
+        assert walked.choices == [s.drafted if s.copied else 0 for s in out.steps]
         assert np.allclose(live.seen, replayed.seen, atol=1e-5)
         copies += out.stats.lookup_steps
         # the draft's candidates decide the drafted steps: with other hits, another walk
         wrong = ByConfidence()
         flipped = Replay(Trace(trace.prompt, trace.tokens, trace.conf,
                                [1 - h for h in trace.hits]), 8, 1, 4)
-        flipped.walk(CopyLength(wrong, COSTS, 0.6, draft_costs=DRAFT_COSTS,
-                                draft_prior=1.5).choose, COSTS, None, DRAFT_COSTS, 1.5)
-        assert flipped.steps != replay.steps or not np.allclose(wrong.seen, live.seen)
+        other = flipped.walk(CopyLength(wrong, COSTS, 0.6, draft_costs=DRAFT_COSTS,
+                                        draft_prior=1.5).choose, COSTS, None, DRAFT_COSTS, 1.5)
+        assert other.steps != walked.steps or not np.allclose(wrong.seen, live.seen)
     assert 0 < copies < sum(len(t.tokens) for t in traces) / 2
 
 
@@ -413,9 +414,7 @@ def test_replaying_sampled_outputs_predicts_the_sampling_decoders_steps(pair):
     real = _mean_and_se([len(r) for r in _sampled_steps(pair, cfg, "none", REPEATING, n)])
 
     def replayed(trace) -> int:
-        r = Replay(trace, 4, 1, 4)
-        r.walk(copy_all(4), COSTS[:5])
-        return r.steps
+        return Replay(trace, 4, 1, 4).walk(copy_all(4), COSTS[:5]).steps
 
     sampled = _mean_and_se([replayed(target_traces(pair, [REPEATING], 30, temperature, s)[0])
                             for s in range(n)])
@@ -438,9 +437,7 @@ def test_sampled_drafted_steps_replay_the_sampling_decoders_steps(pair, feature_
     real = _mean_and_se([len(r) for r in _sampled_steps(p, cfg, "static:1", prompt, n)])
 
     def replayed(trace) -> int:
-        r = Replay(trace, 1, 4, 4)
-        r.walk(never, COSTS[:2], None, DRAFT_COSTS, 1.5)
-        return r.steps
+        return Replay(trace, 1, 4, 4).walk(never, COSTS[:2], None, DRAFT_COSTS, 1.5).steps
 
     drafted = [drafted_traces(p, [prompt], 20, temperature, 3, seed=s)[0] for s in range(n)]
     ours = _mean_and_se([replayed(t) for t in drafted])
@@ -488,9 +485,8 @@ def test_a_sampled_decode_replays_its_own_output_step_for_step(pair):
     outs = [dec.generate(REPEATING, seed=s) for s in range(8)]
 
     def replayed(tokens: list[int]) -> int:
-        r = Replay(Trace(REPEATING, tokens, [0.5] * len(tokens)), 4, 1, 4)
-        r.walk(copy_all(4), COSTS[:5])
-        return r.steps
+        trace = Trace(REPEATING, tokens, [0.5] * len(tokens))
+        return Replay(trace, 4, 1, 4).walk(copy_all(4), COSTS[:5]).steps
 
     assert len({len(o.steps) for o in outs}) > 1  # the draws differ
     for out in outs:
@@ -531,9 +527,8 @@ def test_sampled_composed_steps_replay_the_sampling_decoders_steps(pair, feature
     real = _mean_and_se([len(r) for r in runs])
 
     def replayed(trace) -> int:
-        r = Replay(trace, k, 1, 4)
-        r.walk(copy_all(k), COSTS[: k + 1], None, DRAFT_COSTS, 1.5)
-        return r.steps
+        return Replay(trace, k, 1, 4).walk(copy_all(k), COSTS[: k + 1], None, DRAFT_COSTS,
+                                           1.5).steps
 
     drafted = [drafted_traces(p, [REPEATING], 30, temperature, 3, seed=s)[0] for s in range(n)]
     ours = _mean_and_se([replayed(t) for t in drafted])

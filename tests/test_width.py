@@ -196,11 +196,13 @@ def test_decoder_takes_the_widths_and_steps_its_replay_takes(pair, feature_pair,
     for trace, out in zip(traces, ranked, strict=True):
         got = dec.generate(trace.prompt)
         assert got.token_ids == trace.tokens
-        tokens, seconds, walked = replay.walk(out, learned(policy))
+        result = replay.walk(out, learned(policy))
+        walked = result.choices
         assert walked == [s.tree_size if s.drafted else 0 for s in got.steps]
-        assert profile.decode_seconds(Tree((4,)), got.steps) == pytest.approx(seconds)
+        assert result.tokens == len(got.token_ids) and result.steps == len(got.steps)
+        assert profile.decode_seconds(Tree((4,)), got.steps) == pytest.approx(result.cost_s)
         blind = Ranked(out.top, np.full_like(out.rank, -1))
-        assert replay.walk(blind, learned(policy))[2] != walked
+        assert replay.walk(blind, learned(policy)).choices != walked
         widths |= set(walked)
     assert len(widths - {0}) >= 3
 

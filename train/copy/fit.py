@@ -88,7 +88,7 @@ def fit(traces: Sequence[Trace], costs: list[float], min_ngram: int = 1, max_ngr
                  disable=not progress):
         for _ in range(RATE_ROUNDS):  # the rate the policy itself reaches on its outputs
             seconds = sum(r.walk(policy.choose, costs, None, policy.draft_costs,
-                                 policy.draft_prior) for r in replays)
+                                 policy.draft_prior).cost_s for r in replays)
             policy.rate = sum(len(t.tokens) for t in traces) / seconds
     text = booster.model_to_string()
     facts = {"rows": len(rows), "accept_share": float(y.mean()), "outputs": len(traces),
