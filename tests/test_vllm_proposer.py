@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mcsd_runtime.decisions.builtin import StopperBase
+from mcsd_runtime.decisions.builtin import StopperBase, SwitchStopper
 from mcsd_runtime.decisions.features import DECISION_FEATURES, Trajectory
 from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.serving.draft_chain import ChainFrontier, DraftChain, common_prefix
@@ -78,7 +78,8 @@ def test_a_chain_proposes_the_drafts_greedy_tokens_and_keeps_its_cache_in_step(
     assert second == greedy(draft, ctx, K)
     assert chain.forwards - forwards == K  # one feed, then K - 1 depths
     assert p.rows[0].chain is chain  # the same request's state
-    assert chain.trajectory.values() == _trajectory([(2, 3, K)])
+    # the prefill's token (a step without a draft), then the step that accepted two
+    assert chain.trajectory.values() == _trajectory([(0, 1, 0), (2, 3, K)])
 
 
 def _trajectory(steps: list[tuple[int, int, int]]) -> list[float]:
@@ -148,23 +149,25 @@ def test_outcomes_reach_the_requests_own_stopper_at_every_step(monkeypatch, toy_
     ctx = PROMPT + first[:1] + [first[1] + 1]
     step(p, [ctx], [[first[0], first[1] + 1]])
     own = p.rows[0].chain.stopper
-    assert own is not base and own.updates == [(K, 1)] and base.updates == []
+    # the prefill's token, then the step that accepted one
+    assert own is not base and own.updates == [(0, 0), (K, 1)] and base.updates == []
     own.draft_at_all = False  # a step it drafts nothing in still reaches it, as (0, 0)
     second = step(p, [ctx + [7]], [[7]])[0]
     step(p, [ctx + [7, 3]], [[3]])
     assert p.rows[0].chain.stopper is own
-    assert second == [] and own.updates == [(K, 1), (K, 0), (0, 0)]
+    assert second == [] and own.updates == [(0, 0), (K, 1), (K, 0), (0, 0)]
 
 
 def test_a_skip_gate_closed_at_the_start_probes_after_its_steps_without_a_draft(
         monkeypatch, toy_tiny, draft):
     # the recent acceptance rate starts at the prior 1/2, below the gate's 0.6: no draft for
-    # 3 steps, then a probe (a gate that never heard its idle steps would never draft)
+    # 3 steps (the prefill's among them), then a probe (a gate that never heard its idle steps
+    # would never draft)
     p = proposer(monkeypatch, toy_tiny, stopper="switch:0.6:2:3")
     contexts = [PROMPT + [40, 41, 42, 43][:n] for n in range(5)]
     drafts = [step(p, [ctx], [[ctx[-1]]])[0] for ctx in contexts]
-    # the probe's two tokens are rejected (the next context goes on with 43): closed again
-    assert drafts == [[], [], [], greedy(draft, contexts[3], 2), []]
+    # the probe's two tokens are rejected (the next context goes on with 42): closed again
+    assert drafts == [[], [], greedy(draft, contexts[2], 2), [], []]
 
 
 def test_requests_are_recognised_when_rows_move_and_new_ones_start_fresh(
@@ -203,7 +206,7 @@ def test_the_copy_length_copies_where_it_pays_and_the_draft_drafts_elsewhere(
     step(p, [ctx, no_match + drafted[:1] + [1]], [PROMPT[3:5] + [0], [drafted[0], 1]])
     state = p.rows[0]
     assert (state.history.last_copied, state.history.last_accepted) == (K, 2)
-    assert state.chain.trajectory.values() == _trajectory([(0, 3, 0)])
+    assert state.chain.trajectory.values() == _trajectory([(0, 1, 0), (0, 3, 0)])
     assert p.rows[1].history.draft_value != policy.history().draft_value  # learnt from a draft
 
 
@@ -363,3 +366,53 @@ def test_the_eval_records_the_draft_a_proposer_drafts_with(tmp_path):
     assert _draft_model(run) == "/drafts/d"
     run.methods.insert(0, parse_method("draft:2", draft="/drafts/export"))
     assert _draft_model(run) == "/drafts/export"
+
+
+class Logged(SwitchStopper):
+    """`switch:0.6:2:3` that logs, into a list its copies share, the trajectory at every
+    step's start and the decision features at every depth it is asked about."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__(0.6, 2, 3)
+        self.log = log
+
+    def should_draft(self, start) -> bool:
+        go = super().should_draft(start)
+        self.log.append(("start", list(start.trajectory()), go))
+        return go
+
+    def should_continue(self, frontier) -> bool:
+        self.log.append(("depth", frontier.depth, frontier.decision_features()[0].tolist()))
+        return super().should_continue(frontier)
+
+
+def test_the_class_decides_as_the_decoder_does_step_by_step(monkeypatch, toy_tiny, toy_pair):
+    """A whole greedy decode: the class, fed the target's verdicts as vLLM feeds them, asks its
+    stopper the same questions with the same features at every step as the toolkit's decoder
+    (steps near the budget left out: the decoder drafts no deeper than the tokens left). The
+    gate starts closed, so the decoder's first step, from the prompt alone, drafts nothing and
+    commits one token, as vLLM's prefill does."""
+    from mcsd_runtime.decode.decoder import DecodeConfig, MCSDDecoder
+
+    n = 40
+    ours: list = []
+    cfg = DecodeConfig(k_config=(1,) * K, max_new_tokens=n, eos_token_ids=())
+    out = MCSDDecoder(toy_pair, cfg, stopper=Logged(ours)).generate(PROMPT)
+    theirs: list = []
+    p = proposer(monkeypatch, toy_tiny)
+    p.stopper = Logged(theirs)
+    tokens, t, sampled = out.token_ids, 1, [out.token_ids[0]]
+    while t < n - K - 1:
+        draft = step(p, [PROMPT + tokens[:t]], [sampled])[0]
+        accepted = common_prefix(draft, tokens[t:])
+        sampled = tokens[t : t + accepted + 1]
+        t += len(sampled)
+    ours = ours[1:]  # the decoder's first step, from the prompt alone, is vLLM's prefill
+    seen = len(theirs)
+    assert sum(kind == "start" for kind, *_ in ours[:seen]) > 8
+    assert any(not e[2] for e in ours[:seen] if e[0] == "start")  # the gate closed...
+    assert any(e[2] for e in ours[:seen] if e[0] == "start")  # ...and opened
+    for a, b in zip(ours[:seen], theirs, strict=True):
+        assert a[:2] == b[:2] or (a[0] == b[0] == "start" and a[2] == b[2])
+        assert np.allclose(a[-1] if a[0] == "depth" else a[1],
+                           b[-1] if b[0] == "depth" else b[1], atol=1e-4), (a, b)

@@ -122,8 +122,12 @@ class RowState:
         return len(context) > n and tuple(context[max(n - TAIL, 0):n].tolist()) == self.tail
 
     def observe(self, sampled: list[int]) -> None:
-        """What the last step did with the row's proposal: accepted = committed - 1."""
+        """What the last step did with the row's proposal: accepted = committed - 1. A new
+        request's first call follows its prefill, which committed a token without a draft: the
+        chain counts it as such a step, as the decoder's first step without a draft counts."""
         if not self.length:
+            if self.chain is not None:
+                self.chain.observe(0, 0, len(sampled))
             return
         accepted = min(max(len(sampled) - 1, 0), len(self.proposed))
         drafted = len(self.proposed)
