@@ -208,6 +208,13 @@ def test_the_copy_length_copies_where_it_pays_and_the_draft_drafts_elsewhere(
     assert (state.history.last_copied, state.history.last_accepted) == (K, 2)
     assert state.chain.trajectory.values() == _trajectory([(0, 1, 0), (0, 3, 0)])
     assert p.rows[1].history.draft_value != policy.history().draft_value  # learnt from a draft
+    # a step where the stopper drafted nothing tells the copy history nothing of the draft
+    p.rows[1].chain.stopper = Depth(K, draft_at_all=False)
+    ctx = no_match + drafted[:1] + [1]
+    assert step(p, [ctx + [7]], [[7]]) == [[]]  # (it hears of its last draft, rejected)
+    value = p.rows[0].history.draft_value
+    step(p, [ctx + [7, 8]], [[8]])
+    assert p.rows[0].history.draft_value == value
 
 
 def test_the_spec_is_checked_and_read_from_the_environment(monkeypatch):

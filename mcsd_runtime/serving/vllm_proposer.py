@@ -134,7 +134,7 @@ class RowState:
         if self.history is not None:
             copied = self.by == "copy"
             self.history.update(drafted if copied else 0, accepted if copied else 0, [])
-            if self.by == "draft":
+            if self.by == "draft" and drafted:  # as the decoder: where its stopper drafted
                 self.history.drafted(len(sampled))
         if self.chain is not None:
             mine = self.by == "draft"
