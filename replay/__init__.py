@@ -8,10 +8,12 @@ evaluation, and `replay.runs` reads collected runs.
 - `replay.data`: the rows arranged by prompt and step (`ReplayData`, `Prompt`, `Step`) and
   the frontier a stopper sees there;
 - `replay.depth`: `replay`, a stopper over every prompt, one sequence or a batch at a
-  time, into a `ReplayResult`;
+  time;
 - `replay.oracles`: hindsight stoppers and bounds (`optimal_plan`, `PlanStopper`,
   `AcceptedOracle`, `StepLookahead`, `oracle_bound`);
-- `replay.result`: one replayed comparison of a decision against the deployed static, the
+- `replay.result`: what a decision did over any replay (`ReplayResult`, the depth, ragged,
+  copy and width replays' one result), one replayed comparison of a decision against the
+  deployed static, the
   best static, its peers and the oracle (`Comparison`), and the one writer of every decision's
   report, the artifact's dicts and the printed table (`Report`);
 - `replay.sweeps`: the learned stopper over a grid of settings, scores cached
