@@ -54,16 +54,16 @@ class ReplayResult:
     decision_rows: int = 0  # frontiers the decisions read (a batched call reads several)
     choices: list[int] = field(default_factory=list)
 
-    def count(self, out: StepOutcome, depth: int, drafted: int, verified: int,
+    def count(self, out: StepOutcome, depth: int, drafted: int, through_target: int,
               seconds: float = 0.0) -> None:
-        """One step with outcome `out` that drafted `depth` depths (`drafted` tokens) and sent
-        `verified` tokens through the target, costing `seconds`."""
+        """One step with outcome `out` that drafted (or copied) `depth` depths, `drafted`
+        tokens, and sent `through_target` tokens through the target, costing `seconds`."""
         self.tokens += out.committed
         self.steps += 1
         self.accepted += out.accepted
         self.drafted_depth += depth
         self.drafted_tokens += drafted
-        self.target_tokens += verified
+        self.target_tokens += through_target
         self.cost_s += seconds
         if depth:
             self.acceptance_sum += out.accepted / depth
