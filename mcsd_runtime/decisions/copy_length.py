@@ -27,7 +27,7 @@ from typing import ClassVar
 import numpy as np
 
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.lookup import Match
+from mcsd_runtime.lookup import Match, find_match
 from mcsd_runtime.paths import atomic_write_text
 
 FORMAT = "mcsd-copy-length"
@@ -132,6 +132,21 @@ class CopyLength:
         if alt is not None:
             gain[0] = alt[0] - 1 - self.rate * alt[1]
         return int(np.argmax(gain))
+
+    def copy(self, context: list[int], cap: int, n_prompt: int, history: CopyHistory,
+             pending: int | None = None) -> list[int]:
+        """The tokens a row copies this step, at most `cap` ([]: none): the policy's length of
+        the match in the row's `context` (its first `n_prompt` tokens the prompt). `pending`:
+        the tokens the row's draft has not seen, where copying nothing drafts the step (a policy
+        trained beside a draft, `alternative`); None: copying nothing leaves the target alone.
+        The one copy decision of our decoder (`decode.planning.CopyRule`) and of the vLLM
+        proposer class."""
+        match = find_match(context, min(self.max_copy, cap), self.min_ngram, self.max_ngram)
+        if match is None:
+            return []
+        alt = None if pending is None else self.alternative(history, pending)
+        return match.tokens[: self.choose(match, features(match, len(context), n_prompt,
+                                                          history), alt)]
 
     def save(self, folder: str | Path, booster_text: str, meta: dict | None = None) -> None:
         """Write `copy_length.json` and the model file (`booster_text`, LightGBM's format)."""

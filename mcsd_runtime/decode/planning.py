@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, Stopper
-from mcsd_runtime.decisions.copy_length import features
-from mcsd_runtime.lookup import find_match
 from mcsd_runtime.lookup import propose as propose_chain
 
 if TYPE_CHECKING:
@@ -103,14 +101,8 @@ class CopyRule:
         if policy is None:
             return propose_chain(st.committed, min(cfg.lookup, cap), cfg.lookup_min_ngram,
                                  cfg.lookup_max_ngram)
-        match = find_match(st.committed, min(policy.max_copy, cap), policy.min_ngram,
-                           policy.max_ngram)
-        if match is None:
-            return []
-        feats = features(match, len(st.committed), st.n_prompt, st.copy_history)
-        alt = (policy.alternative(st.copy_history, len(st.d_pending))
-               if self.beside_draft else None)
-        return match.tokens[: policy.choose(match, feats, alt)]
+        return policy.copy(st.committed, cap, st.n_prompt, st.copy_history,
+                           len(st.d_pending) if self.beside_draft else None)
 
 
 class StepPlanner(Planner):

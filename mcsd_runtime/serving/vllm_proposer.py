@@ -58,9 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from mcsd_runtime.decisions.copy_length import CopyHistory, CopyLength, features
+from mcsd_runtime.decisions.copy_length import CopyHistory, CopyLength
 from mcsd_runtime.errors import MCSDError
-from mcsd_runtime.lookup import find_match
 from mcsd_runtime.serving.draft_chain import DraftChain
 from mcsd_runtime.serving.schedule import Schedule
 
@@ -183,17 +182,10 @@ class MCSDProposer:
             state.by = None
             return []
         if self.policy is not None:
-            match = find_match(ctx, min(cap, self.policy.max_copy), self.policy.min_ngram,
-                               self.policy.max_ngram)
-            if match is not None:
-                alt = None
-                if state.chain is not None:
-                    alt = self.policy.alternative(state.history, state.chain.pending(ctx))
-                n = self.policy.choose(match, features(match, len(ctx), state.n_prompt,
-                                                       state.history), alt)
-                if n:
-                    state.by = "copy"
-                    return match.tokens[:n]
+            pending = None if state.chain is None else state.chain.pending(ctx)
+            if copied := self.policy.copy(ctx, cap, state.n_prompt, state.history, pending):
+                state.by = "copy"
+                return copied
         if state.chain is None:
             state.by = None
             return []
