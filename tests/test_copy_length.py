@@ -537,3 +537,30 @@ def test_sampled_composed_steps_replay_the_sampling_decoders_steps(pair, feature
                                                                      temperature, s), 3)[0])
                                 for s in range(n)])
     assert abs(real[0] - greedy_rule[0]) > 3 * np.hypot(real[1], greedy_rule[1]), greedy_rule
+
+
+def test_a_copy_length_priced_by_a_serving_engines_profile(toy_tiny, tmp_path, capsys):
+    """An engine profile (`mcsd profile --engine vllm`) as --cost-profile prices each copy length
+    by the engine's step with K=k drafted tokens at one request; it is refused beside a draft
+    and where it lacks a K the copy lengths need."""
+    from mcsd_runtime.serving.engine_profile import EngineProfile, ProfilePoint
+
+    def engine(path, ks):
+        points = tuple(ProfilePoint(1, k, 0.02 + 0.001 * k, 50) for k in ks)
+        return EngineProfile("vllm", "0.32.0", "toy", "bfloat16", "ngram", points).save(path)
+
+    full, short = engine(tmp_path / "e.json", range(5)), engine(tmp_path / "s.json", range(3))
+    base = ["train", "--decision", "copy", "--target", str(toy_tiny / "target"), "--draft",
+            str(toy_tiny / "draft"), "--prompts", "toy-code", "--limit", "3",
+            "--max-new-tokens", "24", "--max-copy", "4", "--dtype", "fp32",
+            "--traces", str(tmp_path / "traces.json")]
+    out = tmp_path / "copy"
+    assert main([*base, "--cost-profile", str(full), "--out", str(out)]) == 0
+    assert CopyLength.load(out).costs == pytest.approx([0.02 + 0.001 * k for k in range(5)])
+    assert main([*base, "--cost-profile", str(short), "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert "needs K=3, 4" in err and "--draft-lengths 0,1,2,3,4" in err
+    assert main([*base, "--cost-profile", str(full), "--out", str(tmp_path / "o3"),
+                 "--k-config", "2,1"]) == 2
+    assert "prompt lookup's steps only" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()

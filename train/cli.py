@@ -186,7 +186,9 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     add_cost_profile_arg(g, "forward-latency profile JSON of this pair on this machine (`mcsd "
                             "profile`) that prices replayed steps; copy and width require one, "
                             "timing forwards of up to --max-copy + 1 (copy) or k + 1 (width) "
-                            "tokens")
+                            "tokens; copy also takes a serving engine's (`mcsd profile --engine "
+                            "vllm`, K=0..--max-copy) to price its steps as that engine runs "
+                            "them")
     add_seed_arg(g, "split and model seed; for copy also of sampled outputs and of the check's "
                     "decoding (default %(default)s)", default=D.seed)
     g.add_argument("--check-prompts", type=int, default=None, metavar="N",

@@ -56,7 +56,7 @@ class Outputs:
 
     train_domains: dict
     eval_domains: dict
-    profile: CostProfile
+    profile: CostProfile | None  # None: steps priced by a serving engine's profile
     pair: Pair
     traces: dict[str, list]
 

@@ -82,10 +82,13 @@ class CopyTrainer:
         from collect.outputs import draft_hits
 
         c, tree = self.config, self.tree
-        profile = load_profile(c.outputs, c.max_copy + 1, f"copying {c.max_copy} verifies "
-                               f"{c.max_copy + 1} (or lower --max-copy)", c.temperature)
-        costs = step_costs(profile, c.max_copy)
-        draft_costs = None if tree is None else draft_step_costs(profile, tree, c.max_copy + 2)
+        profile, costs = None, engine_costs(c.outputs.cost_profile, c.max_copy, tree)
+        if costs is None:
+            profile = load_profile(c.outputs, c.max_copy + 1, f"copying {c.max_copy} verifies "
+                                   f"{c.max_copy + 1} (or lower --max-copy)", c.temperature)
+            costs = step_costs(profile, c.max_copy)
+        draft_costs = (None if tree is None or profile is None
+                       else draft_step_costs(profile, tree, c.max_copy + 2))
 
         def drafted(pair) -> dict | None:  # sampled beside a draft: through its first depth
             if tree is None or c.temperature <= 0:
@@ -137,6 +140,11 @@ class CopyTrainer:
         c = self.config
         if not c.check_prompts:
             return None
+        if data.profile is None:
+            print("(no end-to-end check: it decodes in this toolkit's decoder, and the policy is "
+                  "priced for the engine of --cost-profile; measure it there, e.g. `mcsd eval "
+                  f"--engine vllm --methods proposer:{self.out}`)", flush=True)
+            return None
         from mcsd_runtime.decisions.copy_length import CopyLength
         from replay.check import capped, copy_check, format_check
 
@@ -149,6 +157,34 @@ class CopyTrainer:
                            profile=data.profile)
         print(format_check(check))
         return check
+
+
+def engine_costs(path: Path, max_copy: int, tree) -> list[float] | None:
+    """Seconds of a step verifying k copied tokens, k = 0..max_copy, at one request, from a
+    serving engine's profile (`mcsd profile --engine vllm`: K=k drafted tokens; K=0 the
+    speculative engine copying nothing, as the proposer class runs it); None where `path` is
+    this toolkit's cost profile. MCSDError beside a draft (`tree`), or where a K is missing."""
+    import json
+
+    from mcsd_runtime.serving.engine_profile import FORMAT, EngineProfile
+
+    try:
+        kind = json.loads(Path(path).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None  # not an engine profile: `load_profile` names what is wrong
+    if kind != FORMAT:
+        return None
+    if tree is not None:
+        raise MCSDError(f"--cost-profile {path} is a serving engine's profile, which prices "
+                        f"prompt lookup's steps only: drop --k-config, or price a copy length "
+                        f"beside a draft with this toolkit's `mcsd profile`")
+    profile = EngineProfile.load(path)
+    if missing := [k for k in range(max_copy + 1) if k not in profile.ks]:
+        raise MCSDError(f"--cost-profile {path} times K={', '.join(map(str, profile.ks))}; "
+                        f"copying up to {max_copy} needs K={', '.join(map(str, missing))} too: "
+                        f"measure with `mcsd profile --engine {profile.engine} --draft-lengths "
+                        f"{','.join(map(str, range(max_copy + 1)))}`, or lower --max-copy")
+    return [profile.step_seconds(1, k) for k in range(max_copy + 1)]
 
 
 def mix_comparison(policy, costs: list[float], train: list, domains: list[Comparison],

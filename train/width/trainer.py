@@ -20,6 +20,7 @@ from train.width.config import WidthConfig
 
 if TYPE_CHECKING:
     from mcsd_runtime.decisions.width import WidthPolicy
+    from mcsd_runtime.pricing.profile import CostProfile
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Ranked:
 
     outputs: Outputs
     ranked: dict[str, list]
+    profile: CostProfile  # the outputs' (a width is priced by this toolkit's profile)
 
     def training(self) -> list:
         return [o for name in self.outputs.train_domains for o in self.ranked[name]]
@@ -74,7 +76,7 @@ class WidthTrainer:
         outputs = prepare_outputs(o, profile)
         ranked = {name: draft_ranks(outputs.pair, traces, k, desc=f"draft candidates: {name}")
                   for name, traces in outputs.traces.items()}
-        data = Ranked(outputs, ranked)
+        data = Ranked(outputs, ranked, profile)
         train = data.training()
         print(f"training on {len(train)} outputs ({sum(len(o.rank) for o in train)} tokens)",
               flush=True)
@@ -83,14 +85,14 @@ class WidthTrainer:
     def fit(self, data: Ranked, folder: Path) -> WidthFit:
         from train.width.fit import fit
 
-        return WidthFit(*fit(data.training(), data.outputs.profile, self.k))
+        return WidthFit(*fit(data.training(), data.profile, self.k))
 
     def choose(self, data: Ranked, fitted: WidthFit) -> WidthReport:
         """The policy chooses by its tuned rate; this replays it (the report)."""
         from replay.width import WidthReplay, compare, write_report
 
         policy = fitted.policy
-        replay, trained = WidthReplay(data.outputs.profile, self.k), data.outputs.train_domains
+        replay, trained = WidthReplay(data.profile, self.k), data.outputs.train_domains
         with working(f"replaying the width and its peers on {len(data.ranked)} sets"):
             compared = [compare(policy, replay, outs, name, name in trained)
                         for name, outs in data.ranked.items()]
@@ -117,6 +119,6 @@ class WidthTrainer:
         held = list(out.eval_domains)
         check = width_check(out.pair, WidthPolicy.load(self.out),
                             {n: out.traces[n] for n in held}, {n: data.ranked[n] for n in held},
-                            out.profile, c.check_prompts, c.outputs.seed, progress=True)
+                            data.profile, c.check_prompts, c.outputs.seed, progress=True)
         print(format_check(check))
         return check
