@@ -556,6 +556,7 @@ def test_a_copy_length_priced_by_a_serving_engines_profile(toy_tiny, tmp_path, c
             "--traces", str(tmp_path / "traces.json")]
     out = tmp_path / "copy"
     assert main([*base, "--cost-profile", str(full), "--out", str(out)]) == 0
+    assert f"mcsd eval --engine vllm --methods proposer:{out}" in capsys.readouterr().out
     assert CopyLength.load(out).costs == pytest.approx([0.02 + 0.001 * k for k in range(5)])
     assert main([*base, "--cost-profile", str(short), "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err

@@ -73,6 +73,8 @@ class CopyTrainer:
         self.tree = None if config.k_config is None else Tree(parse_k_config(config.k_config))
 
     def decode(self) -> str:
+        if _engine(self.config.outputs.cost_profile) is not None:
+            return f"mcsd eval --engine vllm --methods proposer:{self.out}"
         if self.tree is None:
             return f"mcsd eval --methods lookup-learned:{self.out}"
         return (f"mcsd eval --methods lookup-learned:{self.out}+{BESIDE} --k-config "
@@ -159,20 +161,30 @@ class CopyTrainer:
         return check
 
 
+def _engine(path: Path) -> str | None:
+    """The serving engine whose profile `path` is, or None (this toolkit's cost profile, or a
+    file `load_profile` will name as unreadable)."""
+    import json
+
+    from mcsd_runtime.serving.engine_profile import FORMAT
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    return str(data.get("engine"))
+
+
 def engine_costs(path: Path, max_copy: int, tree) -> list[float] | None:
     """Seconds of a step verifying k copied tokens, k = 0..max_copy, at one request, from a
     serving engine's profile (`mcsd profile --engine vllm`: K=k drafted tokens; K=0 the
     speculative engine copying nothing, as the proposer class runs it); None where `path` is
     this toolkit's cost profile. MCSDError beside a draft (`tree`), or where a K is missing."""
-    import json
+    from mcsd_runtime.serving.engine_profile import EngineProfile
 
-    from mcsd_runtime.serving.engine_profile import FORMAT, EngineProfile
-
-    try:
-        kind = json.loads(Path(path).read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        return None  # not an engine profile: `load_profile` names what is wrong
-    if kind != FORMAT:
+    if _engine(path) is None:
         return None
     if tree is not None:
         raise MCSDError(f"--cost-profile {path} is a serving engine's profile, which prices "
