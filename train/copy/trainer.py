@@ -22,6 +22,7 @@ from train.outputs import Outputs, load_profile, prepare_outputs
 
 if TYPE_CHECKING:
     from mcsd_runtime.decisions.copy_length import CopyLength
+    from mcsd_runtime.serving.engine_profile import EngineProfile
 
 VERIFY = "mcss"  # the decoder's default sampling verifier, which sampled drafted steps replay
 CHECK_STATICS = ("lookup:15:3", "lookup:12:2")  # decoded beside it by --check-prompts
@@ -71,9 +72,15 @@ class CopyTrainer:
         require_toolkit("mcsd train --decision copy", "lightgbm")
         self.config, self.out = config, config.out
         self.tree = None if config.k_config is None else Tree(parse_k_config(config.k_config))
+        self.engine = engine_profile(config.outputs.cost_profile)
+        if self.engine is not None and self.tree is not None:
+            raise MCSDError(f"--cost-profile {config.outputs.cost_profile} is a serving engine's "
+                            f"profile, which prices prompt lookup's steps only: drop --k-config, "
+                            f"or price a copy length beside a draft with this toolkit's `mcsd "
+                            f"profile`")
 
     def decode(self) -> str:
-        if _engine(self.config.outputs.cost_profile) is not None:
+        if self.engine is not None:
             return f"mcsd eval --engine vllm --methods proposer:{self.out}"
         if self.tree is None:
             return f"mcsd eval --methods lookup-learned:{self.out}"
@@ -84,13 +91,15 @@ class CopyTrainer:
         from collect.outputs import draft_hits
 
         c, tree = self.config, self.tree
-        profile, costs = None, engine_costs(c.outputs.cost_profile, c.max_copy, tree)
-        if costs is None:
+        profile, draft_costs = None, None
+        if self.engine is not None:
+            costs = engine_costs(self.engine, c.outputs.cost_profile, c.max_copy)
+        else:
             profile = load_profile(c.outputs, c.max_copy + 1, f"copying {c.max_copy} verifies "
                                    f"{c.max_copy + 1} (or lower --max-copy)", c.temperature)
             costs = step_costs(profile, c.max_copy)
-        draft_costs = (None if tree is None or profile is None
-                       else draft_step_costs(profile, tree, c.max_copy + 2))
+            if tree is not None:
+                draft_costs = draft_step_costs(profile, tree, c.max_copy + 2)
 
         def drafted(pair) -> dict | None:  # sampled beside a draft: through its first depth
             if tree is None or c.temperature <= 0:
@@ -161,12 +170,12 @@ class CopyTrainer:
         return check
 
 
-def _engine(path: Path) -> str | None:
-    """The serving engine whose profile `path` is, or None (this toolkit's cost profile, or a
-    file `load_profile` will name as unreadable)."""
+def engine_profile(path: Path) -> EngineProfile | None:
+    """The serving engine's profile (`mcsd profile --engine vllm`) that `path` holds, or None
+    where it holds another (this toolkit's cost profile, which `load_profile` reads and checks)."""
     import json
 
-    from mcsd_runtime.serving.engine_profile import FORMAT
+    from mcsd_runtime.serving.engine_profile import FORMAT, EngineProfile
 
     try:
         data = json.loads(Path(path).read_text())
@@ -174,23 +183,13 @@ def _engine(path: Path) -> str | None:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None
-    return str(data.get("engine"))
+    return EngineProfile.from_json(data, str(path))
 
 
-def engine_costs(path: Path, max_copy: int, tree) -> list[float] | None:
-    """Seconds of a step verifying k copied tokens, k = 0..max_copy, at one request, from a
-    serving engine's profile (`mcsd profile --engine vllm`: K=k drafted tokens; K=0 the
-    speculative engine copying nothing, as the proposer class runs it); None where `path` is
-    this toolkit's cost profile. MCSDError beside a draft (`tree`), or where a K is missing."""
-    from mcsd_runtime.serving.engine_profile import EngineProfile
-
-    if _engine(path) is None:
-        return None
-    if tree is not None:
-        raise MCSDError(f"--cost-profile {path} is a serving engine's profile, which prices "
-                        f"prompt lookup's steps only: drop --k-config, or price a copy length "
-                        f"beside a draft with this toolkit's `mcsd profile`")
-    profile = EngineProfile.load(path)
+def engine_costs(profile: EngineProfile, path: Path, max_copy: int) -> list[float]:
+    """Seconds of a step verifying k copied tokens, k = 0..max_copy, at one request, from the
+    serving engine's `profile` (read from `path`): its step drafting K=k (K=0: the speculative
+    engine copying nothing, as the proposer class runs it). MCSDError where a K is missing."""
     if missing := [k for k in range(max_copy + 1) if k not in profile.ks]:
         raise MCSDError(f"--cost-profile {path} times K={', '.join(map(str, profile.ks))}; "
                         f"copying up to {max_copy} needs K={', '.join(map(str, missing))} too: "

@@ -29,7 +29,12 @@ class Ranked:
 
     outputs: Outputs
     ranked: dict[str, list]
-    profile: CostProfile  # the outputs' (a width is priced by this toolkit's profile)
+
+    @property
+    def profile(self) -> CostProfile:
+        """The outputs' cost profile (a width is priced by this toolkit's, never an engine's)."""
+        assert self.outputs.profile is not None, "prepare loads this toolkit's profile"
+        return self.outputs.profile
 
     def training(self) -> list:
         return [o for name in self.outputs.train_domains for o in self.ranked[name]]
@@ -76,7 +81,7 @@ class WidthTrainer:
         outputs = prepare_outputs(o, profile)
         ranked = {name: draft_ranks(outputs.pair, traces, k, desc=f"draft candidates: {name}")
                   for name, traces in outputs.traces.items()}
-        data = Ranked(outputs, ranked, profile)
+        data = Ranked(outputs, ranked)
         train = data.training()
         print(f"training on {len(train)} outputs ({sum(len(o.rank) for o in train)} tokens)",
               flush=True)
