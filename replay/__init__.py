@@ -1,7 +1,9 @@
 """Offline replay of every learned decision, by the step rules of
 `mcsd_runtime.pricing.step_model`, priced by a cost profile: the depth stopper over
 full-depth collected rows (below), the copy length (`replay.copy`) and the width
-(`replay.width`) over the target's own outputs (`collect.outputs`); `replay.check` checks
+(`replay.width`) over the target's own outputs (`collect.outputs`, one walk for both:
+`replay.output_walk`); every replay asks its decisions through the engine's planner functions
+(`mcsd_runtime.decode.planning.open_step`, `drive`); `replay.check` checks
 each replay against end-to-end decoding, `replay.vs_eval` (`mcsd replay`) against a finished
 evaluation, and `replay.runs` reads collected runs.
 

@@ -4,8 +4,9 @@ A `Replay` holds one output's prompt-lookup matches at every position and walks 
 under a copy rule (`Choose`: a match and its features -> tokens to copy), priced by a cost
 profile: a step verifying k copied tokens costs `step_costs()[k]`. Beside a draft, a step that
 copies nothing drafts the tree's first depth instead, as `lookup-learned:PATH+static:1` decodes
-(`draft_step_costs`, and the trace's `hits`). What a step commits and leaves pending follows
-`mcsd_runtime.pricing.step_model` (`copy_outcome`, `step_outcome`).
+(`draft_step_costs`, and the trace's `hits`). The walk is the decoder's step
+(`replay.output_walk.walk`), the rule asked as `ChooseRule` in its planner, outcomes read from the
+output (`TraceOutcomes`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import numpy as np
 
 from collect.outputs import Trace
 from mcsd_runtime.decisions.copy_length import CopyHistory, drafted_step, features
+from mcsd_runtime.decode.planning import StepPlanner
 from mcsd_runtime.lookup import Match, find_match
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.pricing.step_model import copy_outcome, step_outcome
+from replay.output_walk import OutputRow, first_depth, walk
 from replay.result import ABSENT, Column, Comparison, ReplayResult, Report, ci, pct
 
 BESIDE = "static:1"  # what a step that copies nothing drafts, beside a draft (`--k-config`)
@@ -59,35 +61,18 @@ class Replay:
         appends (features + [i], accepted >= i) for every length i of each match. A step that
         copies nothing decodes one token with the target alone, or, given `draft_costs`
         (seconds of a drafted step by the draft's pending tokens, `CopyLength.draft_costs`; the
-        trace needs `hits`), drafts the first depth, `alt` being its (running value from
-        `prior`, seconds)."""
-        t, s, history = self.trace, 0, CopyHistory(draft_value=prior)
+        trace needs `hits`), drafts the first depth with `static:1`, `alt` being its (running
+        value from `prior`, seconds). The decisions are asked as the decoder asks them
+        (`replay.output_walk.walk`: a `StepPlanner` copying by `ChooseRule`)."""
+        t = self.trace
         if draft_costs is not None and t.hits is None:
             raise ValueError("a walk beside a draft needs the trace's hits (`draft_hits`)")
-        n, pending, res = len(t.tokens), 1, ReplayResult("copy", "exact")
-        while s < n:
-            match, k, a = self.matches[s], 0, self.accepted[s]
-            alt = drafted_step(history, draft_costs, pending) if draft_costs is not None else None
-            if match is not None and n - s > 1:  # as the decoder: never copy past the budget
-                match = replace(match, tokens=match.tokens[: n - s - 1])
-                feats = features(match, len(t.prompt) + s, len(t.prompt), history)
-                k = min(choose(match, feats, alt), len(match.tokens), len(costs) - 1)
-                if rows is not None:
-                    rows += [(feats + [i], a >= i) for i in range(1, len(match.tokens) + 1)]
-            if k or alt is None or n - s == 1:  # a copy, or the target alone
-                out = copy_outcome(a, k, pending, n - s)
-                res.count(out, k, k, 1 + k, costs[k])
-                history.update(k, out.accepted, t.conf[s : s + out.committed])
-            else:  # the draft's first depth
-                assert t.hits is not None, "checked above: a walk beside a draft has the hits"
-                out = step_outcome(t.hits[s], 1, pending, n - s)
-                res.count(out, 1, 1, 2, alt[1])
-                history.update(0, 0, t.conf[s : s + out.committed])
-                history.drafted(out.committed)
-            res.choices.append(k)
-            pending = out.pending
-            s += out.committed
-        return res
+        rule = ChooseRule(self, choose, len(costs) - 1, draft_costs, rows)
+        row = OutputRow(len(t.tokens), len(t.prompt), history=CopyHistory(draft_value=prior),
+                        conf=t.conf)
+        planner = StepPlanner(first_depth(), rule, None)
+        return walk(planner, row, TraceOutcomes(t, costs, draft_costs),
+                    int(draft_costs is not None), "copy")
 
     def speedup(self, choose: Choose, costs: list[float],
                 draft_costs: list[float] | None = None, prior: float = 1.0) -> float:
@@ -121,6 +106,57 @@ class Replay:
                         options.append(costs[k] + best[s + c, min(p + c, top)])
                 best[s, p] = min(options)
         return n * costs[0] / best[0, 1]
+
+
+class ChooseRule:
+    """A replay's copy rule, in the place of the decoder's `CopyRule` in its `StepPlanner`:
+    `choose` asked about the match at the row's position, read from the replay's matches (the
+    decoder searches its context; the same match), never more than `max_copy` tokens; `alt`
+    where the row would draft instead (`draft_costs`). With `rows`, every length of each match
+    it sees is labelled (the copy length's training rows)."""
+
+    def __init__(self, replay: Replay, choose: Choose, max_copy: int,
+                 draft_costs: list[float] | None, rows: list | None) -> None:
+        self.replay, self.choose, self.max_copy = replay, choose, max_copy
+        self.draft_costs, self.rows = draft_costs, rows
+
+    def copy(self, st: OutputRow, cap: int) -> list[int]:
+        match, history = self.replay.matches[st.position], st.copy_history
+        if match is None or cap <= 0:
+            return []
+        assert history is not None, "a copy walk's row keeps a copy history"
+        match = replace(match, tokens=match.tokens[:cap])  # as the decoder: never past the budget
+        feats = features(match, st.n_prompt + st.position, st.n_prompt, history)
+        alt = (None if self.draft_costs is None
+               else drafted_step(history, self.draft_costs, len(st.d_pending)))
+        if self.rows is not None:
+            a = self.replay.accepted[st.position]
+            self.rows += [(feats + [i], a >= i) for i in range(1, len(match.tokens) + 1)]
+        return match.tokens[: min(self.choose(match, feats, alt), self.max_copy)]
+
+
+class TraceOutcomes:
+    """A copy walk's outcomes (`replay.output_walk.Outcomes`): a copy accepts what the output
+    holds of it and costs `costs[k]`; a drafted step accepts the trace's `hits` and costs
+    `draft_costs` at the draft's pending tokens; the target alone costs `costs[0]`."""
+
+    def __init__(self, trace: Trace, costs: list[float], draft_costs: list[float] | None) -> None:
+        self.trace, self.costs, self.draft_costs = trace, costs, draft_costs
+
+    def copy(self, row: OutputRow, tokens: list[int]) -> tuple[int, float]:
+        return _common(tokens, self.trace.tokens[row.position:]), self.costs[len(tokens)]
+
+    def draft(self, row: OutputRow, width: int) -> tuple[int, float]:
+        hits, draft_costs, history = self.trace.hits, self.draft_costs, row.copy_history
+        assert hits is not None and draft_costs is not None, "a walk beside a draft"
+        assert history is not None, "a copy walk's row keeps a copy history"
+        return hits[row.position], drafted_step(history, draft_costs, row.pending)[1]
+
+    def alone(self, row: OutputRow) -> float:
+        return self.costs[0]
+
+    def tops(self, row: OutputRow) -> None:
+        return None
 
 
 def _common(a: list[int], b: list[int]) -> int:

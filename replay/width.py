@@ -8,21 +8,27 @@ at every position and the rank of the output's token among them) therefore repla
 rule exactly, priced by a cost profile (`WidthReplay`): a step verifying w candidates costs
 `CostProfile.step_seconds` of the tree `(w,)` at depth 1 with the draft's pending tokens (one
 more forward of the draft reads them), the budget's last token an undrafted step, as the decoder
-takes them (`mcsd_runtime.pricing.step_model`).
+takes them (`replay.output_walk.walk`, outcomes from the ranks: `RankOutcomes`). A width rule is
+the planner of that walk (`static`, `learned`: the decoder's own, `oracle`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
 
 from collect.outputs import Ranked
+from mcsd_runtime.decisions.contract import Planner, StepStart
 from mcsd_runtime.decisions.width import WidthPolicy
+from mcsd_runtime.decode.planning import StepPlanner
+from mcsd_runtime.errors import MCSDError
 from mcsd_runtime.pricing.profile import CostProfile
-from mcsd_runtime.pricing.step_model import step_outcome
 from mcsd_runtime.tree import KConfig, Tree
+from replay.output_walk import OutputRow, first_depth, walk
 from replay.result import Column, Comparison, ReplayResult, Report, ci, pct
 
-Rule = Callable[["Ranked", int], int]  # an output and a position -> a width in 1..k
+Rule = Planner  # a width rule: the planner of a walk that drafts the first depth at every step
 
 
 class WidthReplay:
@@ -37,20 +43,10 @@ class WidthReplay:
         self.last = [profile.step_seconds(Tree(KConfig((k,))), 0, p) for p in pendings]
 
     def walk(self, out: Ranked, rule: Rule) -> ReplayResult:
-        """One output decoded with `rule` (the result's `choices`: every step's width)."""
-        n, t, pending, res = len(out.rank), 0, 1, ReplayResult("width", "exact")
-        while t < n:
-            if t == n - 1:  # the budget's last token: the decoder drafts nothing (width 0)
-                res.count(step_outcome(0, 0, pending, 1), 0, 0, 1, self.last[pending - 1])
-                res.choices.append(0)
-                break
-            w = rule(out, t)
-            step = step_outcome(int(0 <= out.rank[t] < w), 1, pending, n - t)
-            res.count(step, 1, w, 1 + w, self.drafted[w - 1][pending - 1])
-            res.choices.append(w)
-            pending = step.pending
-            t += step.committed
-        return res
+        """One output decoded under `rule` (the result's `choices`: every step's width), asked
+        as the decoder asks a width (`replay.output_walk.walk`)."""
+        return walk(rule, OutputRow(len(out.rank), output=out), RankOutcomes(self, out), 1,
+                    "width")
 
     def speed(self, out: Ranked, rule: Rule) -> float:
         return self.walk(out, rule).throughput
@@ -61,19 +57,77 @@ class WidthReplay:
         return sum(w.tokens for w in walks) / sum(w.cost_s for w in walks)
 
 
+class RankOutcomes:
+    """A width walk's outcomes (`replay.output_walk.Outcomes`): a step drafting w candidates
+    accepts the output's token where its rank is below w and costs `WidthReplay.drafted`; the
+    budget's last token, a step of the target alone, `WidthReplay.last`; no copies."""
+
+    def __init__(self, replay: WidthReplay, out: Ranked) -> None:
+        self.replay, self.out = replay, out
+
+    def copy(self, row: OutputRow, tokens: list[int]) -> tuple[int, float]:
+        raise MCSDError("a width walk copies nothing")
+
+    def draft(self, row: OutputRow, width: int) -> tuple[int, float]:
+        rank = self.out.rank[row.position]
+        return int(0 <= rank < width), self.replay.drafted[width - 1][row.pending - 1]
+
+    def alone(self, row: OutputRow) -> float:
+        return self.replay.last[row.pending - 1]
+
+    def tops(self, row: OutputRow) -> list[float]:
+        return self.out.top[row.position]
+
+
+class _NoCopy:
+    """A width walk's copy rule: none."""
+
+    def copy(self, st: object, cap: int) -> list[int]:
+        return []
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """A static width, as a width decision."""
+
+    width: int
+
+    def choose(self, top: list[float]) -> int:
+        return self.width
+
+
 def static(w: int) -> Rule:
     """Every step verifies w candidates."""
-    return lambda out, t: w
+    return StepPlanner(first_depth(), _NoCopy(), _Fixed(w))
 
 
 def learned(policy: WidthPolicy) -> Rule:
-    """The policy's choice from the draft's probabilities there."""
-    return lambda out, t: policy.choose(out.top[t])
+    """The policy's choice from the draft's probabilities there: the decoder's own planner of
+    a learned width."""
+    return StepPlanner(first_depth(), _NoCopy(), policy)
 
 
-def oracle(out: Ranked, t: int) -> int:
-    """The hindsight-best width: just wide enough to hold the output's token, else 1."""
-    return int(out.rank[t]) + 1 if out.rank[t] >= 0 else 1
+class _Hindsight(StepPlanner):
+    """The hindsight-best width: just wide enough to hold the output's token, else 1. It reads
+    the output's ranks (`OutputRow.output`), which no decoder knows."""
+
+    def __init__(self) -> None:
+        super().__init__(first_depth(), _NoCopy(), None)
+        self.row: OutputRow | None = None
+
+    def plan(self, starts: Sequence[StepStart]) -> list[bool]:
+        self.row = cast(OutputRow, starts[0].row)
+        return super().plan(starts)
+
+    def width(self, tops: Sequence[list[float]]) -> list[int]:
+        assert self.row is not None, "asked after the step's plan"
+        rank = int(cast(Ranked, self.row.output).rank[self.row.position])
+        return [rank + 1 if rank >= 0 else 1]
+
+
+def oracle() -> Rule:
+    """The hindsight-best width (`_Hindsight`)."""
+    return _Hindsight()
 
 
 # ------------------------------------------------------------------ the replay's report
@@ -82,7 +136,7 @@ def compare(policy, replay: WidthReplay, outs: Sequence[Ranked], category: str,
     """One category replayed output by output: each static width, the policy (with the mean
     width it drafts) and the hindsight-best width, against the widest static width."""
     rules = {f"width {w}": static(w) for w in range(1, policy.k + 1)} | {
-        "learned": learned(policy), "oracle": oracle}
+        "learned": learned(policy), "oracle": oracle()}
     outputs, widths = {}, []
     for label, rule in rules.items():
         walks = [replay.walk(o, rule) for o in outs]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from mcsd_runtime.decisions.builtin import StaticStopper
 from mcsd_runtime.decisions.contract import Planner, StepStart
-from mcsd_runtime.decode.planning import CopyRule, RowPlanner, StepPlanner, planner_for
+from mcsd_runtime.decode.planning import CopyRule, RowPlanner, StepPlanner, open_step, planner_for
 from mcsd_runtime.decode.records import DecodeConfig
 
 REPEAT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]  # its last 4 tokens occurred before, then 5, 6, 7
@@ -91,3 +91,22 @@ def test_planner_for_gives_the_decoders_planner_or_the_stoppers_adapter():
     alone = planner_for(None, StaticStopper(), 1, "max")
     assert isinstance(alone, RowPlanner) and not alone.batch_decides
     assert planner_for(None, StaticStopper(), 4, "row").by_row
+
+
+def test_open_step_copies_first_then_caps_and_asks_the_plan_of_the_rest():
+    """A row never copies or drafts its last token left; a row that copies drafts nothing; the
+    plan sees each row's cap (at most the tree's depth) and its no zeroes a cap."""
+
+    class Votes(Recording):
+        def plan(self, starts):
+            self.caps = [s.cap for s in starts]
+            return [True, False, True, True]
+
+    step = StepPlanner(Votes(), CopyRule(DecodeConfig(lookup=8), None, False), None)
+    rows = [row(REPEAT), row([9, 8, 7]), row([9, 8, 7]), row([9, 8, 7])]
+    copied, caps = open_step(step, rows, [3, 10, 2, 1], 4,
+                             lambda caps: [StepStart(4, [0.0], c, row=r)
+                                           for c, r in zip(caps, rows, strict=True)])
+    assert copied == [[5, 6], [], [], []]  # 3 tokens left: 2 copied, the target adds one
+    assert step.inner.caps == [0, 4, 1, 0]  # the copier, the tree's depth, tokens left less one
+    assert caps == [0, 0, 1, 0]  # the plan's no

@@ -219,7 +219,7 @@ def test_fit_calibrates_and_tunes_the_rate_to_its_own_throughput(pair):
     # the tuned rate is (nearly) the policy's own replayed throughput
     assert replay.rate(ranked, learned(policy)) == pytest.approx(policy.rate, rel=0.02)
     assert facts["hit_rates"] == sorted(facts["hit_rates"])
-    assert all(replay.speed(o, oracle) >= replay.speed(o, learned(policy)) - 1e-9
+    assert all(replay.speed(o, oracle()) >= replay.speed(o, learned(policy)) - 1e-9
                for o in ranked)
 
 

@@ -86,7 +86,7 @@ from mcsd_runtime.decode.admission import Admission
 from mcsd_runtime.decode.cache import StepCache
 from mcsd_runtime.decode.drafting import TreeDrafter
 from mcsd_runtime.decode.graphs import ForwardOut
-from mcsd_runtime.decode.planning import CopyRule, StepPlanner, planner_for
+from mcsd_runtime.decode.planning import CopyRule, StepPlanner, open_step, planner_for
 from mcsd_runtime.decode.proposers import PromptLookup, Proposer, Proposing, WidthCut
 from mcsd_runtime.decode.ragged import packing_for
 from mcsd_runtime.decode.records import DecodeStats, GenerationResult
@@ -232,22 +232,16 @@ class Engine:
 
     def plan(self, rows: list[Row]) -> tuple[list[int], list[list[int]], list[int]]:
         """Each row's tokens left (max_new_tokens less those committed), the chain prompt lookup
-        copies for it (or []) and the depth its tree may reach (0: verify no tree)."""
-        remaining = [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt)
-                     for r in rows]
-        # a row whose context repeats itself verifies what followed before (prompt lookup)
-        copied = self.planner.copy([r.st for r in rows], [m - 1 for m in remaining])
-        return remaining, copied, self.caps(rows, remaining, copied)
+        copies for it (or []) and the depth its tree may reach (0: verify no tree), as
+        `planning.open_step` decides them."""
+        remaining = self.remaining(rows)
+        copied, caps = open_step(self.planner, [r.st for r in rows], remaining, self.tree.depth,
+                                 lambda caps: self.starts(rows, caps))
+        return remaining, copied, caps
 
-    def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:
-        """The depth each row may draft: a step commits up to s + 1 tokens, so never past the
-        row's tokens left; 0 for a row that copies, or that the planner leaves undrafted this
-        step."""
-        depth = self.tree.depth
-        caps = [0 if look else max(0, min(depth, m - 1))
-                for m, look in zip(remaining, copied, strict=True)]
-        votes = self.planner.plan(self.starts(rows, caps))
-        return [c if v else 0 for c, v in zip(caps, votes, strict=True)]
+    def remaining(self, rows: list[Row]) -> list[int]:
+        """Each row's tokens left: max_new_tokens less those it committed."""
+        return [self.cfg.max_new_tokens - (len(r.st.committed) - r.st.n_prompt) for r in rows]
 
     def starts(self, rows: list[Row], caps: list[int]) -> list[StepStart]:
         """What the planner sees of each row before its step."""

@@ -2,9 +2,10 @@
 It copies by prompt lookup's rule (`CopyRule`, a learned copy length where the decoder has one),
 cuts the first depth to a learned width where the decoder has one, and asks `planner_for`'s
 planner the rest: the decoder's own `Planner` (a verification budget) at the engine's batch
-size, or else `RowPlanner`, the one adapter through which per-row stoppers plan a step. `drive`
-is the one loop that runs a planner over a step's depths, for the engine (which drafts them)
-and for replay (which reads them from a collection).
+size, or else `RowPlanner`, the one adapter through which per-row stoppers plan a step.
+`open_step` takes a step's first decisions (the copies, then which rows draft and how deep they
+may) and `drive` runs a planner over the step's depths, for the engine (which drafts them) and
+for every replay (which reads them from a collection or from the target's outputs).
 
 `RowPlanner` applies the batch's depth policy (`DecodeConfig.batch_depth`). A row drafts at all
 where its own stopper's `should_draft` says so. After each depth, the rows that may still go
@@ -18,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from mcsd_runtime.decisions.contract import Frontier, Planner, StepStart, Stopper
 from mcsd_runtime.lookup import propose as propose_chain
 
 if TYPE_CHECKING:
     from mcsd_runtime.decisions.copy_length import CopyLength
-    from mcsd_runtime.decisions.width import WidthPolicy
     from mcsd_runtime.decode.records import DecodeConfig
     from mcsd_runtime.decode.step_state import RowState
 
@@ -83,6 +83,22 @@ class RowPlanner(Planner):
         cast("RowState", row).stopper.update(drafted, accepted)
 
 
+class Copying(Protocol):
+    """A step's copy decision for one row (`StepPlanner.copy` asks it row by row): the decoder's
+    `CopyRule`, or a replay's own rule."""
+
+    def copy(self, st: Any, cap: int) -> list[int]:
+        """The tokens the row copies this step (at most `cap`), or []."""
+        ...
+
+
+class Chooser(Protocol):
+    """A width decision (`decisions.width.WidthPolicy`): a width from the draft's k largest
+    probabilities at a row's root."""
+
+    def choose(self, top: list[float]) -> int: ...
+
+
 class CopyRule:
     """Prompt lookup's copy length (`DecodeConfig.lookup`): where a row's context repeats
     itself, the tokens that followed, up to `lookup` of them, or as many as a learned copy
@@ -111,8 +127,8 @@ class StepPlanner(Planner):
     each row's copy; `width_policy` (a learned `WidthPolicy`, or None: all) the first depth's
     width."""
 
-    def __init__(self, inner: Planner, copying: CopyRule,
-                 width_policy: WidthPolicy | None) -> None:
+    def __init__(self, inner: Planner, copying: Copying,
+                 width_policy: Chooser | None) -> None:
         self.inner, self.copying, self.width_policy = inner, copying, width_policy
 
     def copy(self, rows: Sequence[object], caps: list[int]) -> list[list[int]]:
@@ -134,6 +150,20 @@ class StepPlanner(Planner):
 
     def outcome(self, row: object, drafted: int, accepted: int) -> None:
         self.inner.outcome(row, drafted, accepted)
+
+
+def open_step(planner: Planner, rows: Sequence[object], left: list[int], depth: int,
+              starts: Callable[[list[int]], Sequence[StepStart]]
+              ) -> tuple[list[list[int]], list[int]]:
+    """A step's first decisions, as the engine and the output replays take them: the tokens each
+    row copies (`Planner.copy`, never its last token left: the target adds one), then the depth
+    each row may draft. A step commits up to s + 1 tokens, so a row may draft at most `depth` and
+    its tokens left (`left`) less one; 0 where it copies, or where the planner's `plan` (shown
+    `starts(caps)`) leaves it undrafted."""
+    copied = planner.copy(rows, [m - 1 for m in left])
+    caps = [0 if look else max(0, min(depth, m - 1)) for m, look in zip(left, copied, strict=True)]
+    votes = planner.plan(starts(caps))
+    return copied, [c if v else 0 for c, v in zip(caps, votes, strict=True)]
 
 
 @dataclass

@@ -157,10 +157,12 @@ class TargetInitEngine(Engine):
                               self.accounts, self.stats),
                 InitVerifier(self.cfg, dec.probs, dec.recorder is not None, self.wants_conf))
 
-    def caps(self, rows: list[Row], remaining: list[int], copied: list[list[int]]) -> list[int]:
+    def plan(self, rows: list[Row]) -> tuple[list[int], list[list[int]], list[int]]:
+        remaining = self.remaining(rows)
+        copied = self.planner.copy([r.st for r in rows], [m - 1 for m in remaining])
         caps = [max(0, min(self.tree.depth, m)) for m in remaining]  # s tokens: no bonus
         self.planner.plan(self.starts(rows, caps))  # the target supplies depth 1: no question
-        return caps
+        return remaining, copied, caps
 
     def propose(self, *args, **kwargs):
         tokens, d, drafts = super().propose(*args, **kwargs)
