@@ -106,7 +106,7 @@ def walk(planner: Planner, row: OutputRow, outcomes: Outcomes, depth: int,
             res.count(out, len(copied), len(copied), 1 + len(copied), seconds)
             choice = len(copied)
         elif cap:
-            out, width, choice = _drafted(planner, row, outcomes, left, res)
+            out, choice = _drafted(planner, row, outcomes, left, res)
         else:
             out = copy_outcome(0, 0, row.pending, left)
             res.count(out, 0, 0, 1, outcomes.alone(row))
@@ -119,9 +119,10 @@ def walk(planner: Planner, row: OutputRow, outcomes: Outcomes, depth: int,
 
 
 def _drafted(planner: Planner, row: OutputRow, outcomes: Outcomes, left: int,
-             res: ReplayResult) -> tuple[StepOutcome, int, int]:
+             res: ReplayResult) -> tuple[StepOutcome, int]:
     """A step drafting the first depth (`drive`, the width the planner asks where the outcomes
-    hold the draft's probabilities): counted in `res`; its outcome, width and recorded choice."""
+    hold the draft's probabilities): counted in `res`; its outcome and recorded choice (the
+    width it asked, else 0)."""
     run = drive(planner, [1], _no_frontier, _read)
     if run.verify != [1]:
         raise MCSDError("an output replay verifies the depth it drafted")
@@ -130,7 +131,7 @@ def _drafted(planner: Planner, row: OutputRow, outcomes: Outcomes, left: int,
     accepted, seconds = outcomes.draft(row, width)
     out = step_outcome(accepted, 1, row.pending, left)
     res.count(out, 1, width, 1 + width, seconds)
-    return out, width, 0 if tops is None else width
+    return out, 0 if tops is None else width
 
 
 def _no_frontier(depth: int, drew: list[bool]) -> list[Frontier | None]:

@@ -545,8 +545,8 @@ def test_a_copy_length_priced_by_a_serving_engines_profile(toy_tiny, tmp_path, c
     and where it lacks a K the copy lengths need."""
     from mcsd_runtime.serving.engine_profile import EngineProfile, ProfilePoint
 
-    def engine(path, ks):
-        points = tuple(ProfilePoint(1, k, 0.02 + 0.001 * k, 50) for k in ks)
+    def engine(path, ks, concurrency=1):
+        points = tuple(ProfilePoint(concurrency, k, 0.02 + 0.001 * k, 50) for k in ks)
         return EngineProfile("vllm", "0.32.0", "toy", "bfloat16", "ngram", points).save(path)
 
     full, short = engine(tmp_path / "e.json", range(5)), engine(tmp_path / "s.json", range(3))
@@ -564,4 +564,7 @@ def test_a_copy_length_priced_by_a_serving_engines_profile(toy_tiny, tmp_path, c
     assert main([*base, "--cost-profile", str(full), "--out", str(tmp_path / "o3"),
                  "--k-config", "2,1"]) == 2
     assert "prompt lookup's steps only" in capsys.readouterr().err
-    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+    busy = engine(tmp_path / "b.json", range(5), concurrency=4)  # no point at one request
+    assert main([*base, "--cost-profile", str(busy), "--out", str(tmp_path / "o4")]) == 2
+    assert "times 4 requests, not one" in capsys.readouterr().err
+    assert not any((tmp_path / o).exists() for o in ("o2", "o3", "o4"))

@@ -189,7 +189,13 @@ def engine_profile(path: Path) -> EngineProfile | None:
 def engine_costs(profile: EngineProfile, path: Path, max_copy: int) -> list[float]:
     """Seconds of a step verifying k copied tokens, k = 0..max_copy, at one request, from the
     serving engine's `profile` (read from `path`): its step drafting K=k (K=0: the speculative
-    engine copying nothing, as the proposer class runs it). MCSDError where a K is missing."""
+    engine copying nothing, as the proposer class runs it). MCSDError where a K is missing, or
+    where it holds no point at one request (the profile's other concurrencies would price it
+    clamped)."""
+    if 1 not in profile.concurrencies:
+        raise MCSDError(f"--cost-profile {path} times {', '.join(map(str, profile.concurrencies))}"
+                        f" requests, not one, which prices a copy: measure with `mcsd profile "
+                        f"--engine {profile.engine} --batch-size 1,...`")
     if missing := [k for k in range(max_copy + 1) if k not in profile.ks]:
         raise MCSDError(f"--cost-profile {path} times K={', '.join(map(str, profile.ks))}; "
                         f"copying up to {max_copy} needs K={', '.join(map(str, missing))} too: "
