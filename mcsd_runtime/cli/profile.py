@@ -34,9 +34,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "a serving engine's profile", "With --engine vllm, one vLLM engine times a step with C "
         "requests in flight (C from --batch-size) each drafting exactly K tokens (K from "
-        "--draft-lengths), on --prompts in --dtype, decoding --max-new-tokens and a third of "
-        "them (prefills cancel out); the JSON is the engine profile `mcsd train --decision "
-        "schedule --cost-profile` reads.")
+        "--draft-lengths), on the first C prompts of --prompts in --dtype, decoding "
+        "--max-new-tokens and a third of them (prefills cancel out): --max-new-tokens, not "
+        "--limit, lengthens a point. The JSON is the engine profile that `mcsd train --decision "
+        "schedule` and `--decision copy` read as --cost-profile.")
     add_engine_arg(g, "mcsd: the decoder's cost profile (default); vllm: vLLM's engine profile")
     g.add_argument("--draft-lengths", default="0,1,2,3,4", metavar="K[,K...]",
                    help="--engine vllm: the draft lengths timed (0: no draft; default "
