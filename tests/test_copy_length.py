@@ -544,6 +544,7 @@ def test_a_copy_length_priced_by_a_serving_engines_profile(toy_tiny, tmp_path, c
     by the engine's step with K=k drafted tokens at one request; it is refused beside a draft
     and where it lacks a K the copy lengths need."""
     from mcsd_runtime.serving.engine_profile import EngineProfile, ProfilePoint
+    from train.copy.trainer import engine_costs
 
     def engine(path, ks, concurrency=1):
         points = tuple(ProfilePoint(concurrency, k, 0.02 + 0.001 * k, 50) for k in ks)
@@ -564,6 +565,13 @@ def test_a_copy_length_priced_by_a_serving_engines_profile(toy_tiny, tmp_path, c
     assert main([*base, "--cost-profile", str(full), "--out", str(tmp_path / "o3"),
                  "--k-config", "2,1"]) == 2
     assert "prompt lookup's steps only" in capsys.readouterr().err
+    # copying nothing is never priced below serving without speculation (where it was timed)
+    points = EngineProfile.load(full).points
+    for plain, first in ((0.03, 0.03), (0.01, 0.02)):
+        timed = EngineProfile("vllm", "0.32.0", "toy", "bfloat16", "ngram", points,
+                              (ProfilePoint(1, 0, plain, 50),))
+        assert engine_costs(timed, full, 4) == pytest.approx(
+            [first] + [0.02 + 0.001 * k for k in range(1, 5)])
     busy = engine(tmp_path / "b.json", range(5), concurrency=4)  # no point at one request
     assert main([*base, "--cost-profile", str(busy), "--out", str(tmp_path / "o4")]) == 2
     assert "times 4 requests, not one" in capsys.readouterr().err

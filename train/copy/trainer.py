@@ -189,9 +189,11 @@ def engine_profile(path: Path) -> EngineProfile | None:
 def engine_costs(profile: EngineProfile, path: Path, max_copy: int) -> list[float]:
     """Seconds of a step verifying k copied tokens, k = 0..max_copy, at one request, from the
     serving engine's `profile` (read from `path`): its step drafting K=k (K=0: the speculative
-    engine copying nothing, as the proposer class runs it). MCSDError where a K is missing, or
-    where it holds no point at one request (the profile's other concurrencies would price it
-    clamped)."""
+    engine copying nothing, as the proposer class runs it, never priced below the engine
+    without speculation, where the profile holds it: that step still runs the speculative
+    path, and the profiler's K=0 point can time below plain). MCSDError where a K is missing,
+    or where it holds no point at one request (the profile's other concurrencies would price
+    it clamped)."""
     if 1 not in profile.concurrencies:
         raise MCSDError(f"--cost-profile {path} times {', '.join(map(str, profile.concurrencies))}"
                         f" requests, not one, which prices a copy: measure with `mcsd profile "
@@ -201,7 +203,10 @@ def engine_costs(profile: EngineProfile, path: Path, max_copy: int) -> list[floa
                         f"copying up to {max_copy} needs K={', '.join(map(str, missing))} too: "
                         f"measure with `mcsd profile --engine {profile.engine} --draft-lengths "
                         f"{','.join(map(str, range(max_copy + 1)))}`, or lower --max-copy")
-    return [profile.step_seconds(1, k) for k in range(max_copy + 1)]
+    costs = [profile.step_seconds(1, k) for k in range(max_copy + 1)]
+    if (plain := profile.plain_step_seconds(1)) is not None:
+        costs[0] = max(costs[0], plain)
+    return costs
 
 
 def mix_comparison(policy, costs: list[float], train: list, domains: list[Comparison],
