@@ -144,7 +144,8 @@ class TraceOutcomes:
         self.trace, self.costs, self.draft_costs = trace, costs, draft_costs
 
     def copy(self, row: OutputRow, tokens: list[int]) -> tuple[int, float]:
-        return _common(tokens, self.trace.tokens[row.position:]), self.costs[len(tokens)]
+        ahead = self.trace.tokens[row.position : row.position + len(tokens)]
+        return _common(tokens, ahead), self.costs[len(tokens)]
 
     def draft(self, row: OutputRow, width: int) -> tuple[int, float]:
         hits, draft_costs, history = self.trace.hits, self.draft_costs, row.copy_history

@@ -112,7 +112,7 @@ def walk(planner: Planner, row: OutputRow, outcomes: Outcomes, depth: int,
             res.count(out, 0, 0, 1, outcomes.alone(row))
             choice = 0
         res.choices.append(choice)
-        drafted = int(bool(cap) and not copied)
+        drafted = int(cap > 0)  # a row that copies has no cap (`open_step`)
         planner.outcome(row, drafted, out.accepted if drafted else 0)
         row.settle(out, len(copied), drafted)
     return res
